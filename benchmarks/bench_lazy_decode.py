@@ -1,0 +1,248 @@
+"""Per-request frontend cost: eager decode-then-hash (today's frontends) vs lazymedia.
+
+Measures, side by side in one run on generated photo-like images (smooth content + noise):
+  * eager: Pillow decode, blake3 over the decoded pixels, cache lookup (a hit still decodes);
+  * lazy hit: header probe + blake3 over the encoded bytes + lookup, through Processor.apply;
+  * lazy miss: the same plus decode on the engine, process and cache write;
+  * blended cost at hit rates 0.5 / 0.9 / 0.99; blake3 throughput vs decode cost;
+  * parallel decode of 8 x 2048^2 JPEG, serial vs DecodeEngine;
+  * RSS growth for 100 retained 1024^2 JPEG cache hits, eager vs lazy (in child processes).
+
+    python benchmarks/bench_lazy_decode.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import blake3
+import numpy as np
+from PIL import Image
+
+import lazymedia
+from lazymedia.hashing import media_key
+
+SIZES = [(512, 512), (1024, 1024), (2048, 2048), (2160, 3840)]
+QUICK_SIZES = [(512, 512), (1024, 1024)]
+
+
+def make_image(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """Smooth gradients plus sensor-like noise: compresses like a photo (a 2048^2 q90 JPEG is
+    ~1-2 MB), unlike flat colour or pure noise."""
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0, 1, height, dtype=np.float32)[:, None]
+    x = np.linspace(0, 1, width, dtype=np.float32)[None, :]
+    channels = [128 + 90 * np.sin(2 * np.pi * (3 * x + 2 * y + seed)),
+                128 + 90 * np.cos(2 * np.pi * (2 * x - 4 * y)),
+                255 * (x * y) + 0 * x]
+    base = np.stack(channels, axis=2)
+    return np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
+
+
+def encode(array: np.ndarray, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        Image.fromarray(array).save(buf, "JPEG", quality=90)
+    else:
+        Image.fromarray(array).save(buf, "PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def eager_decode_and_hash(data: bytes) -> str:
+    """What frontends do today: decode to RGB, then hash the decoded pixels for the cache key."""
+    with Image.open(io.BytesIO(data)) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    return blake3.blake3(pixels.tobytes()).hexdigest()
+
+
+def shape_of(items):
+    return [tuple(item.shape) for item in items]
+
+
+def bench_sizes(sizes, repeats: int, engine) -> list[dict]:
+    rows = []
+    for height, width in sizes:
+        array = make_image(height, width)
+        for fmt in ("JPEG", "PNG"):
+            data = encode(array, fmt)
+            eager_cache: dict[str, object] = {}
+
+            def eager_hit():
+                key = eager_decode_and_hash(data)
+                if key not in eager_cache:
+                    eager_cache[key] = shape_of([np.empty((height, width, 3))])
+
+            processor = lazymedia.Processor(shape_of, engine=engine)
+            processor.apply([lazymedia.load_image(data)])  # warm the cache
+
+            def lazy_hit():
+                processor.apply([lazymedia.load_image(data)])
+
+            def lazy_miss():
+                processor.cache.clear()
+                processor.apply([lazymedia.load_image(data)])
+
+            def bare_blake3():
+                media_key("image", b"{}", data)
+
+            eager = median_time(eager_hit, repeats)
+            hit = median_time(lazy_hit, repeats * 5)
+            miss = median_time(lazy_miss, repeats)
+            hash_only = median_time(bare_blake3, repeats * 5)
+            decode_only = median_time(lambda: lazymedia.load_image(data).decode(), repeats)
+            row = {
+                "format": fmt.lower(), "height": height, "width": width, "encoded_bytes": len(data),
+                "eager_ms": eager * 1e3, "lazy_hit_ms": hit * 1e3, "lazy_miss_ms": miss * 1e3,
+                "blake3_ms": hash_only * 1e3, "decode_ms": decode_only * 1e3,
+                "hit_speedup": eager / hit, "miss_vs_eager": miss / eager, "hit_vs_blake3": hit / hash_only,
+                "blake3_GBps": len(data) / hash_only / 1e9,
+                "blended_ms": {str(p): {"lazy": (p * hit + (1 - p) * miss) * 1e3, "eager": eager * 1e3}
+                               for p in (0.5, 0.9, 0.99)},
+            }
+            rows.append(row)
+            print(f"  {fmt:4s} {width}x{height}: eager {row['eager_ms']:.2f} ms, hit {row['lazy_hit_ms']:.3f} ms, "
+                  f"miss {row['lazy_miss_ms']:.2f} ms", file=sys.stderr)
+    return rows
+
+
+def bench_parallel(count: int, size: int, engine, repeats: int) -> dict:
+    blobs = [encode(make_image(size, size, seed=s), "JPEG") for s in range(count)]
+
+    def serial():
+        for blob in blobs:
+            lazymedia.load_image(blob).decode()
+
+    def parallel():
+        engine.decode_all([lazymedia.load_image(blob) for blob in blobs])
+
+    serial_s = median_time(serial, repeats)
+    parallel_s = median_time(parallel, repeats)
+    return {"images": count, "size": size, "workers": engine.max_workers, "serial_ms": serial_s * 1e3,
+            "engine_ms": parallel_s * 1e3, "speedup": serial_s / parallel_s}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_child(mode: str, count: int, size: int) -> None:
+    """Runs in a child process: retains `count` cache-hit items the way each frontend does."""
+    data = encode(make_image(size, size), "JPEG")
+    processor = lazymedia.Processor(shape_of)
+    processor.apply([lazymedia.load_image(data)])
+    retained = []
+    before = rss_bytes()
+    for _ in range(count):
+        blob = bytes(bytearray(data))  # each request brings its own copy of the bytes
+        if mode == "eager":
+            with Image.open(io.BytesIO(blob)) as image:
+                pixels = np.asarray(image.convert("RGB"))
+            blake3.blake3(pixels.tobytes()).hexdigest()
+            retained.append(pixels)
+        else:
+            item = lazymedia.load_image(blob)
+            processor.apply([item])
+            retained.append(item)
+        del blob
+    print(json.dumps({"mode": mode, "rss_growth_bytes": rss_bytes() - before}))
+
+
+def bench_rss(count: int, size: int) -> dict:
+    result = {}
+    for mode in ("eager", "lazy"):
+        out = subprocess.run([sys.executable, __file__, "--rss-child", mode, "--rss-count", str(count),
+                              "--rss-size", str(size)], capture_output=True, text=True, check=True)
+        result[mode] = json.loads(out.stdout.strip().splitlines()[-1])["rss_growth_bytes"]
+    return {"items": count, "size": size, "eager_MB": result["eager"] / 2**20, "lazy_MB": result["lazy"] / 2**20}
+
+
+def print_tables(report: dict) -> None:
+    print(f"\nlazymedia {report['version']} on {report['machine']} ({report['cpus']} CPUs), {report['date']}")
+    print("\nPer-request cost (median ms)")
+    header = f"{'format':6s} {'size':>10s} {'bytes':>9s} {'eager':>8s} {'hit':>8s} {'miss':>8s} {'blake3':>8s} " \
+             f"{'hit x':>7s} {'miss/eager':>10s} {'hit/blake3':>10s}"
+    print(header)
+    print("-" * len(header))
+    for r in report["sizes"]:
+        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {r['encoded_bytes']:>9d} {r['eager_ms']:8.2f} "
+              f"{r['lazy_hit_ms']:8.3f} {r['lazy_miss_ms']:8.2f} {r['blake3_ms']:8.3f} {r['hit_speedup']:7.1f} "
+              f"{r['miss_vs_eager']:10.2f} {r['hit_vs_blake3']:10.2f}")
+    print("\nBlended cost at hit rate p (ms per item, lazy / eager)")
+    print(f"{'format':6s} {'size':>10s} " + " ".join(f"{'p=' + p:>16s}" for p in ("0.5", "0.9", "0.99")))
+    for r in report["sizes"]:
+        cells = " ".join(f"{r['blended_ms'][p]['lazy']:7.2f}/{r['blended_ms'][p]['eager']:<8.2f}"
+                         for p in ("0.5", "0.9", "0.99"))
+        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {cells}")
+    print("\nblake3 over encoded bytes vs decode")
+    for r in report["sizes"]:
+        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} blake3 {r['blake3_GBps']:.2f} GB/s "
+              f"({r['blake3_ms']:.3f} ms) vs decode {r['decode_ms']:.2f} ms: {r['decode_ms'] / r['blake3_ms']:.0f}x")
+    p = report["parallel"]
+    print(f"\nParallel decode of {p['images']} x {p['size']}^2 JPEG: serial {p['serial_ms']:.1f} ms, "
+          f"engine ({p['workers']} workers) {p['engine_ms']:.1f} ms, speedup {p['speedup']:.2f}x")
+    m = report["rss"]
+    print(f"RSS growth for {m['items']} retained {m['size']}^2 JPEG cache hits: eager {m['eager_MB']:.1f} MB, "
+          f"lazy {m['lazy_MB']:.1f} MB")
+
+
+def run(quick: bool) -> dict:
+    engine = lazymedia.DecodeEngine()
+    sizes = QUICK_SIZES if quick else SIZES
+    repeats = 3 if quick else 7
+    print("measuring per-size costs...", file=sys.stderr)
+    report = {
+        "version": lazymedia.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": platform.machine() + " " + platform.processor(), "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(), "quick": quick,
+        "sizes": bench_sizes(sizes, repeats, engine),
+    }
+    print("measuring parallel decode...", file=sys.stderr)
+    report["parallel"] = bench_parallel(8, 1024 if quick else 2048, engine, 2 if quick else 5)
+    print("measuring RSS...", file=sys.stderr)
+    report["rss"] = bench_rss(20 if quick else 100, 1024)
+    engine.shutdown()
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI smoke run)")
+    parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--rss-child", choices=("eager", "lazy"), help=argparse.SUPPRESS)
+    parser.add_argument("--rss-count", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument("--rss-size", type=int, default=1024, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rss_child:
+        rss_child(args.rss_child, args.rss_count, args.rss_size)
+        return 0
+    report = run(args.quick)
+    print_tables(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

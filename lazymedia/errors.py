@@ -1,0 +1,72 @@
+"""Typed errors a serving frontend maps straight to HTTP responses.
+
+`status_code` is the response code; `index` is the item's position in the request (set by
+`Processor`, or by the caller for load-time errors) so the client learns which item was bad.
+"""
+from __future__ import annotations
+
+import copy
+
+
+class MediaError(Exception):
+    """Base class of every error lazymedia raises for a media item."""
+
+    status_code = 400
+
+    def __init__(self, message: str, *, modality: str | None = None, index: int | None = None,
+                 status_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.modality = modality
+        self.index = index
+        if status_code is not None:
+            self.status_code = status_code
+
+    def with_index(self, index: int) -> "MediaError":
+        """A copy naming item `index` of the caller's request (the original stays untouched)."""
+        err = copy.copy(self)
+        err.index = index
+        return err
+
+    def __str__(self) -> str:
+        where = []
+        if self.index is not None:
+            where.append(f"item {self.index}")
+        if self.modality:
+            where.append(self.modality)
+        return f"{' '.join(where)}: {self.message}" if where else self.message
+
+    def __reduce__(self):
+        return (_rebuild_error, (type(self), self.message, self.modality, self.index, self.status_code))
+
+
+def _rebuild_error(cls, message, modality, index, status_code):
+    return cls(message, modality=modality, index=index, status_code=status_code)
+
+
+class InvalidMediaError(MediaError, ValueError):
+    """Rejected input: not media, a bad URL, a refused fetch (HTTP 400)."""
+
+    status_code = 400
+
+
+class MediaTooLargeError(InvalidMediaError):
+    """Input over a byte, pixel, duration or decompression-ratio limit (HTTP 413)."""
+
+    status_code = 413
+
+
+class MediaFetchError(MediaError):
+    """Download failed: unreachable host, bad status, time-out (400, 502 or 504)."""
+
+    status_code = 400
+
+
+class UnprocessableMediaError(MediaError):
+    """The media is recognised but cannot be decoded: corrupt, truncated, unsupported (HTTP 422)."""
+
+    status_code = 422
+
+
+class MediaReleasedError(RuntimeError):
+    """The handle's encoded bytes were released before it was decoded or hashed."""

@@ -1,0 +1,275 @@
+"""Processor: two-phase, cache-aware application of a model's media processor.
+
+Phase 1 (CPU, cheap): key every item, look it up, and submit decodes of the misses only; hits
+release their bytes at once and are never decoded. Phase 2: run `process_fn` on the decoded
+misses, write the cache, and merge with the hits in request order.
+
+Single-flight: the first request to miss on a key leads it (decodes and processes); concurrent
+requests missing on the same key follow, waiting on the leader's future. A leader that fails
+for a reason other than the item itself (cancellation, a failure in its batch) abandons the key
+and its followers retry.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ._nvtx import nvtx_range
+from .cache import ProcessorCache
+from .engine import DecodeEngine, default_engine
+from .errors import MediaError
+from .hashing import derived_key
+from .media import LazyMedia
+
+# Items above this many unhashed bytes are keyed off the event loop in apply_async.
+_HASH_OFFLOAD_BYTES = 1 << 20
+
+
+class _Abandoned(Exception):
+    """The leader of a key gave up without a result; a follower retries the item itself."""
+
+
+@dataclass
+class _Plan:
+    items: list[LazyMedia]
+    results: list[Any]
+    leaders: dict[str, list[int]] = field(default_factory=dict)   # key -> request indices
+    leader_futures: dict[str, Future] = field(default_factory=dict)
+    followers: dict[str, tuple[Future, list[int]]] = field(default_factory=dict)
+    decodes: dict[str, Future] = field(default_factory=dict)
+
+
+class Processor:
+    """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order).
+
+    cache: shared ProcessorCache (default: a private 1 GiB one). namespace: mixed into every key,
+    so processors with different settings can share one cache. engine: the DecodeEngine for
+    misses (default: the process-wide one). process_workers: threads that run phase 2 for
+    apply_async, off the event loop.
+    """
+
+    def __init__(self, process_fn: Callable[[list], Sequence], *, cache: ProcessorCache | None = None,
+                 engine: DecodeEngine | None = None, namespace: str = "", process_workers: int = 1):
+        self.process_fn = process_fn
+        self.cache = cache if cache is not None else ProcessorCache()
+        self.engine = engine if engine is not None else default_engine()
+        self.namespace = namespace
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+        self._process_workers = process_workers
+        self._phase2_pool: ThreadPoolExecutor | None = None
+
+    # -- public -----------------------------------------------------------------------------
+    def apply(self, items: Sequence[LazyMedia]) -> list:
+        """Processed outputs for `items`, in order. Raises UnprocessableMediaError (422) naming the
+        first corrupt item's index; all decodes have finished by then."""
+        plan = self._plan(items)
+        try:
+            self._submit_decodes(plan)
+            wait_futures(plan.decodes.values())
+            self._finish(plan)
+        finally:
+            self._drain_and_abandon(plan)
+        try:
+            for future, indices in plan.followers.values():
+                try:
+                    value = future.result()
+                except _Abandoned:
+                    value = self._retry(plan.items[indices[0]], indices[0])
+                except MediaError as exc:
+                    raise exc.with_index(indices[0]) from None
+                self._fill(plan, indices, value)
+        finally:
+            self._release(plan, self._follower_indices(plan))
+        return plan.results
+
+    async def apply_async(self, items: Sequence[LazyMedia]) -> list:
+        """`apply` for an event loop: decodes and phase 2 run on threads, so other requests keep
+        being served (and their decodes overlap with these)."""
+        items = list(items)
+        unhashed = sum(item.nbytes for item in items if item._key is None)
+        if unhashed > _HASH_OFFLOAD_BYTES:
+            plan = await asyncio.to_thread(self._plan, items)
+        else:
+            plan = self._plan(items)
+        try:
+            self._submit_decodes(plan)
+            if plan.decodes:
+                await asyncio.wait([asyncio.wrap_future(f) for f in plan.decodes.values()])
+            # Shielded: if this request is cancelled now, phase 2 still publishes for followers.
+            await asyncio.shield(asyncio.wrap_future(self._phase2().submit(self._finish, plan)))
+        except BaseException:
+            for future in plan.decodes.values():
+                future.cancel()
+            await _drain(list(plan.decodes.values()))
+            raise
+        finally:
+            self._drain_and_abandon(plan)  # every decode has finished here, so this never blocks
+        try:
+            for future, indices in plan.followers.values():
+                try:
+                    value = await asyncio.shield(asyncio.wrap_future(future))
+                except _Abandoned:
+                    value = await self._retry_async(plan.items[indices[0]], indices[0])
+                except MediaError as exc:
+                    raise exc.with_index(indices[0]) from None
+                self._fill(plan, indices, value)
+        finally:
+            self._release(plan, self._follower_indices(plan))
+        return plan.results
+
+    def cache_key(self, item: LazyMedia) -> str:
+        return item.key if not self.namespace else derived_key(item.key, "processor:" + self.namespace)
+
+    def close(self) -> None:
+        if self._phase2_pool is not None:
+            self._phase2_pool.shutdown(wait=True)
+
+    # -- phase 1 ----------------------------------------------------------------------------
+    def _plan(self, items: Sequence[LazyMedia]) -> _Plan:
+        items = list(items)
+        with nvtx_range("lazymedia.hash"):
+            keys = [self.cache_key(item) for item in items]
+        plan = _Plan(items, [None] * len(items))
+        hits: list[int] = []
+        with nvtx_range("lazymedia.lookup"):
+            for index, key in enumerate(keys):
+                if key in plan.leaders:
+                    plan.leaders[key].append(index)
+                    continue
+                if key in plan.followers:
+                    plan.followers[key][1].append(index)
+                    continue
+                with self._lock:  # lookup and leader registration are one step: no double decode
+                    found, value = self.cache.lookup(key)
+                    future = None if found else self._inflight.get(key)
+                    leader = not found and future is None
+                    if leader:
+                        future = Future()
+                        future.set_running_or_notify_cancel()  # nobody may cancel a shared result
+                        self._inflight[key] = future
+                if found:
+                    plan.results[index] = value
+                    hits.append(index)
+                elif leader:
+                    plan.leaders[key] = [index]
+                    plan.leader_futures[key] = future
+                else:
+                    plan.followers[key] = (future, [index])
+        # Hits never decode, so their bytes go now, unless a miss in this request shares them
+        # (a handle and a map() of it).
+        misses = list(plan.leaders.values()) + [indices for _, indices in plan.followers.values()]
+        needed = {id(items[indices[0]]._source) for indices in misses}
+        for index in hits:
+            if id(items[index]._source) not in needed:
+                items[index].release_bytes()
+        return plan
+
+    def _submit_decodes(self, plan: _Plan) -> None:
+        with nvtx_range("lazymedia.decode_submit"):
+            for key, indices in plan.leaders.items():
+                plan.decodes[key] = self.engine.submit(plan.items[indices[0]])
+
+    # -- phase 2 ----------------------------------------------------------------------------
+    def _finish(self, plan: _Plan) -> None:
+        """Runs after every decode of the plan has finished: processes, caches, publishes."""
+        failures = []
+        for key, future in plan.decodes.items():
+            if future.cancelled():
+                failures.append((plan.leaders[key][0], key, CancelledError()))
+            elif future.exception() is not None:
+                failures.append((plan.leaders[key][0], key, future.exception()))
+        if failures:
+            for _, key, exc in failures:
+                if isinstance(exc, MediaError):  # the item itself is bad: followers get the error too
+                    self._publish(plan, key, error=exc)
+            index, _, exc = min(failures, key=lambda failure: failure[0])
+            if isinstance(exc, MediaError):
+                raise exc.with_index(index) from None
+            raise exc
+        keys = list(plan.leaders)
+        if not keys:
+            return
+        decoded = [plan.decodes[key].result() for key in keys]
+        with nvtx_range("lazymedia.process"):
+            outputs = list(self.process_fn(decoded))
+        if len(outputs) != len(keys):
+            raise ValueError(f"process_fn returned {len(outputs)} outputs for {len(keys)} items")
+        with nvtx_range("lazymedia.cache_write"):
+            for key, output in zip(keys, outputs):
+                self._publish(plan, key, value=output)
+                self._fill(plan, plan.leaders[key], output)
+
+    def _publish(self, plan: _Plan, key: str, value: Any = None, error: BaseException | None = None) -> None:
+        future = plan.leader_futures[key]
+        with self._lock:  # cache write and in-flight removal together: no window for a re-decode
+            if error is None:
+                self.cache.put(key, value)
+            if self._inflight.get(key) is future:
+                del self._inflight[key]
+        if not future.done():
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    def _drain_and_abandon(self, plan: _Plan) -> None:
+        """Cleanup on every path: cancels queued decodes, waits for running ones, hands unresolved
+        keys back to their followers and frees the leaders' bytes."""
+        for future in plan.decodes.values():
+            future.cancel()
+        wait_futures(plan.decodes.values())
+        for key, future in plan.leader_futures.items():
+            if not future.done():
+                self._publish(plan, key, error=_Abandoned(key))
+        self._release(plan, [index for indices in plan.leaders.values() for index in indices])
+
+    # -- helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _follower_indices(plan: _Plan) -> list[int]:
+        return [index for _, indices in plan.followers.values() for index in indices]
+
+    @staticmethod
+    def _release(plan: _Plan, indices: list[int]) -> None:
+        for index in indices:
+            plan.items[index].release_bytes()
+
+    @staticmethod
+    def _fill(plan: _Plan, indices: list[int], value: Any) -> None:
+        for index in indices:
+            plan.results[index] = value
+
+    def _retry(self, item: LazyMedia, index: int):
+        try:
+            return self.apply([item])[0]
+        except MediaError as exc:
+            raise exc.with_index(index) from None
+
+    async def _retry_async(self, item: LazyMedia, index: int):
+        try:
+            return (await self.apply_async([item]))[0]
+        except MediaError as exc:
+            raise exc.with_index(index) from None
+
+    def _phase2(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._phase2_pool is None:
+                self._phase2_pool = ThreadPoolExecutor(self._process_workers, thread_name_prefix="lazymedia-process")
+            return self._phase2_pool
+
+
+async def _drain(futures: list[Future]) -> None:
+    """Waits for `futures` to finish even if this task is cancelled again meanwhile."""
+    pending = [f for f in futures if not f.done()]
+    if not pending:
+        return
+    waiter = asyncio.ensure_future(asyncio.wait([asyncio.wrap_future(f) for f in pending]))
+    while not waiter.done():
+        try:
+            await asyncio.shield(waiter)
+        except asyncio.CancelledError:
+            continue

@@ -1,0 +1,147 @@
+"""Decode specs (what the decoded output looks like) and limits (what input is accepted).
+
+A spec holds exactly the settings that change decoded output, so it is part of the cache key:
+two handles with equal bytes and equal specs decode to equal tensors. Limits do not change the
+output and are not part of the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass
+
+IMAGE_MODES = ("RGB", "RGBA", "L")
+RESAMPLE_FILTERS = ("bilinear", "bicubic")
+
+
+def _canonical(kind: str, spec) -> bytes:
+    fields = dataclasses.asdict(spec)
+    return json.dumps({"kind": kind, **fields}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _check_size(size):
+    if size is None:
+        return None
+    try:
+        height, width = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"size must be (height, width), got {size!r}") from None
+    if height <= 0 or width <= 0:
+        raise ValueError(f"size must be positive, got {size!r}")
+    return (height, width)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """mode: output channels; apply_orientation: honour EXIF orientation; size: (height, width)."""
+
+    mode: str = "RGB"
+    apply_orientation: bool = True
+    size: tuple[int, int] | None = None
+    resample: str = "bicubic"
+
+    def __post_init__(self):
+        if self.mode not in IMAGE_MODES:
+            raise ValueError(f"mode must be one of {IMAGE_MODES}, got {self.mode!r}")
+        if self.resample not in RESAMPLE_FILTERS:
+            raise ValueError(f"resample must be one of {RESAMPLE_FILTERS}, got {self.resample!r}")
+        object.__setattr__(self, "apply_orientation", bool(self.apply_orientation))
+        object.__setattr__(self, "size", _check_size(self.size))
+
+    @functools.cached_property
+    def _canonical_bytes(self) -> bytes:
+        return _canonical("image", self)
+
+    def canonical(self) -> bytes:
+        """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
+        return self._canonical_bytes
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """Which frames come back: `num_frames` sampled uniformly, or every frame at `fps`, at most
+    `max_frames`; `size` resizes each frame to (height, width) during decode."""
+
+    num_frames: int | None = None
+    fps: float | None = None
+    max_frames: int | None = None
+    size: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        if self.num_frames is not None and self.fps is not None:
+            raise ValueError("give num_frames or fps, not both")
+        if self.num_frames is not None and int(self.num_frames) <= 0:
+            raise ValueError("num_frames must be positive")
+        if self.fps is not None and not float(self.fps) > 0:
+            raise ValueError("fps must be positive")
+        if self.max_frames is not None and int(self.max_frames) <= 0:
+            raise ValueError("max_frames must be positive")
+        object.__setattr__(self, "num_frames", None if self.num_frames is None else int(self.num_frames))
+        object.__setattr__(self, "fps", None if self.fps is None else float(self.fps))
+        object.__setattr__(self, "max_frames", None if self.max_frames is None else int(self.max_frames))
+        object.__setattr__(self, "size", _check_size(self.size))
+
+    @functools.cached_property
+    def _canonical_bytes(self) -> bytes:
+        return _canonical("video", self)
+
+    def canonical(self) -> bytes:
+        """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
+        return self._canonical_bytes
+
+
+@dataclass(frozen=True)
+class AudioSpec:
+    """sample_rate: resample to this rate (None keeps the source rate); mono: average channels."""
+
+    sample_rate: int | None = None
+    mono: bool = False
+
+    def __post_init__(self):
+        if self.sample_rate is not None and int(self.sample_rate) <= 0:
+            raise ValueError("sample_rate must be positive")
+        object.__setattr__(self, "sample_rate", None if self.sample_rate is None else int(self.sample_rate))
+        object.__setattr__(self, "mono", bool(self.mono))
+
+    @functools.cached_property
+    def _canonical_bytes(self) -> bytes:
+        return _canonical("audio", self)
+
+    def canonical(self) -> bytes:
+        """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
+        return self._canonical_bytes
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds checked from the header before any decode, so hostile input costs microseconds.
+
+    max_decoded_ratio: decoded bytes per encoded byte above which an item counts as a
+    decompression bomb, applied once the decoded size passes `bomb_check_min_bytes`.
+    """
+
+    max_bytes: int = 64 << 20
+    max_pixels: int = 100_000_000
+    max_decoded_ratio: float = 2000.0
+    bomb_check_min_bytes: int = 64 << 20
+    max_video_seconds: float = 3600.0
+    max_video_frames: int = 1_000_000
+    max_audio_seconds: float = 3600.0
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_spec(spec_cls, items: tuple):
+    return spec_cls(**dict(items))
+
+
+def make_spec(spec_cls, settings: dict):
+    """A spec from keyword settings; repeated settings share one validated instance, so the
+    per-request cost of a spec is a dictionary lookup."""
+    try:
+        return _cached_spec(spec_cls, tuple(sorted(settings.items())))
+    except TypeError:  # unhashable values (a list for size): validate and build a fresh one
+        return spec_cls(**settings)

@@ -1,0 +1,164 @@
+"""LazyMedia: lazy, decode-once, keys from bytes + spec, pickling without pixels."""
+import base64
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import lazymedia
+from lazymedia import media as media_module
+from lazymedia import InvalidMediaError, MediaReleasedError, MediaTooLargeError
+from lazymedia.hashing import media_key
+from conftest import encode, make_image
+
+
+@pytest.fixture
+def decode_calls(monkeypatch):
+    """Counts calls into the image decoder."""
+    calls = []
+    spec_cls, probe, decode = media_module._BACKENDS["image"]
+
+    def counting(*args, **kwargs):
+        calls.append(threading.get_ident())
+        return decode(*args, **kwargs)
+
+    monkeypatch.setitem(media_module._BACKENDS, "image", (spec_cls, probe, counting))
+    return calls
+
+
+def test_load_is_lazy_and_header_is_eager(jpeg_bytes, decode_calls):
+    item = lazymedia.load_image(jpeg_bytes)
+    assert not item.is_decoded
+    assert (item.header.format, item.header.width, item.header.height) == ("jpeg", 320, 240)
+    assert item.key and not item.is_decoded
+    text = repr(item)
+    assert "not decoded" in text and "jpeg 320x240" in text
+    assert decode_calls == []
+
+
+def test_key_depends_on_bytes_and_spec_only(jpeg_bytes):
+    key = lazymedia.load_image(jpeg_bytes).key
+    assert lazymedia.load_image(jpeg_bytes).key == key
+    assert lazymedia.load_image(bytearray(jpeg_bytes)).key == key
+    assert lazymedia.load_image(jpeg_bytes, mode="RGB", apply_orientation=True).key == key  # defaults spelled out
+    assert lazymedia.load_image(jpeg_bytes, mode="L").key != key
+    assert lazymedia.load_image(jpeg_bytes, size=(10, 10)).key != key
+    assert lazymedia.load_image(jpeg_bytes, apply_orientation=False).key != key
+    assert lazymedia.load_image(jpeg_bytes, limits=lazymedia.Limits(max_pixels=10**7)).key == key  # limits are not
+    other = encode(make_image(240, 320, seed=1), "JPEG", quality=90)
+    assert lazymedia.load_image(other).key != key
+    assert len(key) == 64 and int(key, 16) >= 0
+
+
+def test_key_is_blake3_of_prefix_and_bytes(jpeg_bytes):
+    item = lazymedia.load_image(jpeg_bytes)
+    assert item.key == media_key("image", item.spec.canonical(), jpeg_bytes)
+
+
+def test_decode_once_across_32_racing_threads(jpeg_bytes, decode_calls):
+    item = lazymedia.load_image(jpeg_bytes)
+    barrier = threading.Barrier(32)
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append(item.media)
+
+    threads = [threading.Thread(target=worker) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(decode_calls) == 1
+    assert len(results) == 32 and all(r is results[0] for r in results)
+    assert item.is_decoded
+
+
+def test_map_shares_bytes_and_decode(jpeg_bytes, decode_calls):
+    item = lazymedia.load_image(jpeg_bytes)
+    flipped = item.map(torch.fliplr)
+    assert flipped.key != item.key
+    assert item.map(torch.fliplr).key == flipped.key
+    assert item.map(torch.flipud).key != flipped.key
+    assert torch.equal(flipped.media, torch.fliplr(item.media))
+    assert len(decode_calls) == 1
+    double = flipped.map(torch.fliplr)
+    assert torch.equal(double.media, item.media)
+    with pytest.raises(ValueError, match="key="):
+        item.map(lambda t: t)
+    assert item.map(lambda t: t, key="identity").key != item.key
+
+
+def test_release_bytes(jpeg_bytes):
+    item = lazymedia.load_image(jpeg_bytes)
+    key = item.key
+    item.release_bytes()
+    assert not item.has_bytes and item.key == key
+    with pytest.raises(MediaReleasedError):
+        item.decode()
+    decoded = lazymedia.load_image(jpeg_bytes)
+    pixels = decoded.media
+    decoded.release_bytes()
+    assert decoded.media is pixels
+    unhashed = lazymedia.load_image(jpeg_bytes)
+    unhashed.release_bytes()
+    with pytest.raises(MediaReleasedError):
+        unhashed.key
+
+
+def test_pickle_stays_lazy(jpeg_bytes):
+    item = lazymedia.load_image(jpeg_bytes, mode="RGB")
+    key = item.key
+    pixels = item.media.clone()
+    blob = pickle.dumps(item)
+    assert len(blob) < len(jpeg_bytes) + 4096  # bytes travel, pixels do not
+    assert pixels.numel() > 5 * len(jpeg_bytes)
+    clone = pickle.loads(blob)
+    assert not clone.is_decoded and clone.key == key
+    assert torch.equal(clone.media, pixels)
+    mapped = pickle.loads(pickle.dumps(item.map(torch.fliplr)))
+    assert torch.equal(mapped.media, torch.fliplr(pixels))
+
+
+def test_pickle_released_handle_refuses(jpeg_bytes):
+    item = lazymedia.load_image(jpeg_bytes)
+    item.release_bytes()
+    with pytest.raises(MediaReleasedError):
+        pickle.dumps(item)
+
+
+def test_views(jpeg_bytes):
+    item = lazymedia.load_image(jpeg_bytes)
+    array = item.numpy()
+    assert array.shape == (240, 320, 3) and np.shares_memory(array, item.media.numpy())
+    assert item.to_pil().size == (320, 240)
+
+
+def test_base64_and_file_loaders(jpeg_bytes, tmp_path):
+    text = base64.b64encode(jpeg_bytes).decode()
+    assert lazymedia.load_image_from_base64(text).key == lazymedia.load_image(jpeg_bytes).key
+    with pytest.raises(InvalidMediaError):
+        lazymedia.load_image_from_base64(text[:-3] + "!!!")
+    with pytest.raises(MediaTooLargeError):
+        lazymedia.load_image_from_base64(text, limits=lazymedia.Limits(max_bytes=1000))
+    path = tmp_path / "x.jpg"
+    path.write_bytes(jpeg_bytes)
+    assert lazymedia.load_image_from_file(path).key == lazymedia.load_image(jpeg_bytes).key
+    with pytest.raises(MediaTooLargeError):
+        lazymedia.load_image_from_file(path, limits=lazymedia.Limits(max_bytes=1000))
+
+
+@pytest.mark.parametrize("spec", [{"mode": "CMYK"}, {"size": (0, 5)}, {"size": "big"}, {"resample": "lanczos9"}])
+def test_bad_spec_is_rejected(jpeg_bytes, spec):
+    with pytest.raises(ValueError):
+        lazymedia.load_image(jpeg_bytes, **spec)
+
+
+def test_corrupt_decode_error_is_kept(jpeg_bytes, decode_calls):
+    item = lazymedia.load_image(jpeg_bytes[: len(jpeg_bytes) // 2])
+    for _ in range(2):
+        with pytest.raises(lazymedia.UnprocessableMediaError):
+            item.decode()
+    assert len(decode_calls) == 1 and not item.is_decoded

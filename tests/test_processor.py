@@ -1,0 +1,235 @@
+"""Two-phase apply: hits never decode, misses decode concurrently, single-flight, typed errors."""
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+import lazymedia
+from lazymedia import DecodeEngine, Processor, ProcessorCache, UnprocessableMediaError
+from lazymedia import media as media_module
+from conftest import encode, make_image
+
+
+@pytest.fixture(scope="module")
+def images():
+    return [encode(make_image(64, 80, seed=s), "JPEG", quality=90) for s in range(6)]
+
+
+@pytest.fixture
+def engine():
+    with DecodeEngine(max_workers=4) as e:
+        yield e
+
+
+class Spy:
+    """Counts decoder calls; optionally blocks each decode on a barrier or sleeps."""
+
+    def __init__(self, monkeypatch, delay=0.0, barrier=None):
+        self.calls = 0
+        self.lock = threading.Lock()
+        spec_cls, probe, decode = media_module._BACKENDS["image"]
+
+        def counting(*args, **kwargs):
+            with self.lock:
+                self.calls += 1
+            if barrier is not None:
+                barrier.wait(timeout=10)
+            if delay:
+                time.sleep(delay)
+            return decode(*args, **kwargs)
+
+        monkeypatch.setitem(media_module._BACKENDS, "image", (spec_cls, probe, counting))
+
+
+def mean_pixel(items):
+    return [float(t.float().mean()) for t in items]
+
+
+def test_hits_never_decode(monkeypatch, images, engine):
+    spy = Spy(monkeypatch)
+    processor = Processor(mean_pixel, engine=engine)
+    first = processor.apply([lazymedia.load_image(b) for b in images])
+    assert spy.calls == len(images)
+    again = [lazymedia.load_image(b) for b in images]
+    assert processor.apply(again) == first
+    assert spy.calls == len(images)
+    assert all(not item.is_decoded and not item.has_bytes for item in again)
+    stats = processor.cache.stats()
+    assert (stats.hits, stats.misses) == (len(images), len(images))
+
+
+def test_order_duplicates_and_mixed_hits(monkeypatch, images, engine):
+    spy = Spy(monkeypatch)
+    batches = []
+    processor = Processor(lambda items: (batches.append(len(items)), mean_pixel(items))[1], engine=engine)
+    processor.apply([lazymedia.load_image(images[0])])
+    request = [images[1], images[0], images[1], images[2], images[0]]
+    out = processor.apply([lazymedia.load_image(b) for b in request])
+    assert spy.calls == 3 and batches == [1, 2]  # images[1] and images[2] once each, in one batch
+    assert out == mean_pixel([lazymedia.load_image(b).media for b in request])
+
+
+def test_misses_release_bytes_after_processing(images, engine):
+    items = [lazymedia.load_image(b) for b in images[:2]]
+    Processor(mean_pixel, engine=engine).apply(items)
+    assert all(item.is_decoded and not item.has_bytes for item in items)
+
+
+def test_hit_keeps_bytes_shared_with_a_miss(images, engine):
+    processor = Processor(mean_pixel, engine=engine)
+    processor.apply([lazymedia.load_image(images[0])])
+    base = lazymedia.load_image(images[0])
+    flipped = base.map(torch.fliplr)
+    out = processor.apply([base, flipped])
+    assert out[0] == out[1]  # the mean is flip-invariant; the point is that the miss could decode
+
+
+def test_corrupt_item_index_and_nothing_leaked(monkeypatch, images, engine):
+    spy = Spy(monkeypatch, delay=0.05)
+    processor = Processor(mean_pixel, engine=engine)
+    corrupt = images[2][: len(images[2]) // 2]
+    items = [lazymedia.load_image(images[0]), lazymedia.load_image(images[1]), lazymedia.load_image(corrupt)]
+    with pytest.raises(UnprocessableMediaError) as info:
+        processor.apply(items)
+    assert info.value.index == 2 and info.value.status_code == 422 and info.value.modality == "image"
+    assert engine.in_flight == 0
+    assert not processor._inflight
+    assert all(not item.has_bytes for item in items)
+    assert spy.calls == 3
+
+
+def test_corrupt_index_is_request_index_not_miss_index(images, engine):
+    processor = Processor(mean_pixel, engine=engine)
+    processor.apply([lazymedia.load_image(images[0]), lazymedia.load_image(images[1])])
+    corrupt = images[3][:200]
+    request = [lazymedia.load_image(images[0]), lazymedia.load_image(images[1]), lazymedia.load_image(corrupt)]
+    with pytest.raises(UnprocessableMediaError) as info:
+        processor.apply(request)
+    assert info.value.index == 2
+
+
+def test_single_flight_16_threads(monkeypatch, images, engine):
+    spy = Spy(monkeypatch, delay=0.2)
+    process_calls = []
+    processor = Processor(lambda items: (process_calls.append(1), mean_pixel(items))[1], engine=engine)
+    barrier = threading.Barrier(16)
+    results = []
+
+    def request():
+        item = lazymedia.load_image(images[4])
+        barrier.wait()
+        results.append(processor.apply([item])[0])
+
+    threads = [threading.Thread(target=request) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert spy.calls == 1 and len(process_calls) == 1
+    assert len(results) == 16 and len(set(results)) == 1
+
+
+async def test_single_flight_16_async_requests(monkeypatch, images, engine):
+    spy = Spy(monkeypatch, delay=0.2)
+    processor = Processor(mean_pixel, engine=engine)
+    results = await asyncio.gather(*[processor.apply_async([lazymedia.load_image(images[5])]) for _ in range(16)])
+    assert spy.calls == 1
+    assert len({r[0] for r in results}) == 1
+
+
+async def test_decodes_of_different_requests_overlap(monkeypatch, images, engine):
+    # Each decode waits until two decodes run at once: this passes only if the requests overlap.
+    Spy(monkeypatch, barrier=threading.Barrier(2))
+    processor = Processor(mean_pixel, engine=engine)
+    a, b = await asyncio.gather(processor.apply_async([lazymedia.load_image(images[0])]),
+                                processor.apply_async([lazymedia.load_image(images[1])]))
+    assert a != b
+
+
+async def test_event_loop_stays_responsive_during_decode(monkeypatch, images, engine):
+    Spy(monkeypatch, delay=0.3)
+    processor = Processor(mean_pixel, engine=engine)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await processor.apply_async([lazymedia.load_image(images[0])])
+    task.cancel()
+    assert ticks >= 10
+
+
+async def test_cancellation_drains_and_followers_retry(monkeypatch, images, engine):
+    spy = Spy(monkeypatch, delay=0.3)
+    processor = Processor(mean_pixel, engine=engine)
+    leader_items = [lazymedia.load_image(images[0]), lazymedia.load_image(images[1])]
+    leader = asyncio.create_task(processor.apply_async(leader_items))
+    await asyncio.sleep(0.05)
+    follower = asyncio.create_task(processor.apply_async([lazymedia.load_image(images[0])]))
+    await asyncio.sleep(0.05)
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert engine.in_flight == 0  # the running decodes finished before the cancel returned
+    assert all(not item.has_bytes for item in leader_items)
+    result = await follower
+    assert result == mean_pixel([lazymedia.load_image(images[0]).media])
+    assert spy.calls >= 3  # the follower decoded again after the leader abandoned the key
+    assert not processor._inflight
+
+
+def test_corrupt_error_reaches_followers_with_their_index(monkeypatch, images, engine):
+    Spy(monkeypatch, delay=0.2)
+    processor = Processor(mean_pixel, engine=engine)
+    corrupt = images[0][: len(images[0]) // 2]
+    errors = []
+
+    def request(position):
+        items = [lazymedia.load_image(images[1]) for _ in range(position)] + [lazymedia.load_image(corrupt)]
+        try:
+            processor.apply(items)
+        except UnprocessableMediaError as exc:
+            errors.append(exc.index)
+
+    threads = [threading.Thread(target=request, args=(p,)) for p in (0, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(errors) == [0, 3]
+
+
+def test_process_fn_errors_leave_no_stuck_keys(images, engine):
+    processor = Processor(lambda items: [], engine=engine)
+    with pytest.raises(ValueError, match="outputs"):
+        processor.apply([lazymedia.load_image(images[0])])
+    assert not processor._inflight and engine.in_flight == 0
+    processor.process_fn = mean_pixel
+    assert processor.apply([lazymedia.load_image(images[0])])
+
+
+def test_namespace_separates_processors_sharing_a_cache(images, engine):
+    cache = ProcessorCache()
+    small = Processor(lambda items: ["small"] * len(items), cache=cache, engine=engine, namespace="size=224")
+    large = Processor(lambda items: ["large"] * len(items), cache=cache, engine=engine, namespace="size=448")
+    assert small.apply([lazymedia.load_image(images[0])]) == ["small"]
+    assert large.apply([lazymedia.load_image(images[0])]) == ["large"]
+    assert small.apply([lazymedia.load_image(images[0])]) == ["small"]
+
+
+def test_mixed_modalities_in_one_request(engine, tmp_path):
+    import numpy as np
+    import soundfile
+
+    path = tmp_path / "tone.wav"
+    soundfile.write(path, np.sin(np.linspace(0, 100, 8000)).astype(np.float32), 8000)
+    audio = lazymedia.load_audio_from_file(path)
+    image = lazymedia.load_image(encode(make_image(8, 8), "PNG"))
+    out = Processor(lambda items: [type(i).__name__ for i in items], engine=engine).apply([image, audio])
+    assert out == ["Tensor", "AudioSamples"]
