@@ -1,0 +1,282 @@
+"""MediaConnector against a real aiohttp server on 127.0.0.1."""
+import asyncio
+import base64
+import os
+
+import pytest
+from aiohttp import web
+
+import lazymedia
+from lazymedia import InvalidMediaError, MediaFetchError, MediaTooLargeError
+from lazymedia.connector import MediaConnector
+from conftest import encode, make_image
+
+LOCAL = ["127.0.0.1/32"]  # the tests' server; every other private address stays refused
+
+
+@pytest.fixture(scope="module")
+def image_bytes():
+    return encode(make_image(96, 128), "JPEG", quality=90)
+
+
+class Server:
+    def __init__(self, image_bytes):
+        self.image = image_bytes
+        self.sent_bytes = 0
+        self.in_flight = 0
+        self.peak = 0
+        self.gate = asyncio.Event()
+        self.gate_size = 64
+        self.requests = 0
+
+    def app(self):
+        app = web.Application()
+        r = app.router
+        r.add_get("/img.jpg", self.img)
+        r.add_get("/gated/{n}.jpg", self.gated)
+        r.add_get("/slow.jpg", self.slow)
+        r.add_get("/endless", self.endless)
+        r.add_get("/liar_short", self.liar_short)
+        r.add_get("/liar_long", self.liar_long)
+        r.add_get("/big_declared", self.big_declared)
+        r.add_get("/redirect", self.redirect)
+        r.add_get("/missing", self.missing)
+        return app
+
+    async def missing(self, request):
+        return web.Response(status=404)
+
+    async def img(self, request):
+        self.requests += 1
+        return web.Response(body=self.image, content_type="image/jpeg")
+
+    async def gated(self, request):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        if self.in_flight >= self.gate_size:
+            self.gate.set()
+        await asyncio.wait_for(self.gate.wait(), 10)  # opens only once gate_size requests wait at once
+        self.in_flight -= 1
+        return web.Response(body=self.image)
+
+    async def slow(self, request):
+        await asyncio.sleep(5)
+        return web.Response(body=self.image)
+
+    async def endless(self, request):
+        response = web.StreamResponse()  # chunked: no Content-Length
+        await response.prepare(request)
+        chunk = os.urandom(1 << 16)
+        try:
+            for _ in range(10_000):
+                await response.write(chunk)
+                self.sent_bytes += len(chunk)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return response
+
+    async def liar_short(self, request):
+        # Claims fewer bytes than the image has: the client must stop at Content-Length.
+        return web.Response(body=self.image[:100], headers={"Content-Length": "100"})
+
+    async def liar_long(self, request):
+        # Claims more bytes than it sends, then closes the connection.
+        response = web.StreamResponse(headers={"Content-Length": str(len(self.image) * 2)})
+        await response.prepare(request)
+        await response.write(self.image)
+        request.transport.close()
+        return response
+
+    async def big_declared(self, request):
+        response = web.StreamResponse(headers={"Content-Length": str(1 << 30)})
+        await response.prepare(request)
+        await response.write(b"\xff\xd8\xff" * 100)
+        self.sent_bytes += 300
+        return response
+
+    async def redirect(self, request):
+        raise web.HTTPFound(request.query["to"])
+
+
+@pytest.fixture
+async def server(image_bytes):
+    state = Server(image_bytes)
+    runner = web.AppRunner(state.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    state.url = f"http://127.0.0.1:{port}"
+    state.port = port
+    yield state
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def connector():
+    c = MediaConnector(allow_private_networks=LOCAL, timeout_s=2.0, max_bytes=1 << 20)
+    yield c
+    await c.aclose()
+
+
+async def test_fetch_is_lazy_and_key_matches_direct_load(server, connector, image_bytes):
+    item = await connector.fetch_image(server.url + "/img.jpg")
+    assert not item.is_decoded
+    assert item._source.key is not None  # hashed while downloading
+    assert item.key == lazymedia.load_image(image_bytes).key
+    resized = await connector.fetch_image(server.url + "/img.jpg", size=(10, 10))
+    assert resized.key == lazymedia.load_image(image_bytes, size=(10, 10)).key
+    assert item.media.shape == (96, 128, 3)
+
+
+async def test_64_concurrent_fetches(server, connector):
+    server.gate_size = 64
+    items = await asyncio.gather(*[connector.fetch_image(f"{server.url}/gated/{i}.jpg") for i in range(64)])
+    assert len(items) == 64 and server.peak >= 64
+    assert len({item.key for item in items}) == 1
+
+
+async def test_slow_server_times_out(server):
+    c = MediaConnector(allow_private_networks=LOCAL, timeout_s=0.3)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(MediaFetchError) as info:
+        await c.fetch_image(server.url + "/slow.jpg")
+    assert info.value.status_code == 504 and loop.time() - start < 2
+    await c.aclose()
+
+
+async def test_chunked_body_cut_off_at_max_bytes(server):
+    c = MediaConnector(allow_private_networks=LOCAL, max_bytes=256 << 10, timeout_s=5)
+    with pytest.raises(MediaTooLargeError) as info:
+        await c.fetch_image(server.url + "/endless")
+    assert info.value.status_code == 413
+    await c.aclose()
+    await asyncio.sleep(0.2)
+    # the server could push only what the socket buffers hold past the limit, not the 640 MB body
+    assert server.sent_bytes < 16 << 20
+
+
+async def test_declared_length_over_limit_refused_before_reading(server, connector):
+    with pytest.raises(MediaTooLargeError):
+        await connector.fetch_image(server.url + "/big_declared")
+
+
+async def test_lying_content_length(server, connector):
+    with pytest.raises(lazymedia.UnprocessableMediaError):  # 100 bytes of a JPEG: the header is cut
+        item = await connector.fetch_image(server.url + "/liar_short")
+        item.decode()
+    with pytest.raises(MediaFetchError) as info:
+        await connector.fetch_image(server.url + "/liar_long")
+    assert info.value.status_code == 502
+
+
+async def test_http_error_status(server, connector):
+    with pytest.raises(MediaFetchError) as info:
+        await connector.fetch_image(server.url + "/missing")
+    assert info.value.status_code == 502 and "404" in str(info.value)
+
+
+async def test_redirect_to_disallowed_domain(server):
+    c = MediaConnector(allow_private_networks=LOCAL, allowed_domains=["127.0.0.1"])
+    assert (await c.fetch_image(f"{server.url}/redirect?to=/img.jpg")).header.width == 128
+    with pytest.raises(InvalidMediaError, match="allowed domain"):
+        await c.fetch_image(f"{server.url}/redirect?to=http://example.com/x.jpg")
+    await c.aclose()
+
+
+async def test_redirect_to_loopback_refused_by_guard(server, image_bytes):
+    # A second server on 127.0.0.2: the guard, not a closed port, must stop the hop.
+    other = Server(image_bytes)
+    runner = web.AppRunner(other.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.2", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    c = MediaConnector(allow_private_networks=LOCAL)
+    try:
+        for target in (f"http://127.0.0.2:{port}/img.jpg", f"http://[::1]:{port}/img.jpg"):
+            with pytest.raises(InvalidMediaError, match="public address"):
+                await c.fetch_image(f"{server.url}/redirect?to={target}")
+        assert other.requests == 0
+        async with MediaConnector() as default:
+            for url in (server.url + "/img.jpg", f"http://localhost:{server.port}/img.jpg"):
+                with pytest.raises(InvalidMediaError):
+                    await default.fetch_image(url)  # default guard: loopback refused, by IP or by name
+        async with MediaConnector(allow_private_networks=True) as open_guard:
+            assert (await open_guard.fetch_image(f"http://127.0.0.2:{port}/img.jpg")).header.width == 128
+    finally:
+        await c.aclose()
+        await runner.cleanup()
+
+
+async def test_redirects_off_and_too_many(server):
+    c = MediaConnector(allow_private_networks=LOCAL, allow_redirects=False)
+    with pytest.raises(MediaFetchError, match="redirects"):
+        await c.fetch_image(f"{server.url}/redirect?to=/img.jpg")
+    await c.aclose()
+    loop_url = f"{server.url}/redirect?to=/redirect%3Fto%3D/redirect"
+    c = MediaConnector(allow_private_networks=LOCAL, max_redirects=1)
+    with pytest.raises(MediaFetchError):
+        await c.fetch_image(loop_url)
+    await c.aclose()
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/x.jpg", "gopher://x", "http:///nohost", "javascript:alert(1)",
+                                 "http://169.254.169.254/latest/meta-data", "http://[fd00::1]/x", "http://10.0.0.1/x"])
+async def test_refused_urls(url):
+    async with MediaConnector() as c:
+        with pytest.raises(InvalidMediaError) as info:
+            await c.fetch_image(url)
+    assert info.value.status_code == 400
+
+
+async def test_data_urls(image_bytes):
+    c = MediaConnector(max_bytes=1 << 20)
+    encoded = base64.b64encode(image_bytes).decode()
+    item = await c.fetch_image("data:image/jpeg;base64," + encoded)
+    assert item.key == lazymedia.load_image(image_bytes).key
+    for bad in ("data:image/jpeg;base64", "data:image/jpeg," + encoded, "data:image/jpeg;base64," + encoded[:-2] + "*=",
+                "data:;base64,@@@@"):
+        with pytest.raises(InvalidMediaError):
+            await c.fetch_image(bad)
+    with pytest.raises(MediaTooLargeError):
+        await MediaConnector(max_bytes=1000).fetch_image("data:image/jpeg;base64," + encoded)
+
+
+async def test_file_urls(tmp_path, image_bytes):
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "a.jpg").write_bytes(image_bytes)
+    (tmp_path / "secret.jpg").write_bytes(image_bytes)
+    (root / "escape.jpg").symlink_to(tmp_path / "secret.jpg")
+    os.mkfifo(root / "fifo.jpg")
+    c = MediaConnector(allowed_local_path=root)
+    assert (await c.fetch_image(f"file://{root}/a.jpg")).key == lazymedia.load_image(image_bytes).key
+    for url in (f"file://{root}/../secret.jpg", f"file://{root}/escape.jpg", f"file://{root}/fifo.jpg",
+                f"file://{root}", f"file://{root}/missing.jpg", "file://otherhost/etc/passwd", "file:///etc/passwd"):
+        with pytest.raises(InvalidMediaError):
+            await asyncio.wait_for(c.fetch_image(url), 5)
+    with pytest.raises(InvalidMediaError, match="refused"):
+        await MediaConnector().fetch_image(f"file://{root}/a.jpg")
+
+
+def test_sync_twins(tmp_path, image_bytes):
+    (tmp_path / "a.jpg").write_bytes(image_bytes)
+    c = MediaConnector(allowed_local_path=tmp_path)
+    try:
+        assert c.fetch_image_sync(f"file://{tmp_path}/a.jpg").header.width == 128
+        with pytest.raises(InvalidMediaError):
+            c.fetch_image_sync("http://127.0.0.1:1/x.jpg")
+    finally:
+        c.close()
+
+
+async def test_download_cache(server, tmp_path, image_bytes):
+    async with MediaConnector(allow_private_networks=LOCAL, download_cache_dir=tmp_path / "dl") as c:
+        first = await c.fetch_image(server.url + "/img.jpg")
+        second = await c.fetch_image(server.url + "/img.jpg")
+    assert server.requests == 1 and first.key == second.key
+    async with MediaConnector(allow_private_networks=LOCAL) as uncached:
+        await uncached.fetch_image(server.url + "/img.jpg")
+    assert server.requests == 2
