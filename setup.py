@@ -6,7 +6,7 @@ build) and no CUDA libraries (GPU libraries are loaded with dlopen at first use)
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
-CPU_SOURCES = ["csrc/bindings.cpp", "csrc/probe.cpp", "csrc/host_ops.cpp"]
+CPU_SOURCES = ["csrc/bindings.cpp", "csrc/probe.cpp", "csrc/host_ops.cpp", "csrc/host_buffer.cpp"]
 
 ext_modules = [
     Pybind11Extension(
@@ -15,6 +15,7 @@ ext_modules = [
         include_dirs=["csrc"],
         cxx_std=17,
         extra_compile_args=["-O3", "-Wall", "-Wextra"],
+        libraries=["dl"],
     )
 ]
 

@@ -3,6 +3,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "host_buffer.h"
 #include "host_ops.h"
 #include "probe.h"
 
@@ -20,66 +25,218 @@ const char* status_name(ProbeStatus s) {
   }
 }
 
-py::dict probe(py::buffer data) {
+ProbeResult probe(py::buffer data) {
   py::buffer_info info = data.request();
-  if (info.ndim != 1 || info.itemsize != 1 || (info.ndim == 1 && info.strides[0] != 1))
+  if (info.ndim != 1 || info.itemsize != 1 || info.strides[0] != 1)
     throw py::value_error("probe() takes a contiguous byte buffer");
-  ProbeResult r;
-  {
-    py::gil_scoped_release release;
-    r = probe_image(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size));
-  }
-  py::dict d;
-  d["status"] = status_name(r.status);
-  d["error"] = r.error;
-  d["format"] = format_name(r.format);
-  d["width"] = r.width;
-  d["height"] = r.height;
-  d["components"] = r.components;
-  d["bit_depth"] = r.bit_depth;
-  d["has_alpha"] = r.has_alpha;
-  d["orientation"] = r.orientation;
-  d["has_icc"] = r.has_icc;
-  d["jpeg_encoding"] = jpeg_encoding_name(r.jpeg_encoding);
-  d["chroma_subsampling"] = r.chroma_subsampling;
-  d["has_adobe"] = r.has_adobe;
-  d["adobe_transform"] = r.adobe_transform;
-  d["png_color_type"] = r.png_color_type;
-  d["png_interlaced"] = r.png_interlaced;
-  d["animated"] = r.animated;
-  d["frame_count"] = r.frame_count;
-  d["max_frame_width"] = r.max_frame_width;
-  d["max_frame_height"] = r.max_frame_height;
-  d["webp_kind"] = r.webp_kind;
-  return d;
+  py::gil_scoped_release release;
+  return probe_image(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size));
 }
 
 using U8Array = py::array_t<uint8_t, py::array::c_style>;
+using F32Array = py::array_t<float, py::array::c_style>;
 
-void orient(U8Array src, U8Array dst, int orientation) {
-  if (src.ndim() != 3 || dst.ndim() != 3) throw py::value_error("orient() takes HWC arrays");
-  const int h = int(src.shape(0)), w = int(src.shape(1)), c = int(src.shape(2));
+void require(bool ok, const char* what) {
+  if (!ok) throw py::value_error(what);
+}
+
+// Checks an HWC uint8 array and returns (h, w, c).
+std::array<int, 3> hwc_shape(const U8Array& a, const char* name) {
+  if (a.ndim() != 3) throw py::value_error(std::string(name) + " must be an HWC array");
+  return {int(a.shape(0)), int(a.shape(1)), int(a.shape(2))};
+}
+
+void check_output(const py::array& dst, std::initializer_list<py::ssize_t> shape, const char* fn) {
+  if (!dst.writeable()) throw py::value_error(std::string(fn) + ": dst is read-only");
+  if (size_t(dst.ndim()) != shape.size() || !std::equal(shape.begin(), shape.end(), dst.shape()))
+    throw py::value_error(std::string(fn) + ": dst has the wrong shape");
+}
+
+void orient(U8Array src, U8Array dst, int orientation, int threads) {
+  auto [h, w, c] = hwc_shape(src, "src");
   const bool swap = orientation >= 5 && orientation <= 8;
-  if (dst.shape(0) != (swap ? w : h) || dst.shape(1) != (swap ? h : w) || dst.shape(2) != c)
-    throw py::value_error("orient(): dst has the wrong shape for this orientation");
-  if (!dst.writeable()) throw py::value_error("orient(): dst is read-only");
-  const uint8_t* s = src.data();
-  uint8_t* d = dst.mutable_data();
-  if (s == d) throw py::value_error("orient(): src and dst must not alias");
+  check_output(dst, {swap ? w : h, swap ? h : w, c}, "orient()");
+  require(src.data() != dst.data(), "orient(): src and dst must not alias");
   bool ok;
   {
     py::gil_scoped_release release;
-    ok = orient_hwc(s, d, h, w, c, orientation);
+    ok = orient_hwc(src.data(), dst.mutable_data(), h, w, c, orientation, threads);
   }
-  if (!ok) throw py::value_error("orient(): orientation must be 1-8 and the image non-empty");
+  require(ok, "orient(): orientation must be 1-8 and the image 1-4 channels, non-empty");
+}
+
+void resize(U8Array src, U8Array dst, const std::string& filter, int threads) {
+  auto [h, w, c] = hwc_shape(src, "src");
+  if (dst.ndim() != 3 || dst.shape(2) != c) throw py::value_error("resize(): dst must be HWC with src's channels");
+  check_output(dst, {dst.shape(0), dst.shape(1), c}, "resize()");
+  kernels::Filter f;
+  if (filter == "bilinear") {
+    f = kernels::Filter::Bilinear;
+  } else if (filter == "bicubic") {
+    f = kernels::Filter::Bicubic;
+  } else {
+    throw py::value_error("resize(): filter must be 'bilinear' or 'bicubic'");
+  }
+  const int oh = int(dst.shape(0)), ow = int(dst.shape(1));
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = resize_hwc(src.data(), h, w, c, dst.mutable_data(), oh, ow, f, threads);
+  }
+  require(ok, "resize(): sizes must be positive and the image 1-4 channels");
+}
+
+kernels::Matrix matrix_of(const std::string& name) {
+  if (name == "bt601") return kernels::Matrix::BT601;
+  if (name == "bt709") return kernels::Matrix::BT709;
+  throw py::value_error("matrix must be 'bt601' or 'bt709'");
+}
+
+// y: (h, y_stride) plane; uv: (ceil(h/2), uv_stride) interleaved plane.
+void nv12_to_rgb_py(U8Array y, U8Array uv, U8Array dst, int width, const std::string& matrix, bool full_range,
+                    int threads) {
+  require(y.ndim() == 2 && uv.ndim() == 2, "nv12_to_rgb(): planes must be 2-D");
+  const int h = int(y.shape(0));
+  require(width > 0 && y.shape(1) >= width && uv.shape(0) >= (h + 1) / 2, "nv12_to_rgb(): plane sizes do not fit");
+  check_output(dst, {h, width, 3}, "nv12_to_rgb()");
+  const kernels::Matrix m = matrix_of(matrix);
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = nv12_to_rgb(y.data(), int(y.shape(1)), uv.data(), int(uv.shape(1)), h, width, dst.mutable_data(), m,
+                     full_range, threads);
+  }
+  require(ok, "nv12_to_rgb(): plane strides too small for the width");
+}
+
+void i420_to_rgb_py(U8Array y, U8Array u, U8Array v, U8Array dst, int width, const std::string& matrix,
+                    bool full_range, int threads) {
+  require(y.ndim() == 2 && u.ndim() == 2 && v.ndim() == 2, "i420_to_rgb(): planes must be 2-D");
+  const int h = int(y.shape(0));
+  require(u.shape(0) == v.shape(0) && u.shape(1) == v.shape(1), "i420_to_rgb(): U and V planes differ in size");
+  require(width > 0 && y.shape(1) >= width && u.shape(0) >= (h + 1) / 2, "i420_to_rgb(): plane sizes do not fit");
+  check_output(dst, {h, width, 3}, "i420_to_rgb()");
+  const kernels::Matrix m = matrix_of(matrix);
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = i420_to_rgb(y.data(), int(y.shape(1)), u.data(), v.data(), int(u.shape(1)), h, width, dst.mutable_data(), m,
+                     full_range, threads);
+  }
+  require(ok, "i420_to_rgb(): plane strides too small for the width");
+}
+
+void to_chw_normalized(U8Array src, F32Array dst, F32Array mean, F32Array std_dev, int threads) {
+  auto [h, w, c] = hwc_shape(src, "src");
+  require(mean.size() == c && std_dev.size() == c, "to_chw_normalized(): mean and std need one value per channel");
+  check_output(dst, {c, h, w}, "to_chw_normalized()");
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = hwc_to_chw_normalized(src.data(), h, w, c, mean.data(), std_dev.data(), dst.mutable_data(), threads);
+  }
+  require(ok, "to_chw_normalized(): std must be non-zero and the image 1-4 channels");
+}
+
+void to_chw(U8Array src, U8Array dst, int threads) {
+  auto [h, w, c] = hwc_shape(src, "src");
+  check_output(dst, {c, h, w}, "to_chw()");
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = hwc_to_chw(src.data(), h, w, c, dst.mutable_data(), threads);
+  }
+  require(ok, "to_chw(): the image must have 1-4 channels");
+}
+
+void to_hwc(U8Array src, U8Array dst, int threads) {
+  require(src.ndim() == 3, "to_hwc(): src must be CHW");
+  const int c = int(src.shape(0)), h = int(src.shape(1)), w = int(src.shape(2));
+  check_output(dst, {h, w, c}, "to_hwc()");
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = chw_to_hwc(src.data(), h, w, c, dst.mutable_data(), threads);
+  }
+  require(ok, "to_hwc(): the image must have 1-4 channels");
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lazymedia native core: header probe and shared pixel kernels (CPU build)";
+  // Fields are read lazily from the copied struct, so a probe costs one small object.
+  py::class_<ProbeResult>(m, "ProbeResult")
+      .def_property_readonly("status", [](const ProbeResult& r) { return status_name(r.status); })
+      .def_property_readonly("error", [](const ProbeResult& r) { return r.error; })
+      .def_property_readonly("format", [](const ProbeResult& r) { return format_name(r.format); })
+      .def_readonly("width", &ProbeResult::width)
+      .def_readonly("height", &ProbeResult::height)
+      .def_readonly("components", &ProbeResult::components)
+      .def_readonly("bit_depth", &ProbeResult::bit_depth)
+      .def_readonly("has_alpha", &ProbeResult::has_alpha)
+      .def_readonly("orientation", &ProbeResult::orientation)
+      .def_readonly("has_icc", &ProbeResult::has_icc)
+      .def_property_readonly("jpeg_encoding", [](const ProbeResult& r) { return jpeg_encoding_name(r.jpeg_encoding); })
+      .def_property_readonly("chroma_subsampling", [](const ProbeResult& r) { return r.chroma_subsampling; })
+      .def_readonly("has_adobe", &ProbeResult::has_adobe)
+      .def_readonly("adobe_transform", &ProbeResult::adobe_transform)
+      .def_readonly("png_color_type", &ProbeResult::png_color_type)
+      .def_readonly("png_interlaced", &ProbeResult::png_interlaced)
+      .def_readonly("animated", &ProbeResult::animated)
+      .def_readonly("frame_count", &ProbeResult::frame_count)
+      .def_readonly("max_frame_width", &ProbeResult::max_frame_width)
+      .def_readonly("max_frame_height", &ProbeResult::max_frame_height)
+      .def_property_readonly("webp_kind", [](const ProbeResult& r) { return r.webp_kind; });
   m.def("probe", &probe, py::arg("data"),
-        "Parse an image header from encoded bytes; returns a dict whose 'status' is 'ok' or why not.");
-  m.def("orient", &orient, py::arg("src"), py::arg("dst"), py::arg("orientation"),
+        "Parse an image header from encoded bytes; .status is 'ok' or says why not.");
+  m.def("orient", &orient, py::arg("src"), py::arg("dst"), py::arg("orientation"), py::arg("threads") = 1,
         "Apply EXIF orientation 1-8 from an HWC uint8 array into dst.");
+  m.def("resize", &resize, py::arg("src"), py::arg("dst"), py::arg("filter") = "bicubic", py::arg("threads") = 1,
+        "Antialiased resize of an HWC uint8 array to dst's height and width (Pillow's algorithm).");
+  m.def("nv12_to_rgb", &nv12_to_rgb_py, py::arg("y"), py::arg("uv"), py::arg("dst"), py::arg("width"),
+        py::arg("matrix") = "bt709", py::arg("full_range") = false, py::arg("threads") = 1);
+  m.def("i420_to_rgb", &i420_to_rgb_py, py::arg("y"), py::arg("u"), py::arg("v"), py::arg("dst"), py::arg("width"),
+        py::arg("matrix") = "bt709", py::arg("full_range") = false, py::arg("threads") = 1);
+  m.def("to_chw_normalized", &to_chw_normalized, py::arg("src"), py::arg("dst"), py::arg("mean"), py::arg("std"),
+        py::arg("threads") = 1);
+  m.def("to_chw", &to_chw, py::arg("src"), py::arg("dst"), py::arg("threads") = 1);
+  m.def("to_hwc", &to_hwc, py::arg("src"), py::arg("dst"), py::arg("threads") = 1);
+
+  py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(m, "HostBuffer", py::buffer_protocol())
+      .def_property_readonly("nbytes", &HostBuffer::size)
+      .def_property_readonly("pinned", &HostBuffer::pinned)
+      .def_buffer([](HostBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {py::ssize_t(b.size())}, {py::ssize_t(1)}, /*readonly=*/false);
+      });
+  py::class_<HostBufferPool, std::shared_ptr<HostBufferPool>>(m, "HostBufferPool")
+      .def(py::init([](size_t max_cached_bytes, bool pinned) {
+             return std::make_shared<HostBufferPool>(max_cached_bytes, pinned);
+           }),
+           py::arg("max_cached_bytes"), py::arg("pinned"))
+      .def_property_readonly("pinned", &HostBufferPool::pinned)
+      .def("acquire", [](HostBufferPool& pool, size_t nbytes) {
+        std::shared_ptr<HostBuffer> b;
+        {
+          py::gil_scoped_release release;
+          b = pool.acquire(nbytes);
+        }
+        if (!b) throw std::bad_alloc();
+        return b;
+      }, py::arg("nbytes"))
+      .def("stats", [](HostBufferPool& pool) {
+        HostBufferStats s = pool.stats();
+        py::dict d;
+        d["allocations"] = s.allocations;
+        d["reuses"] = s.reuses;
+        d["cached_bytes"] = s.cached_bytes;
+        d["cached_buffers"] = s.cached_buffers;
+        return d;
+      });
+  m.def("pinned_memory_available", [] {
+    std::string reason;
+    bool ok = pinned_memory_available(&reason);
+    return py::make_tuple(ok, reason);
+  }, "(available, reason): whether page-locked host memory can be allocated here.");
 }

@@ -25,41 +25,41 @@ def pillow_view(path):
 @pytest.mark.parametrize("row", corpus_params("image", {"decodes"}))
 def test_probe_matches_pillow(row):
     result = _C.probe(corpus_bytes(row))
-    assert result["status"] == "ok", result["error"]
+    assert result.status == "ok", result.error
     size, mode, orientation = pillow_view(CORPUS / row["path"])
-    assert (result["width"], result["height"]) == size
-    assert result["orientation"] == orientation
-    assert result["format"] == row["format"].replace("apng", "png")
+    assert (result.width, result.height) == size
+    assert result.orientation == orientation
+    assert result.format == row["format"].replace("apng", "png")
     if mode in PIL_COMPONENTS and row["format"] in ("jpeg", "png", "apng") and mode not in ("RGBA", "LA"):
-        assert result["components"] == PIL_COMPONENTS[mode]
+        assert result.components == PIL_COMPONENTS[mode]
 
 
 @pytest.mark.parametrize("row", corpus_params("image", {"corrupt", "bomb", "unsupported"}))
 def test_probe_never_fails_untyped_on_bad_images(row):
     data = corpus_bytes(row)
     result = _C.probe(data)
-    assert result["status"] in ("ok", "truncated", "malformed", "unknown_format")
+    assert result.status in ("ok", "truncated", "malformed", "unknown_format")
     # every prefix, too: the probe must never read past the end
     for cut in range(0, min(len(data), 600), 7):
-        assert _C.probe(data[:cut])["status"] in ("ok", "truncated", "malformed", "unknown_format")
+        assert _C.probe(data[:cut]).status in ("ok", "truncated", "malformed", "unknown_format")
 
 
 def test_jpeg_details():
     data = encode(make_image(48, 64), "JPEG", quality=85, subsampling=2)
     r = _C.probe(data)
-    assert (r["width"], r["height"], r["components"]) == (64, 48, 3)
-    assert r["jpeg_encoding"] == "baseline" and r["chroma_subsampling"] == "420"
+    assert (r.width, r.height, r.components) == (64, 48, 3)
+    assert r.jpeg_encoding == "baseline" and r.chroma_subsampling == "420"
     r = _C.probe(encode(make_image(48, 64), "JPEG", subsampling=0, progressive=True))
-    assert r["jpeg_encoding"] == "progressive" and r["chroma_subsampling"] == "444"
+    assert r.jpeg_encoding == "progressive" and r.chroma_subsampling == "444"
     r = _C.probe(encode(make_image(48, 64), "JPEG", subsampling=1))
-    assert r["chroma_subsampling"] == "422"
+    assert r.chroma_subsampling == "422"
 
 
 def test_cmyk_and_adobe_markers():
     r = _C.probe((CORPUS / "images/pil_sample_cmyk.jpg").read_bytes()) if CORPUS.exists() else None
     if r is None:
         pytest.skip("corpus missing")
-    assert r["components"] == 4 and r["has_adobe"] and r["adobe_transform"] == 2
+    assert r.components == 4 and r.has_adobe and r.adobe_transform == 2
 
 
 @pytest.mark.parametrize("byte_order", ["<", ">"])
@@ -67,7 +67,7 @@ def test_exif_orientation_both_byte_orders(byte_order):
     exif = Image.Exif()
     exif[0x0112] = 6
     data = encode(make_image(20, 30), "JPEG", exif=exif.tobytes(offset=8) if byte_order == "<" else _big_endian_exif(6))
-    assert _C.probe(data)["orientation"] == 6
+    assert _C.probe(data).orientation == 6
 
 
 def _big_endian_exif(orientation):
@@ -79,19 +79,19 @@ def _big_endian_exif(orientation):
 
 def test_png_webp_gif_details():
     png = _C.probe(encode(make_image(10, 12), "PNG"))
-    assert (png["format"], png["width"], png["height"], png["png_color_type"], png["bit_depth"]) == ("png", 12, 10, 2, 8)
+    assert (png.format, png.width, png.height, png.png_color_type, png.bit_depth) == ("png", 12, 10, 2, 8)
     webp = _C.probe(encode(make_image(10, 12), "WEBP", lossless=True))
-    assert (webp["format"], webp["webp_kind"], webp["width"], webp["height"]) == ("webp", "VP8L", 12, 10)
+    assert (webp.format, webp.webp_kind, webp.width, webp.height) == ("webp", "VP8L", 12, 10)
     gif = _C.probe(encode(make_image(10, 12), "GIF"))
-    assert (gif["format"], gif["width"], gif["height"], gif["frame_count"]) == ("gif", 12, 10, 1)
+    assert (gif.format, gif.width, gif.height, gif.frame_count) == ("gif", 12, 10, 1)
 
 
 @pytest.mark.parametrize("data", [b"", b"\xff\xd8", b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"RIFF\0\0\0\0WEBP",
                                   b"hello world", b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x00\x00\x10\x03" + b"\x00" * 9])
 def test_garbage_returns_status(data):
     r = _C.probe(data)
-    assert r["status"] != "ok"
-    assert r["error"]
+    assert r.status != "ok"
+    assert r.error
 
 
 def test_probe_rejects_non_contiguous_buffers():

@@ -5,6 +5,7 @@ Both decoders release the GIL while decoding, so a thread pool scales across cor
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from .. import _C
+from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import ImageSpec, Limits
 
@@ -56,16 +57,18 @@ class ImageHeader:
         return (height, width, _CHANNELS[spec.mode])
 
 
+_HEADER_FIELDS = [f.name for f in dataclasses.fields(ImageHeader)]
+
+
 def probe_image(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
     """Header of an encoded image; rejects non-images (400), broken headers (422) and items over
     `limits` (413) before anything is decoded."""
-    fields = _C.probe(data)
-    status, error = fields.pop("status"), fields.pop("error")
-    if status == "unknown_format":
-        raise InvalidMediaError(error, modality="image")
-    if status != "ok":
-        raise UnprocessableMediaError(f"{fields['format']} header is {status}: {error}", modality="image")
-    header = ImageHeader(**fields)
+    result = _C.probe(data)
+    if result.status == "unknown_format":
+        raise InvalidMediaError(result.error, modality="image")
+    if result.status != "ok":
+        raise UnprocessableMediaError(f"{result.format} header is {result.status}: {result.error}", modality="image")
+    header = ImageHeader(*[getattr(result, name) for name in _HEADER_FIELDS])
     pixels = header.max_frame_width * header.max_frame_height
     if pixels > limits.max_pixels:
         raise MediaTooLargeError(
@@ -149,7 +152,7 @@ def decode_image(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor |
     if out_array is not None and array.ctypes.data == out_array.ctypes.data:
         return out  # decoded in place
     if spec.apply_orientation and header.orientation != 1:
-        array = orient(array, header.orientation)
+        array = ops.orient(array, header.orientation).numpy()
     if spec.size is not None:
         array = _resize(array, spec)
     if not array.flags.writeable or not array.flags.c_contiguous:  # Pillow hands out read-only views
@@ -159,16 +162,6 @@ def decode_image(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor |
         return tensor
     out.copy_(tensor)
     return out
-
-
-def orient(array: np.ndarray, orientation: int) -> np.ndarray:
-    """EXIF orientation through the shared native kernel (the same index map the GPU runs)."""
-    array = np.ascontiguousarray(array)
-    height, width, channels = array.shape
-    swap = orientation >= 5
-    dst = np.empty((width, height, channels) if swap else (height, width, channels), dtype=np.uint8)
-    _C.orient(array, dst, orientation)
-    return dst
 
 
 def _resize(array: np.ndarray, spec: ImageSpec) -> np.ndarray:

@@ -1,0 +1,141 @@
+"""Native core: header probe vs Pillow, and pixel-kernel throughput on this machine.
+
+  * probe: lazymedia._C.probe(bytes) vs PIL.Image.open(BytesIO).size + getexif(), per file of
+    ../shared/corpus/images and for generated 2048^2 JPEG and PNG;
+  * kernels: Mpixel/s of resize (bilinear/bicubic), orientation, NV12->RGB and HWC->CHW
+    normalisation at 1, 2 threads, next to Pillow's resize and numpy for reference.
+
+    python benchmarks/bench_native.py [--json PATH] [--corpus DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lazy_decode import encode, make_image  # noqa: E402
+
+from lazymedia import _C, ops  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def per_call(fn, min_time: float = 0.2) -> float:
+    """Median seconds per call over batches lasting at least min_time/5 each."""
+    fn()
+    calls = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if time.perf_counter() - start > min_time / 5:
+            break
+        calls *= 4
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def pillow_header(data: bytes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size, image.getexif().get(0x0112)
+
+
+def bench_probe(corpus: Path) -> dict:
+    files = sorted(p for p in (corpus / "images").rglob("*") if p.is_file())
+    blobs = [p.read_bytes() for p in files]
+    usable = []
+    for blob in blobs:
+        try:
+            pillow_header(blob)
+            usable.append(blob)
+        except Exception:
+            pass  # Pillow cannot open it: no reference time
+    ours = per_call(lambda: [_C.probe(b) for b in usable])
+    pillow = per_call(lambda: [pillow_header(b) for b in usable])
+    result = {"corpus_files": len(usable), "corpus_probe_us": ours / len(usable) * 1e6,
+              "corpus_pillow_us": pillow / len(usable) * 1e6, "corpus_speedup": pillow / ours}
+    for fmt in ("JPEG", "PNG"):
+        blob = encode(make_image(2048, 2048), fmt)
+        ours = per_call(lambda: _C.probe(blob))
+        pillow = per_call(lambda: pillow_header(blob))
+        result[f"{fmt.lower()}_2048_probe_us"] = ours * 1e6
+        result[f"{fmt.lower()}_2048_pillow_us"] = pillow * 1e6
+        result[f"{fmt.lower()}_2048_speedup"] = pillow / ours
+    return result
+
+
+def bench_kernels() -> list[dict]:
+    img = torch.from_numpy(make_image(2160, 3840))
+    pixels_in = 2160 * 3840
+    y = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (2160, 3840), dtype=np.uint8))
+    uv = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (1080, 3840), dtype=np.uint8))
+    mean, std = [0.48, 0.46, 0.41], [0.27, 0.26, 0.28]
+    pil = Image.fromarray(img.numpy())
+    cases = [
+        ("resize bicubic 3840x2160->1280x720", pixels_in, lambda t: ops.resize(img, (720, 1280), "bicubic", t),
+         lambda: pil.resize((1280, 720), Image.Resampling.BICUBIC)),
+        ("resize bilinear 3840x2160->448x448", pixels_in, lambda t: ops.resize(img, (448, 448), "bilinear", t),
+         lambda: pil.resize((448, 448), Image.Resampling.BILINEAR)),
+        ("orient 6 (rotate 90) 3840x2160", pixels_in, lambda t: ops.orient(img, 6, t),
+         lambda: pil.transpose(Image.Transpose.ROTATE_270)),
+        ("nv12->rgb bt709 3840x2160", pixels_in, lambda t: ops.nv12_to_rgb(y, uv, 3840, "bt709", False, t), None),
+        ("hwc->chw normalised 3840x2160", pixels_in, lambda t: ops.to_chw_normalized(img, mean, std, t),
+         lambda: ((img.permute(2, 0, 1).float() / 255 - torch.tensor(mean)[:, None, None])
+                  / torch.tensor(std)[:, None, None])),
+    ]
+    rows = []
+    for name, pixels, ours, reference in cases:
+        row = {"kernel": name}
+        for threads in (1, len(os.sched_getaffinity(0))):
+            row[f"mpix_s_{threads}t"] = pixels / per_call(lambda: ours(threads)) / 1e6
+        if reference is not None:
+            row["reference_mpix_s"] = pixels / per_call(reference) / 1e6
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
+    args = parser.parse_args(argv)
+    report = {"probe": bench_probe(Path(args.corpus)), "kernels": bench_kernels()}
+    p = report["probe"]
+    print(f"\nHeader probe vs PIL.Image.open().size + getexif() (per file)")
+    print(f"  corpus ({p['corpus_files']} files): {p['corpus_probe_us']:.2f} us vs {p['corpus_pillow_us']:.1f} us "
+          f"-> {p['corpus_speedup']:.0f}x")
+    for fmt in ("jpeg", "png"):
+        print(f"  2048^2 {fmt}: {p[fmt + '_2048_probe_us']:.2f} us vs {p[fmt + '_2048_pillow_us']:.1f} us "
+              f"-> {p[fmt + '_2048_speedup']:.0f}x")
+    threads = len(os.sched_getaffinity(0))
+    print(f"\nKernel throughput (Mpixel/s of input), reference = Pillow or torch on the same input")
+    print(f"  {'kernel':38s} {'1 thread':>9s} {f'{threads} threads':>10s} {'reference':>10s}")
+    for row in report["kernels"]:
+        ref = f"{row['reference_mpix_s']:10.0f}" if "reference_mpix_s" in row else f"{'-':>10s}"
+        print(f"  {row['kernel']:38s} {row['mpix_s_1t']:9.0f} {row[f'mpix_s_{threads}t']:10.0f} {ref}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Torch-facing wrappers of the native pixel kernels (csrc/kernels/), run on the CPU with the GIL
+released and rows split across threads. The GPU backends run the same per-pixel functions.
+
+All take CPU tensors (or numpy arrays) and return new CPU tensors: uint8 HWC images, uint8 2-D
+YUV planes.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from . import _C
+
+_DEFAULT_THREADS = len(os.sched_getaffinity(0))
+
+
+def _array(tensor, dtype=torch.uint8) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):  # numpy in (e.g. Pillow's read-only views) is read, never written
+        return np.ascontiguousarray(tensor, dtype=torch.empty((), dtype=dtype).numpy().dtype)
+    if tensor.device.type != "cpu" or tensor.dtype != dtype:
+        raise TypeError(f"expected a CPU {dtype} tensor, got {tensor.device} {tensor.dtype}")
+    return tensor.contiguous().numpy()
+
+
+def orient(image: torch.Tensor, orientation: int, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+    """EXIF orientation 1-8 applied to an HWC uint8 image (5-8 swap height and width)."""
+    src = _array(image)
+    height, width, channels = src.shape
+    swap = orientation >= 5
+    out = torch.empty((width, height, channels) if swap else (height, width, channels), dtype=torch.uint8)
+    _C.orient(src, out.numpy(), orientation, threads)
+    return out
+
+
+def resize(image: torch.Tensor, size: tuple[int, int], filter: str = "bicubic",
+           threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+    """Antialiased resize of an HWC uint8 image to (height, width), Pillow's algorithm."""
+    src = _array(image)
+    out = torch.empty((int(size[0]), int(size[1]), src.shape[2]), dtype=torch.uint8)
+    _C.resize(src, out.numpy(), filter, threads)
+    return out
+
+
+def nv12_to_rgb(y: torch.Tensor, uv: torch.Tensor, width: int, matrix: str = "bt709", full_range: bool = False,
+                threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+    """NV12 planes (Y: rows x stride, UV interleaved: ceil(rows/2) x stride) to HWC RGB."""
+    out = torch.empty((y.shape[0], width, 3), dtype=torch.uint8)
+    _C.nv12_to_rgb(_array(y), _array(uv), out.numpy(), width, matrix, full_range, threads)
+    return out
+
+
+def i420_to_rgb(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor, width: int, matrix: str = "bt709",
+                full_range: bool = False, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+    """I420 planes (Y full size, U and V half size) to HWC RGB."""
+    out = torch.empty((y.shape[0], width, 3), dtype=torch.uint8)
+    _C.i420_to_rgb(_array(y), _array(u), _array(v), out.numpy(), width, matrix, full_range, threads)
+    return out
+
+
+def to_chw_normalized(image: torch.Tensor, mean, std, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+    """HWC uint8 -> CHW float32 of (x / 255 - mean) / std, the usual model input."""
+    src = _array(image)
+    channels = src.shape[2]
+    out = torch.empty((channels, src.shape[0], src.shape[1]), dtype=torch.float32)
+    _C.to_chw_normalized(src, out.numpy(), np.asarray(mean, dtype=np.float32).reshape(channels),
+                         np.asarray(std, dtype=np.float32).reshape(channels), threads)
+    return out
+
+
+def to_chw(image: torch.Tensor, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+    src = _array(image)
+    out = torch.empty((src.shape[2], src.shape[0], src.shape[1]), dtype=torch.uint8)
+    _C.to_chw(src, out.numpy(), threads)
+    return out
+
+
+def to_hwc(image: torch.Tensor, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+    src = _array(image)
+    out = torch.empty((src.shape[1], src.shape[2], src.shape[0]), dtype=torch.uint8)
+    _C.to_hwc(src, out.numpy(), threads)
+    return out
+
+
+class HostBufferPool:
+    """Reusable host buffers as torch tensors without copies; page-locked (pinned) when a CUDA
+    device is present, so host-to-device copies can run asynchronously. A buffer goes back to
+    the pool when the last tensor viewing it is freed."""
+
+    def __init__(self, max_cached_bytes: int = 1 << 30, pinned: bool = True):
+        self._pool = _C.HostBufferPool(max_cached_bytes, pinned)
+
+    @property
+    def pinned(self) -> bool:
+        return self._pool.pinned
+
+    def empty(self, shape, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        shape = tuple(int(s) for s in shape)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        buffer = self._pool.acquire(nbytes)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buffer, dtype=dtype, count=nbytes // itemsize).view(shape)
+
+    def stats(self) -> dict:
+        return self._pool.stats()
+
+
+def pinned_memory_available() -> tuple[bool, str]:
+    """(available, reason): whether page-locked host memory can be allocated in this process."""
+    return _C.pinned_memory_available()

@@ -1,0 +1,64 @@
+// libFuzzer target: the CPU kernel drivers with sizes and parameters taken from the input, so
+// every index computation is exercised under ASan/UBSan. The input's tail is the pixel data.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "host_ops.h"
+
+namespace {
+struct Reader {
+  const uint8_t* p;
+  size_t n;
+  uint8_t next() {
+    if (n == 0) return 0;
+    --n;
+    return *p++;
+  }
+};
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace lazymedia;
+  Reader in{data, size};
+  const int h = 1 + in.next() % 48, w = 1 + in.next() % 48, c = 1 + in.next() % 4;
+  const int oh = 1 + in.next() % 64, ow = 1 + in.next() % 64;
+  const int orientation = in.next() % 10;  // includes invalid 0 and 9
+  const int op = in.next() % 4;
+  const int threads = 1 + in.next() % 3;
+  std::vector<uint8_t> src(size_t(h) * w * c);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = in.next();
+  switch (op) {
+    case 0: {
+      std::vector<uint8_t> dst(src.size());
+      orient_hwc(src.data(), dst.data(), h, w, c, orientation, threads);
+      break;
+    }
+    case 1: {
+      std::vector<uint8_t> dst(size_t(oh) * ow * c);
+      resize_hwc(src.data(), h, w, c, dst.data(), oh, ow, orientation % 2 ? kernels::Filter::Bicubic
+                                                                          : kernels::Filter::Bilinear, threads);
+      break;
+    }
+    case 2: {
+      const int cw = (w + 1) / 2, ch = (h + 1) / 2;
+      std::vector<uint8_t> y(size_t(h) * w), uv(size_t(ch) * cw * 2), rgb(size_t(h) * w * 3);
+      std::memcpy(y.data(), src.data(), std::min(y.size(), src.size()));
+      nv12_to_rgb(y.data(), w, uv.data(), cw * 2, h, w, rgb.data(), kernels::Matrix(orientation % 2), op & 1, threads);
+      std::vector<uint8_t> u(size_t(ch) * cw), v(size_t(ch) * cw);
+      i420_to_rgb(y.data(), w, u.data(), v.data(), cw, h, w, rgb.data(), kernels::Matrix::BT709, true, threads);
+      break;
+    }
+    default: {
+      std::vector<float> out(src.size());
+      const float mean[4] = {0.5f, 0.4f, 0.3f, 0.2f}, sd[4] = {0.2f, 0.3f, 0.0f, 0.5f};
+      hwc_to_chw_normalized(src.data(), h, w, c, mean, sd, out.data(), threads);
+      std::vector<uint8_t> chw(src.size()), back(src.size());
+      hwc_to_chw(src.data(), h, w, c, chw.data(), threads);
+      chw_to_hwc(chw.data(), h, w, c, back.data(), threads);
+      if (back != src) __builtin_trap();
+      break;
+    }
+  }
+  return 0;
+}
