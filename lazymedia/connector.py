@@ -91,13 +91,16 @@ class MediaConnector:
     allow_private_networks: True, or a list of networks (CIDR strings) exempt from the SSRF guard.
     download_cache_dir: keep http(s) bodies on disk keyed by URL and serve repeats from there
     (off by default; only for URLs whose content never changes).
+    isolate_modalities: modalities whose handles decode in child processes (FFmpeg-decoded video
+    and audio by default: a decoder crash on a hostile file then costs a child, not the server).
     """
 
     def __init__(self, allowed_domains: Iterable[str] | None = None, allowed_local_path: str | os.PathLike | None = None,
                  max_bytes: int = DEFAULT_LIMITS.max_bytes, timeout_s: float = 10.0, allow_redirects: bool = True,
                  max_redirects: int = 5, allow_private_networks: bool | Iterable[str] = False,
                  limits: Limits | None = None, max_connections: int = 256,
-                 download_cache_dir: str | os.PathLike | None = None):
+                 download_cache_dir: str | os.PathLike | None = None,
+                 isolate_modalities: Iterable[str] = ("video", "audio")):
         self.allowed_domains = None if allowed_domains is None else [d.lower().strip(".") for d in allowed_domains]
         self.allowed_local_path = None if allowed_local_path is None else Path(allowed_local_path).resolve()
         self.max_bytes = max_bytes
@@ -107,6 +110,7 @@ class MediaConnector:
         self.limits = dataclasses.replace(limits or DEFAULT_LIMITS, max_bytes=max_bytes)
         self.max_connections = max_connections
         self._guard = _AddressGuard(allow_private_networks)
+        self.isolate_modalities = frozenset(isolate_modalities)
         self.download_cache_dir = None if download_cache_dir is None else Path(download_cache_dir)
         if self.download_cache_dir is not None:
             self.download_cache_dir.mkdir(parents=True, exist_ok=True)
@@ -153,7 +157,7 @@ class MediaConnector:
         except MediaError as exc:
             exc.modality = exc.modality or modality
             raise
-        return load(modality, data, limits=self.limits, key=key, **spec)
+        return load(modality, data, limits=self.limits, key=key, isolate=modality in self.isolate_modalities, **spec)
 
     async def aclose(self) -> None:
         """Closes the connection pool of the calling event loop."""

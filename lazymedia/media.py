@@ -31,10 +31,11 @@ _BACKENDS = {
 class _Source:
     """State shared by a handle and every handle `map()` derives from it."""
 
-    __slots__ = ("modality", "spec", "data", "nbytes", "header", "key", "lock")
+    __slots__ = ("modality", "spec", "data", "nbytes", "header", "key", "isolate", "lock")
 
-    def __init__(self, modality: str, spec, data, header, key: str | None):
+    def __init__(self, modality: str, spec, data, header, key: str | None, isolate: bool = False):
         self.modality = modality
+        self.isolate = isolate
         self.spec = spec
         self.data = data
         self.nbytes = len(data) if data is not None else 0
@@ -46,10 +47,11 @@ class _Source:
         if self.data is None:
             raise MediaReleasedError("cannot pickle a handle whose bytes were released: the pixels are not shipped")
         return {"modality": self.modality, "spec": self.spec, "data": bytes(self.data), "header": self.header,
-                "key": self.key}
+                "key": self.key, "isolate": self.isolate}
 
     def __setstate__(self, state):
-        self.__init__(state["modality"], state["spec"], state["data"], state["header"], state["key"])
+        self.__init__(state["modality"], state["spec"], state["data"], state["header"], state["key"],
+                      state["isolate"])
 
 
 class _Once:
@@ -75,6 +77,19 @@ class _Once:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def _copy_into(result, out):
+    """Moves a decode made elsewhere (a child process) into the caller's buffer."""
+    for field in ("frames", "samples"):  # VideoFrames / AudioSamples
+        tensor = getattr(result, field, None)
+        if tensor is not None:
+            view = out[: tensor.shape[0]] if field == "frames" else out
+            view.copy_(tensor)
+            setattr(result, field, view)
+            return result
+    out.copy_(result)
+    return out
 
 
 def _transform_label(fn: Callable, key: str | None) -> str:
@@ -164,7 +179,12 @@ class LazyMedia:
         if data is None:
             raise MediaReleasedError("bytes were released before the handle was decoded")
         decode = _BACKENDS[source.modality][2]
-        return decode(data, source.header, source.spec, out)
+        if not source.isolate:
+            return decode(data, source.header, source.spec, out)
+        from .engine.isolation import default_pool
+
+        result = default_pool().run(decode, bytes(data), source.header, source.spec, None)
+        return result if out is None else _copy_into(result, out)
 
     def map(self, fn: Callable, *, key: str | None = None) -> "LazyMedia":
         """A new handle whose media is `fn(self.media)`, sharing these bytes and this decode.
@@ -233,12 +253,16 @@ def _as_bytes(data) -> bytes | memoryview:
     raise TypeError(f"media data must be bytes-like, got {type(data).__name__}")
 
 
-def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None, **spec) -> LazyMedia:
+def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None, isolate: bool = False,
+         **spec) -> LazyMedia:
     """An undecoded handle over `data` for `modality` ('image', 'video' or 'audio').
 
     Probes the header now; raises InvalidMediaError (400) for non-media, MediaTooLargeError (413)
     over `limits`, UnprocessableMediaError (422) for a broken header. `key` is a precomputed key
     of the same bytes and spec (a connector hashes while downloading); it is trusted as given.
+    `isolate` decodes in a child process (engine.isolation): a decoder crash or hang becomes an
+    UnprocessableMediaError instead of taking the server down. It does not change the output, so
+    it is not part of the key.
     """
     spec_cls, probe, _ = _BACKENDS[modality]
     spec_obj = make_spec(spec_cls, spec)
@@ -246,22 +270,22 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
     header = probe(data, limits, spec_obj)
-    return LazyMedia(_Source(modality, spec_obj, data, header, key))
+    return LazyMedia(_Source(modality, spec_obj, data, header, key, isolate))
 
 
-def load_image(data, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
+def load_image(data, *, limits: Limits = DEFAULT_LIMITS, isolate: bool = False, **spec) -> LazyMedia:
     """Handle on an encoded JPEG, PNG, GIF or WebP; spec: mode, apply_orientation, size, resample."""
-    return load("image", data, limits=limits, **spec)
+    return load("image", data, limits=limits, isolate=isolate, **spec)
 
 
-def load_video(data, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
+def load_video(data, *, limits: Limits = DEFAULT_LIMITS, isolate: bool = False, **spec) -> LazyMedia:
     """Handle on an encoded video; spec: num_frames or fps, max_frames, size."""
-    return load("video", data, limits=limits, **spec)
+    return load("video", data, limits=limits, isolate=isolate, **spec)
 
 
-def load_audio(data, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
+def load_audio(data, *, limits: Limits = DEFAULT_LIMITS, isolate: bool = False, **spec) -> LazyMedia:
     """Handle on encoded audio; spec: sample_rate, mono."""
-    return load("audio", data, limits=limits, **spec)
+    return load("audio", data, limits=limits, isolate=isolate, **spec)
 
 
 def decode_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:

@@ -19,6 +19,11 @@ _SIGNATURES = ((0, b"RIFF"), (0, b"fLaC"), (0, b"OggS"), (0, b"ID3"), (0, b"\xff
                (0, b"FORM"))
 
 
+# Containers libsndfile reads exactly; it also reads MP3, but its MP3 durations are estimates,
+# so MP3 and everything else goes through FFmpeg.
+_SOUNDFILE_FORMATS = {"WAV", "WAVEX", "FLAC", "OGG", "AIFF", "W64", "RF64", "CAF"}
+
+
 @dataclass(frozen=True)
 class AudioHeader:
     reader: str  # "soundfile" or "av"
@@ -44,8 +49,11 @@ def probe_audio(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
         raise UnprocessableMediaError("empty audio file", modality="audio")
     try:
         info = soundfile.info(io.BytesIO(data))
+    except Exception:  # libsndfile does not know the format: FFmpeg may
+        info = None
+    if info is not None and info.format in _SOUNDFILE_FORMATS:
         header = AudioHeader("soundfile", info.format, int(info.samplerate), int(info.channels), float(info.duration))
-    except Exception:
+    else:
         header = _probe_with_av(data)
     if header.sample_rate <= 0 or header.channels <= 0:
         raise UnprocessableMediaError("audio stream has no sample rate or channels", modality="audio")

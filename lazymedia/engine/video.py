@@ -2,6 +2,7 @@
 straight to RGB at the target size with FFmpeg's scaler, into one preallocated tensor."""
 from __future__ import annotations
 
+import bisect
 import io
 from dataclasses import dataclass, field
 
@@ -58,7 +59,8 @@ def _open(data):
 
 def _count_packets(container, stream, cap: int) -> int:
     """Frame count for containers that store none (WebM, MKV): demux without decoding, which
-    reads the file once but costs a small fraction of a decode. Stops past `cap`."""
+    reads the file once but costs a small fraction of a decode. Stops past `cap`. Leaves the
+    container at its end: callers close it."""
     count = 0
     try:
         for packet in container.demux(stream):
@@ -68,13 +70,14 @@ def _count_packets(container, stream, cap: int) -> int:
                     break
     except av.error.FFmpegError:
         pass  # a broken tail: the frames before it still count
-    container.seek(0)
     return count
 
 
 def probe_video(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
     """Container header: stream geometry, rate, duration and frame count, checked against limits."""
     with _open(data) as container:
+        if not container.streams:  # a container with no streams at all lost its header (truncated)
+            raise UnprocessableMediaError("video container has no streams", modality="video")
         if not container.streams.video:
             raise InvalidMediaError("no video stream", modality="video")
         stream = container.streams.video[0]
@@ -89,6 +92,8 @@ def probe_video(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
                              int(total), bool(container.streams.audio))
     if width <= 0 or height <= 0:
         raise UnprocessableMediaError("video stream has no frame size", modality="video")
+    if total <= 0:
+        raise UnprocessableMediaError("video stream has no frames", modality="video")
     if width * height > limits.max_pixels:
         raise MediaTooLargeError(f"{width}x{height} frames exceed the {limits.max_pixels} pixel limit", modality="video")
     if duration > limits.max_video_seconds:
@@ -118,32 +123,118 @@ def sample_indices(total_frames: int, fps: float, spec: VideoSpec) -> list[int]:
     return indices
 
 
+# Decoding this many frames costs about as much as a seek (decoder flush + container seek).
+_SEEK_COST_FRAMES = 4
+
+
+@dataclass
+class _FrameTable:
+    """Presentation-order pts of every frame and the positions of the keyframes, from one
+    demux pass (packets only, no decode)."""
+
+    pts: list[int]
+    keyframes: list[int]  # frame indices, ascending
+
+    def keyframe_before(self, index: int) -> int:
+        position = bisect.bisect_right(self.keyframes, index) - 1
+        return self.keyframes[position] if position >= 0 else 0
+
+
+def _frame_table(data, total_frames: int) -> _FrameTable | None:
+    """None when the stream's timestamps cannot identify frames (then decode straight through)."""
+    pts, key_pts = [], set()
+    try:
+        with _open(data) as container:
+            for packet in container.demux(container.streams.video[0]):
+                if packet.size == 0:
+                    continue
+                if packet.pts is None:
+                    return None
+                pts.append(packet.pts)
+                if packet.is_keyframe:
+                    key_pts.add(packet.pts)
+    except av.error.FFmpegError:
+        return None
+    pts.sort()
+    if len(pts) != total_frames or len(set(pts)) != len(pts) or not key_pts:
+        return None
+    return _FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts])
+
+
+def _decode_plan(indices: list[int], table: _FrameTable | None) -> list[int | None]:
+    """For each wanted frame, the keyframe to seek to first, or None to keep decoding forward."""
+    plan, position = [], 0
+    for index in indices:
+        keyframe = table.keyframe_before(index) if table is not None else 0
+        if table is not None and keyframe > position + _SEEK_COST_FRAMES:
+            plan.append(keyframe)
+            position = index + 1
+        else:
+            plan.append(None)
+            position = max(position, index + 1)
+    return plan
+
+
 def decode_video(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None) -> VideoFrames:
+    """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
+    that skips more than a few frames, stops after the last one, and converts each frame straight
+    to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor."""
     indices = sample_indices(header.total_frames, header.fps, spec)
     height, width = spec.size or (header.height, header.width)
     frames = out if out is not None else torch.empty((len(indices), height, width, 3), dtype=torch.uint8)
     if tuple(frames.shape) != (len(indices), height, width, 3):
         raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
+    sparse = len(indices) * 2 < header.total_frames
+    table = _frame_table(data, header.total_frames) if sparse else None
+    plan = _decode_plan(indices, table)
     buffer = frames.numpy()
-    wanted = {index: slot for slot, index in enumerate(indices)}
-    last = indices[-1] if indices else -1
     got_indices, timestamps = [], []
     try:
         with _open(data) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
-            for position, frame in enumerate(container.decode(stream)):
-                if position > last:
-                    break
-                slot = wanted.get(position)
-                if slot is None:
-                    continue
+            decoded = _PositionedFrames(container, stream, table)
+            for index, seek_to in zip(indices, plan):
+                if seek_to is not None:
+                    decoded.seek(seek_to)
+                frame = decoded.advance_to(index)
+                if frame is None:
+                    break  # the stream ended early: fewer frames than the header promised
                 buffer[len(got_indices)] = frame.to_ndarray(format="rgb24", width=width, height=height)
-                got_indices.append(position)
-                timestamps.append(float(frame.time) if frame.time is not None else position / (header.fps or 1))
+                got_indices.append(index)
+                timestamps.append(float(frame.time) if frame.time is not None else index / (header.fps or 1))
     except (av.error.FFmpegError, ValueError) as exc:
         raise UnprocessableMediaError(f"corrupt {header.codec} video: {exc}", modality="video") from None
     if not got_indices and indices:
         raise UnprocessableMediaError("video has no decodable frames", modality="video")
     return VideoFrames(frames[:len(got_indices)], got_indices, timestamps, header.fps, header.duration,
                        header.total_frames, {"codec": header.codec, "container": header.container})
+
+
+class _PositionedFrames:
+    """Decoded frames with their presentation index, across seeks."""
+
+    def __init__(self, container, stream, table: _FrameTable | None):
+        self._container, self._stream, self._table = container, stream, table
+        self._index_of_pts = {p: i for i, p in enumerate(table.pts)} if table is not None else None
+        self._frames = container.decode(stream)
+        self._next = 0  # index of the next frame the decoder yields (sequential mode)
+
+    def seek(self, keyframe_index: int) -> None:
+        self._container.seek(self._table.pts[keyframe_index], stream=self._stream, backward=True, any_frame=False)
+        self._frames = self._container.decode(self._stream)
+
+    def advance_to(self, index: int):
+        for frame in self._frames:
+            if self._index_of_pts is not None:
+                position = self._index_of_pts.get(frame.pts)
+                if position is None:
+                    continue  # a leading picture of an open GOP, not in the table
+            else:
+                position = self._next
+                self._next += 1
+            if position == index:
+                return frame
+            if position > index:
+                raise ValueError(f"decoder skipped past frame {index}")
+        return None
