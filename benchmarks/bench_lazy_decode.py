@@ -6,7 +6,10 @@ Measures, side by side in one run on generated photo-like images (smooth content
   * lazy miss: the same plus decode on the engine, process and cache write;
   * blended cost at hit rates 0.5 / 0.9 / 0.99; blake3 throughput vs decode cost;
   * parallel decode of 8 x 2048^2 JPEG, serial vs DecodeEngine;
-  * RSS growth for 100 retained 1024^2 JPEG cache hits, eager vs lazy (in child processes).
+  * RSS growth for 100 retained 1024^2 JPEG cache hits, eager vs lazy (in child processes);
+  * video (10 s 720p H.264): eager decode-all + hash, hit, miss sampling 8 / 32 frames vs
+    decoding every frame, resize in the scaler vs decode-then-resize;
+  * audio (1/3/10/60 s WAV and MP3): eager decode + hash, hit, miss.
 
     python benchmarks/bench_lazy_decode.py [--quick] [--json PATH]
 """
@@ -25,6 +28,7 @@ import time
 
 import blake3
 import numpy as np
+import torch
 from PIL import Image
 
 import lazymedia
@@ -140,6 +144,123 @@ def bench_parallel(count: int, size: int, engine, repeats: int) -> dict:
             "engine_ms": parallel_s * 1e3, "speedup": serial_s / parallel_s}
 
 
+def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: int = 30) -> bytes:
+    """H.264 (libx264, yuv420p) of moving photo-like content, a keyframe every `gop` frames."""
+    import av
+
+    base = make_image(height, width + int(seconds * fps) * 4)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.gop_size = gop
+        stream.options = {"preset": "veryfast", "crf": "23"}
+        for i in range(int(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(base[:, i * 4:i * 4 + width]), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def eager_video(data: bytes) -> str:
+    """Today's frontends: decode every frame to RGB, hash the frames."""
+    import av
+
+    hasher = blake3.blake3()
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        for frame in container.decode(stream):
+            hasher.update(frame.to_ndarray(format="rgb24"))
+    return hasher.hexdigest()
+
+
+def bench_video(quick: bool, engine) -> dict:
+    seconds, (height, width) = (3, (360, 640)) if quick else (10, (720, 1280))
+    data = encode_video(seconds, height, width)
+    repeats = 2 if quick else 3
+    processor = lazymedia.Processor(lambda items: [tuple(v.frames.shape) for v in items], engine=engine)
+    processor.apply([lazymedia.load_video(data, num_frames=8)])
+
+    def miss(**spec):
+        def run():
+            processor.cache.clear()
+            processor.apply([lazymedia.load_video(data, **spec)])
+        return run
+
+    def decode_then_resize():
+        frames = lazymedia.load_video(data, num_frames=8).decode().frames
+        torch.nn.functional.interpolate(frames.permute(0, 3, 1, 2).float(), size=(224, 224), mode="bilinear",
+                                        antialias=True)
+
+    timings = {
+        "eager_all_frames_hash_s": median_time(lambda: eager_video(data), repeats),
+        "lazy_hit_s": median_time(lambda: processor.apply([lazymedia.load_video(data, num_frames=8)]), repeats * 5),
+        "lazy_miss_8_s": median_time(miss(num_frames=8), repeats),
+        "lazy_miss_32_s": median_time(miss(num_frames=32), repeats),
+        "lazy_decode_all_s": median_time(lambda: lazymedia.load_video(data).decode(), repeats),
+        "resize_in_scaler_8_s": median_time(lambda: lazymedia.load_video(data, num_frames=8, size=(224, 224)).decode(),
+                                            repeats),
+        "decode_then_resize_8_s": median_time(decode_then_resize, repeats),
+    }
+    return {"seconds": seconds, "height": height, "width": width, "encoded_bytes": len(data), **timings,
+            "speedup_8_vs_all": timings["lazy_decode_all_s"] / timings["lazy_miss_8_s"],
+            "speedup_32_vs_all": timings["lazy_decode_all_s"] / timings["lazy_miss_32_s"],
+            "hit_speedup_vs_eager": timings["eager_all_frames_hash_s"] / timings["lazy_hit_s"]}
+
+
+def encode_audio(seconds: float, fmt: str) -> bytes:
+    import av
+    import soundfile
+
+    rate = 44100
+    t = np.arange(int(seconds * rate)) / rate
+    signal = (0.3 * np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 660 * t)])).astype(np.float32)
+    buf = io.BytesIO()
+    if fmt == "wav":
+        soundfile.write(buf, signal.T, rate, format="WAV", subtype="PCM_16")
+        return buf.getvalue()
+    with av.open(buf, mode="w", format="mp3") as out:
+        stream = out.add_stream("mp3", rate=rate)
+        stream.layout = "stereo"
+        for start in range(0, signal.shape[1], 1152 * 64):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(signal[:, start:start + 1152 * 64]), format="fltp",
+                                               layout="stereo")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def bench_audio(quick: bool, engine) -> list[dict]:
+    rows = []
+    for fmt in ("wav", "mp3"):
+        for seconds in ((1, 3) if quick else (1, 3, 10, 60)):
+            data = encode_audio(seconds, fmt)
+            processor = lazymedia.Processor(lambda items: [a.samples.shape[1] for a in items], engine=engine)
+            processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
+
+            def eager():
+                samples = lazymedia.load_audio(data, sample_rate=16000).decode().samples
+                blake3.blake3(samples.numpy().tobytes()).hexdigest()
+
+            def miss():
+                processor.cache.clear()
+                processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
+
+            repeats = 3 if seconds < 30 else 2
+            eager_s = median_time(eager, repeats)
+            hit_s = median_time(lambda: processor.apply([lazymedia.load_audio(data, sample_rate=16000)]), repeats * 5)
+            miss_s = median_time(miss, repeats)
+            rows.append({"format": fmt, "seconds": seconds, "encoded_bytes": len(data), "eager_ms": eager_s * 1e3,
+                         "lazy_hit_ms": hit_s * 1e3, "lazy_miss_ms": miss_s * 1e3, "hit_speedup": eager_s / hit_s})
+    return rows
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -203,6 +324,18 @@ def print_tables(report: dict) -> None:
     m = report["rss"]
     print(f"RSS growth for {m['items']} retained {m['size']}^2 JPEG cache hits: eager {m['eager_MB']:.1f} MB, "
           f"lazy {m['lazy_MB']:.1f} MB")
+    v = report["video"]
+    print(f"\nVideo: {v['seconds']} s {v['width']}x{v['height']} H.264, {v['encoded_bytes']} bytes (median)")
+    for name in ("eager_all_frames_hash_s", "lazy_hit_s", "lazy_miss_8_s", "lazy_miss_32_s", "lazy_decode_all_s",
+                 "resize_in_scaler_8_s", "decode_then_resize_8_s"):
+        print(f"  {name[:-2]:28s} {v[name] * 1e3:10.2f} ms")
+    print(f"  sampled 8 vs every frame: {v['speedup_8_vs_all']:.1f}x, 32 frames: {v['speedup_32_vs_all']:.1f}x, "
+          f"hit vs eager: {v['hit_speedup_vs_eager']:.0f}x")
+    print("\nAudio to 16 kHz (median ms)")
+    print(f"  {'format':6s} {'seconds':>7s} {'bytes':>9s} {'eager':>9s} {'hit':>8s} {'miss':>9s} {'hit x':>7s}")
+    for a in report["audio"]:
+        print(f"  {a['format']:6s} {a['seconds']:7d} {a['encoded_bytes']:9d} {a['eager_ms']:9.2f} {a['lazy_hit_ms']:8.3f} "
+              f"{a['lazy_miss_ms']:9.2f} {a['hit_speedup']:7.0f}")
 
 
 def run(quick: bool) -> dict:
@@ -220,6 +353,10 @@ def run(quick: bool) -> dict:
     report["parallel"] = bench_parallel(8, 1024 if quick else 2048, engine, 2 if quick else 5)
     print("measuring RSS...", file=sys.stderr)
     report["rss"] = bench_rss(20 if quick else 100, 1024)
+    print("measuring video...", file=sys.stderr)
+    report["video"] = bench_video(quick, engine)
+    print("measuring audio...", file=sys.stderr)
+    report["audio"] = bench_audio(quick, engine)
     engine.shutdown()
     return report
 

@@ -10,6 +10,7 @@ import base64
 import binascii
 import os
 import threading
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -26,6 +27,32 @@ _BACKENDS = {
     "video": (VideoSpec, video_backend.probe_video, video_backend.decode_video),
     "audio": (AudioSpec, audio_backend.probe_audio, audio_backend.decode_audio),
 }
+# Container probes (FFmpeg, libsndfile) cost milliseconds, the native image probe a microsecond:
+# video and audio headers are remembered by content key, so a repeated item costs its hash.
+_LIMIT_CHECKS = {"video": video_backend.check_video_limits, "audio": audio_backend.check_audio_limits}
+
+
+class _HeaderCache:
+    def __init__(self, capacity: int = 4096):
+        self._entries: OrderedDict[str, Any] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def get(self, key: str):
+        with self._lock:
+            header = self._entries.get(key)
+            if header is not None:
+                self._entries.move_to_end(key)
+            return header
+
+    def put(self, key: str, header) -> None:
+        with self._lock:
+            self._entries[key] = header
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+
+_headers = _HeaderCache()
 
 
 class _Source:
@@ -269,7 +296,17 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     data = _as_bytes(data)
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
-    header = probe(data, limits, spec_obj)
+    check = _LIMIT_CHECKS.get(modality)
+    if check is None:
+        header = probe(data, limits, spec_obj)
+    else:
+        key = key or media_key(modality, spec_obj.canonical(), data)
+        header = _headers.get(key)
+        if header is None:
+            header = probe(data, limits, spec_obj)
+            _headers.put(key, header)
+        else:
+            check(header, limits)
     return LazyMedia(_Source(modality, spec_obj, data, header, key, isolate))
 
 

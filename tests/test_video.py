@@ -145,3 +145,16 @@ def test_isolated_pool_survives_crash_and_hang():
             pool.run(int, "not a number")
     finally:
         pool.close()
+
+
+def test_repeated_item_reuses_header_but_still_checks_limits(h264, monkeypatch):
+    from lazymedia import media as media_module
+
+    lazymedia.load_video(h264, num_frames=3)
+    spec_cls, probe, decode = media_module._BACKENDS["video"]
+    monkeypatch.setitem(media_module._BACKENDS, "video",
+                        (spec_cls, lambda *a: pytest.fail("probed a known item again"), decode))
+    again = lazymedia.load_video(h264, num_frames=3)
+    assert again.header.total_frames == 90 and again._source.key is not None
+    with pytest.raises(MediaTooLargeError):
+        lazymedia.load_video(h264, num_frames=3, limits=lazymedia.Limits(max_video_frames=10))

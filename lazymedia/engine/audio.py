@@ -57,10 +57,14 @@ def probe_audio(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
         header = _probe_with_av(data)
     if header.sample_rate <= 0 or header.channels <= 0:
         raise UnprocessableMediaError("audio stream has no sample rate or channels", modality="audio")
+    check_audio_limits(header, limits)
+    return header
+
+
+def check_audio_limits(header: AudioHeader, limits: Limits) -> None:
     if header.duration > limits.max_audio_seconds:
         raise MediaTooLargeError(f"{header.duration:.0f} s audio exceeds the {limits.max_audio_seconds:.0f} s limit",
                                  modality="audio")
-    return header
 
 
 def _probe_with_av(data) -> AudioHeader:

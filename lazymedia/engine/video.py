@@ -94,14 +94,20 @@ def probe_video(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
         raise UnprocessableMediaError("video stream has no frame size", modality="video")
     if total <= 0:
         raise UnprocessableMediaError("video stream has no frames", modality="video")
-    if width * height > limits.max_pixels:
-        raise MediaTooLargeError(f"{width}x{height} frames exceed the {limits.max_pixels} pixel limit", modality="video")
-    if duration > limits.max_video_seconds:
-        raise MediaTooLargeError(f"{duration:.0f} s video exceeds the {limits.max_video_seconds:.0f} s limit",
-                                 modality="video")
-    if total > limits.max_video_frames:
-        raise MediaTooLargeError(f"{total} frames exceed the {limits.max_video_frames} frame limit", modality="video")
+    check_video_limits(header, limits)
     return header
+
+
+def check_video_limits(header: VideoHeader, limits: Limits) -> None:
+    if header.width * header.height > limits.max_pixels:
+        raise MediaTooLargeError(f"{header.width}x{header.height} frames exceed the {limits.max_pixels} pixel limit",
+                                 modality="video")
+    if header.duration > limits.max_video_seconds:
+        raise MediaTooLargeError(f"{header.duration:.0f} s video exceeds the {limits.max_video_seconds:.0f} s limit",
+                                 modality="video")
+    if header.total_frames > limits.max_video_frames:
+        raise MediaTooLargeError(f"{header.total_frames} frames exceed the {limits.max_video_frames} frame limit",
+                                 modality="video")
 
 
 def sample_indices(total_frames: int, fps: float, spec: VideoSpec) -> list[int]:
