@@ -23,12 +23,11 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lazy_decode import encode, make_image  # noqa: E402
+from lazymedia.bench import encode, make_image
 
-from lazymedia.connector import MediaConnector  # noqa: E402
-from lazymedia.hashing import KeyHasher  # noqa: E402
-from lazymedia.spec import ImageSpec  # noqa: E402
+from lazymedia.connector import MediaConnector
+from lazymedia.hashing import KeyHasher
+from lazymedia.spec import ImageSpec
 
 
 def serve(port_queue, pool_size: int, size: int, link_mbps: float) -> None:

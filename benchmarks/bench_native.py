@@ -23,10 +23,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lazy_decode import encode, make_image  # noqa: E402
+from lazymedia.bench import encode, make_image
 
-from lazymedia import _C, ops  # noqa: E402
+from lazymedia import _C, ops
 
 REPO = Path(__file__).resolve().parent.parent
 

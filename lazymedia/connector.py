@@ -128,14 +128,18 @@ class MediaConnector:
     async def fetch_audio(self, url: str, **spec) -> LazyMedia:
         return await self.fetch("audio", url, **spec)
 
+    def fetch_sync(self, modality: str, url: str, **spec) -> LazyMedia:
+        """`fetch` for code without an event loop (runs on the connector's own loop thread)."""
+        return self._run_sync(self.fetch(modality, url, **spec))
+
     def fetch_image_sync(self, url: str, **spec) -> LazyMedia:
-        return self._run_sync(self.fetch("image", url, **spec))
+        return self.fetch_sync("image", url, **spec)
 
     def fetch_video_sync(self, url: str, **spec) -> LazyMedia:
-        return self._run_sync(self.fetch("video", url, **spec))
+        return self.fetch_sync("video", url, **spec)
 
     def fetch_audio_sync(self, url: str, **spec) -> LazyMedia:
-        return self._run_sync(self.fetch("audio", url, **spec))
+        return self.fetch_sync("audio", url, **spec)
 
     async def fetch(self, modality: str, url: str, **spec) -> LazyMedia:
         """An undecoded handle for `url`; every failure is a MediaError with a status code."""

@@ -1,0 +1,442 @@
+"""Per-request frontend cost: eager decode-then-hash (today's frontends) vs lazymedia.
+
+Measures, side by side in one run on generated photo-like images (smooth content + noise):
+  * eager: Pillow decode, blake3 over the decoded pixels, cache lookup (a hit still decodes);
+  * lazy hit: header probe + blake3 over the encoded bytes + lookup, through Processor.apply;
+  * lazy miss: the same plus decode on the engine, process and cache write;
+  * blended cost at hit rates 0.5 / 0.9 / 0.99; blake3 throughput vs decode cost;
+  * parallel decode of 8 x 2048^2 JPEG, serial vs DecodeEngine;
+  * RSS growth for 100 retained 1024^2 JPEG cache hits, eager vs lazy (in child processes);
+  * video (10 s 720p H.264): eager decode-all + hash, hit, miss sampling 8 / 32 frames vs
+    decoding every frame, resize in the scaler vs decode-then-resize;
+  * audio (1/3/10/60 s WAV and MP3): eager decode + hash, hit, miss.
+
+    lazymedia bench [--quick] [--json PATH] [--chart PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import blake3
+import numpy as np
+import torch
+from PIL import Image
+
+import lazymedia
+from lazymedia.hashing import media_key
+
+SIZES = [(512, 512), (1024, 1024), (2048, 2048), (2160, 3840)]
+QUICK_SIZES = [(512, 512), (1024, 1024)]
+
+
+def make_image(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """Smooth gradients plus sensor-like noise: compresses like a photo (a 2048^2 q90 JPEG is
+    ~1-2 MB), unlike flat colour or pure noise."""
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0, 1, height, dtype=np.float32)[:, None]
+    x = np.linspace(0, 1, width, dtype=np.float32)[None, :]
+    channels = [128 + 90 * np.sin(2 * np.pi * (3 * x + 2 * y + seed)),
+                128 + 90 * np.cos(2 * np.pi * (2 * x - 4 * y)),
+                255 * (x * y) + 0 * x]
+    base = np.stack(channels, axis=2)
+    return np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
+
+
+def encode(array: np.ndarray, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        Image.fromarray(array).save(buf, "JPEG", quality=90)
+    else:
+        Image.fromarray(array).save(buf, "PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def eager_decode_and_hash(data: bytes) -> str:
+    """What frontends do today: decode to RGB, then hash the decoded pixels for the cache key."""
+    with Image.open(io.BytesIO(data)) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    return blake3.blake3(pixels.tobytes()).hexdigest()
+
+
+def shape_of(items):
+    return [tuple(item.shape) for item in items]
+
+
+class Progress:
+    """A tqdm bar over the benchmark's stages when tqdm is installed, else one line per stage."""
+
+    def __init__(self, total: int):
+        try:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, file=sys.stderr, unit="stage", leave=False)
+        except ImportError:
+            self._bar = None
+        self._done, self._total = 0, total
+
+    def step(self, name: str) -> None:
+        self._done += 1
+        if self._bar is not None:
+            self._bar.set_description(name)
+            self._bar.update(1)
+        else:
+            print(f"[{self._done}/{self._total}] {name}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
+    rows = []
+    for height, width in sizes:
+        array = make_image(height, width)
+        for fmt in ("JPEG", "PNG"):
+            data = encode(array, fmt)
+            eager_cache: dict[str, object] = {}
+
+            def eager_hit():
+                key = eager_decode_and_hash(data)
+                if key not in eager_cache:
+                    eager_cache[key] = shape_of([np.empty((height, width, 3))])
+
+            processor = lazymedia.Processor(shape_of, engine=engine)
+            processor.apply([lazymedia.load_image(data)])  # warm the cache
+
+            def lazy_hit():
+                processor.apply([lazymedia.load_image(data)])
+
+            def lazy_miss():
+                processor.cache.clear()
+                processor.apply([lazymedia.load_image(data)])
+
+            def bare_blake3():
+                media_key("image", b"{}", data)
+
+            eager = median_time(eager_hit, repeats)
+            hit = median_time(lazy_hit, repeats * 5)
+            miss = median_time(lazy_miss, repeats)
+            hash_only = median_time(bare_blake3, repeats * 5)
+            decode_only = median_time(lambda: lazymedia.load_image(data).decode(), repeats)
+            row = {
+                "format": fmt.lower(), "height": height, "width": width, "encoded_bytes": len(data),
+                "eager_ms": eager * 1e3, "lazy_hit_ms": hit * 1e3, "lazy_miss_ms": miss * 1e3,
+                "blake3_ms": hash_only * 1e3, "decode_ms": decode_only * 1e3,
+                "hit_speedup": eager / hit, "miss_vs_eager": miss / eager, "hit_vs_blake3": hit / hash_only,
+                "blake3_GBps": len(data) / hash_only / 1e9,
+                "blended_ms": {str(p): {"lazy": (p * hit + (1 - p) * miss) * 1e3, "eager": eager * 1e3}
+                               for p in (0.5, 0.9, 0.99)},
+            }
+            rows.append(row)
+            progress.step(f"{fmt.lower()} {width}x{height}")
+    return rows
+
+
+def bench_parallel(count: int, size: int, engine, repeats: int) -> dict:
+    blobs = [encode(make_image(size, size, seed=s), "JPEG") for s in range(count)]
+
+    def serial():
+        for blob in blobs:
+            lazymedia.load_image(blob).decode()
+
+    def parallel():
+        engine.decode_all([lazymedia.load_image(blob) for blob in blobs])
+
+    serial_s = median_time(serial, repeats)
+    parallel_s = median_time(parallel, repeats)
+    return {"images": count, "size": size, "workers": engine.max_workers, "serial_ms": serial_s * 1e3,
+            "engine_ms": parallel_s * 1e3, "speedup": serial_s / parallel_s}
+
+
+def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: int = 30) -> bytes:
+    """H.264 (libx264, yuv420p) of moving photo-like content, a keyframe every `gop` frames."""
+    import av
+
+    base = make_image(height, width + int(seconds * fps) * 4)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.gop_size = gop
+        stream.options = {"preset": "veryfast", "crf": "23"}
+        for i in range(int(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(base[:, i * 4:i * 4 + width]), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def eager_video(data: bytes) -> str:
+    """Today's frontends: decode every frame to RGB, hash the frames."""
+    import av
+
+    hasher = blake3.blake3()
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        for frame in container.decode(stream):
+            hasher.update(frame.to_ndarray(format="rgb24"))
+    return hasher.hexdigest()
+
+
+def bench_video(quick: bool, engine) -> dict:
+    seconds, (height, width) = (3, (360, 640)) if quick else (10, (720, 1280))
+    data = encode_video(seconds, height, width)
+    repeats = 2 if quick else 3
+    processor = lazymedia.Processor(lambda items: [tuple(v.frames.shape) for v in items], engine=engine)
+    processor.apply([lazymedia.load_video(data, num_frames=8)])
+
+    def miss(**spec):
+        def run():
+            processor.cache.clear()
+            processor.apply([lazymedia.load_video(data, **spec)])
+        return run
+
+    def decode_then_resize():
+        frames = lazymedia.load_video(data, num_frames=8).decode().frames
+        torch.nn.functional.interpolate(frames.permute(0, 3, 1, 2).float(), size=(224, 224), mode="bilinear",
+                                        antialias=True)
+
+    timings = {
+        "eager_all_frames_hash_s": median_time(lambda: eager_video(data), repeats),
+        "lazy_hit_s": median_time(lambda: processor.apply([lazymedia.load_video(data, num_frames=8)]), repeats * 5),
+        "lazy_miss_8_s": median_time(miss(num_frames=8), repeats),
+        "lazy_miss_32_s": median_time(miss(num_frames=32), repeats),
+        "lazy_decode_all_s": median_time(lambda: lazymedia.load_video(data).decode(), repeats),
+        "resize_in_scaler_8_s": median_time(lambda: lazymedia.load_video(data, num_frames=8, size=(224, 224)).decode(),
+                                            repeats),
+        "decode_then_resize_8_s": median_time(decode_then_resize, repeats),
+    }
+    return {"seconds": seconds, "height": height, "width": width, "encoded_bytes": len(data), **timings,
+            "speedup_8_vs_all": timings["lazy_decode_all_s"] / timings["lazy_miss_8_s"],
+            "speedup_32_vs_all": timings["lazy_decode_all_s"] / timings["lazy_miss_32_s"],
+            "hit_speedup_vs_eager": timings["eager_all_frames_hash_s"] / timings["lazy_hit_s"]}
+
+
+def encode_audio(seconds: float, fmt: str) -> bytes:
+    import av
+    import soundfile
+
+    rate = 44100
+    t = np.arange(int(seconds * rate)) / rate
+    signal = (0.3 * np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 660 * t)])).astype(np.float32)
+    buf = io.BytesIO()
+    if fmt == "wav":
+        soundfile.write(buf, signal.T, rate, format="WAV", subtype="PCM_16")
+        return buf.getvalue()
+    with av.open(buf, mode="w", format="mp3") as out:
+        stream = out.add_stream("mp3", rate=rate)
+        stream.layout = "stereo"
+        for start in range(0, signal.shape[1], 1152 * 64):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(signal[:, start:start + 1152 * 64]), format="fltp",
+                                               layout="stereo")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def bench_audio(quick: bool, engine) -> list[dict]:
+    rows = []
+    for fmt in ("wav", "mp3"):
+        for seconds in ((1, 3) if quick else (1, 3, 10, 60)):
+            data = encode_audio(seconds, fmt)
+            processor = lazymedia.Processor(lambda items: [a.samples.shape[1] for a in items], engine=engine)
+            processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
+
+            def eager():
+                samples = lazymedia.load_audio(data, sample_rate=16000).decode().samples
+                blake3.blake3(samples.numpy().tobytes()).hexdigest()
+
+            def miss():
+                processor.cache.clear()
+                processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
+
+            repeats = 3 if seconds < 30 else 2
+            eager_s = median_time(eager, repeats)
+            hit_s = median_time(lambda: processor.apply([lazymedia.load_audio(data, sample_rate=16000)]), repeats * 5)
+            miss_s = median_time(miss, repeats)
+            rows.append({"format": fmt, "seconds": seconds, "encoded_bytes": len(data), "eager_ms": eager_s * 1e3,
+                         "lazy_hit_ms": hit_s * 1e3, "lazy_miss_ms": miss_s * 1e3, "hit_speedup": eager_s / hit_s})
+    return rows
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_child(mode: str, count: int, size: int) -> None:
+    """Runs in a child process: retains `count` cache-hit items the way each frontend does."""
+    data = encode(make_image(size, size), "JPEG")
+    processor = lazymedia.Processor(shape_of)
+    processor.apply([lazymedia.load_image(data)])
+    retained = []
+    before = rss_bytes()
+    for _ in range(count):
+        blob = bytes(bytearray(data))  # each request brings its own copy of the bytes
+        if mode == "eager":
+            with Image.open(io.BytesIO(blob)) as image:
+                pixels = np.asarray(image.convert("RGB"))
+            blake3.blake3(pixels.tobytes()).hexdigest()
+            retained.append(pixels)
+        else:
+            item = lazymedia.load_image(blob)
+            processor.apply([item])
+            retained.append(item)
+        del blob
+    print(json.dumps({"mode": mode, "rss_growth_bytes": rss_bytes() - before}))
+
+
+def bench_rss(count: int, size: int) -> dict:
+    result = {}
+    for mode in ("eager", "lazy"):
+        out = subprocess.run([sys.executable, "-m", "lazymedia.bench", "--rss-child", mode, "--rss-count", str(count),
+                              "--rss-size", str(size)], capture_output=True, text=True, check=True)
+        result[mode] = json.loads(out.stdout.strip().splitlines()[-1])["rss_growth_bytes"]
+    return {"items": count, "size": size, "eager_MB": result["eager"] / 2**20, "lazy_MB": result["lazy"] / 2**20}
+
+
+def print_tables(report: dict) -> None:
+    print(f"\nlazymedia {report['version']} on {report['machine']} ({report['cpus']} CPUs), {report['date']}")
+    print("\nPer-request cost (median ms)")
+    header = f"{'format':6s} {'size':>10s} {'bytes':>9s} {'eager':>8s} {'hit':>8s} {'miss':>8s} {'blake3':>8s} " \
+             f"{'hit x':>7s} {'miss/eager':>10s} {'hit/blake3':>10s}"
+    print(header)
+    print("-" * len(header))
+    for r in report["sizes"]:
+        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {r['encoded_bytes']:>9d} {r['eager_ms']:8.2f} "
+              f"{r['lazy_hit_ms']:8.3f} {r['lazy_miss_ms']:8.2f} {r['blake3_ms']:8.3f} {r['hit_speedup']:7.1f} "
+              f"{r['miss_vs_eager']:10.2f} {r['hit_vs_blake3']:10.2f}")
+    print("\nBlended cost at hit rate p (ms per item, lazy / eager)")
+    print(f"{'format':6s} {'size':>10s} " + " ".join(f"{'p=' + p:>16s}" for p in ("0.5", "0.9", "0.99")))
+    for r in report["sizes"]:
+        cells = " ".join(f"{r['blended_ms'][p]['lazy']:7.2f}/{r['blended_ms'][p]['eager']:<8.2f}"
+                         for p in ("0.5", "0.9", "0.99"))
+        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {cells}")
+    print("\nblake3 over encoded bytes vs decode")
+    for r in report["sizes"]:
+        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} blake3 {r['blake3_GBps']:.2f} GB/s "
+              f"({r['blake3_ms']:.3f} ms) vs decode {r['decode_ms']:.2f} ms: {r['decode_ms'] / r['blake3_ms']:.0f}x")
+    p = report["parallel"]
+    print(f"\nParallel decode of {p['images']} x {p['size']}^2 JPEG: serial {p['serial_ms']:.1f} ms, "
+          f"engine ({p['workers']} workers) {p['engine_ms']:.1f} ms, speedup {p['speedup']:.2f}x")
+    m = report["rss"]
+    print(f"RSS growth for {m['items']} retained {m['size']}^2 JPEG cache hits: eager {m['eager_MB']:.1f} MB, "
+          f"lazy {m['lazy_MB']:.1f} MB")
+    v = report["video"]
+    print(f"\nVideo: {v['seconds']} s {v['width']}x{v['height']} H.264, {v['encoded_bytes']} bytes (median)")
+    for name in ("eager_all_frames_hash_s", "lazy_hit_s", "lazy_miss_8_s", "lazy_miss_32_s", "lazy_decode_all_s",
+                 "resize_in_scaler_8_s", "decode_then_resize_8_s"):
+        print(f"  {name[:-2]:28s} {v[name] * 1e3:10.2f} ms")
+    print(f"  sampled 8 vs every frame: {v['speedup_8_vs_all']:.1f}x, 32 frames: {v['speedup_32_vs_all']:.1f}x, "
+          f"hit vs eager: {v['hit_speedup_vs_eager']:.0f}x")
+    print("\nAudio to 16 kHz (median ms)")
+    print(f"  {'format':6s} {'seconds':>7s} {'bytes':>9s} {'eager':>9s} {'hit':>8s} {'miss':>9s} {'hit x':>7s}")
+    for a in report["audio"]:
+        print(f"  {a['format']:6s} {a['seconds']:7d} {a['encoded_bytes']:9d} {a['eager_ms']:9.2f} {a['lazy_hit_ms']:8.3f} "
+              f"{a['lazy_miss_ms']:9.2f} {a['hit_speedup']:7.0f}")
+
+
+def run(quick: bool) -> dict:
+    engine = lazymedia.DecodeEngine()
+    sizes = QUICK_SIZES if quick else SIZES
+    repeats = 3 if quick else 7
+    progress = Progress(total=len(sizes) * 2 + 4)
+    report = {
+        "version": lazymedia.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": platform.machine() + " " + platform.processor(), "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(), "quick": quick,
+        "sizes": bench_sizes(sizes, repeats, engine, progress),
+    }
+    report["parallel"] = bench_parallel(8, 1024 if quick else 2048, engine, 2 if quick else 5)
+    progress.step("parallel decode")
+    report["rss"] = bench_rss(20 if quick else 100, 1024)
+    progress.step("RSS")
+    report["video"] = bench_video(quick, engine)
+    progress.step("video")
+    report["audio"] = bench_audio(quick, engine)
+    progress.step("audio")
+    progress.close()
+    engine.shutdown()
+    return report
+
+
+def write_chart(report: dict, path: str) -> bool:
+    """Bar chart of eager vs lazy hit vs lazy miss per size (log scale); False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = report["sizes"]
+    labels = [f"{r['format']}\n{r['width']}x{r['height']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
+    for offset, (name, field) in zip((-0.27, 0, 0.27), (("eager (decode + hash pixels)", "eager_ms"),
+                                                         ("lazy hit", "lazy_hit_ms"), ("lazy miss", "lazy_miss_ms"))):
+        ax.bar(x + offset, [r[field] for r in rows], width=0.27, label=name)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per item (median)")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_title(f"lazymedia {report['version']}: per-request cost, {report['cpus']} CPUs")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI smoke run)")
+    parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--chart", help="write a PNG chart of eager vs hit vs miss here (needs matplotlib)")
+    parser.add_argument("--rss-child", choices=("eager", "lazy"), help=argparse.SUPPRESS)
+    parser.add_argument("--rss-count", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument("--rss-size", type=int, default=1024, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rss_child:
+        rss_child(args.rss_child, args.rss_count, args.rss_size)
+        return 0
+    report = run(args.quick)
+    print_tables(report)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"\nwrote {args.json}")
+    if args.chart:
+        os.makedirs(os.path.dirname(os.path.abspath(args.chart)), exist_ok=True)
+        print(f"wrote {args.chart}" if write_chart(report, args.chart) else "no chart: matplotlib is not installed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
