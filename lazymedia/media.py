@@ -213,6 +213,15 @@ class LazyMedia:
         result = default_pool().run(decode, bytes(data), source.header, source.spec, None)
         return result if out is None else _copy_into(result, out)
 
+    def _fulfil(self, value=None, error: BaseException | None = None) -> bool:
+        """Stores a decode made by a batched backend; False if the handle already had one."""
+        cell = self._decoded
+        with cell.lock:
+            if cell.done:
+                return False
+            cell.value, cell.error, cell.done = value, error, True
+            return True
+
     def map(self, fn: Callable, *, key: str | None = None) -> "LazyMedia":
         """A new handle whose media is `fn(self.media)`, sharing these bytes and this decode.
         `key` names the transform in the derived cache key (default: fn's qualified name)."""

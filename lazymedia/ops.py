@@ -1,8 +1,9 @@
-"""Torch-facing wrappers of the native pixel kernels (csrc/kernels/), run on the CPU with the GIL
-released and rows split across threads. The GPU backends run the same per-pixel functions.
+"""Torch-facing wrappers of the shared pixel kernels (csrc/kernels/): the same per-pixel code on
+the CPU (GIL released, rows split across threads) and, for CUDA tensors, on the GPU (the
+_C_cuda extension, enqueued on the tensor's current stream).
 
-All take CPU tensors (or numpy arrays) and return new CPU tensors: uint8 HWC images, uint8 2-D
-YUV planes.
+They take tensors (or, on the CPU, numpy arrays) and return new tensors on the same device:
+uint8 HWC images, uint8 2-D YUV planes.
 """
 from __future__ import annotations
 
@@ -16,6 +17,26 @@ from . import _C
 _DEFAULT_THREADS = len(os.sched_getaffinity(0))
 
 
+def _on_gpu(tensor) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.is_cuda
+
+
+def _cuda():
+    from . import _C_cuda  # built only when nvcc was present at build time
+
+    return _C_cuda
+
+
+def _gpu_image(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dtype != torch.uint8 or tensor.ndim != 3:
+        raise TypeError(f"expected a uint8 HWC tensor, got {tensor.dtype} with shape {tuple(tensor.shape)}")
+    return tensor.contiguous()
+
+
+def _stream(tensor: torch.Tensor) -> int:
+    return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
 def _array(tensor, dtype=torch.uint8) -> np.ndarray:
     if isinstance(tensor, np.ndarray):  # numpy in (e.g. Pillow's read-only views) is read, never written
         return np.ascontiguousarray(tensor, dtype=torch.empty((), dtype=dtype).numpy().dtype)
@@ -26,6 +47,12 @@ def _array(tensor, dtype=torch.uint8) -> np.ndarray:
 
 def orient(image: torch.Tensor, orientation: int, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
     """EXIF orientation 1-8 applied to an HWC uint8 image (5-8 swap height and width)."""
+    if _on_gpu(image):
+        src = _gpu_image(image)
+        h, w, c = src.shape
+        out = torch.empty((w, h, c) if orientation >= 5 else (h, w, c), dtype=torch.uint8, device=src.device)
+        _cuda().orient(src.data_ptr(), out.data_ptr(), h, w, c, orientation, _stream(src))
+        return out
     src = _array(image)
     height, width, channels = src.shape
     swap = orientation >= 5
@@ -37,6 +64,12 @@ def orient(image: torch.Tensor, orientation: int, threads: int = _DEFAULT_THREAD
 def resize(image: torch.Tensor, size: tuple[int, int], filter: str = "bicubic",
            threads: int = _DEFAULT_THREADS) -> torch.Tensor:
     """Antialiased resize of an HWC uint8 image to (height, width), Pillow's algorithm."""
+    if _on_gpu(image):
+        src = _gpu_image(image)
+        h, w, c = src.shape
+        out = torch.empty((int(size[0]), int(size[1]), c), dtype=torch.uint8, device=src.device)
+        _cuda().resize(src.data_ptr(), h, w, c, out.data_ptr(), out.shape[0], out.shape[1], filter, _stream(src))
+        return out
     src = _array(image)
     out = torch.empty((int(size[0]), int(size[1]), src.shape[2]), dtype=torch.uint8)
     _C.resize(src, out.numpy(), filter, threads)
@@ -51,6 +84,27 @@ def nv12_to_rgb(y: torch.Tensor, uv: torch.Tensor, width: int, matrix: str = "bt
     return out
 
 
+def nv12_frames_to_rgb(frames: torch.Tensor, height: int, width: int, matrix: str = "bt709",
+                       full_range: bool = False) -> torch.Tensor:
+    """[T, rows, pitch] uint8 NV12 surfaces (rows = height luma rows, then ceil(height/2) UV
+    rows, as NVDEC writes them) to [T, height, width, 3] RGB, on the frames' device."""
+    if frames.dtype != torch.uint8 or frames.ndim != 3 or frames.shape[1] < height + (height + 1) // 2:
+        raise TypeError("expected uint8 [T, rows, pitch] NV12 frames")
+    frames = frames.contiguous()
+    count, rows, pitch = frames.shape
+    out = torch.empty((count, height, width, 3), dtype=torch.uint8, device=frames.device)
+    if count == 0:
+        return out
+    if _on_gpu(frames):
+        _cuda().nv12_to_rgb(frames.data_ptr(), rows * pitch, height * pitch, pitch, count, height, width,
+                            out.data_ptr(), matrix, full_range, _stream(frames))
+        return out
+    for i in range(count):
+        _C.nv12_to_rgb(frames[i, :height].numpy(), frames[i, height:].numpy(), out[i].numpy(), width, matrix,
+                       full_range, _DEFAULT_THREADS)
+    return out
+
+
 def i420_to_rgb(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor, width: int, matrix: str = "bt709",
                 full_range: bool = False, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
     """I420 planes (Y full size, U and V half size) to HWC RGB."""
@@ -61,6 +115,13 @@ def i420_to_rgb(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor, width: int, m
 
 def to_chw_normalized(image: torch.Tensor, mean, std, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
     """HWC uint8 -> CHW float32 of (x / 255 - mean) / std, the usual model input."""
+    if _on_gpu(image):
+        src = _gpu_image(image)
+        h, w, c = src.shape
+        out = torch.empty((c, h, w), dtype=torch.float32, device=src.device)
+        _cuda().to_chw_normalized(src.data_ptr(), h, w, c, [float(m) for m in mean], [float(d) for d in std],
+                                  out.data_ptr(), _stream(src))
+        return out
     src = _array(image)
     channels = src.shape[2]
     out = torch.empty((channels, src.shape[0], src.shape[1]), dtype=torch.float32)

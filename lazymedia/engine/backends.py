@@ -58,7 +58,8 @@ def backends() -> list[Backend]:
     nvjpeg_ok = device_ok and ext_ok
     found.append(Backend("nvjpeg", "image", nvjpeg_ok, device if nvjpeg_ok else (ext if not ext_ok else device)))
     dali_ok, dali = _module("nvidia.dali")
-    found.append(Backend("dali", "image", dali_ok, dali))
+    where = "mixed (GPU) and cpu pipelines" if device_ok else "cpu pipeline only (no GPU)"
+    found.append(Backend("dali", "image", dali_ok, f"DALI {dali}, {where}" if dali_ok else dali))
     av_ok, av_version = _module("av")
     found.append(Backend("cpu", "video", av_ok, f"PyAV {av_version}" if av_ok else av_version))
     nvdec_ok, nvdec = _module("PyNvVideoCodec")

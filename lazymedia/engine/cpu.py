@@ -169,3 +169,22 @@ def _resize(array: np.ndarray, spec: ImageSpec) -> np.ndarray:
     image = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
     resized = np.asarray(image.resize((width, height), _RESAMPLE[spec.resample]))
     return resized[:, :, None] if resized.ndim == 2 else resized
+
+
+class CpuBatchBackend:
+    """The CPU decoder behind DecodeEngine's batched-backend interface: the reference the GPU
+    backends are compared with, and how the micro-batch window is measured without a GPU."""
+
+    name = "cpu-batch"
+
+    def accepts(self, media) -> bool:
+        return media.modality == "image" and media._parent is None
+
+    def decode_batch(self, items) -> list:
+        results = []
+        for item in items:
+            try:
+                results.append(decode_image(item._source.data, item.header, item.spec))
+            except Exception as exc:  # one bad image fails only itself
+                results.append(exc)
+        return results

@@ -1,0 +1,186 @@
+// pybind11 layer of lazymedia._C_cuda: the GPU kernels and the nvJPEG decoder over raw device
+// pointers and stream handles (torch tensors' data_ptr() / cuda_stream), so the extension needs
+// no libtorch. CUDA and nvJPEG failures become RuntimeError / ValueError with the reason.
+#include <cuda_runtime_api.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../host_ops.h"
+#include "kernels.h"
+#include "nvjpeg_decoder.h"
+
+namespace py = pybind11;
+using namespace lazymedia;
+
+namespace {
+
+#ifndef LAZYMEDIA_CUDA_ARCHES
+#define LAZYMEDIA_CUDA_ARCHES "unknown"
+#endif
+
+template <typename T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+cudaStream_t stream_of(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaErrorInvalidValue) throw py::value_error(std::string(what) + ": invalid arguments");
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+py::tuple device_count() {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) return py::make_tuple(0, std::string(cudaGetErrorString(status)));
+  return py::make_tuple(count, std::string(""));
+}
+
+// Device copies of a resample plan's arrays, freed on the stream when done.
+struct DevicePlan {
+  int* bounds = nullptr;
+  int* weights = nullptr;
+  cudaStream_t stream;
+  DevicePlan(const ResamplePlan& plan, cudaStream_t s) : stream(s) {
+    check(cudaMallocAsync(reinterpret_cast<void**>(&bounds), plan.bounds.size() * sizeof(int), s), "cudaMallocAsync");
+    check(cudaMallocAsync(reinterpret_cast<void**>(&weights), plan.weights.size() * sizeof(int), s), "cudaMallocAsync");
+    // From pageable memory cudaMemcpyAsync has staged the source before it returns.
+    check(cudaMemcpyAsync(bounds, plan.bounds.data(), plan.bounds.size() * sizeof(int), cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(weights, plan.weights.data(), plan.weights.size() * sizeof(int), cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync");
+  }
+  ~DevicePlan() {
+    cudaFreeAsync(bounds, stream);
+    cudaFreeAsync(weights, stream);
+  }
+  kernels::AxisCoeffs view(int ksize) const { return {ksize, bounds, weights}; }
+};
+
+void py_resize(uintptr_t src, int h, int w, int c, uintptr_t dst, int oh, int ow, const std::string& filter,
+            uintptr_t stream_handle) {
+  if (filter != "bilinear" && filter != "bicubic") throw py::value_error("filter must be 'bilinear' or 'bicubic'");
+  if (h <= 0 || w <= 0 || oh <= 0 || ow <= 0 || c <= 0 || c > 4) throw py::value_error("resize: bad sizes");
+  const kernels::Filter f = filter == "bicubic" ? kernels::Filter::Bicubic : kernels::Filter::Bilinear;
+  cudaStream_t stream = stream_of(stream_handle);
+  py::gil_scoped_release release;
+  if (oh == h && ow == w) {
+    check(cudaMemcpyAsync(ptr<uint8_t>(dst), ptr<uint8_t>(src), size_t(h) * w * c, cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+    return;
+  }
+  const ResamplePlan hplan = make_resample_plan(w, ow, f), vplan = make_resample_plan(h, oh, f);
+  if (oh == h) {
+    DevicePlan hp(hplan, stream);
+    check(cuda::launch_resample_horizontal(ptr<uint8_t>(src), h, w, c, 0, hp.view(hplan.ksize), ow, ptr<uint8_t>(dst),
+                                           stream), "resize");
+    return;
+  }
+  DevicePlan vp(vplan, stream);
+  if (ow == w) {
+    check(cuda::launch_resample_vertical(ptr<uint8_t>(src), w, c, 0, vp.view(vplan.ksize), oh, ptr<uint8_t>(dst),
+                                         stream), "resize");
+    return;
+  }
+  // The same pass order as the CPU driver: horizontal over the rows the vertical pass reads.
+  const int first = vplan.bounds[0], last = vplan.bounds[2 * (oh - 1)] + vplan.bounds[2 * (oh - 1) + 1];
+  DevicePlan hp(hplan, stream);
+  void* temp = nullptr;
+  check(cudaMallocAsync(&temp, size_t(last - first) * ow * c, stream), "cudaMallocAsync");
+  cudaError_t status = cuda::launch_resample_horizontal(ptr<uint8_t>(src), last - first, w, c, first,
+                                                        hp.view(hplan.ksize), ow, static_cast<uint8_t*>(temp), stream);
+  if (status == cudaSuccess)
+    status = cuda::launch_resample_vertical(static_cast<uint8_t*>(temp), ow, c, first, vp.view(vplan.ksize), oh,
+                                            ptr<uint8_t>(dst), stream);
+  cudaFreeAsync(temp, stream);
+  check(status, "resize");
+}
+
+void py_orient(uintptr_t src, uintptr_t dst, int h, int w, int c, int orientation, uintptr_t stream) {
+  py::gil_scoped_release release;
+  check(cuda::launch_orient(ptr<uint8_t>(src), ptr<uint8_t>(dst), h, w, c, orientation, stream_of(stream)), "orient");
+}
+
+void py_nv12_to_rgb(uintptr_t src, long long frame_bytes, long long uv_offset, int pitch, int frames, int h, int w,
+                 uintptr_t dst, const std::string& matrix, bool full_range, uintptr_t stream) {
+  if (matrix != "bt601" && matrix != "bt709") throw py::value_error("matrix must be 'bt601' or 'bt709'");
+  const auto coeffs = kernels::make_yuv_to_rgb(matrix == "bt709" ? kernels::Matrix::BT709 : kernels::Matrix::BT601,
+                                               full_range);
+  py::gil_scoped_release release;
+  check(cuda::launch_nv12_to_rgb(ptr<uint8_t>(src), frame_bytes, uv_offset, pitch, frames, h, w, ptr<uint8_t>(dst),
+                                 coeffs, stream_of(stream)), "nv12_to_rgb");
+}
+
+void py_to_chw_normalized(uintptr_t src, int h, int w, int c, std::vector<float> mean, std::vector<float> std_dev,
+                       uintptr_t dst, uintptr_t stream) {
+  if (c < 1 || c > 4 || int(mean.size()) != c || int(std_dev.size()) != c)
+    throw py::value_error("mean and std need one value per channel (1-4)");
+  cuda::Normalization norm{};
+  for (int k = 0; k < c; ++k) {
+    if (std_dev[k] == 0.0f) throw py::value_error("std must be non-zero");
+    norm.mean[k] = mean[k];
+    norm.inv_std[k] = 1.0f / std_dev[k];
+  }
+  py::gil_scoped_release release;
+  check(cuda::launch_to_chw_normalized(ptr<uint8_t>(src), h, w, c, norm, ptr<float>(dst), stream_of(stream)),
+        "to_chw_normalized");
+}
+
+// items: (encoded bytes, coded width, coded height, orientation, output device pointer).
+std::vector<std::pair<bool, std::string>> decode_jpegs(cuda::NvjpegDecoder& decoder, py::list items,
+                                                       uintptr_t consumer_stream) {
+  std::vector<cuda::JpegRequest> requests;
+  std::vector<py::buffer_info> keep;  // the buffers stay valid while the GIL is released
+  requests.reserve(items.size());
+  keep.reserve(items.size());
+  for (py::handle item : items) {
+    py::tuple t = py::reinterpret_borrow<py::tuple>(item);
+    if (t.size() != 5) throw py::value_error("decode items are (data, width, height, orientation, out_ptr)");
+    keep.push_back(py::reinterpret_borrow<py::buffer>(t[0]).request());
+    const py::buffer_info& info = keep.back();
+    if (info.ndim != 1 || info.itemsize != 1) throw py::value_error("JPEG data must be a contiguous byte buffer");
+    requests.push_back({static_cast<const uint8_t*>(info.ptr), size_t(info.size), t[1].cast<int>(), t[2].cast<int>(),
+                        t[3].cast<int>(), ptr<uint8_t>(t[4].cast<uintptr_t>())});
+  }
+  std::vector<cuda::JpegResult> results;
+  {
+    py::gil_scoped_release release;
+    results = decoder.decode(requests, stream_of(consumer_stream));
+  }
+  std::vector<std::pair<bool, std::string>> out;
+  out.reserve(results.size());
+  for (const auto& r : results) out.emplace_back(r.outcome == cuda::JpegOutcome::Decoded, r.reason);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C_cuda, m) {
+  m.doc() = "lazymedia CUDA part: shared pixel kernels on the GPU and the batched nvJPEG decoder";
+  m.def("arches", [] { return std::string(LAZYMEDIA_CUDA_ARCHES); }, "Architectures this module was compiled for.");
+  m.def("device_count", &device_count, "(count, error): CUDA devices visible, or 0 and why.");
+  m.def("resize", &py_resize, py::arg("src"), py::arg("h"), py::arg("w"), py::arg("c"), py::arg("dst"), py::arg("oh"),
+        py::arg("ow"), py::arg("filter"), py::arg("stream"));
+  m.def("orient", &py_orient, py::arg("src"), py::arg("dst"), py::arg("h"), py::arg("w"), py::arg("c"),
+        py::arg("orientation"), py::arg("stream"));
+  m.def("nv12_to_rgb", &py_nv12_to_rgb, py::arg("src"), py::arg("frame_bytes"), py::arg("uv_offset"), py::arg("pitch"),
+        py::arg("frames"), py::arg("h"), py::arg("w"), py::arg("dst"), py::arg("matrix"), py::arg("full_range"),
+        py::arg("stream"));
+  m.def("to_chw_normalized", &py_to_chw_normalized, py::arg("src"), py::arg("h"), py::arg("w"), py::arg("c"),
+        py::arg("mean"), py::arg("std"), py::arg("dst"), py::arg("stream"));
+  py::class_<cuda::NvjpegDecoder, std::unique_ptr<cuda::NvjpegDecoder>>(m, "NvjpegDecoder")
+      .def(py::init<int, bool, const std::string&>(), py::arg("device"), py::arg("allow_hardware") = true,
+           py::arg("library_path") = "", py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("hardware", &cuda::NvjpegDecoder::hardware)
+      .def_property_readonly("engines", &cuda::NvjpegDecoder::engines)
+      .def_property_readonly("cores_per_engine", &cuda::NvjpegDecoder::cores_per_engine)
+      .def_property_readonly("device", &cuda::NvjpegDecoder::device)
+      .def("decode", &decode_jpegs, py::arg("items"), py::arg("consumer_stream"),
+           "Decode JPEGs into device buffers; one (decoded, fallback_reason) per item.");
+}

@@ -1,0 +1,82 @@
+// Batched JPEG decoding with nvJPEG into caller-owned device buffers (HWC RGB uint8).
+//
+// One decoder per device, guarded by a mutex (calls come with the GIL released). Each batch is
+// split by nvjpegDecodeBatchedSupported: baseline single-scan images go to the hardware engines
+// (A100/H100/H200/B200 NVJPG) through nvjpegDecodeBatched, the rest through the decoupled API
+// (host Huffman phase on ping-pong pinned buffers, transfer, device phase). All work runs on a
+// private stream; the caller's stream waits on an event at the end (no device-wide sync).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "nvjpeg_api.h"
+
+namespace lazymedia {
+namespace cuda {
+
+struct JpegRequest {
+  const uint8_t* data;
+  size_t size;
+  int width, height;  // as coded (before orientation), from the header probe
+  int orientation;    // EXIF 1-8, applied on the GPU with the shared kernel
+  uint8_t* out;       // device memory, (oriented height) x (oriented width) x 3, contiguous
+};
+
+enum class JpegOutcome : int {
+  Decoded = 0,
+  Fallback = 1,  // nvJPEG refused or failed on this image: decode it on the CPU instead
+};
+
+struct JpegResult {
+  JpegOutcome outcome;
+  std::string reason;  // why the fallback, for logs and tests
+};
+
+class NvjpegDecoder {
+ public:
+  // Throws std::runtime_error (no device, no libnvjpeg, creation failure).
+  NvjpegDecoder(int device, bool allow_hardware, const std::string& library_path);
+  ~NvjpegDecoder();
+  NvjpegDecoder(const NvjpegDecoder&) = delete;
+  NvjpegDecoder& operator=(const NvjpegDecoder&) = delete;
+
+  // Decodes every request; per-image problems come back as Fallback, batch-level CUDA failures
+  // throw. `consumer` is the stream that will read the outputs.
+  std::vector<JpegResult> decode(const std::vector<JpegRequest>& requests, cudaStream_t consumer);
+
+  bool hardware() const { return hardware_; }
+  unsigned engines() const { return engines_; }
+  unsigned cores_per_engine() const { return cores_; }
+  int device() const { return device_; }
+
+ private:
+  void decode_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
+                       const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results);
+  void decode_decoupled(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
+                        const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results);
+
+  std::mutex mutex_;
+  int device_;
+  const NvjpegApi* api_ = nullptr;
+  nvjpegHandle_t handle_ = nullptr;
+  bool hardware_ = false;
+  unsigned engines_ = 0, cores_ = 0;
+  nvjpegJpegState_t batched_state_ = nullptr;
+  int batched_size_ = 0;
+  nvjpegJpegDecoder_t decoder_ = nullptr;
+  nvjpegJpegState_t decoupled_state_ = nullptr;
+  nvjpegBufferPinned_t pinned_[2] = {nullptr, nullptr};
+  nvjpegBufferDevice_t device_buffer_ = nullptr;
+  nvjpegDecodeParams_t params_ = nullptr;
+  std::vector<nvjpegJpegStream_t> streams_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t consumer_ready_ = nullptr, done_ = nullptr, pinned_free_[2] = {nullptr, nullptr};
+};
+
+}  // namespace cuda
+}  // namespace lazymedia

@@ -1,0 +1,89 @@
+"""NVIDIA DALI backend: batches of image handles through a DALI pipeline
+(external_source -> fn.decoders.image), device "mixed" on a GPU or "cpu" without one.
+
+It is the peer the nvJPEG backend is measured against, and a second, independent decoder the
+CPU path is tested against (DALI's CPU pipeline runs without a GPU). DALI applies EXIF
+orientation itself; handles it cannot serve the same way (apply_orientation=False, modes other
+than RGB, GIF) go to lazymedia's CPU decoder, as do batches DALI rejects (one corrupt image
+fails a DALI batch), item by item.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .. import ops
+from . import cpu
+
+_DALI_FORMATS = {"jpeg", "png", "webp"}
+
+
+class DaliBackend:
+    """A BatchedBackend for DecodeEngine. device="gpu" decodes with DALI's mixed (nvJPEG)
+    decoder into CUDA tensors; device="cpu" decodes on the host."""
+
+    name = "dali"
+
+    def __init__(self, device: str = "cpu", device_id: int = 0, max_batch: int = 64, num_threads: int = 2):
+        from nvidia.dali import fn, pipeline_def, types
+
+        if device not in ("cpu", "gpu"):
+            raise ValueError("device must be 'cpu' or 'gpu'")
+        self.device = device
+        self.torch_device = torch.device("cuda", device_id) if device == "gpu" else torch.device("cpu")
+        self.max_batch = max_batch
+
+        @pipeline_def(batch_size=max_batch, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
+                      prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
+        def decode_pipeline():
+            encoded = fn.external_source(name="encoded", dtype=types.UINT8)
+            return fn.decoders.image(encoded, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
+
+        self._pipeline = decode_pipeline()
+        self._pipeline.build()
+        self._lock = threading.Lock()  # a pipeline runs one batch at a time
+
+    def accepts(self, media) -> bool:
+        if media.modality != "image" or media._parent is not None:
+            return False
+        spec = media.spec
+        return media.header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
+
+    def decode_batch(self, items: Sequence) -> list:
+        results: list = []
+        for start in range(0, len(items), self.max_batch):
+            chunk = items[start:start + self.max_batch]
+            try:
+                results += self._run(chunk)
+            except RuntimeError:  # DALI fails the whole batch for one bad image: decide per item
+                results += [self._decode_on_cpu(item) for item in chunk]
+        return results
+
+    def _run(self, items: Sequence) -> list:
+        encoded = [np.frombuffer(item._source.data, dtype=np.uint8) for item in items]
+        with self._lock:
+            self._pipeline.feed_input("encoded", encoded)
+            (decoded,) = self._pipeline.run()
+            outputs = [self._to_torch(decoded, i) for i in range(len(items))]
+        return [ops.resize(out, item.spec.size, item.spec.resample) if item.spec.size else out
+                for out, item in zip(outputs, items)]
+
+    def _to_torch(self, batch, index: int) -> torch.Tensor:
+        if self.device == "cpu":
+            return torch.from_numpy(np.array(batch.at(index)))
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        sample = batch[index]
+        out = torch.empty(tuple(sample.shape()), dtype=torch.uint8, device=self.torch_device)
+        feed_ndarray(sample, out, cuda_stream=torch.cuda.current_stream(self.torch_device))
+        return out
+
+    def _decode_on_cpu(self, item):
+        try:
+            tensor = cpu.decode_image(item._source.data, item.header, item.spec)
+        except Exception as exc:  # typed MediaError, returned for this item only
+            return exc
+        return tensor.to(self.torch_device)

@@ -1,0 +1,151 @@
+"""nvJPEG backend: batches of JPEG handles decoded on the GPU into device (or pinned host)
+tensors, with EXIF orientation and resizing by the shared kernels.
+
+What nvJPEG cannot decode goes to the CPU decoder per image, so the output never depends on
+the route: 4-component (CMYK/YCCK), grayscale, lossless, arithmetic-coded and hierarchical
+JPEGs, non-JPEG formats, and modes other than RGB are routed to the CPU up front; any image the
+native decoder refuses at run time falls back the same way. The CPU decoder then also decides
+whether an image is corrupt (422), exactly as without a GPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .. import ops
+from . import cpu
+
+_GPU_ENCODINGS = {"baseline", "extended", "progressive"}
+# nvJPEG's hardware engines take baseline, single-scan JPEG without 4:1:1 / 4:1:0 chroma.
+_HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}
+
+
+@dataclass(frozen=True)
+class Route:
+    gpu: bool
+    reason: str  # why the CPU, or which GPU path is expected ("hardware" / "hybrid")
+
+
+def route(header, spec) -> Route:
+    """Where one image decodes, from its header and spec alone (no GPU needed to decide)."""
+    if header.format != "jpeg":
+        return Route(False, f"{header.format} is not JPEG")
+    if spec.mode != "RGB":
+        return Route(False, f"mode {spec.mode} is decoded on the CPU")
+    if header.components != 3:
+        return Route(False, "grayscale or CMYK/YCCK JPEG")
+    if header.adobe_transform == 2:
+        return Route(False, "YCCK JPEG")
+    if header.jpeg_encoding not in _GPU_ENCODINGS or header.bit_depth != 8:
+        return Route(False, f"{header.jpeg_encoding} {header.bit_depth}-bit JPEG is not supported by nvJPEG")
+    hardware = header.jpeg_encoding == "baseline" and header.chroma_subsampling not in _HARDWARE_UNSUPPORTED_SUBSAMPLING
+    return Route(True, "hardware" if hardware else "hybrid")
+
+
+def split_batch(items: Sequence) -> tuple[list[int], list[int]]:
+    """(GPU indices, CPU indices) of a batch of image handles."""
+    gpu, host = [], []
+    for index, item in enumerate(items):
+        (gpu if route(item.header, item.spec).gpu else host).append(index)
+    return gpu, host
+
+
+def _wheel_library() -> str:
+    """libnvjpeg.so.13 from the nvidia-nvjpeg wheel, which installs no unversioned link."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for sub in ("cu13", "nvjpeg"):
+            candidate = Path(root) / sub / "lib" / "libnvjpeg.so.13"
+            if candidate.exists():
+                return str(candidate)
+    return ""
+
+
+class NvjpegBackend:
+    """A BatchedBackend for DecodeEngine. output="cuda" returns device tensors, "pinned" returns
+    page-locked host tensors (decoded on the device, then copied asynchronously)."""
+
+    name = "nvjpeg"
+
+    def __init__(self, device: int | str | torch.device = 0, output: str = "cuda", allow_hardware: bool = True,
+                 decoder=None):
+        if output not in ("cuda", "pinned"):
+            raise ValueError("output must be 'cuda' or 'pinned'")
+        self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        self.output = output
+        if decoder is None:
+            from .. import _C_cuda
+
+            decoder = _C_cuda.NvjpegDecoder(self.device.index or 0, allow_hardware, _wheel_library())
+        self._decoder = decoder
+        self._pinned = ops.HostBufferPool() if output == "pinned" else None
+        self.fallbacks: list[str] = []  # reasons of run-time fallbacks to the CPU, most recent last
+
+    @property
+    def hardware(self) -> bool:
+        return bool(self._decoder.hardware)
+
+    def accepts(self, media) -> bool:
+        return media.modality == "image" and media._parent is None
+
+    def decode_batch(self, items: Sequence) -> list:
+        results: list = [None] * len(items)
+        gpu, host = split_batch(items)
+        if gpu:
+            host += self._decode_on_gpu(items, gpu, results)
+            if self.output == "pinned" and self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()  # pinned copies complete on return
+        for index in sorted(host):
+            results[index] = self._decode_on_cpu(items[index])
+        return results
+
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+
+    def _decode_on_gpu(self, items, indices: list[int], results: list) -> list[int]:
+        """Decodes into device tensors; returns the indices that fell back to the CPU."""
+        requests, outputs = [], []
+        for index in indices:
+            item = items[index]
+            header, spec = item.header, item.spec
+            orientation = header.orientation if spec.apply_orientation else 1
+            swap = orientation >= 5
+            shape = (header.width, header.height, 3) if swap else (header.height, header.width, 3)
+            out = torch.empty(shape, dtype=torch.uint8, device=self.device)
+            data = item._source.data
+            requests.append((data, header.width, header.height, orientation, out.data_ptr()))
+            outputs.append(out)
+        statuses = self._decoder.decode(requests, self._stream())
+        fallback = []
+        for index, out, (decoded, reason) in zip(indices, outputs, statuses):
+            if not decoded:
+                self.fallbacks.append(reason)
+                fallback.append(index)
+                continue
+            spec = items[index].spec
+            if spec.size is not None:
+                out = ops.resize(out, spec.size, spec.resample)
+            results[index] = self._deliver(out)
+        return fallback
+
+    def _decode_on_cpu(self, item):
+        try:
+            tensor = cpu.decode_image(item._source.data, item.header, item.spec)
+        except Exception as exc:  # typed MediaError for bad images; returned, not raised (one item)
+            return exc
+        if self.output == "pinned":
+            pinned = self._pinned.empty(tensor.shape)
+            pinned.copy_(tensor)
+            return pinned
+        return tensor.to(self.device, non_blocking=False)
+
+    def _deliver(self, device_tensor: torch.Tensor) -> torch.Tensor:
+        if self.output == "cuda":
+            return device_tensor
+        host = self._pinned.empty(device_tensor.shape)
+        host.copy_(device_tensor, non_blocking=self.device.type == "cuda")  # decode_batch syncs once
+        return host
