@@ -158,3 +158,20 @@ def test_repeated_item_reuses_header_but_still_checks_limits(h264, monkeypatch):
     assert again.header.total_frames == 90 and again._source.key is not None
     with pytest.raises(MediaTooLargeError):
         lazymedia.load_video(h264, num_frames=3, limits=lazymedia.Limits(max_video_frames=10))
+
+
+def test_frame_table_timestamps_match_decoded_frames(h264):
+    table = video._frame_table(h264, 90)
+    full = full_decode(h264)
+    assert [round(table.seconds(i), 6) for i in range(90)] == [round(t, 6) for t in full.timestamps]
+
+
+@pytest.mark.parametrize("codec,pix_fmt,capability,expected", [
+    ("h264", "yuv420p", (9, 0), True), ("h264", "yuv420p10le", (9, 0), False), ("h264", "yuv444p", (9, 0), False),
+    ("av1", "yuv420p", (9, 0), False), ("av1", "yuv420p", (10, 0), True), ("theora", "yuv420p", (9, 0), False),
+])
+def test_nvdec_routing(codec, pix_fmt, capability, expected):
+    from lazymedia.engine import nvdec
+
+    header = video.VideoHeader("mp4", codec, 64, 64, 30.0, 1.0, 30, False, pix_fmt)
+    assert nvdec.route(header, capability)[0] is expected

@@ -28,6 +28,9 @@ class VideoHeader:
     duration: float
     total_frames: int
     has_audio: bool
+    pixel_format: str = ""  # e.g. yuv420p, yuv420p10le (decides whether NVDEC can take it)
+    color_matrix: str = "bt709"  # YUV -> RGB matrix for GPU conversion: bt601 or bt709
+    full_range: bool = False
 
 
 @dataclass
@@ -73,6 +76,22 @@ def _count_packets(container, stream, cap: int) -> int:
     return count
 
 
+def _color_matrix(context, height: int) -> str:
+    """The stream's YUV matrix; untagged streams follow the usual convention (HD is BT.709)."""
+    space = str(getattr(context, "colorspace", "") or "").lower()
+    if "709" in space:
+        return "bt709"
+    if "601" in space or "470" in space or "smpte170" in space:
+        return "bt601"
+    return "bt709" if height >= 720 else "bt601"
+
+
+def _full_range(context) -> bool:
+    color_range = str(getattr(context, "color_range", "") or "").lower()
+    return "jpeg" in color_range or "pc" in color_range or color_range == "2" or \
+        (context.pix_fmt or "").startswith("yuvj")
+
+
 def probe_video(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
     """Container header: stream geometry, rate, duration and frame count, checked against limits."""
     with _open(data) as container:
@@ -88,8 +107,10 @@ def probe_video(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
         else:
             duration = (container.duration or 0) / av.time_base
         total = stream.frames or _count_packets(container, stream, limits.max_video_frames)
-        header = VideoHeader(container.format.name, stream.codec_context.name, width, height, fps, duration,
-                             int(total), bool(container.streams.audio))
+        context = stream.codec_context
+        header = VideoHeader(container.format.name, context.name, width, height, fps, duration, int(total),
+                             bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context, height),
+                             _full_range(context))
     if width <= 0 or height <= 0:
         raise UnprocessableMediaError("video stream has no frame size", modality="video")
     if total <= 0:
@@ -140,6 +161,10 @@ class _FrameTable:
 
     pts: list[int]
     keyframes: list[int]  # frame indices, ascending
+    time_base: float  # seconds per pts tick
+
+    def seconds(self, index: int) -> float:
+        return self.pts[index] * self.time_base
 
     def keyframe_before(self, index: int) -> int:
         position = bisect.bisect_right(self.keyframes, index) - 1
@@ -151,7 +176,9 @@ def _frame_table(data, total_frames: int) -> _FrameTable | None:
     pts, key_pts = [], set()
     try:
         with _open(data) as container:
-            for packet in container.demux(container.streams.video[0]):
+            stream = container.streams.video[0]
+            time_base = float(stream.time_base) if stream.time_base else 0.0
+            for packet in container.demux(stream):
                 if packet.size == 0:
                     continue
                 if packet.pts is None:
@@ -164,7 +191,7 @@ def _frame_table(data, total_frames: int) -> _FrameTable | None:
     pts.sort()
     if len(pts) != total_frames or len(set(pts)) != len(pts) or not key_pts:
         return None
-    return _FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts])
+    return _FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
 
 
 def _decode_plan(indices: list[int], table: _FrameTable | None) -> list[int | None]:

@@ -1,0 +1,47 @@
+"""The CUDA extension: built for sm_90 and sm_100 (+ PTX) whenever nvcc is present, importable
+and failing with typed errors on a machine without a GPU, driver or libnvjpeg."""
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import lazymedia
+
+nvcc = shutil.which("nvcc")
+requires_build = pytest.mark.skipif(nvcc is None, reason="nvcc not installed: the CUDA part is not built")
+
+
+@requires_build
+def test_cuda_extension_targets_hopper_and_blackwell():
+    from lazymedia import _C_cuda
+
+    assert _C_cuda.arches() == "sm_90,sm_100"
+    binary = Path(_C_cuda.__file__).read_bytes()
+    for marker in (b"-arch sm_90 ", b"-arch sm_100 ", b".target sm_100"):  # SASS for both, PTX for newer
+        assert marker in binary, marker
+
+
+@requires_build
+def test_without_a_gpu_errors_are_typed():
+    from lazymedia import _C_cuda
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    count, why = _C_cuda.device_count()
+    assert count == 0 and why
+    with pytest.raises(RuntimeError):
+        _C_cuda.NvjpegDecoder(0)
+    backends = {(b.modality, b.name): b for b in lazymedia.backends()}
+    assert not backends[("image", "nvjpeg")].available and backends[("image", "nvjpeg")].reason
+    assert backends[("image", "cpu")].available
+
+
+def test_import_needs_no_gpu_stack():
+    import subprocess
+    import sys
+
+    code = "import lazymedia, lazymedia.engine.nvjpeg, lazymedia.engine.nvdec, lazymedia.engine.dali; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
