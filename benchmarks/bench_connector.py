@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 
-from lazymedia.bench import encode, make_image
+from lazymedia.bench import encode, make_image, serve_on_loopback, write_json
 
 from lazymedia.connector import MediaConnector
 from lazymedia.hashing import KeyHasher
@@ -53,17 +51,7 @@ def serve(port_queue, pool_size: int, size: int, link_mbps: float) -> None:
             await response.write(chunk)
         return response
 
-    async def main():
-        app = web.Application()
-        app.router.add_get("/img/{n}.jpg", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    serve_on_loopback(lambda router: router.add_get("/img/{n}.jpg", handler), port_queue)
 
 
 async def run_mode(mode: str, base: str, requests: int, concurrency: int) -> float:
@@ -142,9 +130,7 @@ def main(argv=None) -> int:
         print(f"{mode:10s} {report[mode + '_s']:8.3f} {report[mode + '_req_per_s']:8.0f}")
     print(f"hashing adds {report['hash_overhead'] * 100:+.1f}% over the bare download; "
           f"the whole connector (hash + probe + handle) {report['connector_overhead'] * 100:+.1f}%")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    write_json(report, args.json)
     return 0
 
 

@@ -26,13 +26,12 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import blake3
 import numpy as np
 
 import lazymedia
-from lazymedia.bench import encode, encode_video, make_image
+from lazymedia.bench import encode, encode_video, make_image, pyplot, serve_on_loopback, write_json
 from lazymedia.connector import MediaConnector
 
 SCENARIOS = ("pool_720p", "unique_720p", "pool_4k", "video_pool")
@@ -90,17 +89,7 @@ def serve(port_queue, requests: int) -> None:
         body = media.get(request.match_info["name"])
         return web.Response(body=body) if body is not None else web.Response(status=404)
 
-    async def main():
-        app = web.Application()
-        app.router.add_get("/m/{name}", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    serve_on_loopback(lambda router: router.add_get("/m/{name}", handler), port_queue)
 
 
 class EagerFrontend:
@@ -241,12 +230,8 @@ def check_identical_outputs(base_media: dict[str, bytes]) -> bool:
 
 
 def write_chart(report: dict, path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     scenarios = [s for s in SCENARIOS if s in report["results"]]
     x = np.arange(len(scenarios))
@@ -310,10 +295,7 @@ def main(argv=None) -> int:
             speedup = r["req_per_s"] / modes["eager"]["req_per_s"]
             print(f"{scenario:12s} {mode:5s} {r['req_per_s']:8.1f} {r['mean_ms']:9.1f} {r['p50_ms']:8.1f} "
                   f"{r['p99_ms']:8.1f} {r['cpu_ms_per_request']:10.2f} {r['peak_rss_mb']:11.0f} {speedup:7.2f}x")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    write_json(report, args.json)
     if args.chart:
         print(f"wrote {args.chart}" if write_chart(report, args.chart) else "no chart: matplotlib is not installed")
     return 0 if report["identical_outputs"] else 1

@@ -17,14 +17,13 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
 import lazymedia
-from lazymedia.bench import encode, encode_video, make_image
+from lazymedia.bench import encode, encode_video, make_image, write_json
 
 SIZES = [(512, 512), (1024, 1024), (1080, 1920), (2160, 3840)]
 BATCHES = [1, 8, 64]
@@ -152,10 +151,7 @@ def main(argv=None) -> int:
     print("PSNR vs Pillow:", {k: round(v["psnr_vs_pillow_db"], 1) for k, v in report["quality"].items()})
     print("micro-batch window:", {k: round(v, 3) for k, v in report["window"].items()})
     print("NVDEC:", json.dumps(report["nvdec"]))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    write_json(report, args.json)
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import statistics
 import sys
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lazymedia.bench import encode, make_image
+from lazymedia.bench import encode, make_image, write_json
 
 from lazymedia import _C, ops
 
@@ -118,21 +117,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     report = {"probe": bench_probe(Path(args.corpus)), "kernels": bench_kernels()}
     p = report["probe"]
-    print(f"\nHeader probe vs PIL.Image.open().size + getexif() (per file)")
+    print("\nHeader probe vs PIL.Image.open().size + getexif() (per file)")
     print(f"  corpus ({p['corpus_files']} files): {p['corpus_probe_us']:.2f} us vs {p['corpus_pillow_us']:.1f} us "
           f"-> {p['corpus_speedup']:.0f}x")
     for fmt in ("jpeg", "png"):
         print(f"  2048^2 {fmt}: {p[fmt + '_2048_probe_us']:.2f} us vs {p[fmt + '_2048_pillow_us']:.1f} us "
               f"-> {p[fmt + '_2048_speedup']:.0f}x")
     threads = len(os.sched_getaffinity(0))
-    print(f"\nKernel throughput (Mpixel/s of input), reference = Pillow or torch on the same input")
+    print("\nKernel throughput (Mpixel/s of input), reference = Pillow or torch on the same input")
     print(f"  {'kernel':38s} {'1 thread':>9s} {f'{threads} threads':>10s} {'reference':>10s}")
     for row in report["kernels"]:
         ref = f"{row['reference_mpix_s']:10.0f}" if "reference_mpix_s" in row else f"{'-':>10s}"
         print(f"  {row['kernel']:38s} {row['mpix_s_1t']:9.0f} {row[f'mpix_s_{threads}t']:10.0f} {ref}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    write_json(report, args.json)
     return 0
 
 

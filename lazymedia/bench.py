@@ -82,6 +82,48 @@ def shape_of(items):
     return [tuple(item.shape) for item in items]
 
 
+def write_json(report: dict, path: str | None) -> None:
+    """Writes a benchmark report (creating its folder) and says where; no-op without a path."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {path}")
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def serve_on_loopback(add_routes, port_queue) -> None:
+    """Runs an aiohttp server on 127.0.0.1 (a free port, put on `port_queue`) until killed;
+    `add_routes(router)` installs the handlers. Benchmarks run it in a child process."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def main():
+        app = web.Application()
+        add_routes(app.router)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port_queue.put(site._server.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
 class Progress:
     """A tqdm bar over the benchmark's stages when tqdm is installed, else one line per stage."""
 
@@ -388,12 +430,8 @@ def run(quick: bool) -> dict:
 
 def write_chart(report: dict, path: str) -> bool:
     """Bar chart of eager vs lazy hit vs lazy miss per size (log scale); False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = report["sizes"]
     labels = [f"{r['format']}\n{r['width']}x{r['height']}" for r in rows]
@@ -427,11 +465,7 @@ def main(argv=None) -> int:
         return 0
     report = run(args.quick)
     print_tables(report)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"\nwrote {args.json}")
+    write_json(report, args.json)
     if args.chart:
         os.makedirs(os.path.dirname(os.path.abspath(args.chart)), exist_ok=True)
         print(f"wrote {args.chart}" if write_chart(report, args.chart) else "no chart: matplotlib is not installed")

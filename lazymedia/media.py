@@ -6,7 +6,6 @@ eagerly, which rejects non-media and over-limit items before any work is queued.
 """
 from __future__ import annotations
 
-import base64
 import binascii
 import os
 import threading

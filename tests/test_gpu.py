@@ -10,7 +10,7 @@ from PIL import Image, ImageOps
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ops
-from lazymedia.engine import cpu, video
+from lazymedia.engine import video
 from conftest import CORPUS, encode, make_image
 
 pytestmark = pytest.mark.gpu
