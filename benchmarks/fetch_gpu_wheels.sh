@@ -17,6 +17,6 @@ fetch() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
     -d "$dir" "$@"
 }
-fetch .whl/part1 pynvvideocodec==2.2.4 nvidia-nvjpeg blake3 simplejpeg pybase64 soxr soundfile pytest-asyncio
+fetch .whl/part1 pynvvideocodec==2.2.4 nvidia-nvjpeg blake3 simplejpeg pybase64 soxr soundfile cffi pycparser pytest-asyncio
 fetch .whl/part2 av==18.1.0
 du -sh .whl/part1 .whl/part2

@@ -166,6 +166,11 @@ class LazyMedia:
         return self._source.data is not None
 
     @property
+    def is_hashed(self) -> bool:
+        """Whether `key` is already known (computed, or handed over by a connector)."""
+        return self._key is not None or (self._parent is None and self._source.key is not None)
+
+    @property
     def key(self) -> str:
         """Hex blake3 of modality, spec and encoded bytes (plus stacked transforms); computed once,
         never decodes."""
@@ -265,7 +270,7 @@ class LazyMedia:
             what = f"{header.codec} {header.width}x{header.height} {header.duration:.2f}s"
         else:
             what = f"{header.format} {header.sample_rate}Hz {header.duration:.2f}s"
-        key = self._key or (self._source.key if self._parent is None else None)
+        key = self.key if self.is_hashed else None
         parts = [self.modality, what, f"{self.nbytes} bytes", f"spec={self.spec!r}",
                  "decoded" if self.is_decoded else "not decoded"]
         if self._parent is not None:

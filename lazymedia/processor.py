@@ -91,7 +91,7 @@ class Processor:
         """`apply` for an event loop: decodes and phase 2 run on threads, so other requests keep
         being served (and their decodes overlap with these)."""
         items = list(items)
-        unhashed = sum(item.nbytes for item in items if item._key is None)
+        unhashed = sum(item.nbytes for item in items if not item.is_hashed)
         if unhashed > _HASH_OFFLOAD_BYTES:
             plan = await asyncio.to_thread(self._plan, items)
         else:

@@ -162,3 +162,13 @@ def test_corrupt_decode_error_is_kept(jpeg_bytes, decode_calls):
         with pytest.raises(lazymedia.UnprocessableMediaError):
             item.decode()
     assert len(decode_calls) == 1 and not item.is_decoded
+
+
+def test_is_hashed_tracks_known_keys(jpeg_bytes):
+    item = lazymedia.load_image(jpeg_bytes)
+    assert not item.is_hashed and "key=" not in repr(item)
+    item.key
+    assert item.is_hashed and f"key={item.key[:16]}" in repr(item)
+    given = lazymedia.load("image", jpeg_bytes, key=item.key)
+    assert given.is_hashed and given.key == item.key
+    assert not given.map(torch.fliplr).is_hashed
