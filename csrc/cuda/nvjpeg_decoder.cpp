@@ -47,9 +47,13 @@ NvjpegDecoder::NvjpegDecoder(int device, bool allow_hardware, const std::string&
   api_ = load_nvjpeg(library_path, &error);
   if (!api_) throw std::runtime_error(error);
   DeviceGuard guard(device_);
+  // Stream-ordered allocators where the backend takes them; the hardware backend may insist on
+  // its defaults, so it is tried both ways before giving up on the engines.
   if (allow_hardware &&
-      api_->CreateExV2(NVJPEG_BACKEND_HARDWARE, &kDeviceAllocator, &kPinnedAllocator, NVJPEG_FLAGS_DEFAULT, &handle_) ==
-          NVJPEG_STATUS_SUCCESS) {
+      (api_->CreateExV2(NVJPEG_BACKEND_HARDWARE, &kDeviceAllocator, &kPinnedAllocator, NVJPEG_FLAGS_DEFAULT,
+                        &handle_) == NVJPEG_STATUS_SUCCESS ||
+       api_->CreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &handle_) ==
+           NVJPEG_STATUS_SUCCESS)) {
     if (api_->GetHardwareDecoderInfo(handle_, &engines_, &cores_) == NVJPEG_STATUS_SUCCESS && engines_ > 0) {
       hardware_ = true;
     } else {
