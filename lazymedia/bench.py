@@ -231,15 +231,18 @@ def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: in
 
 
 def eager_video(data: bytes) -> str:
-    """Today's frontends: decode every frame to RGB, hash the frames."""
+    """Today's frontends: decode every frame to RGB, keep them (the processor samples later),
+    hash the frames."""
     import av
 
     hasher = blake3.blake3()
+    frames = []
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         for frame in container.decode(stream):
-            hasher.update(frame.to_ndarray(format="rgb24"))
+            frames.append(frame.to_ndarray(format="rgb24"))
+            hasher.update(frames[-1])
     return hasher.hexdigest()
 
 

@@ -10,6 +10,7 @@ import av
 import numpy as np
 import torch
 
+from .. import ops
 from ..errors import InvalidMediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import Limits, VideoSpec
 
@@ -150,6 +151,19 @@ def sample_indices(total_frames: int, fps: float, spec: VideoSpec) -> list[int]:
     return indices
 
 
+_buffers: ops.HostBufferPool | None = None
+
+
+def _frame_buffers() -> ops.HostBufferPool:
+    """Frame tensors come from a pool: a reused buffer is already mapped (a fresh 250 MB one
+    page-faults on every first write, which costs more than the copy) and pinned where a GPU
+    is, so a later .to("cuda") can be asynchronous."""
+    global _buffers
+    if _buffers is None:
+        _buffers = ops.HostBufferPool(max_cached_bytes=2 << 30)
+    return _buffers
+
+
 # Decoding this many frames costs about as much as a seek (decoder flush + container seek).
 _SEEK_COST_FRAMES = 4
 
@@ -214,7 +228,7 @@ def decode_video(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor |
     to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor."""
     indices = sample_indices(header.total_frames, header.fps, spec)
     height, width = spec.size or (header.height, header.width)
-    frames = out if out is not None else torch.empty((len(indices), height, width, 3), dtype=torch.uint8)
+    frames = out if out is not None else _frame_buffers().empty((len(indices), height, width, 3))
     if tuple(frames.shape) != (len(indices), height, width, 3):
         raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
     sparse = len(indices) * 2 < header.total_frames
