@@ -11,6 +11,16 @@ REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("LAZYMEDIA_CORPUS", REPO.parent / "shared" / "corpus"))
 
 
+requires_corpus = pytest.mark.skipif(not (CORPUS / "MANIFEST.tsv").exists(), reason=f"corpus not found at {CORPUS}")
+try:
+    import torch as _torch
+
+    _HAS_GPU = _torch.cuda.is_available()
+except Exception:
+    _HAS_GPU = False
+without_gpu = pytest.mark.skipif(_HAS_GPU, reason="checks the behaviour of a machine without a GPU")
+
+
 def corpus_rows(kind):
     """MANIFEST.tsv rows of one kind; empty when the corpus is not beside the checkout."""
     manifest = CORPUS / "MANIFEST.tsv"
@@ -52,13 +62,7 @@ def jpeg_bytes():
 
 
 def pytest_collection_modifyitems(config, items):
-    try:
-        import torch
-
-        has_gpu = torch.cuda.is_available()
-    except Exception:
-        has_gpu = False
-    if has_gpu:
+    if _HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU with a driver")
     for item in items:

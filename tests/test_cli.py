@@ -10,7 +10,7 @@ from PIL import Image
 import lazymedia
 from lazymedia import bench
 from lazymedia.cli import main
-from conftest import encode, make_image
+from conftest import encode, make_image, without_gpu
 
 
 @pytest.fixture
@@ -57,11 +57,8 @@ def test_decode_data_url(capsys):
     assert "shape=8x8x3" in capsys.readouterr().out
 
 
+@without_gpu
 def test_unavailable_backend_is_refused(files, capsys):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     assert main(["decode", "--backend", "nvjpeg", str(files[0])]) == 2
     assert "unavailable" in capsys.readouterr().err
 

@@ -4,9 +4,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-
 import lazymedia
+from conftest import without_gpu
 
 nvcc = shutil.which("nvcc")
 requires_build = pytest.mark.skipif(nvcc is None, reason="nvcc not installed: the CUDA part is not built")
@@ -23,11 +22,10 @@ def test_cuda_extension_targets_hopper_and_blackwell():
 
 
 @requires_build
+@without_gpu
 def test_without_a_gpu_errors_are_typed():
     from lazymedia import _C_cuda
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     count, why = _C_cuda.device_count()
     assert count == 0 and why
     with pytest.raises(RuntimeError):

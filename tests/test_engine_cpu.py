@@ -10,7 +10,7 @@ from PIL import Image, ImageOps
 import lazymedia
 from lazymedia import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from lazymedia.engine import cpu
-from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image
+from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
 
 
 def pillow_reference(path_or_bytes, mode="RGB"):
@@ -69,10 +69,9 @@ def test_corpus_unsupported_decodes_or_fails_typed(row):
     assert tensor.ndim == 3
 
 
+@requires_corpus
 def test_gif_bomb_refused_at_load_without_decoding(monkeypatch):
     path = CORPUS / "images/bad/decompression_bomb.gif"
-    if not path.exists():
-        pytest.skip("corpus missing")
     monkeypatch.setattr(cpu, "decode_image", lambda *a, **k: pytest.fail("decoded a bomb"))
     with pytest.raises(MediaTooLargeError):
         lazymedia.load_image(path.read_bytes())

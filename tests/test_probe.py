@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from lazymedia import _C
-from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image
+from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
 
 PIL_COMPONENTS = {"L": 1, "RGB": 3, "CMYK": 4, "RGBA": 4, "LA": 2, "I;16": 1, "1": 1}
 
@@ -55,10 +55,9 @@ def test_jpeg_details():
     assert r.chroma_subsampling == "422"
 
 
+@requires_corpus
 def test_cmyk_and_adobe_markers():
-    r = _C.probe((CORPUS / "images/pil_sample_cmyk.jpg").read_bytes()) if CORPUS.exists() else None
-    if r is None:
-        pytest.skip("corpus missing")
+    r = _C.probe((CORPUS / "images/pil_sample_cmyk.jpg").read_bytes())
     assert r.components == 4 and r.has_adobe and r.adobe_transform == 2
 
 
