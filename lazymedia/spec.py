@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 from dataclasses import dataclass
 
 IMAGE_MODES = ("RGB", "RGBA", "L")
 RESAMPLE_FILTERS = ("bilinear", "bicubic")
+VIDEO_DECODERS = ("pyav", "opencv")
 
 
 def _canonical(kind: str, spec) -> bytes:
@@ -61,14 +63,21 @@ class ImageSpec:
 @dataclass(frozen=True)
 class VideoSpec:
     """Which frames come back: `num_frames` sampled uniformly, or every frame at `fps`, at most
-    `max_frames`; `size` resizes each frame to (height, width) during decode."""
+    `max_frames`; `size` resizes each frame to (height, width) during decode. `decoder` picks
+    the CPU reader, "pyav" or "opencv" (their YUV conversions and scalers differ slightly, so it
+    is part of the key)."""
 
     num_frames: int | None = None
     fps: float | None = None
     max_frames: int | None = None
     size: tuple[int, int] | None = None
+    decoder: str = "pyav"
 
     def __post_init__(self):
+        if self.decoder not in VIDEO_DECODERS:
+            raise ValueError(f"decoder must be one of {VIDEO_DECODERS}, got {self.decoder!r}")
+        if self.decoder == "opencv" and importlib.util.find_spec("cv2") is None:
+            raise ValueError("decoder='opencv' needs opencv-python-headless")
         if self.num_frames is not None and self.fps is not None:
             raise ValueError("give num_frames or fps, not both")
         if self.num_frames is not None and int(self.num_frames) <= 0:

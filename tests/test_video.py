@@ -175,3 +175,26 @@ def test_nvdec_routing(codec, pix_fmt, capability, expected):
 
     header = video.VideoHeader("mp4", codec, 64, 64, 30.0, 1.0, 30, False, pix_fmt)
     assert nvdec.route(header, capability)[0] is expected
+
+
+@pytest.mark.parametrize("kwargs", [{"codec": "libx264"}, {"codec": "libvpx-vp9", "container": "webm"}])
+def test_opencv_decoder_samples_the_same_frames(kwargs):
+    pytest.importorskip("cv2")
+    data = make_video(frames=60, gop=10, **kwargs)
+    ours = lazymedia.load_video(data, num_frames=6).media
+    theirs_item = lazymedia.load_video(data, num_frames=6, decoder="opencv")
+    assert theirs_item.key != lazymedia.load_video(data, num_frames=6).key
+    theirs = theirs_item.media
+    assert theirs.indices == ours.indices and theirs.timestamps == pytest.approx(ours.timestamps)
+    assert tuple(theirs.frames.shape) == tuple(ours.frames.shape)
+    assert (theirs.frames.float() - ours.frames.float()).abs().mean() < 2  # same picture, OpenCV's conversion
+    resized = lazymedia.load_video(data, num_frames=3, size=(48, 80), decoder="opencv").media
+    assert tuple(resized.frames.shape) == (3, 48, 80, 3)
+
+
+def test_opencv_decoder_on_corrupt_input_is_typed(h264):
+    pytest.importorskip("cv2")
+    with pytest.raises(MediaError):
+        lazymedia.load_video(h264[: len(h264) // 2], decoder="opencv").decode()
+    with pytest.raises(ValueError):
+        lazymedia.load_video(h264, decoder="gstreamer")

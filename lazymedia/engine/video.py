@@ -226,6 +226,10 @@ def decode_video(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor |
     """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
     that skips more than a few frames, stops after the last one, and converts each frame straight
     to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor."""
+    if spec.decoder == "opencv":
+        from .video_opencv import decode_video_opencv
+
+        return decode_video_opencv(data, header, spec, out)
     indices = sample_indices(header.total_frames, header.fps, spec)
     height, width = spec.size or (header.height, header.width)
     frames = out if out is not None else _frame_buffers().empty((len(indices), height, width, 3))
