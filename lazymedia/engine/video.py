@@ -160,7 +160,7 @@ def _frame_buffers() -> ops.HostBufferPool:
     is, so a later .to("cuda") can be asynchronous."""
     global _buffers
     if _buffers is None:
-        _buffers = ops.HostBufferPool(max_cached_bytes=2 << 30)
+        _buffers = ops.HostBufferPool(max_cached_bytes=512 << 20)
     return _buffers
 
 
