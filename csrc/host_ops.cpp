@@ -151,6 +151,12 @@ void resize_c(const uint8_t* src, int h, int w, uint8_t* dst, int oh, int ow, ke
     vertical_pass<C>(src, w, 0, vplan, dst, threads);
     return;
   }
+  if (resample_vertical_first(h, w, oh, ow)) {
+    std::vector<uint8_t> temp(size_t(oh) * w * C);
+    vertical_pass<C>(src, w, 0, vplan, temp.data(), threads);
+    horizontal_pass<C>(temp.data(), w, 0, oh, hplan, dst, threads);
+    return;
+  }
   // Horizontal over only the rows the vertical pass reads, then vertical.
   const int first_row = vplan.bounds[0];
   const int last_row = vplan.bounds[2 * (oh - 1)] + vplan.bounds[2 * (oh - 1) + 1];

@@ -25,6 +25,10 @@ struct ResamplePlan {
 
 ResamplePlan make_resample_plan(int in_size, int out_size, kernels::Filter filter);
 
+// Pillow 13's pass order: vertical first when the height loses more than twice as many rows as
+// the width loses columns (the rounding between the passes then matches it bit for bit).
+inline bool resample_vertical_first(int h, int w, int oh, int ow) { return h - oh > 0 && h - oh > (w - ow) * 2; }
+
 // Resizes an h x w x c uint8 image to oh x ow as Pillow does (horizontal pass, then vertical).
 bool resize_hwc(const uint8_t* src, int h, int w, int c, uint8_t* dst, int oh, int ow, kernels::Filter filter,
                 int threads);

@@ -88,10 +88,21 @@ void py_resize(uintptr_t src, int h, int w, int c, uintptr_t dst, int oh, int ow
                                          stream), "resize");
     return;
   }
-  // The same pass order as the CPU driver: horizontal over the rows the vertical pass reads.
-  const int first = vplan.bounds[0], last = vplan.bounds[2 * (oh - 1)] + vplan.bounds[2 * (oh - 1) + 1];
   DevicePlan hp(hplan, stream);
   void* temp = nullptr;
+  if (resample_vertical_first(h, w, oh, ow)) {  // the CPU driver's pass order, Pillow's rounding
+    check(cudaMallocAsync(&temp, size_t(oh) * w * c, stream), "cudaMallocAsync");
+    cudaError_t status = cuda::launch_resample_vertical(ptr<uint8_t>(src), w, c, 0, vp.view(vplan.ksize), oh,
+                                                        static_cast<uint8_t*>(temp), stream);
+    if (status == cudaSuccess)
+      status = cuda::launch_resample_horizontal(static_cast<uint8_t*>(temp), oh, w, c, 0, hp.view(hplan.ksize), ow,
+                                                ptr<uint8_t>(dst), stream);
+    cudaFreeAsync(temp, stream);
+    check(status, "resize");
+    return;
+  }
+  // Horizontal over only the rows the vertical pass reads, then vertical.
+  const int first = vplan.bounds[0], last = vplan.bounds[2 * (oh - 1)] + vplan.bounds[2 * (oh - 1) + 1];
   check(cudaMallocAsync(&temp, size_t(last - first) * ow * c, stream), "cudaMallocAsync");
   cudaError_t status = cuda::launch_resample_horizontal(ptr<uint8_t>(src), last - first, w, c, first,
                                                         hp.view(hplan.ksize), ow, static_cast<uint8_t*>(temp), stream);

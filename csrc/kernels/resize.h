@@ -1,8 +1,7 @@
 // Separable antialiased resampling, the algorithm of Pillow's Image.resize (ImagingResample):
 // per output pixel a window of input pixels scaled by max(1, in/out), fixed-point weights with
-// 22 fractional bits, a horizontal pass rounded to uint8, then a vertical pass. Pillow 13 runs
-// the vertical pass first for some shrinking sizes; the rounding between passes then differs by
-// a few LSB (tests/test_kernels.py holds the bound).
+// 22 fractional bits, two passes rounded to uint8 in between; the pass order is Pillow 13's
+// (host_ops.h: resample_vertical_first), so the output equals Pillow's bit for bit.
 #pragma once
 
 #include "common.h"
