@@ -3,7 +3,7 @@
 # network): build the CUDA extension, run the GPU tests, run the GPU benchmark; under 8 minutes.
 # Missing Python packages travel as wheels (benchmarks/fetch_gpu_wheels.sh):
 #   call 1, carry .whl/part1:  bash benchmarks/gpu_check.sh --install-only
-#   call 2, carry .whl/part2:  bash benchmarks/gpu_check.sh            (within 30 s, machine warm)
+#   call 2, carry .whl/part2 and .corpus:  bash benchmarks/gpu_check.sh   (within 30 s, machine warm)
 # Results land in $OUT (the device tool's folder) or bench-out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,7 @@ mkdir -p "$out"
 site=/tmp/lazymedia-site
 mkdir -p "$site"
 export PYTHONPATH="$site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+[ -d .corpus ] && export LAZYMEDIA_CORPUS="$PWD/.corpus"
 for dir in .whl/part1 .whl/part2 .whl; do
   if compgen -G "$dir/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl

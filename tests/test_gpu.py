@@ -11,7 +11,7 @@ from PIL import Image, ImageOps
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ops
 from lazymedia.engine import video
-from conftest import CORPUS, encode, make_image
+from conftest import CORPUS, encode, make_image, requires_corpus
 
 pytestmark = pytest.mark.gpu
 
@@ -71,6 +71,7 @@ def test_nvjpeg_psnr_vs_pillow(nvjpeg_backend, size, subsampling):
     assert psnr(out.cpu().numpy(), pillow(data)) > 40
 
 
+@requires_corpus
 def test_nvjpeg_corpus_orientation_and_fallbacks(nvjpeg_backend):
     names = [f"hopper_orientation_{i}.jpg" for i in range(2, 9)] + ["orientation_rectangle.jpg", "3.jpg", "cat.jpg",
                                                                      "pil_sample_cmyk.jpg", "hopper_gray.jpg"]
