@@ -40,6 +40,25 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// Stream-ordered scratch buffers, freed on the stream on every exit path (errors included).
+class Scratch {
+ public:
+  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
+  ~Scratch() {
+    for (void* p : buffers_) cudaFreeAsync(p, stream_);
+  }
+  uint8_t* allocate(size_t bytes) {
+    void* p = nullptr;
+    check_cuda(cudaMallocAsync(&p, bytes, stream_), "cudaMallocAsync");
+    buffers_.push_back(p);
+    return static_cast<uint8_t*>(p);
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<void*> buffers_;
+};
+
 }  // namespace
 
 NvjpegDecoder::NvjpegDecoder(int device, bool allow_hardware, const std::string& library_path) : device_(device) {
@@ -141,18 +160,11 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
   // Images that need orienting decode into stream-ordered scratch, the rest straight into the
   // caller's tensor.
   std::vector<uint8_t*> targets(requests.size(), nullptr);
-  std::vector<void*> scratch;
+  Scratch scratch(stream_);
   for (const std::vector<size_t>* items : {&hardware_items, &decoupled_items}) {
     for (size_t i : *items) {
       const JpegRequest& r = requests[i];
-      if (r.orientation == 1) {
-        targets[i] = r.out;
-        continue;
-      }
-      void* buffer = nullptr;
-      check_cuda(cudaMallocAsync(&buffer, size_t(r.width) * r.height * 3, stream_), "cudaMallocAsync");
-      scratch.push_back(buffer);
-      targets[i] = static_cast<uint8_t*>(buffer);
+      targets[i] = r.orientation == 1 ? r.out : scratch.allocate(size_t(r.width) * r.height * 3);
     }
   }
   if (!hardware_items.empty()) decode_hardware(requests, hardware_items, targets, &results);
@@ -164,7 +176,6 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
       check_cuda(launch_orient(targets[i], r.out, r.height, r.width, 3, r.orientation, stream_), "orient kernel");
     }
   }
-  for (void* p : scratch) check_cuda(cudaFreeAsync(p, stream_), "cudaFreeAsync");
   check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
   check_cuda(cudaStreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
   return results;
