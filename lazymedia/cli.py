@@ -51,7 +51,7 @@ def _save(media, decoded, out_dir: Path, stem: str) -> str:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if media.modality == "image":
-        array = decoded.numpy()
+        array = decoded.cpu().numpy()
         path = out_dir / f"{stem}.png"
         Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array).save(path)
     elif media.modality == "video":
@@ -79,25 +79,53 @@ def _shorten(source: str, limit: int = 80) -> str:
     return source if len(source) <= limit else source[: limit - 3] + "..."
 
 
-def cmd_decode(args) -> int:
+def _image_backend(name: str):
+    """The batched image backend for --backend (None = the CPU decoder), or the reason it is
+    unavailable as a string."""
     from .engine import backends
 
-    if args.backend not in ("cpu", "auto"):
-        usable = {b.name: b for b in backends() if b.modality == "image"}
-        backend = usable.get(args.backend)
-        if backend is None or not backend.available:
-            print(f"error: backend {args.backend} is unavailable: {backend.reason if backend else 'unknown'}",
-                  file=sys.stderr)
-            return 2
+    if name == "cpu":
+        return None
+    status = {b.name: b for b in backends() if b.modality == "image"}
+    candidates = ["nvjpeg"] if name == "auto" else [name]
+    for candidate in candidates:
+        if status[candidate].available:
+            if candidate == "nvjpeg":
+                from .engine.nvjpeg import NvjpegBackend
+
+                return NvjpegBackend(device=0)
+            import torch
+
+            from .engine.dali import DaliBackend
+
+            return DaliBackend(device="gpu" if torch.cuda.is_available() else "cpu")
+    return None if name == "auto" else f"backend {name} is unavailable: {status[name].reason}"
+
+
+def _decode_with(media, backend):
+    """Decodes through `backend` when it takes the item, else on the CPU; (result, backend name)."""
+    if backend is not None and backend.accepts(media):
+        (result,) = backend.decode_batch([media])
+        if isinstance(result, BaseException):
+            raise result
+        return result, backend.name
+    return media.decode(), "cpu"
+
+
+def cmd_decode(args) -> int:
+    backend = _image_backend(args.backend)
+    if isinstance(backend, str):
+        print(f"error: {backend}", file=sys.stderr)
+        return 2
     failures = 0
     for source in args.sources:
         try:
             media = _load(source, args.modality)
             start = time.perf_counter()
-            decoded = media.decode()
+            decoded, used = _decode_with(media, backend)
             elapsed = (time.perf_counter() - start) * 1e3
-            line = f"{_shorten(source)}: {media.modality} key={media.key[:16]} shape={_shape(media, decoded)} backend=cpu " \
-                   f"decode={elapsed:.1f} ms"
+            line = f"{_shorten(source)}: {media.modality} key={media.key[:16]} shape={_shape(media, decoded)} " \
+                   f"backend={used} decode={elapsed:.1f} ms"
             if args.out:
                 line += f" -> {_save(media, decoded, Path(args.out), Path(urlsplit(source).path).stem or 'media')}"
             print(line)

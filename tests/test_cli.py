@@ -87,3 +87,18 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
         assert row["eager_ms"] > 0 and row["lazy_hit_ms"] > 0 and row["lazy_miss_ms"] > 0
     assert report["video"]["lazy_miss_8_s"] > 0 and report["audio"]
     assert chart_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_through_the_dali_backend(files, tmp_path, capsys):
+    pytest.importorskip("nvidia.dali")
+    good, _, _ = files
+    assert main(["decode", "--backend", "dali", str(good), "--out", str(tmp_path / "dali")]) == 0
+    assert "backend=dali" in capsys.readouterr().out
+    written = np.asarray(Image.open(tmp_path / "dali" / "good.png")).astype(int)
+    assert np.abs(written - lazymedia.load_image(good.read_bytes()).numpy()).max() <= 2
+
+
+@without_gpu
+def test_auto_backend_without_a_gpu_is_the_cpu(files, capsys):
+    assert main(["decode", "--backend", "auto", str(files[0])]) == 0
+    assert "backend=cpu" in capsys.readouterr().out
