@@ -3,7 +3,8 @@
   * JPEG, 512^2 .. 3840x2160, batch 1 / 8 / 64: lazymedia nvJPEG backend (hardware engines
     where the GPU has them), DALI's mixed decoder, torchvision.io.decode_jpeg(device="cuda"),
     and lazymedia's CPU engine on all cores; images/s, decoded GB/s, PSNR vs Pillow;
-  * the micro-batch window's latency cost (one image through DecodeEngine vs a direct call);
+  * the micro-batch window's latency cost (one image through DecodeEngine vs a direct call) and
+    the decoder mutex's (1 vs 4 threads decoding at once);
   * NVDEC frames/s on a 10 s 1080p H.264 clip (8 / 32 sampled frames, every frame) vs PyAV.
 
     python benchmarks/bench_gpu.py [--json PATH] [--quick]
@@ -111,6 +112,27 @@ def bench_window() -> dict:
     return result
 
 
+def bench_lock() -> dict:
+    """The decoder serialises callers on one mutex: aggregate images/s of 1 vs 4 threads each
+    decoding batches of 8 720p JPEGs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lazymedia.engine.nvjpeg import NvjpegBackend
+
+    backend = NvjpegBackend(device=0)
+    blobs = [encode(make_image(720, 1280, seed=s), "JPEG") for s in range(8)]
+    result = {}
+    for threads in (1, 4):
+        def work():
+            for _ in range(4):
+                backend.decode_batch([lazymedia.load_image(b) for b in blobs])
+
+        with ThreadPoolExecutor(threads) as pool:
+            seconds = timed(lambda: list(pool.map(lambda _: work(), range(threads))), 3)
+        result[f"{threads}_threads_images_per_s"] = threads * 4 * len(blobs) / seconds
+    return result
+
+
 def bench_nvdec(quick: bool) -> dict:
     try:
         from lazymedia.engine.nvdec import NvdecBackend
@@ -142,6 +164,7 @@ def main(argv=None) -> int:
               "cpus": len(os.sched_getaffinity(0))}
     report["jpeg"], report["quality"] = bench_jpeg(args.quick)
     report["window"] = bench_window()
+    report["lock"] = bench_lock()
     report["nvdec"] = bench_nvdec(args.quick)
     print(f"\nGPU decode on {report['device']} ({report['cpus']} CPUs)")
     print(f"{'decoder':22s} {'size':>10s} {'batch':>5s} {'img/s':>10s} {'GB/s out':>9s}")
@@ -150,6 +173,7 @@ def main(argv=None) -> int:
               f"{r['decoded_GB_per_s']:9.2f}")
     print("PSNR vs Pillow:", {k: round(v["psnr_vs_pillow_db"], 1) for k, v in report["quality"].items()})
     print("micro-batch window:", {k: round(v, 3) for k, v in report["window"].items()})
+    print("decoder lock:", {k: round(v, 1) for k, v in report["lock"].items()})
     print("NVDEC:", json.dumps(report["nvdec"]))
     write_json(report, args.json)
     return 0

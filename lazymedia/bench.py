@@ -336,6 +336,21 @@ def bench_audio(quick: bool, engine) -> list[dict]:
     return rows
 
 
+def bench_window(repeats: int) -> dict:
+    """Latency one lone image pays for the micro-batch window: a 512^2 JPEG decoded directly vs
+    submitted to an engine whose batched backend (the CPU decoder) waits batch_window_s."""
+    from .engine.cpu import CpuBatchBackend
+
+    blob = encode(make_image(512, 512), "JPEG")
+    result = {"direct_ms": median_time(lambda: lazymedia.load_image(blob).decode(), repeats) * 1e3}
+    for window in (0.0005, 0.001, 0.002):
+        engine = lazymedia.DecodeEngine(max_workers=2, backends=[CpuBatchBackend()], batch_window_s=window)
+        ms = median_time(lambda: engine.submit(lazymedia.load_image(blob)).result(), repeats) * 1e3
+        result[f"window_{window * 1e3:g}ms"] = ms
+        engine.shutdown()
+    return result
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -399,6 +414,9 @@ def print_tables(report: dict) -> None:
     m = report["rss"]
     print(f"RSS growth for {m['items']} retained {m['size']}^2 JPEG cache hits: eager {m['eager_MB']:.1f} MB, "
           f"lazy {m['lazy_MB']:.1f} MB")
+    w = report["window"]
+    print(f"Micro-batch window, lone 512^2 JPEG: direct {w['direct_ms']:.2f} ms; through the engine with a "
+          + ", ".join(f"{k[7:]} window {v:.2f} ms" for k, v in w.items() if k.startswith("window_")))
     v = report["video"]
     print(f"\nVideo: {v['seconds']} s {v['width']}x{v['height']} H.264, {v['encoded_bytes']} bytes (median)")
     for name in ("eager_all_frames_hash_s", "lazy_hit_s", "lazy_miss_8_s", "lazy_miss_32_s", "lazy_decode_all_s",
@@ -428,7 +446,8 @@ def run(quick: bool) -> dict:
     report["parallel"] = bench_parallel(8, 1024 if quick else 2048, engine, 2 if quick else 5)
     progress.step("parallel decode")
     report["rss"] = bench_rss(20 if quick else 100, 1024)
-    progress.step("RSS")
+    report["window"] = bench_window(10 if quick else 30)
+    progress.step("RSS, batch window")
     report["video"] = bench_video(quick, engine)
     progress.step("video")
     report["audio"] = bench_audio(quick, engine)
