@@ -149,8 +149,21 @@ def cmd_info(args) -> int:
         print("  CUDA extension: not built (no nvcc at build time, or LAZYMEDIA_CUDA=0)")
     pinned, reason = _C.pinned_memory_available()
     print(f"  pinned host buffers: {'yes' if pinned else 'no (' + reason + ')'}")
+    found = backends()
+    nvjpeg = next(b for b in found if b.name == "nvjpeg")
+    if nvjpeg.available:
+        import torch
+
+        from .engine.nvjpeg import NvjpegBackend
+
+        decoder = NvjpegBackend(device=0)._decoder
+        print(f"  GPU: {torch.cuda.get_device_name(0)}, nvJPEG hardware engines: {decoder.engines} "
+              f"({decoder.cores_per_engine} cores each)" if decoder.hardware else
+              f"  GPU: {torch.cuda.get_device_name(0)}, no nvJPEG hardware engines (hybrid decoding)")
+    else:
+        print(f"  GPU: none usable ({nvjpeg.reason})")
     print("backends:")
-    for backend in backends():
+    for backend in found:
         state = "available" if backend.available else "unavailable"
         print(f"  {backend.modality:5s} {backend.name:7s} {state:11s} {backend.reason}")
     return 0
