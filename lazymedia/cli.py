@@ -144,7 +144,7 @@ def cmd_info(args) -> int:
     try:
         from . import _C_cuda
 
-        print(f"  CUDA extension: built for {', '.join(_C_cuda.arches())}")
+        print(f"  CUDA extension: built for {_C_cuda.arches()}")
     except ImportError:
         print("  CUDA extension: not built (no nvcc at build time, or LAZYMEDIA_CUDA=0)")
     pinned, reason = _C.pinned_memory_available()

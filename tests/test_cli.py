@@ -68,7 +68,13 @@ def test_info_lists_every_backend(capsys):
     out = capsys.readouterr().out
     for name in ("cpu", "nvjpeg", "dali", "nvdec"):
         assert name in out
-    assert f"lazymedia {lazymedia.__version__}" in out
+    assert f"lazymedia {lazymedia.__version__}" in out and "GPU: " in out
+    try:
+        from lazymedia import _C_cuda
+    except ImportError:
+        assert "CUDA extension: not built" in out
+    else:
+        assert f"CUDA extension: built for {_C_cuda.arches()}\n" in out
 
 
 def test_module_entry_point_and_usage_errors():
