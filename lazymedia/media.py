@@ -9,11 +9,11 @@ from __future__ import annotations
 import binascii
 import os
 import threading
-from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
 
+from .cache import ProcessorCache
 from .engine import audio as audio_backend
 from .engine import cpu as image_backend
 from .engine import video as video_backend
@@ -31,27 +31,7 @@ _BACKENDS = {
 _LIMIT_CHECKS = {"video": video_backend.check_video_limits, "audio": audio_backend.check_audio_limits}
 
 
-class _HeaderCache:
-    def __init__(self, capacity: int = 4096):
-        self._entries: OrderedDict[str, Any] = OrderedDict()
-        self._capacity = capacity
-        self._lock = threading.Lock()
-
-    def get(self, key: str):
-        with self._lock:
-            header = self._entries.get(key)
-            if header is not None:
-                self._entries.move_to_end(key)
-            return header
-
-    def put(self, key: str, header) -> None:
-        with self._lock:
-            self._entries[key] = header
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-
-
-_headers = _HeaderCache()
+_headers = ProcessorCache(capacity_bytes=4096, sizeof=lambda header: 1)  # an LRU of 4096 headers
 
 
 class _Source:

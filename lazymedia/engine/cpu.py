@@ -171,6 +171,15 @@ def _resize(array: np.ndarray, spec: ImageSpec) -> np.ndarray:
     return resized[:, :, None] if resized.ndim == 2 else resized
 
 
+def decode_item(item):
+    """One image handle decoded on the CPU: its tensor, or the exception that a bad image raises
+    (batched backends report failures per item instead of failing the batch)."""
+    try:
+        return decode_image(item._source.data, item.header, item.spec)
+    except Exception as exc:
+        return exc
+
+
 class CpuBatchBackend:
     """The CPU decoder behind DecodeEngine's batched-backend interface: the reference the GPU
     backends are compared with, and how the micro-batch window is measured without a GPU."""
@@ -181,10 +190,4 @@ class CpuBatchBackend:
         return media.modality == "image" and media._parent is None
 
     def decode_batch(self, items) -> list:
-        results = []
-        for item in items:
-            try:
-                results.append(decode_image(item._source.data, item.header, item.spec))
-            except Exception as exc:  # one bad image fails only itself
-                results.append(exc)
-        return results
+        return [decode_item(item) for item in items]

@@ -82,8 +82,5 @@ class DaliBackend:
         return out
 
     def _decode_on_cpu(self, item):
-        try:
-            tensor = cpu.decode_image(item._source.data, item.header, item.spec)
-        except Exception as exc:  # typed MediaError, returned for this item only
-            return exc
-        return tensor.to(self.torch_device)
+        tensor = cpu.decode_item(item)
+        return tensor if isinstance(tensor, Exception) else tensor.to(self.torch_device)

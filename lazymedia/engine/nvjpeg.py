@@ -133,10 +133,9 @@ class NvjpegBackend:
         return fallback
 
     def _decode_on_cpu(self, item):
-        try:
-            tensor = cpu.decode_image(item._source.data, item.header, item.spec)
-        except Exception as exc:  # typed MediaError for bad images; returned, not raised (one item)
-            return exc
+        tensor = cpu.decode_item(item)
+        if isinstance(tensor, Exception):
+            return tensor
         if self.output == "pinned":
             pinned = self._pinned.empty(tensor.shape)
             pinned.copy_(tensor)
