@@ -20,13 +20,12 @@ from typing import Iterable
 from urllib.parse import unquote, urljoin, urlsplit
 
 import aiohttp
-import pybase64
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
 from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
 from .hashing import KeyHasher, media_key
-from .media import LazyMedia, _BACKENDS, load
+from .media import LazyMedia, _BACKENDS, decode_base64, load
 from .spec import DEFAULT_LIMITS, Limits, make_spec
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -277,12 +276,7 @@ class MediaConnector:
             raise InvalidMediaError("malformed data: URL (no comma)")
         if not header.lower().endswith(";base64"):
             raise InvalidMediaError("data: URL must be base64 encoded")
-        if len(payload) // 4 * 3 > self.max_bytes + 3:
-            raise MediaTooLargeError(f"data: URL payload exceeds the {self.max_bytes} byte limit")
-        try:
-            return pybase64.b64decode(payload, validate=True)
-        except (ValueError, TypeError) as exc:
-            raise InvalidMediaError(f"data: URL is not valid base64: {exc}") from None
+        return decode_base64(payload, self.limits)
 
     def _read_file_url(self, url: str) -> bytes:
         if self.allowed_local_path is None:
