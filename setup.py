@@ -18,7 +18,7 @@ from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 CPU_SOURCES = ["csrc/bindings.cpp", "csrc/probe.cpp", "csrc/host_ops.cpp", "csrc/host_buffer.cpp"]
-CUDA_DEVICE_SOURCES = ["csrc/cuda/kernels.cu", "csrc/cuda/nvjpeg_decoder.cpp"]  # compiled by nvcc
+CUDA_DEVICE_SOURCES = ["csrc/cuda/device_ops.cu", "csrc/cuda/nvjpeg_decoder.cpp"]  # compiled by nvcc
 CUDA_HOST_SOURCES = ["csrc/cuda/bindings_cuda.cpp", "csrc/cuda/nvjpeg_api.cpp", "csrc/host_ops.cpp"]
 DEFAULT_ARCHES = "90,100"
 

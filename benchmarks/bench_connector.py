@@ -4,7 +4,7 @@ A server process on 127.0.0.1 serves a pool of generated JPEGs; the client fetch
 a set concurrency three ways, side by side in one run:
   * bare: aiohttp download only (the floor);
   * hashed: the same download with the streaming blake3 key (KeyHasher) over each chunk;
-  * connector: MediaConnector.fetch_image (key while streaming + header probe + LazyMedia).
+  * connector: MediaConnector.fetch("image") (key while streaming + header probe + LazyMedia).
 On loopback the download is a memory copy and every cycle of hashing shows; --link-mbps paces
 the server to a real link's rate, where hashing overlaps with waiting for bytes.
 
@@ -21,8 +21,8 @@ import time
 
 import aiohttp
 
-from lazymedia.bench import encode, make_image, serve_on_loopback, write_json
-
+from lazymedia import samples
+from lazymedia.bench import encode, serve_on_loopback, write_json
 from lazymedia.connector import MediaConnector
 from lazymedia.hashing import KeyHasher
 from lazymedia.spec import ImageSpec
@@ -32,7 +32,7 @@ def serve(port_queue, pool_size: int, size: int, link_mbps: float) -> None:
     """Serves the pool; with link_mbps > 0 all responses share one paced link of that rate."""
     from aiohttp import web
 
-    images = [encode(make_image(size, size, seed=s), "JPEG") for s in range(pool_size)]
+    images = [encode(samples.photo(size, size, seed=s), "JPEG") for s in range(pool_size)]
     link = {"free_at": 0.0}
     rate = link_mbps * 1e6 / 8
 
@@ -64,7 +64,7 @@ async def run_mode(mode: str, base: str, requests: int, concurrency: int) -> flo
         async with semaphore:
             url = f"{base}/img/{i}.jpg"
             if mode == "connector":
-                await connector.fetch_image(url)
+                await connector.fetch("image", url)
                 return
             async with session.get(url) as response:
                 hasher = KeyHasher("image", spec_bytes) if mode == "hashed" else None

@@ -31,7 +31,8 @@ import blake3
 import numpy as np
 
 import lazymedia
-from lazymedia.bench import encode, encode_video, make_image, pyplot, serve_on_loopback, write_json
+from lazymedia import samples
+from lazymedia.bench import encode, encode_video, pyplot, save_figure, serve_on_loopback, write_json
 from lazymedia.connector import MediaConnector
 
 SCENARIOS = ("pool_720p", "unique_720p", "pool_4k", "video_pool")
@@ -67,10 +68,10 @@ def media_names(scenario: str, requests: int) -> list[str]:
 def build_media(requests: int) -> dict[str, bytes]:
     """All media the server holds: pools, unique images (a few pixels differ each), videos."""
     media = {}
-    base = make_image(720, 1280)
+    base = samples.photo(720, 1280)
     for i in range(8):
-        media[f"p{i}.jpg"] = encode(make_image(720, 1280, seed=i + 1), "JPEG")
-        media[f"k{i}.jpg"] = encode(make_image(2160, 3840, seed=i + 1), "JPEG")
+        media[f"p{i}.jpg"] = encode(samples.photo(720, 1280, seed=i + 1), "JPEG")
+        media[f"k{i}.jpg"] = encode(samples.photo(2160, 3840, seed=i + 1), "JPEG")
     for i in range(requests):
         variant = base.copy()
         variant[i % 720, : (i // 720) + 8] = 255 - variant[i % 720, : (i // 720) + 8]
@@ -146,9 +147,10 @@ class EagerFrontend:
 class LazyFrontend:
     def __init__(self, hf, workers: int):
         self.hf = hf
-        self.connector = MediaConnector(allow_private_networks=["127.0.0.1/32"], isolate_modalities=())
+        self.connector = MediaConnector(allow_private_networks=["127.0.0.1/32"])
+        engine = lazymedia.DecodeEngine(workers, isolate=())  # in-process, as the eager frontend
         self.processor = lazymedia.Processor(self.process, cache=lazymedia.ProcessorCache(capacity_bytes=8 << 30),
-                                             engine=lazymedia.DecodeEngine(workers), process_workers=workers)
+                                             engine=engine, process_workers=workers)
 
     def process(self, decoded: list) -> list[dict]:
         arrays = [[f.numpy() for f in item.frames] if hasattr(item, "frames") else [item.numpy()] for item in decoded]
@@ -156,9 +158,9 @@ class LazyFrontend:
 
     async def request(self, url: str, name: str):
         if name.endswith(".mp4"):
-            item = await self.connector.fetch_video(url, num_frames=VIDEO_FRAMES)
+            item = await self.connector.fetch("video", url, num_frames=VIDEO_FRAMES)
         else:
-            item = await self.connector.fetch_image(url)
+            item = await self.connector.fetch("image", url)
         return (await self.processor.apply_async([item]))[0]
 
     async def close(self):
@@ -242,9 +244,7 @@ def write_chart(report: dict, path: str) -> bool:
     ax.set_ylabel("requests / s")
     ax.set_title(f"{report['requests']} requests at concurrency {report['concurrency']}, Qwen2-VL processor")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

@@ -24,7 +24,8 @@ import torch
 from PIL import Image
 
 import lazymedia
-from lazymedia.bench import encode, encode_video, make_image, write_json
+from lazymedia import samples
+from lazymedia.bench import encode, encode_video, write_json
 
 SIZES = [(512, 512), (1024, 1024), (1080, 1920), (2160, 3840)]
 BATCHES = [1, 8, 64]
@@ -49,15 +50,15 @@ def psnr(a, b) -> float:
 
 
 def decoders():
-    from lazymedia.engine.nvjpeg import NvjpegBackend
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 
     found = {}
-    nvjpeg = NvjpegBackend(device=0)
+    nvjpeg = NvjpegBatchDecoder(device=0)
     found["lazymedia-nvjpeg"] = lambda blobs: nvjpeg.decode_batch([lazymedia.load_image(b) for b in blobs])
     try:
-        from lazymedia.engine.dali import DaliBackend
+        from lazymedia.engine.dali import DaliBatchDecoder
 
-        dali = DaliBackend(device="gpu", max_batch=max(BATCHES))
+        dali = DaliBatchDecoder(device="gpu", max_batch=max(BATCHES))
         found["dali-mixed"] = lambda blobs: dali.decode_batch([lazymedia.load_image(b) for b in blobs])
     except Exception as exc:  # DALI not installed there: reported, not fatal
         print(f"DALI unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -79,7 +80,7 @@ def bench_jpeg(quick: bool) -> tuple[list[dict], dict]:
     found, nvjpeg = decoders()
     rows, quality = [], {}
     for height, width in (SIZES[:2] if quick else SIZES):
-        blobs = [encode(make_image(height, width, seed=s), "JPEG") for s in range(DISTINCT)]
+        blobs = [encode(samples.photo(height, width, seed=s), "JPEG") for s in range(DISTINCT)]
         reference = np.asarray(Image.open(io.BytesIO(blobs[0])).convert("RGB"))
         (ours,) = nvjpeg.decode_batch([lazymedia.load_image(blobs[0])])
         quality[f"{width}x{height}"] = {"psnr_vs_pillow_db": psnr(ours.cpu(), reference),
@@ -98,14 +99,14 @@ def bench_jpeg(quick: bool) -> tuple[list[dict], dict]:
 
 def bench_window() -> dict:
     """Latency a lone image pays for the micro-batch window."""
-    from lazymedia.engine.nvjpeg import NvjpegBackend
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 
-    backend = NvjpegBackend(device=0)
-    blob = encode(make_image(720, 1280), "JPEG")
+    backend = NvjpegBatchDecoder(device=0)
+    blob = encode(samples.photo(720, 1280), "JPEG")
     direct = timed(lambda: backend.decode_batch([lazymedia.load_image(blob)]), 20)
     result = {"direct_ms": direct * 1e3}
     for window in (0.0005, 0.001, 0.002):
-        engine = lazymedia.DecodeEngine(backends=[backend], batch_window_s=window)
+        engine = lazymedia.DecodeEngine(batch_decoders=[backend], batch_window_s=window)
         via_engine = timed(lambda: engine.submit(lazymedia.load_image(blob)).result(), 20)
         result[f"window_{window * 1e3:g}ms_ms"] = via_engine * 1e3
         engine.shutdown()
@@ -117,10 +118,10 @@ def bench_lock() -> dict:
     decoding batches of 8 720p JPEGs."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lazymedia.engine.nvjpeg import NvjpegBackend
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 
-    backend = NvjpegBackend(device=0)
-    blobs = [encode(make_image(720, 1280, seed=s), "JPEG") for s in range(8)]
+    backend = NvjpegBatchDecoder(device=0)
+    blobs = [encode(samples.photo(720, 1280, seed=s), "JPEG") for s in range(8)]
     result = {}
     for threads in (1, 4):
         def work():
@@ -135,9 +136,9 @@ def bench_lock() -> dict:
 
 def bench_nvdec(quick: bool) -> dict:
     try:
-        from lazymedia.engine.nvdec import NvdecBackend
+        from lazymedia.engine.nvdec import NvdecBatchDecoder
 
-        backend = NvdecBackend(device=0)
+        backend = NvdecBatchDecoder(device=0)
     except Exception as exc:
         return {"unavailable": f"{type(exc).__name__}: {exc}"}
     seconds = 3 if quick else 10

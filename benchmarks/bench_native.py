@@ -22,9 +22,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lazymedia.bench import encode, make_image, write_json
-
-from lazymedia import _C, ops
+from lazymedia import _C, ops, samples
+from lazymedia.bench import encode, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,7 +70,7 @@ def bench_probe(corpus: Path) -> dict:
     result = {"corpus_files": len(usable), "corpus_probe_us": ours / len(usable) * 1e6,
               "corpus_pillow_us": pillow / len(usable) * 1e6, "corpus_speedup": pillow / ours}
     for fmt in ("JPEG", "PNG"):
-        blob = encode(make_image(2048, 2048), fmt)
+        blob = encode(samples.photo(2048, 2048), fmt)
         ours = per_call(lambda: _C.probe(blob))
         pillow = per_call(lambda: pillow_header(blob))
         result[f"{fmt.lower()}_2048_probe_us"] = ours * 1e6
@@ -81,7 +80,7 @@ def bench_probe(corpus: Path) -> dict:
 
 
 def bench_kernels() -> list[dict]:
-    img = torch.from_numpy(make_image(2160, 3840))
+    img = torch.from_numpy(samples.photo(2160, 3840))
     pixels_in = 2160 * 3840
     y = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (2160, 3840), dtype=np.uint8))
     uv = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (1080, 3840), dtype=np.uint8))

@@ -3,25 +3,50 @@
     item = lazymedia.load_image(jpeg_bytes)        # probes the header, no decode
     processor = lazymedia.Processor(process_fn)    # two-phase, cache-aware
     outputs = processor.apply([item, ...])         # hits never decode
+
+Importing the package loads neither torch nor FFmpeg: codecs are imported on first use.
 """
-from .cache import CacheStats, ProcessorCache
-from .engine import Backend, DecodeEngine, backends, default_engine
-from .engine.audio import AudioSamples
-from .engine.video import VideoFrames
-from .errors import (InvalidMediaError, MediaError, MediaFetchError, MediaReleasedError, MediaTooLargeError,
-                     UnprocessableMediaError)
-from .media import (LazyMedia, load, load_audio, load_audio_from_base64, load_audio_from_file, load_image,
-                    load_image_from_base64, load_image_from_file, load_video, load_video_from_base64,
-                    load_video_from_file)
+from __future__ import annotations
+
+import importlib
+
+from .cache import CacheStats, LruCache, ProcessorCache
+from .engine import BackendStatus, DecodeEngine, backends, default_engine
+from .errors import (
+    InvalidMediaError,
+    MediaError,
+    MediaFetchError,
+    MediaReleasedError,
+    MediaTooLargeError,
+    UnprocessableMediaError,
+)
+from .media import LazyMedia, from_base64, load, load_audio, load_image, load_video
 from .processor import Processor
 from .spec import DEFAULT_LIMITS, AudioSpec, ImageSpec, Limits, VideoSpec
 
 __version__ = "0.1.0"
 
+# Names whose modules pull in heavy dependencies (torch, FFmpeg, aiohttp): imported on first use.
+_LAZY = {
+    "AudioSamples": "lazymedia.codecs.audio",
+    "VideoFrames": "lazymedia.codecs.video",
+    "MediaConnector": "lazymedia.connector",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lazymedia' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
-    "AudioSamples", "AudioSpec", "Backend", "backends", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec", "InvalidMediaError",
-    "LazyMedia", "Limits", "MediaError", "MediaFetchError", "MediaReleasedError", "MediaTooLargeError", "Processor",
-    "ProcessorCache", "UnprocessableMediaError", "VideoFrames", "VideoSpec", "default_engine", "load", "load_audio",
-    "load_audio_from_base64", "load_audio_from_file", "load_image", "load_image_from_base64", "load_image_from_file",
-    "load_video", "load_video_from_base64", "load_video_from_file",
+    "AudioSamples", "AudioSpec", "BackendStatus", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec",
+    "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaConnector", "MediaError", "MediaFetchError",
+    "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache", "UnprocessableMediaError",
+    "VideoFrames", "VideoSpec", "backends", "default_engine", "from_base64", "load", "load_audio", "load_image",
+    "load_video",
 ]

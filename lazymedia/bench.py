@@ -32,32 +32,15 @@ import torch
 from PIL import Image
 
 import lazymedia
+from lazymedia import samples
 from lazymedia.hashing import media_key
 
 SIZES = [(512, 512), (1024, 1024), (2048, 2048), (2160, 3840)]
 QUICK_SIZES = [(512, 512), (1024, 1024)]
 
 
-def make_image(height: int, width: int, seed: int = 0) -> np.ndarray:
-    """Smooth gradients plus sensor-like noise: compresses like a photo (a 2048^2 q90 JPEG is
-    ~1-2 MB), unlike flat colour or pure noise."""
-    rng = np.random.default_rng(seed)
-    y = np.linspace(0, 1, height, dtype=np.float32)[:, None]
-    x = np.linspace(0, 1, width, dtype=np.float32)[None, :]
-    channels = [128 + 90 * np.sin(2 * np.pi * (3 * x + 2 * y + seed)),
-                128 + 90 * np.cos(2 * np.pi * (2 * x - 4 * y)),
-                255 * (x * y) + 0 * x]
-    base = np.stack(channels, axis=2)
-    return np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
-
-
 def encode(array: np.ndarray, fmt: str) -> bytes:
-    buf = io.BytesIO()
-    if fmt == "JPEG":
-        Image.fromarray(array).save(buf, "JPEG", quality=90)
-    else:
-        Image.fromarray(array).save(buf, "PNG", compress_level=6)
-    return buf.getvalue()
+    return samples.encode_image(array, fmt) if fmt == "JPEG" else samples.encode_image(array, fmt, compress_level=6)
 
 
 def median_time(fn, repeats: int, warmup: int = 1) -> float:
@@ -118,10 +101,17 @@ def serve_on_loopback(add_routes, port_queue) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])
+        port_queue.put(runner.addresses[0][1])
         await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def save_figure(fig, path: str) -> None:
+    """Writes a matplotlib figure as a PNG and frees it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
 
 
 class Progress:
@@ -152,7 +142,7 @@ class Progress:
 def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
     rows = []
     for height, width in sizes:
-        array = make_image(height, width)
+        array = samples.photo(height, width)
         for fmt in ("JPEG", "PNG"):
             data = encode(array, fmt)
             eager_cache: dict[str, object] = {}
@@ -195,7 +185,7 @@ def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
 
 
 def bench_parallel(count: int, size: int, engine, repeats: int) -> dict:
-    blobs = [encode(make_image(size, size, seed=s), "JPEG") for s in range(count)]
+    blobs = [encode(samples.photo(size, size, seed=s), "JPEG") for s in range(count)]
 
     def serial():
         for blob in blobs:
@@ -211,23 +201,8 @@ def bench_parallel(count: int, size: int, engine, repeats: int) -> dict:
 
 
 def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: int = 30) -> bytes:
-    """H.264 (libx264, yuv420p) of moving photo-like content, a keyframe every `gop` frames."""
-    import av
-
-    base = make_image(height, width + int(seconds * fps) * 4)
-    buf = io.BytesIO()
-    with av.open(buf, mode="w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.codec_context.gop_size = gop
-        stream.options = {"preset": "veryfast", "crf": "23"}
-        for i in range(int(seconds * fps)):
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(base[:, i * 4:i * 4 + width]), format="rgb24")
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return buf.getvalue()
+    """H.264 (libx264 veryfast, yuv420p) of moving photo-like content, a keyframe every `gop` frames."""
+    return samples.video(frames=int(seconds * fps), height=height, width=width, fps=fps, gop=gop, preset="veryfast")
 
 
 def eager_video(data: bytes) -> str:
@@ -286,36 +261,11 @@ def bench_video(quick: bool, engine) -> dict:
             "hit_speedup_vs_eager": timings["eager_all_frames_hash_s"] / timings["lazy_hit_s"]}
 
 
-def encode_audio(seconds: float, fmt: str) -> bytes:
-    import av
-    import soundfile
-
-    rate = 44100
-    t = np.arange(int(seconds * rate)) / rate
-    signal = (0.3 * np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 660 * t)])).astype(np.float32)
-    buf = io.BytesIO()
-    if fmt == "wav":
-        soundfile.write(buf, signal.T, rate, format="WAV", subtype="PCM_16")
-        return buf.getvalue()
-    with av.open(buf, mode="w", format="mp3") as out:
-        stream = out.add_stream("mp3", rate=rate)
-        stream.layout = "stereo"
-        for start in range(0, signal.shape[1], 1152 * 64):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(signal[:, start:start + 1152 * 64]), format="fltp",
-                                               layout="stereo")
-            frame.sample_rate = rate
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return buf.getvalue()
-
-
 def bench_audio(quick: bool, engine) -> list[dict]:
     rows = []
     for fmt in ("wav", "mp3"):
         for seconds in ((1, 3) if quick else (1, 3, 10, 60)):
-            data = encode_audio(seconds, fmt)
+            data = samples.tone(seconds, rate=44100, channels=2, fmt=fmt)
             processor = lazymedia.Processor(lambda items: [a.samples.shape[1] for a in items], engine=engine)
             processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
@@ -339,12 +289,12 @@ def bench_audio(quick: bool, engine) -> list[dict]:
 def bench_window(repeats: int) -> dict:
     """Latency one lone image pays for the micro-batch window: a 512^2 JPEG decoded directly vs
     submitted to an engine whose batched backend (the CPU decoder) waits batch_window_s."""
-    from .engine.cpu import CpuBatchBackend
+    from .engine.cpu_batch import CpuBatchDecoder
 
-    blob = encode(make_image(512, 512), "JPEG")
+    blob = encode(samples.photo(512, 512), "JPEG")
     result = {"direct_ms": median_time(lambda: lazymedia.load_image(blob).decode(), repeats) * 1e3}
     for window in (0.0005, 0.001, 0.002):
-        engine = lazymedia.DecodeEngine(max_workers=2, backends=[CpuBatchBackend()], batch_window_s=window)
+        engine = lazymedia.DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=window)
         ms = median_time(lambda: engine.submit(lazymedia.load_image(blob)).result(), repeats) * 1e3
         result[f"window_{window * 1e3:g}ms"] = ms
         engine.shutdown()
@@ -358,10 +308,10 @@ def rss_bytes() -> int:
 
 def rss_child(mode: str, count: int, size: int) -> None:
     """Runs in a child process: retains `count` cache-hit items the way each frontend does."""
-    data = encode(make_image(size, size), "JPEG")
+    data = encode(samples.photo(size, size), "JPEG")
     processor = lazymedia.Processor(shape_of)
     processor.apply([lazymedia.load_image(data)])
-    retained = []
+    retained: list = []
     before = rss_bytes()
     for _ in range(count):
         blob = bytes(bytearray(data))  # each request brings its own copy of the bytes
@@ -428,12 +378,12 @@ def print_tables(report: dict) -> None:
     print("\nAudio to 16 kHz (median ms)")
     print(f"  {'format':6s} {'seconds':>7s} {'bytes':>9s} {'eager':>9s} {'hit':>8s} {'miss':>9s} {'hit x':>7s}")
     for a in report["audio"]:
-        print(f"  {a['format']:6s} {a['seconds']:7d} {a['encoded_bytes']:9d} {a['eager_ms']:9.2f} {a['lazy_hit_ms']:8.3f} "
-              f"{a['lazy_miss_ms']:9.2f} {a['hit_speedup']:7.0f}")
+        print(f"  {a['format']:6s} {a['seconds']:7d} {a['encoded_bytes']:9d} {a['eager_ms']:9.2f} "
+              f"{a['lazy_hit_ms']:8.3f} {a['lazy_miss_ms']:9.2f} {a['hit_speedup']:7.0f}")
 
 
 def run(quick: bool) -> dict:
-    engine = lazymedia.DecodeEngine()
+    engine = lazymedia.DecodeEngine(isolate=())  # in-process decodes, as the eager baseline
     sizes = QUICK_SIZES if quick else SIZES
     repeats = 3 if quick else 7
     progress = Progress(total=len(sizes) * 2 + 4)
@@ -474,9 +424,7 @@ def write_chart(report: dict, path: str) -> bool:
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_title(f"lazymedia {report['version']}: per-request cost, {report['cpus']} CPUs")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

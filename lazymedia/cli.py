@@ -24,15 +24,15 @@ def _load(source: str, modality: str | None):
     connector = None
     if urlsplit(source).scheme in _URL_SCHEMES:
         # A command-line user fetches what they name: no SSRF guard, any local file.
-        connector = MediaConnector(allow_private_networks=True, allowed_local_path="/", isolate_modalities=())
-        load_as = lambda guess: connector.fetch_sync(guess, source)  # noqa: E731
+        connector = MediaConnector(allow_private_networks=True, allowed_local_path="/")
+        load_as = lambda guess: connector.fetch_sync(guess, source)
     else:
         try:
             with open(source, "rb") as f:
                 data = f.read(DEFAULT_LIMITS.max_bytes + 1)
         except OSError as exc:
             raise InvalidMediaError(f"cannot read: {exc.strerror}") from None
-        load_as = lambda guess: load(guess, data)  # noqa: E731
+        load_as = lambda guess: load(guess, data)
     try:
         for guess in guesses:
             try:
@@ -91,14 +91,14 @@ def _image_backend(name: str):
     for candidate in candidates:
         if status[candidate].available:
             if candidate == "nvjpeg":
-                from .engine.nvjpeg import NvjpegBackend
+                from .engine.nvjpeg import NvjpegBatchDecoder
 
-                return NvjpegBackend(device=0)
+                return NvjpegBatchDecoder(device=0)
             import torch
 
-            from .engine.dali import DaliBackend
+            from .engine.dali import DaliBatchDecoder
 
-            return DaliBackend(device="gpu" if torch.cuda.is_available() else "cpu")
+            return DaliBatchDecoder(device="gpu" if torch.cuda.is_available() else "cpu")
     return None if name == "auto" else f"backend {name} is unavailable: {status[name].reason}"
 
 
@@ -154,9 +154,9 @@ def cmd_info(args) -> int:
     if nvjpeg.available:
         import torch
 
-        from .engine.nvjpeg import NvjpegBackend
+        from .engine.nvjpeg import NvjpegBatchDecoder
 
-        decoder = NvjpegBackend(device=0)._decoder
+        decoder = NvjpegBatchDecoder(device=0)
         print(f"  GPU: {torch.cuda.get_device_name(0)}, nvJPEG hardware engines: {decoder.engines} "
               f"({decoder.cores_per_engine} cores each)" if decoder.hardware else
               f"  GPU: {torch.cuda.get_device_name(0)}, no nvJPEG hardware engines (hybrid decoding)")

@@ -15,8 +15,8 @@ import os
 import socket
 import stat
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 from urllib.parse import unquote, urljoin, urlsplit
 
 import aiohttp
@@ -25,7 +25,7 @@ from aiohttp.resolver import DefaultResolver
 
 from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
 from .hashing import KeyHasher, media_key
-from .media import LazyMedia, _BACKENDS, decode_base64, load
+from .media import LazyMedia, from_base64, load
 from .spec import DEFAULT_LIMITS, Limits, make_spec
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -90,16 +90,16 @@ class MediaConnector:
     allow_private_networks: True, or a list of networks (CIDR strings) exempt from the SSRF guard.
     download_cache_dir: keep http(s) bodies on disk keyed by URL and serve repeats from there
     (off by default; only for URLs whose content never changes).
-    isolate_modalities: modalities whose handles decode in child processes (FFmpeg-decoded video
-    and audio by default: a decoder crash on a hostile file then costs a child, not the server).
+
+    Use it as `async with MediaConnector(...) as connector:` (or call `aclose()`), so the
+    connection pool of the event loop is closed; `close()` stops the sync methods' loop thread.
     """
 
-    def __init__(self, allowed_domains: Iterable[str] | None = None, allowed_local_path: str | os.PathLike | None = None,
-                 max_bytes: int = DEFAULT_LIMITS.max_bytes, timeout_s: float = 10.0, allow_redirects: bool = True,
-                 max_redirects: int = 5, allow_private_networks: bool | Iterable[str] = False,
-                 limits: Limits | None = None, max_connections: int = 256,
-                 download_cache_dir: str | os.PathLike | None = None,
-                 isolate_modalities: Iterable[str] = ("video", "audio")):
+    def __init__(self, allowed_domains: Iterable[str] | None = None,
+                 allowed_local_path: str | os.PathLike | None = None, max_bytes: int = DEFAULT_LIMITS.max_bytes,
+                 timeout_s: float = 10.0, allow_redirects: bool = True, max_redirects: int = 5,
+                 allow_private_networks: bool | Iterable[str] = False, limits: Limits | None = None,
+                 max_connections: int = 256, download_cache_dir: str | os.PathLike | None = None):
         self.allowed_domains = None if allowed_domains is None else [d.lower().strip(".") for d in allowed_domains]
         self.allowed_local_path = None if allowed_local_path is None else Path(allowed_local_path).resolve()
         self.max_bytes = max_bytes
@@ -109,7 +109,6 @@ class MediaConnector:
         self.limits = dataclasses.replace(limits or DEFAULT_LIMITS, max_bytes=max_bytes)
         self.max_connections = max_connections
         self._guard = _AddressGuard(allow_private_networks)
-        self.isolate_modalities = frozenset(isolate_modalities)
         self.download_cache_dir = None if download_cache_dir is None else Path(download_cache_dir)
         if self.download_cache_dir is not None:
             self.download_cache_dir.mkdir(parents=True, exist_ok=True)
@@ -118,39 +117,17 @@ class MediaConnector:
         self._lock = threading.Lock()
 
     # -- public -----------------------------------------------------------------------------
-    async def fetch_image(self, url: str, **spec) -> LazyMedia:
-        return await self.fetch("image", url, **spec)
-
-    async def fetch_video(self, url: str, **spec) -> LazyMedia:
-        return await self.fetch("video", url, **spec)
-
-    async def fetch_audio(self, url: str, **spec) -> LazyMedia:
-        return await self.fetch("audio", url, **spec)
-
-    def fetch_sync(self, modality: str, url: str, **spec) -> LazyMedia:
-        """`fetch` for code without an event loop (runs on the connector's own loop thread)."""
-        return self._run_sync(self.fetch(modality, url, **spec))
-
-    def fetch_image_sync(self, url: str, **spec) -> LazyMedia:
-        return self.fetch_sync("image", url, **spec)
-
-    def fetch_video_sync(self, url: str, **spec) -> LazyMedia:
-        return self.fetch_sync("video", url, **spec)
-
-    def fetch_audio_sync(self, url: str, **spec) -> LazyMedia:
-        return self.fetch_sync("audio", url, **spec)
-
     async def fetch(self, modality: str, url: str, **spec) -> LazyMedia:
-        """An undecoded handle for `url`; every failure is a MediaError with a status code."""
-        if modality not in _BACKENDS:
-            raise ValueError(f"unknown modality {modality!r}")
-        spec_bytes = make_spec(_BACKENDS[modality][0], spec).canonical()
+        """An undecoded handle for `url` as `modality` ("image", "video", "audio") under the spec
+        settings of load_image / load_video / load_audio; every failure is a MediaError with a
+        status code."""
+        spec_bytes = make_spec(modality, spec).canonical()
         scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
         try:
             if scheme in ("http", "https"):
                 data, key = await self._fetch_http(url, modality, spec_bytes)
             elif scheme == "data":
-                data = self._read_data_url(url)
+                data = from_base64(url, self.limits)
                 key = media_key(modality, spec_bytes, data)
             elif scheme == "file":
                 data = await asyncio.to_thread(self._read_file_url, url)
@@ -160,7 +137,27 @@ class MediaConnector:
         except MediaError as exc:
             exc.modality = exc.modality or modality
             raise
-        return load(modality, data, limits=self.limits, key=key, isolate=modality in self.isolate_modalities, **spec)
+        return load(modality, data, limits=self.limits, key=key, **spec)
+
+    async def fetch_all(self, requests: Iterable[tuple[str, str, dict]]) -> list[LazyMedia]:
+        """Fetches a request's items concurrently: (modality, url, spec settings) each. The first
+        failing item (by position) is raised with `.index` set to its position, after every
+        fetch has finished."""
+        requests = list(requests)
+        outcomes = await asyncio.gather(*(self.fetch(modality, url, **spec) for modality, url, spec in requests),
+                                        return_exceptions=True)
+        items = []
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, MediaError):
+                raise outcome.with_index(index) from None
+            if isinstance(outcome, BaseException):
+                raise outcome
+            items.append(outcome)
+        return items
+
+    def fetch_sync(self, modality: str, url: str, **spec) -> LazyMedia:
+        """`fetch` for code without an event loop (runs on the connector's own loop thread)."""
+        return self._run_sync(self.fetch(modality, url, **spec))
 
     async def aclose(self) -> None:
         """Closes the connection pool of the calling event loop."""
@@ -190,6 +187,8 @@ class MediaConnector:
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
+            for gone in [other for other in self._sessions if other.is_closed()]:
+                del self._sessions[gone]  # pools of closed loops: nothing can use (or close) them
             connector = aiohttp.TCPConnector(limit=self.max_connections, resolver=_GuardedResolver(self._guard))
             session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                             timeout=aiohttp.ClientTimeout(total=None))
@@ -269,15 +268,7 @@ class MediaConnector:
             chunks.append(chunk)
         return b"".join(chunks), hasher.hexdigest()  # a one-chunk body is not copied
 
-    # -- data: and file: ----------------------------------------------------------------------
-    def _read_data_url(self, url: str) -> bytes:
-        header, sep, payload = url[5:].partition(",")
-        if not sep:
-            raise InvalidMediaError("malformed data: URL (no comma)")
-        if not header.lower().endswith(";base64"):
-            raise InvalidMediaError("data: URL must be base64 encoded")
-        return decode_base64(payload, self.limits)
-
+    # -- file: ------------------------------------------------------------------------------
     def _read_file_url(self, url: str) -> bytes:
         if self.allowed_local_path is None:
             raise InvalidMediaError("file: URLs are refused (no allowed_local_path)")

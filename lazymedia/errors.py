@@ -22,7 +22,7 @@ class MediaError(Exception):
         if status_code is not None:
             self.status_code = status_code
 
-    def with_index(self, index: int) -> "MediaError":
+    def with_index(self, index: int) -> MediaError:
         """A copy naming item `index` of the caller's request (the original stays untouched)."""
         err = copy.copy(self)
         err.index = index
@@ -68,5 +68,8 @@ class UnprocessableMediaError(MediaError):
     status_code = 422
 
 
-class MediaReleasedError(RuntimeError):
-    """The handle's encoded bytes were released before it was decoded or hashed."""
+class MediaReleasedError(MediaError, RuntimeError):
+    """The handle's encoded bytes were released before it was decoded or hashed: a misuse by the
+    server (a released handle reused in a later request), not bad input, hence HTTP 500."""
+
+    status_code = 500

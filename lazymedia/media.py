@@ -9,40 +9,31 @@ from __future__ import annotations
 import binascii
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pybase64
 
-from .cache import ProcessorCache
-from .engine import audio as audio_backend
-from .engine import cpu as image_backend
-from .engine import video as video_backend
+from .cache import LruCache
+from .codecs import codec
 from .errors import InvalidMediaError, MediaReleasedError, MediaTooLargeError
 from .hashing import derived_key, media_key
-from .spec import DEFAULT_LIMITS, AudioSpec, ImageSpec, Limits, VideoSpec, make_spec
+from .spec import DEFAULT_LIMITS, Limits, Spec, make_spec
 
-_BACKENDS = {
-    "image": (ImageSpec, image_backend.probe_image, image_backend.decode_image),
-    "video": (VideoSpec, video_backend.probe_video, video_backend.decode_video),
-    "audio": (AudioSpec, audio_backend.probe_audio, audio_backend.decode_audio),
-}
 # Container probes (FFmpeg, libsndfile) cost milliseconds, the native image probe a microsecond:
-# video and audio headers are remembered by content key, so a repeated item costs its hash.
-_LIMIT_CHECKS = {"video": video_backend.check_video_limits, "audio": audio_backend.check_audio_limits}
-
-
-_headers = ProcessorCache(capacity_bytes=4096, sizeof=lambda header: 1)  # an LRU of 4096 headers
+# headers the codec says are worth it are remembered by content key, so a repeated item costs
+# its hash (limits are re-checked on every load).
+_headers = LruCache(capacity=4096)
 
 
 class _Source:
     """State shared by a handle and every handle `map()` derives from it."""
 
-    __slots__ = ("modality", "spec", "data", "nbytes", "header", "key", "isolate", "lock")
+    __slots__ = ("modality", "spec", "data", "nbytes", "header", "key", "lock")
 
-    def __init__(self, modality: str, spec, data, header, key: str | None, isolate: bool = False):
+    def __init__(self, modality: str, spec: Spec, data, header, key: str | None):
         self.modality = modality
-        self.isolate = isolate
         self.spec = spec
         self.data = data
         self.nbytes = len(data) if data is not None else 0
@@ -54,11 +45,10 @@ class _Source:
         if self.data is None:
             raise MediaReleasedError("cannot pickle a handle whose bytes were released: the pixels are not shipped")
         return {"modality": self.modality, "spec": self.spec, "data": bytes(self.data), "header": self.header,
-                "key": self.key, "isolate": self.isolate}
+                "key": self.key}
 
     def __setstate__(self, state):
-        self.__init__(state["modality"], state["spec"], state["data"], state["header"], state["key"],
-                      state["isolate"])
+        _Source.__init__(self, state["modality"], state["spec"], state["data"], state["header"], state["key"])
 
 
 class _Once:
@@ -86,19 +76,6 @@ class _Once:
         return self.value
 
 
-def _copy_into(result, out):
-    """Moves a decode made elsewhere (a child process) into the caller's buffer."""
-    for field in ("frames", "samples"):  # VideoFrames / AudioSamples
-        tensor = getattr(result, field, None)
-        if tensor is not None:
-            view = out[: tensor.shape[0]] if field == "frames" else out
-            view.copy_(tensor)
-            setattr(result, field, view)
-            return result
-    out.copy_(result)
-    return out
-
-
 def _transform_label(fn: Callable, key: str | None) -> str:
     if key is not None:
         return key
@@ -114,8 +91,8 @@ class LazyMedia:
 
     __slots__ = ("_source", "_parent", "_fn", "_label", "_key", "_decoded", "__weakref__")
 
-    def __init__(self, source: _Source, parent: "LazyMedia | None" = None, fn: Callable | None = None,
-                 label: str | None = None):
+    def __init__(self, source: _Source, parent: LazyMedia | None = None, fn: Callable | None = None,
+                 label: str = ""):
         self._source = source
         self._parent = parent
         self._fn = fn
@@ -145,6 +122,23 @@ class LazyMedia:
     @property
     def has_bytes(self) -> bool:
         return self._source.data is not None
+
+    @property
+    def root(self) -> LazyMedia:
+        """The handle whose encoded bytes this one decodes: itself, or the start of a map() chain."""
+        return self if self._parent is None else self._parent.root
+
+    @property
+    def is_derived(self) -> bool:
+        """Whether this handle is a map() of another (it decodes by transforming its parent)."""
+        return self._parent is not None
+
+    def encoded(self):
+        """The encoded bytes; MediaReleasedError once `release_bytes()` dropped them."""
+        data = self._source.data
+        if data is None:
+            raise MediaReleasedError("bytes were released before the handle was decoded", modality=self.modality)
+        return data
 
     @property
     def is_hashed(self) -> bool:
@@ -184,22 +178,13 @@ class LazyMedia:
         return self._decoded.get(lambda: self._compute(out))
 
     def _compute(self, out):
-        if self._parent is not None:
+        if self._parent is not None and self._fn is not None:
             return self._fn(self._parent.decode())
-        source = self._source
-        data = source.data
-        if data is None:
-            raise MediaReleasedError("bytes were released before the handle was decoded")
-        decode = _BACKENDS[source.modality][2]
-        if not source.isolate:
-            return decode(data, source.header, source.spec, out)
-        from .engine.isolation import default_pool
+        return codec(self.modality).decode(self.encoded(), self.header, self.spec, out)
 
-        result = default_pool().run(decode, bytes(data), source.header, source.spec, None)
-        return result if out is None else _copy_into(result, out)
-
-    def _fulfil(self, value=None, error: BaseException | None = None) -> bool:
-        """Stores a decode made by a batched backend; False if the handle already had one."""
+    def fulfil(self, value=None, error: BaseException | None = None) -> bool:
+        """Stores a decode made elsewhere (a batched GPU decoder, a worker process) as this
+        handle's one decode; False if the handle already had one, which then stands."""
         cell = self._decoded
         with cell.lock:
             if cell.done:
@@ -207,7 +192,7 @@ class LazyMedia:
             cell.value, cell.error, cell.done = value, error, True
             return True
 
-    def map(self, fn: Callable, *, key: str | None = None) -> "LazyMedia":
+    def map(self, fn: Callable, *, key: str | None = None) -> LazyMedia:
         """A new handle whose media is `fn(self.media)`, sharing these bytes and this decode.
         `key` names the transform in the derived cache key (default: fn's qualified name)."""
         return LazyMedia(self._source, parent=self, fn=fn, label=_transform_label(fn, key))
@@ -263,105 +248,129 @@ class LazyMedia:
         return f"LazyMedia({', '.join(parts)})"
 
 
-def _as_bytes(data) -> bytes | memoryview:
+def _read_file(path: os.PathLike, limits: Limits) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limits.max_bytes:
+                raise MediaTooLargeError(f"{os.fspath(path)}: {size} bytes exceed the {limits.max_bytes} byte limit")
+            data = f.read(limits.max_bytes + 1)
+    except OSError as exc:
+        raise InvalidMediaError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+    if len(data) > limits.max_bytes:
+        raise MediaTooLargeError(f"{os.fspath(path)} grew past the {limits.max_bytes} byte limit while read")
+    return data
+
+
+def _encoded_bytes(data, limits: Limits) -> bytes:
+    """The encoded bytes of a source: bytes-like as given (copied once from a mutable buffer, which
+    the caller may reuse), or a file's content for an os.PathLike."""
     if isinstance(data, bytes):
         return data
     if isinstance(data, (bytearray, memoryview)):
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1 or not view.contiguous:
             raise InvalidMediaError("media bytes must be a contiguous byte buffer")
-        return bytes(view)  # own the bytes: the caller may reuse its buffer
-    raise TypeError(f"media data must be bytes-like, got {type(data).__name__}")
+        return bytes(view)
+    if isinstance(data, os.PathLike):
+        return _read_file(data, limits)
+    if isinstance(data, str):
+        raise InvalidMediaError("media source is a str: pass the encoded bytes, a pathlib.Path, or "
+                                "lazymedia.from_base64(text) for base64 or a data: URL")
+    raise InvalidMediaError(f"media source must be bytes-like or a path, got {type(data).__name__}")
 
 
-def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None, isolate: bool = False,
-         **spec) -> LazyMedia:
-    """An undecoded handle over `data` for `modality` ('image', 'video' or 'audio').
+def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None, **spec) -> LazyMedia:
+    """An undecoded handle over `data` (encoded bytes, or a pathlib.Path to read) as `modality`
+    ('image', 'video' or 'audio'), decoded under the spec settings `spec`.
 
-    Probes the header now; raises InvalidMediaError (400) for non-media, MediaTooLargeError (413)
-    over `limits`, UnprocessableMediaError (422) for a broken header. `key` is a precomputed key
-    of the same bytes and spec (a connector hashes while downloading); it is trusted as given.
-    `isolate` decodes in a child process (engine.isolation): a decoder crash or hang becomes an
-    UnprocessableMediaError instead of taking the server down. It does not change the output, so
-    it is not part of the key.
+    Probes the header now; raises InvalidMediaError (400) for non-media and bad settings,
+    MediaTooLargeError (413) over `limits`, UnprocessableMediaError (422) for a broken header.
+    `key` is a precomputed key of the same bytes and spec (a connector hashes while downloading);
+    it is trusted as given.
     """
-    spec_cls, probe, _ = _BACKENDS[modality]
-    spec_obj = make_spec(spec_cls, spec)
-    data = _as_bytes(data)
+    spec_obj = make_spec(modality, spec)
+    data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
-    check = _LIMIT_CHECKS.get(modality)
-    if check is None:
-        header = probe(data, limits, spec_obj)
+    media_codec = codec(modality)
+    if not media_codec.REMEMBER_HEADERS:
+        header = media_codec.probe(data, limits, spec_obj)
     else:
         key = key or media_key(modality, spec_obj.canonical(), data)
         header = _headers.get(key)
         if header is None:
-            header = probe(data, limits, spec_obj)
+            header = media_codec.probe(data, limits, spec_obj)
             _headers.put(key, header)
         else:
-            check(header, limits)
-    return LazyMedia(_Source(modality, spec_obj, data, header, key, isolate))
+            media_codec.check_limits(header, limits, spec_obj, len(data))
+    return LazyMedia(_Source(modality, spec_obj, data, header, key))
 
 
-def load_image(data, *, limits: Limits = DEFAULT_LIMITS, isolate: bool = False, **spec) -> LazyMedia:
-    """Handle on an encoded JPEG, PNG, GIF or WebP; spec: mode, apply_orientation, size, resample."""
-    return load("image", data, limits=limits, isolate=isolate, **spec)
+def load_image(data, *, mode: str = "RGB", apply_orientation: bool = True, size: tuple[int, int] | None = None,
+               resample: str = "bicubic", limits: Limits = DEFAULT_LIMITS, key: str | None = None) -> LazyMedia:
+    """An undecoded image (JPEG, PNG, GIF, WebP) from encoded bytes or a pathlib.Path.
+
+    Decodes to a uint8 tensor [height, width, channels]. mode: "RGB", "RGBA" or "L" (channels
+    3, 4, 1); apply_orientation: honour the EXIF orientation; size: (height, width) to resize
+    to, with `resample` "bicubic" or "bilinear" (Pillow's filters, bit for bit).
+    """
+    return load("image", data, limits=limits, key=key, mode=mode, apply_orientation=apply_orientation, size=size,
+                resample=resample)
 
 
-def load_video(data, *, limits: Limits = DEFAULT_LIMITS, isolate: bool = False, **spec) -> LazyMedia:
-    """Handle on an encoded video; spec: num_frames or fps, max_frames, size."""
-    return load("video", data, limits=limits, isolate=isolate, **spec)
+def load_video(data, *, num_frames: int | None = None, fps: float | None = None, max_frames: int | None = None,
+               size: tuple[int, int] | None = None, decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS,
+               key: str | None = None) -> LazyMedia:
+    """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
+
+    Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
+    and metadata they came from. num_frames: sample this many uniformly; fps: sample at this
+    rate (give one of them, or neither for every frame); max_frames: thin to at most this many;
+    size: (height, width) to scale to while decoding; decoder: "pyav" or "opencv".
+    """
+    return load("video", data, limits=limits, key=key, num_frames=num_frames, fps=fps, max_frames=max_frames,
+                size=size, decoder=decoder)
 
 
-def load_audio(data, *, limits: Limits = DEFAULT_LIMITS, isolate: bool = False, **spec) -> LazyMedia:
-    """Handle on encoded audio; spec: sample_rate, mono."""
-    return load("audio", data, limits=limits, isolate=isolate, **spec)
+def load_audio(data, *, sample_rate: int | None = None, mono: bool = False, limits: Limits = DEFAULT_LIMITS,
+               key: str | None = None) -> LazyMedia:
+    """An undecoded audio file (WAV, FLAC, MP3, Ogg, ...) from encoded bytes or a pathlib.Path.
+
+    Decodes to `AudioSamples`: samples float32 [channels, samples] and the sample rate.
+    sample_rate: resample to this rate (None keeps the source's); mono: average the channels.
+    """
+    return load("audio", data, limits=limits, key=key, sample_rate=sample_rate, mono=mono)
 
 
-def decode_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """Strict base64 (no stray characters), refusing an input whose decoded size would pass the
-    byte limit before decoding it."""
+_BASE64_WHITESPACE = b" \t\r\n"
+
+
+def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Encoded bytes from base64 as clients send it: plain, line-wrapped (whitespace is
+    ignored), or a whole `data:<type>;base64,` URL. Anything else in the text is refused (400);
+    a payload whose decoded size would pass the byte limit is refused (413) before decoding."""
     if isinstance(text, str):
         try:
             text = text.encode("ascii")
         except UnicodeEncodeError:
             raise InvalidMediaError("base64 media contains non-ASCII characters") from None
+    elif not isinstance(text, (bytes, bytearray, memoryview)):
+        raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
+    if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # whitespace may pad a payload: bound it first
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
+    text = bytes(text)
+    if text[:5].lower() == b"data:":
+        header, comma, text = text.partition(b",")
+        if not comma:
+            raise InvalidMediaError("malformed data: URL (no comma)")
+        if not header.lower().endswith(b";base64"):
+            raise InvalidMediaError("data: URL must be base64 encoded")
+    if any(c in text for c in _BASE64_WHITESPACE):
+        text = text.translate(None, _BASE64_WHITESPACE)
     if len(text) // 4 * 3 > limits.max_bytes + 3:
         raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
     try:
         return pybase64.b64decode(text, validate=True)  # SIMD decoder; validate rejects stray characters
     except (binascii.Error, ValueError, TypeError) as exc:
         raise InvalidMediaError(f"invalid base64: {exc}") from None
-
-
-def _read_file(path: str | os.PathLike, limits: Limits) -> bytes:
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > limits.max_bytes:
-            raise MediaTooLargeError(f"{path}: {size} bytes exceed the {limits.max_bytes} byte limit")
-        return f.read(limits.max_bytes + 1)
-
-
-def load_image_from_base64(text, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
-    return load_image(decode_base64(text, limits), limits=limits, **spec)
-
-
-def load_video_from_base64(text, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
-    return load_video(decode_base64(text, limits), limits=limits, **spec)
-
-
-def load_audio_from_base64(text, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
-    return load_audio(decode_base64(text, limits), limits=limits, **spec)
-
-
-def load_image_from_file(path, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
-    return load_image(_read_file(path, limits), limits=limits, **spec)
-
-
-def load_video_from_file(path, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
-    return load_video(_read_file(path, limits), limits=limits, **spec)
-
-
-def load_audio_from_file(path, *, limits: Limits = DEFAULT_LIMITS, **spec) -> LazyMedia:
-    return load_audio(_read_file(path, limits), limits=limits, **spec)

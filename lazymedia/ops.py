@@ -8,13 +8,26 @@ uint8 HWC images, uint8 2-D YUV planes.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import torch
 
 from . import _C
 
-_DEFAULT_THREADS = len(os.sched_getaffinity(0))
+_ALL_CORES = len(os.sched_getaffinity(0))
+_thread_settings = threading.local()
+
+
+def use_one_kernel_thread() -> None:
+    """Makes the kernels called from this thread run single-threaded: a decode pool's threads
+    already use every core, and N threads each splitting rows N ways would run N^2 threads."""
+    _thread_settings.threads = 1
+
+
+def kernel_threads() -> int:
+    """Threads a kernel called from this thread splits its rows across (default: every core)."""
+    return getattr(_thread_settings, "threads", _ALL_CORES)
 
 
 def _on_gpu(tensor) -> bool:
@@ -45,7 +58,7 @@ def _array(tensor, dtype=torch.uint8) -> np.ndarray:
     return tensor.contiguous().numpy()
 
 
-def orient(image: torch.Tensor, orientation: int, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+def orient(image: torch.Tensor, orientation: int, threads: int | None = None) -> torch.Tensor:
     """EXIF orientation 1-8 applied to an HWC uint8 image (5-8 swap height and width)."""
     if _on_gpu(image):
         src = _gpu_image(image)
@@ -53,16 +66,16 @@ def orient(image: torch.Tensor, orientation: int, threads: int = _DEFAULT_THREAD
         out = torch.empty((w, h, c) if orientation >= 5 else (h, w, c), dtype=torch.uint8, device=src.device)
         _cuda().orient(src.data_ptr(), out.data_ptr(), h, w, c, orientation, _stream(src))
         return out
-    src = _array(image)
-    height, width, channels = src.shape
+    pixels = _array(image)
+    height, width, channels = pixels.shape
     swap = orientation >= 5
     out = torch.empty((width, height, channels) if swap else (height, width, channels), dtype=torch.uint8)
-    _C.orient(src, out.numpy(), orientation, threads)
+    _C.orient(pixels, out.numpy(), orientation, threads or kernel_threads())
     return out
 
 
 def resize(image: torch.Tensor, size: tuple[int, int], filter: str = "bicubic",
-           threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+           threads: int | None = None) -> torch.Tensor:
     """Antialiased resize of an HWC uint8 image to (height, width), Pillow's algorithm."""
     if _on_gpu(image):
         src = _gpu_image(image)
@@ -70,17 +83,17 @@ def resize(image: torch.Tensor, size: tuple[int, int], filter: str = "bicubic",
         out = torch.empty((int(size[0]), int(size[1]), c), dtype=torch.uint8, device=src.device)
         _cuda().resize(src.data_ptr(), h, w, c, out.data_ptr(), out.shape[0], out.shape[1], filter, _stream(src))
         return out
-    src = _array(image)
-    out = torch.empty((int(size[0]), int(size[1]), src.shape[2]), dtype=torch.uint8)
-    _C.resize(src, out.numpy(), filter, threads)
+    pixels = _array(image)
+    out = torch.empty((int(size[0]), int(size[1]), pixels.shape[2]), dtype=torch.uint8)
+    _C.resize(pixels, out.numpy(), filter, threads or kernel_threads())
     return out
 
 
 def nv12_to_rgb(y: torch.Tensor, uv: torch.Tensor, width: int, matrix: str = "bt709", full_range: bool = False,
-                threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+                threads: int | None = None) -> torch.Tensor:
     """NV12 planes (Y: rows x stride, UV interleaved: ceil(rows/2) x stride) to HWC RGB."""
     out = torch.empty((y.shape[0], width, 3), dtype=torch.uint8)
-    _C.nv12_to_rgb(_array(y), _array(uv), out.numpy(), width, matrix, full_range, threads)
+    _C.nv12_to_rgb(_array(y), _array(uv), out.numpy(), width, matrix, full_range, threads or kernel_threads())
     return out
 
 
@@ -101,19 +114,19 @@ def nv12_frames_to_rgb(frames: torch.Tensor, height: int, width: int, matrix: st
         return out
     for i in range(count):
         _C.nv12_to_rgb(frames[i, :height].numpy(), frames[i, height:].numpy(), out[i].numpy(), width, matrix,
-                       full_range, _DEFAULT_THREADS)
+                       full_range, kernel_threads())
     return out
 
 
 def i420_to_rgb(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor, width: int, matrix: str = "bt709",
-                full_range: bool = False, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+                full_range: bool = False, threads: int | None = None) -> torch.Tensor:
     """I420 planes (Y full size, U and V half size) to HWC RGB."""
     out = torch.empty((y.shape[0], width, 3), dtype=torch.uint8)
-    _C.i420_to_rgb(_array(y), _array(u), _array(v), out.numpy(), width, matrix, full_range, threads)
+    _C.i420_to_rgb(_array(y), _array(u), _array(v), out.numpy(), width, matrix, full_range, threads or kernel_threads())
     return out
 
 
-def to_chw_normalized(image: torch.Tensor, mean, std, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+def to_chw_normalized(image: torch.Tensor, mean, std, threads: int | None = None) -> torch.Tensor:
     """HWC uint8 -> CHW float32 of (x / 255 - mean) / std, the usual model input."""
     if _on_gpu(image):
         src = _gpu_image(image)
@@ -122,25 +135,25 @@ def to_chw_normalized(image: torch.Tensor, mean, std, threads: int = _DEFAULT_TH
         _cuda().to_chw_normalized(src.data_ptr(), h, w, c, [float(m) for m in mean], [float(d) for d in std],
                                   out.data_ptr(), _stream(src))
         return out
-    src = _array(image)
-    channels = src.shape[2]
-    out = torch.empty((channels, src.shape[0], src.shape[1]), dtype=torch.float32)
-    _C.to_chw_normalized(src, out.numpy(), np.asarray(mean, dtype=np.float32).reshape(channels),
-                         np.asarray(std, dtype=np.float32).reshape(channels), threads)
+    pixels = _array(image)
+    channels = pixels.shape[2]
+    out = torch.empty((channels, pixels.shape[0], pixels.shape[1]), dtype=torch.float32)
+    _C.to_chw_normalized(pixels, out.numpy(), np.asarray(mean, dtype=np.float32).reshape(channels),
+                         np.asarray(std, dtype=np.float32).reshape(channels), threads or kernel_threads())
     return out
 
 
-def to_chw(image: torch.Tensor, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+def to_chw(image: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     src = _array(image)
     out = torch.empty((src.shape[2], src.shape[0], src.shape[1]), dtype=torch.uint8)
-    _C.to_chw(src, out.numpy(), threads)
+    _C.to_chw(src, out.numpy(), threads or kernel_threads())
     return out
 
 
-def to_hwc(image: torch.Tensor, threads: int = _DEFAULT_THREADS) -> torch.Tensor:
+def to_hwc(image: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     src = _array(image)
     out = torch.empty((src.shape[1], src.shape[2], src.shape[0]), dtype=torch.uint8)
-    _C.to_hwc(src, out.numpy(), threads)
+    _C.to_hwc(src, out.numpy(), threads or kernel_threads())
     return out
 
 

@@ -2,7 +2,8 @@
 
 Phase 1 (CPU, cheap): key every item, look it up, and submit decodes of the misses only; hits
 release their bytes at once and are never decoded. Phase 2: run `process_fn` on the decoded
-misses, write the cache, and merge with the hits in request order.
+misses, write the cache, and merge with the hits in request order. A request whose items all
+hit finishes in phase 1, on the caller.
 
 Single-flight: the first request to miss on a key leads it (decodes and processes); concurrent
 requests missing on the same key follow, waiting on the leader's future. A leader that fails
@@ -13,20 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ._nvtx import nvtx_range
 from .cache import ProcessorCache
 from .engine import DecodeEngine, default_engine
 from .errors import MediaError
 from .hashing import derived_key
 from .media import LazyMedia
+from .profiling import nvtx_range
 
 # Items above this many unhashed bytes are keyed off the event loop in apply_async.
-_HASH_OFFLOAD_BYTES = 1 << 20
+HASH_OFFLOAD_BYTES = 1 << 20
 
 
 class _Abandoned(Exception):
@@ -63,61 +65,60 @@ class Processor:
         self._process_workers = process_workers
         self._phase2_pool: ThreadPoolExecutor | None = None
 
+    @property
+    def in_flight(self) -> int:
+        """Keys being decoded and processed right now (by this process's requests)."""
+        with self._lock:
+            return len(self._inflight)
+
     # -- public -----------------------------------------------------------------------------
     def apply(self, items: Sequence[LazyMedia]) -> list:
         """Processed outputs for `items`, in order. Raises UnprocessableMediaError (422) naming the
         first corrupt item's index; all decodes have finished by then."""
         plan = self._plan(items)
+        if plan.leaders:
+            try:
+                self._submit_decodes(plan)
+                wait_futures(plan.decodes.values())
+                self._finish(plan)
+            finally:
+                self._drain_and_abandon(plan)
         try:
-            self._submit_decodes(plan)
-            wait_futures(plan.decodes.values())
-            self._finish(plan)
-        finally:
-            self._drain_and_abandon(plan)
-        try:
-            for future, indices in plan.followers.values():
-                try:
-                    value = future.result()
-                except _Abandoned:
-                    value = self._retry(plan.items[indices[0]], indices[0])
-                except MediaError as exc:
-                    raise exc.with_index(indices[0]) from None
-                self._fill(plan, indices, value)
+            wait_futures([future for future, _ in plan.followers.values()])
+            for indices in self._collect_followers(plan):
+                self._fill(plan, indices, self._retry(plan.items[indices[0]], indices[0]))
         finally:
             self._release(plan, self._follower_indices(plan))
         return plan.results
 
     async def apply_async(self, items: Sequence[LazyMedia]) -> list:
         """`apply` for an event loop: decodes and phase 2 run on threads, so other requests keep
-        being served (and their decodes overlap with these)."""
+        being served (and their decodes overlap with these). An all-hit request never leaves
+        the caller's task."""
         items = list(items)
         unhashed = sum(item.nbytes for item in items if not item.is_hashed)
-        if unhashed > _HASH_OFFLOAD_BYTES:
+        if unhashed > HASH_OFFLOAD_BYTES:
             plan = await asyncio.to_thread(self._plan, items)
         else:
             plan = self._plan(items)
+        if plan.leaders:
+            try:
+                self._submit_decodes(plan)
+                await _wait_all(list(plan.decodes.values()))
+                # Shielded: if this request is cancelled now, phase 2 still publishes for followers.
+                await _shielded(self._phase2().submit(self._finish, plan))
+            except BaseException:
+                for future in plan.decodes.values():
+                    future.cancel()
+                await _drain(list(plan.decodes.values()))
+                raise
+            finally:
+                self._drain_and_abandon(plan)  # every decode has finished here, so this never blocks
         try:
-            self._submit_decodes(plan)
-            if plan.decodes:
-                await asyncio.wait([asyncio.wrap_future(f) for f in plan.decodes.values()])
-            # Shielded: if this request is cancelled now, phase 2 still publishes for followers.
-            await asyncio.shield(asyncio.wrap_future(self._phase2().submit(self._finish, plan)))
-        except BaseException:
-            for future in plan.decodes.values():
-                future.cancel()
-            await _drain(list(plan.decodes.values()))
-            raise
-        finally:
-            self._drain_and_abandon(plan)  # every decode has finished here, so this never blocks
-        try:
-            for future, indices in plan.followers.values():
-                try:
-                    value = await asyncio.shield(asyncio.wrap_future(future))
-                except _Abandoned:
-                    value = await self._retry_async(plan.items[indices[0]], indices[0])
-                except MediaError as exc:
-                    raise exc.with_index(indices[0]) from None
-                self._fill(plan, indices, value)
+            if plan.followers:
+                await _wait_all([future for future, _ in plan.followers.values()])
+            for indices in self._collect_followers(plan):
+                self._fill(plan, indices, await self._retry_async(plan.items[indices[0]], indices[0]))
         finally:
             self._release(plan, self._follower_indices(plan))
         return plan.results
@@ -146,26 +147,25 @@ class Processor:
                     continue
                 with self._lock:  # lookup and leader registration are one step: no double decode
                     found, value = self.cache.lookup(key)
-                    future = None if found else self._inflight.get(key)
-                    leader = not found and future is None
-                    if leader:
-                        future = Future()
-                        future.set_running_or_notify_cancel()  # nobody may cancel a shared result
-                        self._inflight[key] = future
+                    joined = None if found else self._inflight.get(key)
+                    if not found and joined is None:
+                        led: Future = Future()
+                        led.set_running_or_notify_cancel()  # nobody may cancel a shared result
+                        self._inflight[key] = led
                 if found:
                     plan.results[index] = value
                     hits.append(index)
-                elif leader:
+                elif joined is None:
                     plan.leaders[key] = [index]
-                    plan.leader_futures[key] = future
+                    plan.leader_futures[key] = led
                 else:
-                    plan.followers[key] = (future, [index])
+                    plan.followers[key] = (joined, [index])
         # Hits never decode, so their bytes go now, unless a miss in this request shares them
         # (a handle and a map() of it).
         misses = list(plan.leaders.values()) + [indices for _, indices in plan.followers.values()]
-        needed = {id(items[indices[0]]._source) for indices in misses}
+        needed = {id(items[indices[0]].root) for indices in misses}
         for index in hits:
-            if id(items[index]._source) not in needed:
+            if id(items[index].root) not in needed:
                 items[index].release_bytes()
         return plan
 
@@ -177,12 +177,12 @@ class Processor:
     # -- phase 2 ----------------------------------------------------------------------------
     def _finish(self, plan: _Plan) -> None:
         """Runs after every decode of the plan has finished: processes, caches, publishes."""
-        failures = []
+        failures: list[tuple[int, str, BaseException]] = []
         for key, future in plan.decodes.items():
             if future.cancelled():
                 failures.append((plan.leaders[key][0], key, CancelledError()))
-            elif future.exception() is not None:
-                failures.append((plan.leaders[key][0], key, future.exception()))
+            elif (error := future.exception()) is not None:
+                failures.append((plan.leaders[key][0], key, error))
         if failures:
             for _, key, exc in failures:
                 if isinstance(exc, MediaError):  # the item itself is bad: followers get the error too
@@ -192,8 +192,6 @@ class Processor:
                 raise exc.with_index(index) from None
             raise exc
         keys = list(plan.leaders)
-        if not keys:
-            return
         decoded = [plan.decodes[key].result() for key in keys]
         with nvtx_range("lazymedia.process"):
             outputs = list(self.process_fn(decoded))
@@ -227,6 +225,21 @@ class Processor:
             if not future.done():
                 self._publish(plan, key, error=_Abandoned(key))
         self._release(plan, [index for indices in plan.leaders.values() for index in indices])
+
+    def _collect_followers(self, plan: _Plan) -> list[list[int]]:
+        """Fills the followers' results from their leaders' finished futures; returns the index
+        lists of abandoned keys, which the caller retries itself."""
+        abandoned = []
+        for future, indices in plan.followers.values():
+            try:
+                value = future.result()
+            except _Abandoned:
+                abandoned.append(indices)
+                continue
+            except MediaError as exc:
+                raise exc.with_index(indices[0]) from None
+            self._fill(plan, indices, value)
+        return abandoned
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
@@ -262,12 +275,48 @@ class Processor:
             return self._phase2_pool
 
 
+def _all_done(futures: list[Future]) -> Future:
+    """A future that completes (always with None) once every one of `futures` has finished.
+    Awaiting it instead of each wrapped future leaves no asyncio future whose exception nobody
+    retrieves, so corrupt items log nothing."""
+    done: Future = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_finished(_future) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            done.set_result(None)
+
+    if not futures:
+        done.set_result(None)
+    for future in futures:
+        future.add_done_callback(one_finished)
+    return done
+
+
+async def _wait_all(futures: list[Future]) -> None:
+    await asyncio.wrap_future(_all_done(futures))
+
+
+async def _shielded(future: Future) -> None:
+    """Awaits a concurrent future that must run to its end even if this task is cancelled;
+    its outcome is read either way (its exception is raised here, or dropped on cancellation)."""
+    wrapped = asyncio.wrap_future(future)
+    wrapped.add_done_callback(_read_outcome)
+    await asyncio.shield(wrapped)
+
+
+def _read_outcome(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _drain(futures: list[Future]) -> None:
     """Waits for `futures` to finish even if this task is cancelled again meanwhile."""
-    pending = [f for f in futures if not f.done()]
-    if not pending:
-        return
-    waiter = asyncio.ensure_future(asyncio.wait([asyncio.wrap_future(f) for f in pending]))
+    waiter = asyncio.ensure_future(_wait_all(futures))
     while not waiter.done():
         try:
             await asyncio.shield(waiter)

@@ -12,14 +12,30 @@ import importlib.util
 import json
 from dataclasses import dataclass
 
+from .errors import InvalidMediaError
+
 IMAGE_MODES = ("RGB", "RGBA", "L")
 RESAMPLE_FILTERS = ("bilinear", "bicubic")
 VIDEO_DECODERS = ("pyav", "opencv")
 
 
-def _canonical(kind: str, spec) -> bytes:
-    fields = dataclasses.asdict(spec)
-    return json.dumps({"kind": kind, **fields}, sort_keys=True, separators=(",", ":")).encode()
+class Spec:
+    """Base of the decode specs: frozen dataclasses whose canonical bytes enter the key."""
+
+    modality = ""
+
+    @functools.cached_property
+    def canonical_bytes(self) -> bytes:
+        fields = dataclasses.asdict(self)  # type: ignore[call-overload]  # every Spec is a dataclass
+        return json.dumps({"kind": self.modality, **fields}, sort_keys=True, separators=(",", ":")).encode()
+
+    def canonical(self) -> bytes:
+        """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
+        return self.canonical_bytes
+
+
+# Largest output side a spec may ask for (the decoded-size budget bounds the area further).
+MAX_SIDE = 1 << 16
 
 
 def _check_size(size):
@@ -28,15 +44,17 @@ def _check_size(size):
     try:
         height, width = (int(v) for v in size)
     except (TypeError, ValueError):
-        raise ValueError(f"size must be (height, width), got {size!r}") from None
-    if height <= 0 or width <= 0:
-        raise ValueError(f"size must be positive, got {size!r}")
+        raise InvalidMediaError(f"size must be (height, width), got {size!r}") from None
+    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE):
+        raise InvalidMediaError(f"size sides must be in 1..{MAX_SIDE}, got {size!r}")
     return (height, width)
 
 
 @dataclass(frozen=True)
-class ImageSpec:
+class ImageSpec(Spec):
     """mode: output channels; apply_orientation: honour EXIF orientation; size: (height, width)."""
+
+    modality = "image"
 
     mode: str = "RGB"
     apply_orientation: bool = True
@@ -45,27 +63,21 @@ class ImageSpec:
 
     def __post_init__(self):
         if self.mode not in IMAGE_MODES:
-            raise ValueError(f"mode must be one of {IMAGE_MODES}, got {self.mode!r}")
+            raise InvalidMediaError(f"mode must be one of {IMAGE_MODES}, got {self.mode!r}")
         if self.resample not in RESAMPLE_FILTERS:
-            raise ValueError(f"resample must be one of {RESAMPLE_FILTERS}, got {self.resample!r}")
+            raise InvalidMediaError(f"resample must be one of {RESAMPLE_FILTERS}, got {self.resample!r}")
         object.__setattr__(self, "apply_orientation", bool(self.apply_orientation))
         object.__setattr__(self, "size", _check_size(self.size))
 
-    @functools.cached_property
-    def _canonical_bytes(self) -> bytes:
-        return _canonical("image", self)
-
-    def canonical(self) -> bytes:
-        """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
-        return self._canonical_bytes
-
 
 @dataclass(frozen=True)
-class VideoSpec:
+class VideoSpec(Spec):
     """Which frames come back: `num_frames` sampled uniformly, or every frame at `fps`, at most
     `max_frames`; `size` resizes each frame to (height, width) during decode. `decoder` picks
     the CPU reader, "pyav" or "opencv" (their YUV conversions and scalers differ slightly, so it
     is part of the key)."""
+
+    modality = "video"
 
     num_frames: int | None = None
     fps: float | None = None
@@ -75,51 +87,37 @@ class VideoSpec:
 
     def __post_init__(self):
         if self.decoder not in VIDEO_DECODERS:
-            raise ValueError(f"decoder must be one of {VIDEO_DECODERS}, got {self.decoder!r}")
+            raise InvalidMediaError(f"decoder must be one of {VIDEO_DECODERS}, got {self.decoder!r}")
         if self.decoder == "opencv" and importlib.util.find_spec("cv2") is None:
-            raise ValueError("decoder='opencv' needs opencv-python-headless")
+            raise InvalidMediaError("decoder='opencv' needs opencv-python-headless")
         if self.num_frames is not None and self.fps is not None:
-            raise ValueError("give num_frames or fps, not both")
+            raise InvalidMediaError("give num_frames or fps, not both")
         if self.num_frames is not None and int(self.num_frames) <= 0:
-            raise ValueError("num_frames must be positive")
+            raise InvalidMediaError("num_frames must be positive")
         if self.fps is not None and not float(self.fps) > 0:
-            raise ValueError("fps must be positive")
+            raise InvalidMediaError("fps must be positive")
         if self.max_frames is not None and int(self.max_frames) <= 0:
-            raise ValueError("max_frames must be positive")
+            raise InvalidMediaError("max_frames must be positive")
         object.__setattr__(self, "num_frames", None if self.num_frames is None else int(self.num_frames))
         object.__setattr__(self, "fps", None if self.fps is None else float(self.fps))
         object.__setattr__(self, "max_frames", None if self.max_frames is None else int(self.max_frames))
         object.__setattr__(self, "size", _check_size(self.size))
 
-    @functools.cached_property
-    def _canonical_bytes(self) -> bytes:
-        return _canonical("video", self)
-
-    def canonical(self) -> bytes:
-        """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
-        return self._canonical_bytes
-
 
 @dataclass(frozen=True)
-class AudioSpec:
+class AudioSpec(Spec):
     """sample_rate: resample to this rate (None keeps the source rate); mono: average channels."""
+
+    modality = "audio"
 
     sample_rate: int | None = None
     mono: bool = False
 
     def __post_init__(self):
         if self.sample_rate is not None and int(self.sample_rate) <= 0:
-            raise ValueError("sample_rate must be positive")
+            raise InvalidMediaError("sample_rate must be positive")
         object.__setattr__(self, "sample_rate", None if self.sample_rate is None else int(self.sample_rate))
         object.__setattr__(self, "mono", bool(self.mono))
-
-    @functools.cached_property
-    def _canonical_bytes(self) -> bytes:
-        return _canonical("audio", self)
-
-    def canonical(self) -> bytes:
-        """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
-        return self._canonical_bytes
 
 
 @dataclass(frozen=True)
@@ -147,10 +145,30 @@ def _cached_spec(spec_cls, items: tuple):
     return spec_cls(**dict(items))
 
 
-def make_spec(spec_cls, settings: dict):
-    """A spec from keyword settings; repeated settings share one validated instance, so the
-    per-request cost of a spec is a dictionary lookup."""
+SPEC_TYPES = {"image": ImageSpec, "video": VideoSpec, "audio": AudioSpec}
+
+
+def spec_type(modality: str) -> type:
+    """The spec class of a modality; an unknown modality is rejected input (400)."""
     try:
-        return _cached_spec(spec_cls, tuple(sorted(settings.items())))
-    except TypeError:  # unhashable values (a list for size): validate and build a fresh one
-        return spec_cls(**settings)
+        return SPEC_TYPES[modality]
+    except (KeyError, TypeError):
+        raise InvalidMediaError(f"unknown modality {modality!r}: use one of {tuple(SPEC_TYPES)}") from None
+
+
+def make_spec(modality: str, settings: dict) -> Spec:
+    """A spec from keyword settings; repeated settings share one validated instance, so the
+    per-request cost of a spec is a dictionary lookup. Unknown or malformed settings are
+    rejected input (InvalidMediaError, 400)."""
+    spec_cls = spec_type(modality)
+    try:
+        try:
+            return _cached_spec(spec_cls, tuple(sorted(settings.items())))
+        except TypeError as exc:
+            if "unhashable" not in str(exc):
+                raise
+            return spec_cls(**settings)  # unhashable values (a list for size): validate and build a fresh one
+    except InvalidMediaError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidMediaError(f"invalid {modality} spec: {exc}", modality=modality) from None

@@ -1,11 +1,11 @@
 import csv
-import io
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
+
+from lazymedia.samples import encode_image as encode
+from lazymedia.samples import photo as make_image
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("LAZYMEDIA_CORPUS", REPO.parent / "shared" / "corpus"))
@@ -41,21 +41,6 @@ def corpus_bytes(row):
     return (CORPUS / row["path"]).read_bytes()
 
 
-def make_image(height, width, seed=0):
-    """Smooth gradients plus noise: compresses like a photo, unlike pure noise or flat colour."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    base = np.stack([128 + 100 * np.sin(x / 37.0 + seed), 128 + 100 * np.cos(y / 23.0), (x + y) / (height + width) * 255],
-                    axis=2)
-    return np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-
-
-def encode(array, fmt="JPEG", **kwargs):
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, fmt, **kwargs)
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="session")
 def jpeg_bytes():
     return encode(make_image(240, 320), "JPEG", quality=90)
@@ -68,3 +53,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _corpus_line() -> str:
+    files = len(corpus_rows("image") + corpus_rows("video") + corpus_rows("audio"))
+    if files:
+        return f"corpus: {files} files from {CORPUS}: corpus tests run"
+    return (f"corpus: not found at {CORPUS}: corpus tests skip (set LAZYMEDIA_CORPUS to the folder holding "
+            "MANIFEST.tsv)")
+
+
+def pytest_report_header(config):
+    return _corpus_line()
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(_corpus_line())

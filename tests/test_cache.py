@@ -15,16 +15,16 @@ def test_lru_by_bytes():
     cache.put("d", np.zeros(100, dtype=np.uint8))
     assert "b" not in cache and "a" in cache and "c" in cache and "d" in cache
     stats = cache.stats()
-    assert (stats.evictions, stats.entries, stats.nbytes) == (1, 3, 300)
+    assert (stats.evictions, stats.entries, stats.size) == (1, 3, 300)
     assert not cache.put("huge", np.zeros(301, dtype=np.uint8))
-    assert "huge" not in cache and cache.stats().nbytes == 300
+    assert "huge" not in cache and cache.stats().size == 300
 
 
 def test_replace_updates_size_and_stats_count():
     cache = ProcessorCache(capacity_bytes=1000)
     cache.put("k", np.zeros(10, dtype=np.uint8))
     cache.put("k", np.zeros(20, dtype=np.uint8))
-    assert cache.stats().nbytes == 20 and len(cache) == 1
+    assert cache.stats().size == 20 and len(cache) == 1
     assert cache.lookup("k")[0] and not cache.lookup("x")[0]
     assert cache.get("x", "default") == "default"
     stats = cache.stats()
@@ -57,5 +57,5 @@ def test_thread_safety():
     for t in threads:
         t.join()
     stats = cache.stats()
-    assert stats.entries <= 50 and stats.nbytes == stats.entries * 8
+    assert stats.entries <= 50 and stats.size == stats.entries * 8
     assert stats.hits + stats.misses == 8 * 2000

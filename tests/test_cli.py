@@ -10,6 +10,7 @@ from PIL import Image
 import lazymedia
 from lazymedia import bench
 from lazymedia.cli import main
+
 from conftest import encode, make_image, without_gpu
 
 

@@ -9,6 +9,7 @@ from aiohttp import web
 import lazymedia
 from lazymedia import InvalidMediaError, MediaFetchError, MediaTooLargeError
 from lazymedia.connector import MediaConnector
+
 from conftest import encode, make_image
 
 LOCAL = ["127.0.0.1/32"]  # the tests' server; every other private address stays refused
@@ -98,14 +99,18 @@ class Server:
         raise web.HTTPFound(request.query["to"])
 
 
+async def start(state: Server, host: str) -> tuple[web.AppRunner, int]:
+    """Serves `state` on host (a free port); returns the runner to clean up and the port."""
+    runner = web.AppRunner(state.app())
+    await runner.setup()
+    await web.TCPSite(runner, host, 0).start()
+    return runner, runner.addresses[0][1]
+
+
 @pytest.fixture
 async def server(image_bytes):
     state = Server(image_bytes)
-    runner = web.AppRunner(state.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    runner, port = await start(state, "127.0.0.1")
     state.url = f"http://127.0.0.1:{port}"
     state.port = port
     yield state
@@ -120,18 +125,18 @@ async def connector():
 
 
 async def test_fetch_is_lazy_and_key_matches_direct_load(server, connector, image_bytes):
-    item = await connector.fetch_image(server.url + "/img.jpg")
+    item = await connector.fetch("image", server.url + "/img.jpg")
     assert not item.is_decoded
-    assert item._source.key is not None  # hashed while downloading
+    assert item.is_hashed  # hashed while downloading
     assert item.key == lazymedia.load_image(image_bytes).key
-    resized = await connector.fetch_image(server.url + "/img.jpg", size=(10, 10))
+    resized = await connector.fetch("image", server.url + "/img.jpg", size=(10, 10))
     assert resized.key == lazymedia.load_image(image_bytes, size=(10, 10)).key
     assert item.media.shape == (96, 128, 3)
 
 
 async def test_64_concurrent_fetches(server, connector):
     server.gate_size = 64
-    items = await asyncio.gather(*[connector.fetch_image(f"{server.url}/gated/{i}.jpg") for i in range(64)])
+    items = await asyncio.gather(*[connector.fetch("image", f"{server.url}/gated/{i}.jpg") for i in range(64)])
     assert len(items) == 64 and server.peak >= 64
     assert len({item.key for item in items}) == 1
 
@@ -141,7 +146,7 @@ async def test_slow_server_times_out(server):
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(MediaFetchError) as info:
-        await c.fetch_image(server.url + "/slow.jpg")
+        await c.fetch("image", server.url + "/slow.jpg")
     assert info.value.status_code == 504 and loop.time() - start < 2
     await c.aclose()
 
@@ -149,7 +154,7 @@ async def test_slow_server_times_out(server):
 async def test_chunked_body_cut_off_at_max_bytes(server):
     c = MediaConnector(allow_private_networks=LOCAL, max_bytes=256 << 10, timeout_s=5)
     with pytest.raises(MediaTooLargeError) as info:
-        await c.fetch_image(server.url + "/endless")
+        await c.fetch("image", server.url + "/endless")
     assert info.value.status_code == 413
     await c.aclose()
     await asyncio.sleep(0.2)
@@ -159,52 +164,48 @@ async def test_chunked_body_cut_off_at_max_bytes(server):
 
 async def test_declared_length_over_limit_refused_before_reading(server, connector):
     with pytest.raises(MediaTooLargeError):
-        await connector.fetch_image(server.url + "/big_declared")
+        await connector.fetch("image", server.url + "/big_declared")
 
 
 async def test_lying_content_length(server, connector):
     with pytest.raises(lazymedia.UnprocessableMediaError):  # 100 bytes of a JPEG: the header is cut
-        item = await connector.fetch_image(server.url + "/liar_short")
+        item = await connector.fetch("image", server.url + "/liar_short")
         item.decode()
     with pytest.raises(MediaFetchError) as info:
-        await connector.fetch_image(server.url + "/liar_long")
+        await connector.fetch("image", server.url + "/liar_long")
     assert info.value.status_code == 502
 
 
 async def test_http_error_status(server, connector):
     with pytest.raises(MediaFetchError) as info:
-        await connector.fetch_image(server.url + "/missing")
+        await connector.fetch("image", server.url + "/missing")
     assert info.value.status_code == 502 and "404" in str(info.value)
 
 
 async def test_redirect_to_disallowed_domain(server):
     c = MediaConnector(allow_private_networks=LOCAL, allowed_domains=["127.0.0.1"])
-    assert (await c.fetch_image(f"{server.url}/redirect?to=/img.jpg")).header.width == 128
+    assert (await c.fetch("image", f"{server.url}/redirect?to=/img.jpg")).header.width == 128
     with pytest.raises(InvalidMediaError, match="allowed domain"):
-        await c.fetch_image(f"{server.url}/redirect?to=http://example.com/x.jpg")
+        await c.fetch("image", f"{server.url}/redirect?to=http://example.com/x.jpg")
     await c.aclose()
 
 
 async def test_redirect_to_loopback_refused_by_guard(server, image_bytes):
     # A second server on 127.0.0.2: the guard, not a closed port, must stop the hop.
     other = Server(image_bytes)
-    runner = web.AppRunner(other.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.2", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    runner, port = await start(other, "127.0.0.2")
     c = MediaConnector(allow_private_networks=LOCAL)
     try:
         for target in (f"http://127.0.0.2:{port}/img.jpg", f"http://[::1]:{port}/img.jpg"):
             with pytest.raises(InvalidMediaError, match="public address"):
-                await c.fetch_image(f"{server.url}/redirect?to={target}")
+                await c.fetch("image", f"{server.url}/redirect?to={target}")
         assert other.requests == 0
         async with MediaConnector() as default:
             for url in (server.url + "/img.jpg", f"http://localhost:{server.port}/img.jpg"):
                 with pytest.raises(InvalidMediaError):
-                    await default.fetch_image(url)  # default guard: loopback refused, by IP or by name
+                    await default.fetch("image", url)  # default guard: loopback refused, by IP or by name
         async with MediaConnector(allow_private_networks=True) as open_guard:
-            assert (await open_guard.fetch_image(f"http://127.0.0.2:{port}/img.jpg")).header.width == 128
+            assert (await open_guard.fetch("image", f"http://127.0.0.2:{port}/img.jpg")).header.width == 128
     finally:
         await c.aclose()
         await runner.cleanup()
@@ -213,12 +214,12 @@ async def test_redirect_to_loopback_refused_by_guard(server, image_bytes):
 async def test_redirects_off_and_too_many(server):
     c = MediaConnector(allow_private_networks=LOCAL, allow_redirects=False)
     with pytest.raises(MediaFetchError, match="redirects"):
-        await c.fetch_image(f"{server.url}/redirect?to=/img.jpg")
+        await c.fetch("image", f"{server.url}/redirect?to=/img.jpg")
     await c.aclose()
     loop_url = f"{server.url}/redirect?to=/redirect%3Fto%3D/redirect"
     c = MediaConnector(allow_private_networks=LOCAL, max_redirects=1)
     with pytest.raises(MediaFetchError):
-        await c.fetch_image(loop_url)
+        await c.fetch("image", loop_url)
     await c.aclose()
 
 
@@ -227,21 +228,21 @@ async def test_redirects_off_and_too_many(server):
 async def test_refused_urls(url):
     async with MediaConnector() as c:
         with pytest.raises(InvalidMediaError) as info:
-            await c.fetch_image(url)
+            await c.fetch("image", url)
     assert info.value.status_code == 400
 
 
 async def test_data_urls(image_bytes):
     c = MediaConnector(max_bytes=1 << 20)
     encoded = base64.b64encode(image_bytes).decode()
-    item = await c.fetch_image("data:image/jpeg;base64," + encoded)
+    item = await c.fetch("image", "data:image/jpeg;base64," + encoded)
     assert item.key == lazymedia.load_image(image_bytes).key
     for bad in ("data:image/jpeg;base64", "data:image/jpeg," + encoded, "data:image/jpeg;base64," + encoded[:-2] + "*=",
                 "data:;base64,@@@@"):
         with pytest.raises(InvalidMediaError):
-            await c.fetch_image(bad)
+            await c.fetch("image", bad)
     with pytest.raises(MediaTooLargeError):
-        await MediaConnector(max_bytes=1000).fetch_image("data:image/jpeg;base64," + encoded)
+        await MediaConnector(max_bytes=1000).fetch("image", "data:image/jpeg;base64," + encoded)
 
 
 async def test_file_urls(tmp_path, image_bytes):
@@ -252,31 +253,31 @@ async def test_file_urls(tmp_path, image_bytes):
     (root / "escape.jpg").symlink_to(tmp_path / "secret.jpg")
     os.mkfifo(root / "fifo.jpg")
     c = MediaConnector(allowed_local_path=root)
-    assert (await c.fetch_image(f"file://{root}/a.jpg")).key == lazymedia.load_image(image_bytes).key
+    assert (await c.fetch("image", f"file://{root}/a.jpg")).key == lazymedia.load_image(image_bytes).key
     for url in (f"file://{root}/../secret.jpg", f"file://{root}/escape.jpg", f"file://{root}/fifo.jpg",
                 f"file://{root}", f"file://{root}/missing.jpg", "file://otherhost/etc/passwd", "file:///etc/passwd"):
         with pytest.raises(InvalidMediaError):
-            await asyncio.wait_for(c.fetch_image(url), 5)
+            await asyncio.wait_for(c.fetch("image", url), 5)
     with pytest.raises(InvalidMediaError, match="refused"):
-        await MediaConnector().fetch_image(f"file://{root}/a.jpg")
+        await MediaConnector().fetch("image", f"file://{root}/a.jpg")
 
 
 def test_sync_twins(tmp_path, image_bytes):
     (tmp_path / "a.jpg").write_bytes(image_bytes)
     c = MediaConnector(allowed_local_path=tmp_path)
     try:
-        assert c.fetch_image_sync(f"file://{tmp_path}/a.jpg").header.width == 128
+        assert c.fetch_sync("image", f"file://{tmp_path}/a.jpg").header.width == 128
         with pytest.raises(InvalidMediaError):
-            c.fetch_image_sync("http://127.0.0.1:1/x.jpg")
+            c.fetch_sync("image", "http://127.0.0.1:1/x.jpg")
     finally:
         c.close()
 
 
 async def test_download_cache(server, tmp_path, image_bytes):
     async with MediaConnector(allow_private_networks=LOCAL, download_cache_dir=tmp_path / "dl") as c:
-        first = await c.fetch_image(server.url + "/img.jpg")
-        second = await c.fetch_image(server.url + "/img.jpg")
+        first = await c.fetch("image", server.url + "/img.jpg")
+        second = await c.fetch("image", server.url + "/img.jpg")
     assert server.requests == 1 and first.key == second.key
     async with MediaConnector(allow_private_networks=LOCAL) as uncached:
-        await uncached.fetch_image(server.url + "/img.jpg")
+        await uncached.fetch("image", server.url + "/img.jpg")
     assert server.requests == 2

@@ -4,7 +4,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 import lazymedia
+
 from conftest import without_gpu
 
 nvcc = shutil.which("nvcc")

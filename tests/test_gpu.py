@@ -10,7 +10,8 @@ from PIL import Image, ImageOps
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ops
-from lazymedia.engine import video
+from lazymedia.codecs import video
+
 from conftest import CORPUS, encode, make_image, requires_corpus
 
 pytestmark = pytest.mark.gpu
@@ -28,9 +29,9 @@ def pillow(data: bytes) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def nvjpeg_backend():
-    from lazymedia.engine.nvjpeg import NvjpegBackend
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 
-    return NvjpegBackend(device=0)
+    return NvjpegBatchDecoder(device=0)
 
 
 @pytest.mark.parametrize("size", [(37, 53), (480, 640), (1080, 1920)])
@@ -78,7 +79,7 @@ def test_nvjpeg_corpus_orientation_and_fallbacks(nvjpeg_backend):
     items = [lazymedia.load_image((CORPUS / "images" / n).read_bytes()) for n in names]
     results = nvjpeg_backend.decode_batch(items)
     for name, item, out in zip(names, items, results):
-        expected = pillow(item._source.data)
+        expected = pillow(item.encoded())
         assert tuple(out.shape) == expected.shape, name
         assert psnr(out.cpu().numpy(), expected) > 40, name
 
@@ -96,9 +97,9 @@ def test_nvjpeg_batch_of_64_in_caller_stream_order(nvjpeg_backend):
 
 
 def test_nvjpeg_pinned_output():
-    from lazymedia.engine.nvjpeg import NvjpegBackend
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 
-    backend = NvjpegBackend(device=0, output="pinned")
+    backend = NvjpegBatchDecoder(device=0, output="pinned")
     data = encode(make_image(300, 400), "JPEG")
     (out,) = backend.decode_batch([lazymedia.load_image(data)])
     assert out.device.type == "cpu" and out.is_pinned()
@@ -106,7 +107,7 @@ def test_nvjpeg_pinned_output():
 
 
 def test_processor_on_the_nvjpeg_engine(nvjpeg_backend):
-    engine = DecodeEngine(backends=[nvjpeg_backend], batch_window_s=0.002)
+    engine = DecodeEngine(batch_decoders=[nvjpeg_backend], batch_window_s=0.002)
     processor = Processor(lambda items: [t.float().mean().item() for t in items], engine=engine)
     blobs = [encode(make_image(128, 128, seed=s), "JPEG") for s in range(8)]
     corrupt = blobs[3][:200]
@@ -120,9 +121,9 @@ def test_processor_on_the_nvjpeg_engine(nvjpeg_backend):
 
 def test_dali_mixed_decoder_psnr():
     pytest.importorskip("nvidia.dali")
-    from lazymedia.engine.dali import DaliBackend
+    from lazymedia.engine.dali import DaliBatchDecoder
 
-    backend = DaliBackend(device="gpu", device_id=0)
+    backend = DaliBatchDecoder(device="gpu", device_id=0)
     data = encode(make_image(720, 1280), "JPEG", quality=90)
     (out,) = backend.decode_batch([lazymedia.load_image(data)])
     assert out.is_cuda and psnr(out.cpu().numpy(), pillow(data)) > 40
@@ -131,11 +132,11 @@ def test_dali_mixed_decoder_psnr():
 def test_nvdec_sampled_frames_match_cpu_path():
     pytest.importorskip("PyNvVideoCodec")
     from lazymedia.bench import encode_video
-    from lazymedia.engine.nvdec import NvdecBackend
+    from lazymedia.engine.nvdec import NvdecBatchDecoder
 
     data = encode_video(3, 1080, 1920)
     item = lazymedia.load_video(data, num_frames=8)
-    backend = NvdecBackend(device=0)
+    backend = NvdecBatchDecoder(device=0)
     (frames,) = backend.decode_batch([item])
     assert not backend.fallbacks, backend.fallbacks
     reference = video.decode_video(data, item.header, item.spec)

@@ -8,6 +8,7 @@ import torch
 from PIL import Image, ImageOps
 
 import lazymedia
+
 from conftest import corpus_bytes, corpus_params, encode, make_image
 
 transformers = pytest.importorskip("transformers")

@@ -5,6 +5,7 @@ import torch
 from PIL import Image
 
 from lazymedia import ops
+
 from conftest import make_image
 
 PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
@@ -123,7 +124,8 @@ def test_layout_and_normalisation():
     lambda: ops.resize(torch.zeros((2, 2, 3), dtype=torch.uint8), (0, 3)),
     lambda: ops.resize(torch.zeros((2, 2, 7), dtype=torch.uint8), (3, 3)),
     lambda: ops.nv12_to_rgb(torch.zeros((4, 4), dtype=torch.uint8), torch.zeros((1, 4), dtype=torch.uint8), 4),
-    lambda: ops.nv12_to_rgb(torch.zeros((4, 4), dtype=torch.uint8), torch.zeros((2, 4), dtype=torch.uint8), 4, "bt2020"),
+    lambda: ops.nv12_to_rgb(torch.zeros((4, 4), dtype=torch.uint8), torch.zeros((2, 4), dtype=torch.uint8), 4,
+                            "bt2020"),
 ])
 def test_bad_arguments_raise_value_error(call):
     with pytest.raises((ValueError, RuntimeError)):

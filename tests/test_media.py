@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import lazymedia
-from lazymedia import media as media_module
 from lazymedia import InvalidMediaError, MediaReleasedError, MediaTooLargeError
+from lazymedia.codecs import image as image_codec
 from lazymedia.hashing import media_key
+
 from conftest import encode, make_image
 
 
@@ -18,13 +19,13 @@ from conftest import encode, make_image
 def decode_calls(monkeypatch):
     """Counts calls into the image decoder."""
     calls = []
-    spec_cls, probe, decode = media_module._BACKENDS["image"]
+    decode = image_codec.decode
 
     def counting(*args, **kwargs):
         calls.append(threading.get_ident())
         return decode(*args, **kwargs)
 
-    monkeypatch.setitem(media_module._BACKENDS, "image", (spec_cls, probe, counting))
+    monkeypatch.setattr(image_codec, "decode", counting)
     return calls
 
 
@@ -136,24 +137,48 @@ def test_views(jpeg_bytes):
     assert item.to_pil().size == (320, 240)
 
 
-def test_base64_and_file_loaders(jpeg_bytes, tmp_path):
+def test_base64_as_clients_send_it(jpeg_bytes):
     text = base64.b64encode(jpeg_bytes).decode()
-    assert lazymedia.load_image_from_base64(text).key == lazymedia.load_image(jpeg_bytes).key
-    with pytest.raises(InvalidMediaError):
-        lazymedia.load_image_from_base64(text[:-3] + "!!!")
+    key = lazymedia.load_image(jpeg_bytes).key
+    wrapped = "\n".join(text[i:i + 76] for i in range(0, len(text), 76))  # MIME line wrapping
+    for form in (text, text.encode(), wrapped, "data:image/jpeg;base64," + text, "DATA:image/jpeg;base64," + wrapped):
+        assert lazymedia.load_image(lazymedia.from_base64(form)).key == key
+    for bad in (text[:-3] + "!!!", "data:image/jpeg," + text, "data:image/jpeg;base64" + text, "é" + text, 42):
+        with pytest.raises(InvalidMediaError):
+            lazymedia.from_base64(bad)
     with pytest.raises(MediaTooLargeError):
-        lazymedia.load_image_from_base64(text, limits=lazymedia.Limits(max_bytes=1000))
+        lazymedia.from_base64(text, limits=lazymedia.Limits(max_bytes=1000))
+
+
+def test_path_sources_and_refused_sources(jpeg_bytes, tmp_path):
     path = tmp_path / "x.jpg"
     path.write_bytes(jpeg_bytes)
-    assert lazymedia.load_image_from_file(path).key == lazymedia.load_image(jpeg_bytes).key
+    assert lazymedia.load_image(path).key == lazymedia.load_image(jpeg_bytes).key
     with pytest.raises(MediaTooLargeError):
-        lazymedia.load_image_from_file(path, limits=lazymedia.Limits(max_bytes=1000))
+        lazymedia.load_image(path, limits=lazymedia.Limits(max_bytes=1000))
+    with pytest.raises(InvalidMediaError, match="cannot read"):
+        lazymedia.load_image(tmp_path / "missing.jpg")
+    with pytest.raises(InvalidMediaError, match="from_base64"):
+        lazymedia.load_image(str(path))  # a str is ambiguous (path? base64?): refused with a hint
+    for source in (None, 42, [1, 2]):
+        with pytest.raises(InvalidMediaError):
+            lazymedia.load_image(source)
 
 
-@pytest.mark.parametrize("spec", [{"mode": "CMYK"}, {"size": (0, 5)}, {"size": "big"}, {"resample": "lanczos9"}])
+@pytest.mark.parametrize("spec", [{"mode": "CMYK"}, {"size": (0, 5)}, {"size": "big"}, {"resample": "lanczos9"},
+                                  {"size": (10**30, 5)}])
 def test_bad_spec_is_rejected(jpeg_bytes, spec):
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidMediaError):
         lazymedia.load_image(jpeg_bytes, **spec)
+
+
+@pytest.mark.parametrize("modality, spec", [("image", {"colour": "red"}), ("video", {"num_frames": "many"}),
+                                            ("video", {"num_frames": 4, "fps": 2}), ("audio", {"sample_rate": -1}),
+                                            ("hologram", {})])
+def test_bad_settings_and_modalities_are_400s(jpeg_bytes, modality, spec):
+    with pytest.raises(InvalidMediaError) as info:
+        lazymedia.load(modality, jpeg_bytes, **spec)
+    assert info.value.status_code == 400
 
 
 def test_corrupt_decode_error_is_kept(jpeg_bytes, decode_calls):

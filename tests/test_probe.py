@@ -5,6 +5,7 @@ import pytest
 from PIL import Image
 
 from lazymedia import _C
+
 from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
 
 PIL_COMPONENTS = {"L": 1, "RGB": 3, "CMYK": 4, "RGBA": 4, "LA": 2, "I;16": 1, "1": 1}
@@ -85,8 +86,9 @@ def test_png_webp_gif_details():
     assert (gif.format, gif.width, gif.height, gif.frame_count) == ("gif", 12, 10, 1)
 
 
-@pytest.mark.parametrize("data", [b"", b"\xff\xd8", b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"RIFF\0\0\0\0WEBP",
-                                  b"hello world", b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x00\x00\x10\x03" + b"\x00" * 9])
+@pytest.mark.parametrize("data", [b"", b"\xff\xd8", b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF89a",
+                                  b"RIFF\0\0\0\0WEBP", b"hello world",
+                                  b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x00\x00\x10\x03" + b"\x00" * 9])
 def test_garbage_returns_status(data):
     r = _C.probe(data)
     assert r.status != "ok"

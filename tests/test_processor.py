@@ -8,7 +8,8 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ProcessorCache, UnprocessableMediaError
-from lazymedia import media as media_module
+from lazymedia.codecs import image as image_codec
+
 from conftest import encode, make_image
 
 
@@ -29,7 +30,7 @@ class Spy:
     def __init__(self, monkeypatch, delay=0.0, barrier=None):
         self.calls = 0
         self.lock = threading.Lock()
-        spec_cls, probe, decode = media_module._BACKENDS["image"]
+        decode = image_codec.decode
 
         def counting(*args, **kwargs):
             with self.lock:
@@ -40,7 +41,7 @@ class Spy:
                 time.sleep(delay)
             return decode(*args, **kwargs)
 
-        monkeypatch.setitem(media_module._BACKENDS, "image", (spec_cls, probe, counting))
+        monkeypatch.setattr(image_codec, "decode", counting)
 
 
 def mean_pixel(items):
@@ -95,7 +96,7 @@ def test_corrupt_item_index_and_nothing_leaked(monkeypatch, images, engine):
         processor.apply(items)
     assert info.value.index == 2 and info.value.status_code == 422 and info.value.modality == "image"
     assert engine.in_flight == 0
-    assert not processor._inflight
+    assert processor.in_flight == 0
     assert all(not item.has_bytes for item in items)
     assert spy.calls == 3
 
@@ -181,7 +182,7 @@ async def test_cancellation_drains_and_followers_retry(monkeypatch, images, engi
     result = await follower
     assert result == mean_pixel([lazymedia.load_image(images[0]).media])
     assert spy.calls >= 3  # the follower decoded again after the leader abandoned the key
-    assert not processor._inflight
+    assert processor.in_flight == 0
 
 
 def test_corrupt_error_reaches_followers_with_their_index(monkeypatch, images, engine):
@@ -209,7 +210,7 @@ def test_process_fn_errors_leave_no_stuck_keys(images, engine):
     processor = Processor(lambda items: [], engine=engine)
     with pytest.raises(ValueError, match="outputs"):
         processor.apply([lazymedia.load_image(images[0])])
-    assert not processor._inflight and engine.in_flight == 0
+    assert processor.in_flight == 0 and engine.in_flight == 0
     processor.process_fn = mean_pixel
     assert processor.apply([lazymedia.load_image(images[0])])
 
@@ -229,7 +230,35 @@ def test_mixed_modalities_in_one_request(engine, tmp_path):
 
     path = tmp_path / "tone.wav"
     soundfile.write(path, np.sin(np.linspace(0, 100, 8000)).astype(np.float32), 8000)
-    audio = lazymedia.load_audio_from_file(path)
+    audio = lazymedia.load_audio(path)
     image = lazymedia.load_image(encode(make_image(8, 8), "PNG"))
     out = Processor(lambda items: [type(i).__name__ for i in items], engine=engine).apply([image, audio])
     assert out == ["Tensor", "AudioSamples"]
+
+
+async def test_corrupt_items_under_load_log_nothing(images, engine, caplog):
+    """1,000 concurrent requests, a fifth with a corrupt item: every error reaches its request,
+    and no asyncio future is left with an unread exception ("never retrieved" log lines)."""
+    import gc
+    import logging
+
+    processor = Processor(mean_pixel, engine=engine)
+    corrupt = images[0][:400]
+
+    async def request(k):
+        data = [images[k % len(images)], corrupt] if k % 5 == 0 else [images[k % len(images)]]
+        distinct = [lazymedia.load_image(b, size=(8 + k % 50, 8)) for b in data]  # most miss
+        try:
+            await processor.apply_async(distinct)
+            return "ok"
+        except UnprocessableMediaError as exc:
+            assert exc.index == 1
+            return "422"
+
+    with caplog.at_level(logging.DEBUG, logger="asyncio"):
+        outcomes = await asyncio.gather(*(request(k) for k in range(1000)))
+        gc.collect()
+        await asyncio.sleep(0)
+    assert outcomes.count("422") == 200 and outcomes.count("ok") == 800
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert processor.in_flight == 0

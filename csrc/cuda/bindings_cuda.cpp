@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../host_ops.h"
-#include "kernels.h"
+#include "device_ops.h"
 #include "nvjpeg_decoder.h"
 
 namespace py = pybind11;

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "kernels.h"
+#include "device_ops.h"
 
 namespace lazymedia {
 namespace cuda {

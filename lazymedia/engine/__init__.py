@@ -1,5 +1,8 @@
-"""Decode backends (one module each) and the engine that schedules them."""
-from .backends import Backend, backends
+"""The decode engine (scheduling, isolation, micro-batching) and its batch decoders, one module
+each (`cpu_batch`, `nvjpeg`, `nvdec`, `dali`); `protocol` is the contract between them and the
+handles they decode."""
+from .availability import BackendStatus, backends
 from .engine import DecodeEngine, default_engine
+from .protocol import BatchDecoder, DecodeItem, Route
 
-__all__ = ["Backend", "DecodeEngine", "backends", "default_engine"]
+__all__ = ["BackendStatus", "BatchDecoder", "DecodeEngine", "DecodeItem", "Route", "backends", "default_engine"]

@@ -10,19 +10,19 @@ fails a DALI batch), item by item.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .. import ops
-from . import cpu
+from .protocol import DecodeItem, decode_on_host, is_root
 
 _DALI_FORMATS = {"jpeg", "png", "webp"}
 
 
-class DaliBackend:
-    """A BatchedBackend for DecodeEngine. device="gpu" decodes with DALI's mixed (nvJPEG)
+class DaliBatchDecoder:
+    """A BatchDecoder for DecodeEngine. device="gpu" decodes with DALI's mixed (nvJPEG)
     decoder into CUDA tensors; device="cpu" decodes on the host."""
 
     name = "dali"
@@ -46,13 +46,13 @@ class DaliBackend:
         self._pipeline.build()
         self._lock = threading.Lock()  # a pipeline runs one batch at a time
 
-    def accepts(self, media) -> bool:
-        if media.modality != "image" or media._parent is not None:
+    def accepts(self, item: DecodeItem) -> bool:
+        if not is_root(item, "image"):
             return False
-        spec = media.spec
-        return media.header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
+        spec = item.spec
+        return item.header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
 
-    def decode_batch(self, items: Sequence) -> list:
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results: list = []
         for start in range(0, len(items), self.max_batch):
             chunk = items[start:start + self.max_batch]
@@ -63,7 +63,7 @@ class DaliBackend:
         return results
 
     def _run(self, items: Sequence) -> list:
-        encoded = [np.frombuffer(item._source.data, dtype=np.uint8) for item in items]
+        encoded = [np.frombuffer(item.encoded(), dtype=np.uint8) for item in items]
         with self._lock:
             self._pipeline.feed_input("encoded", encoded)
             (decoded,) = self._pipeline.run()
@@ -81,6 +81,6 @@ class DaliBackend:
         feed_ndarray(sample, out, cuda_stream=torch.cuda.current_stream(self.torch_device))
         return out
 
-    def _decode_on_cpu(self, item):
-        tensor = cpu.decode_item(item)
+    def _decode_on_cpu(self, item: DecodeItem):
+        tensor = decode_on_host(item)
         return tensor if isinstance(tensor, Exception) else tensor.to(self.torch_device)

@@ -1,49 +1,64 @@
-"""DecodeEngine: runs decodes of cache misses, on a thread pool or in batches.
+"""DecodeEngine: runs decodes of cache misses, on a thread pool, in worker processes, or in
+batches.
 
-Threads (not processes) suffice because every decoder releases the GIL while it works; the pool
-is shared by all requests of a process, so decodes of different requests overlap. A batched
-backend (nvJPEG, DALI, NVDEC) additionally gets cross-request micro-batches: the items it
-accepts, submitted within `batch_window_s` of each other (or `max_batch` of them), go to the GPU in
+Threads (not processes) suffice for speed because every decoder releases the GIL while it works;
+the pool is shared by all requests of a process, so decodes of different requests overlap. The
+engine decides isolation: modalities in `isolate` (FFmpeg-decoded video and audio by default)
+decode in worker processes, so a decoder crash on a hostile file costs a worker, not the server.
+A batch decoder (nvJPEG, DALI, NVDEC) additionally gets cross-request micro-batches: the items it
+accepts, submitted within `batch_window_s` of each other (or `max_batch` of them), go to it in
 one call.
 """
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol, Sequence
+
+from ..errors import MediaError
+from ..singletons import process_wide
+from .protocol import BatchDecoder, DecodeItem
+
+# Batch sizes kept per decoder, for stats and benchmarks (older ones are dropped).
+BATCH_HISTORY = 1024
 
 
-class BatchedBackend(Protocol):
-    """A decoder that takes many handles at once (engine/nvjpeg.py, engine/dali.py)."""
+def _mark_decode_thread() -> None:
+    """Pool threads run the pixel kernels single-threaded: the pool already uses every core."""
+    from .. import ops
 
-    name: str
-
-    def accepts(self, media) -> bool:
-        """Whether this backend decodes `media` (others go to the thread pool)."""
-
-    def decode_batch(self, items: Sequence) -> list:
-        """One decoded value or exception per item, in order; never raises for one bad item."""
+    ops.use_one_kernel_thread()
 
 
 class DecodeEngine:
-    """A pool of decode threads (sized by default to the cores this process may use), with an
-    optional batched backend for the items it accepts."""
+    """A pool of decode threads (sized by default to the cores this process may use), optional
+    batch decoders for the items they accept, and worker processes for isolated modalities.
 
-    def __init__(self, max_workers: int | None = None, backends: Sequence[BatchedBackend] = (),
-                 batch_window_s: float = 0.001, max_batch: int = 64):
+    Batch decoders take precedence over isolation: a GPU decoder that accepts a video decodes it
+    in this process. `isolation_pool` defaults to the process-wide pool of worker processes.
+    """
+
+    def __init__(self, max_workers: int | None = None, batch_decoders: Sequence[BatchDecoder] = (),
+                 batch_window_s: float = 0.001, max_batch: int = 64,
+                 isolate: Iterable[str] = ("video", "audio"), isolation_pool=None):
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
-        self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="lazymedia-decode")
+        self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="lazymedia-decode",
+                                        initializer=_mark_decode_thread)
         self._lock = threading.Lock()
         self._in_flight = 0
-        self.backends = list(backends)
+        self.batch_decoders = list(batch_decoders)
         self.batch_window_s = batch_window_s
         self.max_batch = max_batch
-        # Sizes of the batches each backend received, for stats, benchmarks and tests.
-        self.batch_sizes: dict[str, list[int]] = {b.name: [] for b in self.backends}
-        self._queues = {b.name: queue.SimpleQueue() for b in self.backends}
+        self.isolate = frozenset(isolate)
+        self._isolation_pool = isolation_pool
+        # The most recent batch sizes each decoder received, for stats, benchmarks and tests.
+        self.batch_sizes: dict[str, collections.deque[int]] = {
+            d.name: collections.deque(maxlen=BATCH_HISTORY) for d in self.batch_decoders}
+        self._queues: dict[str, queue.SimpleQueue] = {d.name: queue.SimpleQueue() for d in self.batch_decoders}
         self._batchers: dict[str, threading.Thread] = {}
         self._closed = False
 
@@ -53,20 +68,20 @@ class DecodeEngine:
         with self._lock:
             return self._in_flight
 
-    def submit(self, media, out=None) -> Future:
-        """Decodes `media` (a LazyMedia); the future's result is what `media.decode()` returns."""
+    def submit(self, item: DecodeItem, out=None) -> Future:
+        """Decodes `item`; the future's result is what `item.decode()` returns."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("DecodeEngine is shut down")
             self._in_flight += 1
         try:
-            backend = next((b for b in self.backends if out is None and b.accepts(media)), None)
-            if backend is not None:
+            decoder = next((d for d in self.batch_decoders if out is None and d.accepts(item)), None)
+            if decoder is not None:
                 future: Future = Future()
-                self._start_batcher(backend)
-                self._queues[backend.name].put((media, future))
+                self._start_batcher(decoder)
+                self._queues[decoder.name].put((item, future))
             else:
-                future = self._pool.submit(media.decode, out)
+                future = self._pool.submit(self._decode_one, item, out)
         except BaseException:
             self._finished(None)
             raise
@@ -77,19 +92,34 @@ class DecodeEngine:
         with self._lock:
             self._in_flight -= 1
 
+    def _decode_one(self, item: DecodeItem, out):
+        root = item.root
+        if item.modality not in self.isolate or root.is_decoded:
+            return item.decode(out)
+        from .isolation import copy_into, decode_encoded, default_pool
+
+        pool = self._isolation_pool or default_pool()
+        try:
+            value = pool.run(decode_encoded, root.modality, bytes(root.encoded()), root.header, root.spec)
+        except MediaError as exc:
+            root.fulfil(error=exc)
+        else:
+            root.fulfil(value=copy_into(value, out) if out is not None and root is item else value)
+        return item.decode()
+
     # -- micro-batching -----------------------------------------------------------------------
-    def _start_batcher(self, backend: BatchedBackend) -> None:
+    def _start_batcher(self, decoder: BatchDecoder) -> None:
         with self._lock:
-            if backend.name not in self._batchers:
-                thread = threading.Thread(target=self._gather, args=(backend,), name=f"lazymedia-batch-{backend.name}",
+            if decoder.name not in self._batchers:
+                thread = threading.Thread(target=self._gather, args=(decoder,), name=f"lazymedia-batch-{decoder.name}",
                                           daemon=True)
-                self._batchers[backend.name] = thread
+                self._batchers[decoder.name] = thread
                 thread.start()
 
-    def _gather(self, backend: BatchedBackend) -> None:
+    def _gather(self, decoder: BatchDecoder) -> None:
         """Collects queued items for at most batch_window_s after the first (or max_batch of
         them) and hands each batch to the pool, so the next batch gathers while one decodes."""
-        pending = self._queues[backend.name]
+        pending = self._queues[decoder.name]
         while True:
             first = pending.get()
             if first is None:
@@ -108,33 +138,34 @@ class DecodeEngine:
                     pending.put(None)  # stop after this batch
                     break
                 batch.append(item)
-            live = [(media, future) for media, future in batch if future.set_running_or_notify_cancel()]
+            live = [(item, future) for item, future in batch if future.set_running_or_notify_cancel()]
             if live:
-                self.batch_sizes[backend.name].append(len(live))
-                self._pool.submit(self._decode_batch, backend, live)
+                self.batch_sizes[decoder.name].append(len(live))
+                self._pool.submit(self._decode_batch, decoder, live)
 
-    def _decode_batch(self, backend: BatchedBackend, batch) -> None:
+    def _decode_batch(self, decoder: BatchDecoder, batch) -> None:
         try:
-            results = backend.decode_batch([media for media, _ in batch])
-        except BaseException as exc:  # the backend itself broke: every item of the batch fails
+            results = decoder.decode_batch([item for item, _ in batch])
+        except BaseException as exc:  # the decoder itself broke: every item of the batch fails
             results = [exc] * len(batch)
-        for (media, future), result in zip(batch, results):
+        for (item, future), result in zip(batch, results):
             if isinstance(result, BaseException):
-                media._fulfil(error=result)
+                item.fulfil(error=result)
             else:
-                media._fulfil(value=result)
+                item.fulfil(value=result)
             try:
-                future.set_result(media.decode())  # the handle's once-cell decides (it may hold another decode)
+                future.set_result(item.decode())  # the handle's once-cell decides (it may hold another decode)
             except BaseException as exc:
                 future.set_exception(exc)
 
-    def decode_all(self, items) -> list:
+    def decode_all(self, items: Sequence[DecodeItem]) -> list:
         """Decodes every item concurrently and returns the results in order (first error raised
         after all decodes have finished, so none is left running)."""
         futures = [self.submit(item) for item in items]
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            raise errors[0]
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
         return [future.result() for future in futures]
 
     def shutdown(self, wait: bool = True) -> None:
@@ -154,14 +185,7 @@ class DecodeEngine:
         self.shutdown()
 
 
-_default_engine: DecodeEngine | None = None
-_default_lock = threading.Lock()
-
-
+@process_wide
 def default_engine() -> DecodeEngine:
     """The process-wide engine that `Processor` uses unless given another."""
-    global _default_engine
-    with _default_lock:
-        if _default_engine is None:
-            _default_engine = DecodeEngine()
-        return _default_engine
+    return DecodeEngine()

@@ -16,11 +16,12 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import MediaError, UnprocessableMediaError
-
+from ..singletons import process_wide
 
 _READY = b"ready"
 # A worker imports torch and the decoders before it can serve: minutes would mean it is stuck.
@@ -106,8 +107,9 @@ class IsolatedPool:
         if self._closed:
             raise RuntimeError("IsolatedPool is closed")
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        worker = self._idle.get()
+        worker: _Worker | None = self._idle.get()
         try:
+            assert worker is not None
             worker.wait_ready()
             worker.conn.send_bytes(pickle.dumps((fn, args)))
             if not worker.conn.poll(timeout):
@@ -147,17 +149,30 @@ class IsolatedPool:
             worker.kill()
 
 
-_default_pool: IsolatedPool | None = None
-_default_lock = threading.Lock()
-
-
+@process_wide
 def default_pool() -> IsolatedPool:
-    """The process-wide pool used by handles loaded with isolate=True (one worker per core)."""
-    global _default_pool
-    with _default_lock:
-        if _default_pool is None:
-            _default_pool = IsolatedPool(workers=max(1, len(os.sched_getaffinity(0))))
-        return _default_pool
+    """The process-wide pool that engines isolating a modality use (one worker per core)."""
+    return IsolatedPool(workers=max(1, len(os.sched_getaffinity(0))))
+
+
+def decode_encoded(modality: str, data: bytes, header, spec):
+    """What a worker runs: the codec's decode of one item's bytes (module-level, so it pickles)."""
+    from ..codecs import codec
+
+    return codec(modality).decode(data, header, spec)
+
+
+def copy_into(result, out):
+    """Moves a decode made in a worker into the caller's buffer `out`."""
+    for field in ("frames", "samples"):  # VideoFrames / AudioSamples
+        tensor = getattr(result, field, None)
+        if tensor is not None:
+            view = out[: tensor.shape[0]] if field == "frames" else out
+            view.copy_(tensor)
+            setattr(result, field, view)
+            return result
+    out.copy_(result)
+    return out
 
 
 if __name__ == "__main__":

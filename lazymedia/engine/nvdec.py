@@ -1,7 +1,7 @@
 """NVDEC backend (PyNvVideoCodec): the frames a VideoSpec samples, decoded on the GPU and
 converted NV12 -> RGB (and resized) by the shared kernels into one [T, H, W, 3] device tensor.
 
-Sampling semantics are the CPU path's (engine.video.sample_indices), so both backends return
+Sampling semantics are the CPU path's (codecs.sampling), so both paths return
 the same frame indices. What NVDEC cannot decode goes to the CPU path: H.264 other than 8-bit
 4:2:0 (High 10, 4:4:4), AV1 on GPUs older than Blackwell, codecs NVDEC lacks.
 """
@@ -9,31 +9,33 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .. import ops
-from . import video
+from ..codecs import video
+from ..codecs.sampling import sample_indices
+from .protocol import DecodeItem, Route, decode_on_host, is_root
 
 _NVDEC_CODECS = {"h264", "hevc", "vp9", "av1", "vp8", "mpeg2video", "mpeg4"}
 # NVDEC's NV12 path: 8-bit 4:2:0 (10-bit HEVC/VP9/AV1 come out as P016, not handled here).
 _NV12_FORMATS = {"yuv420p", "yuvj420p", "nv12"}
 
 
-def route(header, compute_capability: tuple[int, int]) -> tuple[bool, str]:
-    """(on the GPU?, why not) for one video, from its header and the GPU generation."""
+def route(header, compute_capability: tuple[int, int]) -> Route:
+    """Whether one video decodes on NVDEC, from its header and the GPU generation."""
     if header.codec not in _NVDEC_CODECS:
-        return False, f"NVDEC has no {header.codec} decoder"
+        return Route(False, f"NVDEC has no {header.codec} decoder")
     if header.pixel_format not in _NV12_FORMATS:
-        return False, f"{header.pixel_format} is not 8-bit 4:2:0"
+        return Route(False, f"{header.pixel_format} is not 8-bit 4:2:0")
     if header.codec == "av1" and compute_capability < (10, 0):
-        return False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)"
-    return True, "nvdec"
+        return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)")
+    return Route(True, "nvdec")
 
 
-class NvdecBackend:
-    """A BatchedBackend for DecodeEngine (batches are decoded one video after another; the
+class NvdecBatchDecoder:
+    """A BatchDecoder for DecodeEngine (batches are decoded one video after another; the
     decoder is built once and re-pointed at each video, which is far cheaper than rebuilding)."""
 
     name = "nvdec"
@@ -48,15 +50,16 @@ class NvdecBackend:
         self._lock = threading.Lock()  # one decoder; its frame buffers are reused by the next call
         self.fallbacks: list[str] = []
 
-    def accepts(self, media) -> bool:
-        return media.modality == "video" and media._parent is None and not media._source.isolate
+    def accepts(self, item: DecodeItem) -> bool:
+        return is_root(item, "video")
 
-    def decode_batch(self, items: Sequence) -> list:
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results = []
         for item in items:
-            on_gpu, reason = route(item.header, self.compute_capability)
+            gpu_route = route(item.header, self.compute_capability)
+            reason = gpu_route.reason
             try:
-                if on_gpu:
+                if gpu_route.gpu:
                     results.append(self._decode(item))
                     continue
             except Exception as exc:  # NVDEC refused this stream: the CPU path decides
@@ -65,21 +68,20 @@ class NvdecBackend:
             results.append(self._decode_on_cpu(item))
         return results
 
-    def _decode_on_cpu(self, item):
-        try:
-            frames = video.decode_video(item._source.data, item.header, item.spec)
-        except Exception as exc:  # typed MediaError for this item only
-            return exc
-        frames.frames = frames.frames.to(self.device)
+    def _decode_on_cpu(self, item: DecodeItem):
+        frames = decode_on_host(item)
+        if not isinstance(frames, Exception):
+            frames.frames = frames.frames.to(self.device)
         return frames
 
-    def _decode(self, item) -> video.VideoFrames:
+    def _decode(self, item: DecodeItem) -> video.VideoFrames:
         header, spec = item.header, item.spec
-        indices = video.sample_indices(header.total_frames, header.fps, spec)
-        table = video._frame_table(item._source.data, header.total_frames)
+        data = item.encoded()
+        indices = sample_indices(header.total_frames, header.fps, spec)
+        table = video.read_frame_table(data, header.total_frames)
         fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)  # SimpleDecoder reads a path
         try:
-            os.write(fd, item._source.data)
+            os.write(fd, data)
             with self._lock:
                 decoder = self._point_decoder_at(f"/proc/self/fd/{fd}")
                 decoded = decoder.get_batch_frames_by_index(indices)

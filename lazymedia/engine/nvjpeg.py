@@ -10,24 +10,17 @@ whether an image is corrupt (422), exactly as without a GPU.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from .. import ops
-from . import cpu
+from .protocol import DecodeItem, Route, decode_on_host, is_root
 
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
 # nvJPEG's hardware engines take baseline, single-scan JPEG without 4:1:1 / 4:1:0 chroma.
 _HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}
-
-
-@dataclass(frozen=True)
-class Route:
-    gpu: bool
-    reason: str  # why the CPU, or which GPU path is expected ("hardware" / "hybrid")
 
 
 def route(header, spec) -> Route:
@@ -48,7 +41,8 @@ def route(header, spec) -> Route:
 
 def split_batch(items: Sequence) -> tuple[list[int], list[int]]:
     """(GPU indices, CPU indices) of a batch of image handles."""
-    gpu, host = [], []
+    gpu: list[int] = []
+    host: list[int] = []
     for index, item in enumerate(items):
         (gpu if route(item.header, item.spec).gpu else host).append(index)
     return gpu, host
@@ -65,8 +59,8 @@ def _wheel_library() -> str:
     return ""
 
 
-class NvjpegBackend:
-    """A BatchedBackend for DecodeEngine. output="cuda" returns device tensors, "pinned" returns
+class NvjpegBatchDecoder:
+    """A BatchDecoder for DecodeEngine. output="cuda" returns device tensors, "pinned" returns
     page-locked host tensors (decoded on the device, then copied asynchronously)."""
 
     name = "nvjpeg"
@@ -82,17 +76,27 @@ class NvjpegBackend:
 
             decoder = _C_cuda.NvjpegDecoder(self.device.index or 0, allow_hardware, _wheel_library())
         self._decoder = decoder
-        self._pinned = ops.HostBufferPool() if output == "pinned" else None
+        self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
         self.fallbacks: list[str] = []  # reasons of run-time fallbacks to the CPU, most recent last
 
     @property
     def hardware(self) -> bool:
+        """Whether nvJPEG's hardware engines decode (else its hybrid CUDA path)."""
         return bool(self._decoder.hardware)
 
-    def accepts(self, media) -> bool:
-        return media.modality == "image" and media._parent is None
+    @property
+    def engines(self) -> int:
+        """Hardware JPEG engines of the device (0 without)."""
+        return int(self._decoder.engines)
 
-    def decode_batch(self, items: Sequence) -> list:
+    @property
+    def cores_per_engine(self) -> int:
+        return int(self._decoder.cores_per_engine)
+
+    def accepts(self, item: DecodeItem) -> bool:
+        return is_root(item, "image")
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results: list = [None] * len(items)
         gpu, host = split_batch(items)
         if gpu:
@@ -116,7 +120,7 @@ class NvjpegBackend:
             swap = orientation >= 5
             shape = (header.width, header.height, 3) if swap else (header.height, header.width, 3)
             out = torch.empty(shape, dtype=torch.uint8, device=self.device)
-            data = item._source.data
+            data = item.encoded()
             requests.append((data, header.width, header.height, orientation, out.data_ptr()))
             outputs.append(out)
         statuses = self._decoder.decode(requests, self._stream())
@@ -133,7 +137,7 @@ class NvjpegBackend:
         return fallback
 
     def _decode_on_cpu(self, item):
-        tensor = cpu.decode_item(item)
+        tensor = decode_on_host(item)
         if isinstance(tensor, Exception):
             return tensor
         if self.output == "pinned":

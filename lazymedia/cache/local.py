@@ -1,11 +1,13 @@
-"""ProcessorCache: an LRU of processed outputs keyed by `LazyMedia.key`, bounded in bytes."""
+"""In-process LRU caches: `ProcessorCache` holds processed outputs bounded in bytes; `LruCache`
+is the same structure bounded by any weight (one per entry for the header memo)."""
 from __future__ import annotations
 
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 _MISSING = object()
 
@@ -27,25 +29,33 @@ def estimate_nbytes(value: Any) -> int:
 
 @dataclass(frozen=True)
 class CacheStats:
+    """Counters of one cache. `size` and `capacity` are in the cache's unit: bytes for a
+    ProcessorCache, entries for an LruCache weighed per entry."""
+
     hits: int
     misses: int
     evictions: int
     entries: int
-    nbytes: int
-    capacity_bytes: int
+    size: int
+    capacity: int
 
 
-class ProcessorCache:
-    """Thread-safe LRU. An entry larger than the whole capacity is not stored."""
+def _one(_value: Any) -> int:
+    return 1
 
-    def __init__(self, capacity_bytes: int = 1 << 30, sizeof: Callable[[Any], int] = estimate_nbytes):
-        if capacity_bytes < 0:
-            raise ValueError("capacity_bytes must be >= 0")
-        self.capacity_bytes = capacity_bytes
-        self._sizeof = sizeof
-        self._entries: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+
+class LruCache:
+    """Thread-safe LRU bounded by the summed `weigh(value)` of its entries (1 each by default).
+    An entry heavier than the whole capacity is not stored."""
+
+    def __init__(self, capacity: int, weigh: Callable[[Any], int] = _one):
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        self.capacity = capacity
+        self._weigh = weigh
+        self._entries: OrderedDict[str, Any] = OrderedDict()  # key -> (value, weight)
         self._lock = threading.Lock()
-        self._nbytes = 0
+        self._size = 0
         self._hits = self._misses = self._evictions = 0
 
     def get(self, key: str, default=None):
@@ -66,19 +76,19 @@ class ProcessorCache:
 
     def put(self, key: str, value: Any) -> bool:
         """Stores `value`, evicting least recently used entries; False if it can never fit."""
-        size = self._sizeof(value)
+        weight = self._weigh(value)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._nbytes -= old[1]
-            if size > self.capacity_bytes:
+                self._size -= old[1]
+            if weight > self.capacity:
                 return False
-            while self._entries and self._nbytes + size > self.capacity_bytes:
+            while self._entries and self._size + weight > self.capacity:
                 _, (_, evicted) = self._entries.popitem(last=False)
-                self._nbytes -= evicted
+                self._size -= evicted
                 self._evictions += 1
-            self._entries[key] = (value, size)
-            self._nbytes += size
+            self._entries[key] = (value, weight)
+            self._size += weight
             return True
 
     def __contains__(self, key: str) -> bool:
@@ -92,9 +102,20 @@ class ProcessorCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._nbytes = 0
+            self._size = 0
 
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self._hits, self._misses, self._evictions, len(self._entries), self._nbytes,
-                              self.capacity_bytes)
+            return CacheStats(self._hits, self._misses, self._evictions, len(self._entries), self._size, self.capacity)
+
+
+class ProcessorCache(LruCache):
+    """Processed outputs keyed by `LazyMedia.key`, bounded in bytes (`sizeof`, by default the
+    buffers of the tensors and arrays inside each output)."""
+
+    def __init__(self, capacity_bytes: int = 1 << 30, sizeof: Callable[[Any], int] = estimate_nbytes):
+        super().__init__(capacity_bytes, sizeof)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity

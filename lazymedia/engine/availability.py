@@ -1,4 +1,4 @@
-"""Which decode backends this process can use, and why not when it cannot.
+"""Which decode backends this process can use, and why not when it cannot (`lazymedia info`).
 
 Every check is import- and driver-safe: nothing here needs a GPU, and a missing or broken GPU
 stack is reported as a reason, never raised.
@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Backend:
+class BackendStatus:
+    """One decode backend: its name, the modality it decodes, and whether this process can use it."""
+
     name: str
     modality: str
     available: bool
@@ -47,24 +49,25 @@ def _cuda_extension() -> tuple[bool, str]:
     return True, "built"
 
 
-def backends() -> list[Backend]:
+def backends() -> list[BackendStatus]:
     """Every backend with whether it is usable here."""
     import PIL
     import simplejpeg
 
-    found = [Backend("cpu", "image", True, f"libjpeg-turbo via simplejpeg {simplejpeg.__version__}, Pillow {PIL.__version__}")]
+    found = [BackendStatus("cpu", "image", True,
+                           f"libjpeg-turbo via simplejpeg {simplejpeg.__version__}, Pillow {PIL.__version__}")]
     device_ok, device = _cuda_device()
     ext_ok, ext = _cuda_extension()
     nvjpeg_ok = device_ok and ext_ok
-    found.append(Backend("nvjpeg", "image", nvjpeg_ok, device if nvjpeg_ok else (ext if not ext_ok else device)))
+    found.append(BackendStatus("nvjpeg", "image", nvjpeg_ok, device if nvjpeg_ok else (ext if not ext_ok else device)))
     dali_ok, dali = _module("nvidia.dali")
     where = "mixed (GPU) and cpu pipelines" if device_ok else "cpu pipeline only (no GPU)"
-    found.append(Backend("dali", "image", dali_ok, f"DALI {dali}, {where}" if dali_ok else dali))
+    found.append(BackendStatus("dali", "image", dali_ok, f"DALI {dali}, {where}" if dali_ok else dali))
     av_ok, av_version = _module("av")
-    found.append(Backend("cpu", "video", av_ok, f"PyAV {av_version}" if av_ok else av_version))
+    found.append(BackendStatus("cpu", "video", av_ok, f"PyAV {av_version}" if av_ok else av_version))
     nvdec_ok, nvdec = _module("PyNvVideoCodec")
     nvdec_ok = nvdec_ok and device_ok
-    found.append(Backend("nvdec", "video", nvdec_ok, nvdec if not device_ok or not nvdec_ok else device))
+    found.append(BackendStatus("nvdec", "video", nvdec_ok, nvdec if not device_ok or not nvdec_ok else device))
     sf_ok, sf = _module("soundfile")
-    found.append(Backend("cpu", "audio", sf_ok and av_ok, f"soundfile {sf}, PyAV {av_version}"))
+    found.append(BackendStatus("cpu", "audio", sf_ok and av_ok, f"soundfile {sf}, PyAV {av_version}"))
     return found

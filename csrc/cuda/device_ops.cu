@@ -1,6 +1,6 @@
 // CUDA wrappers of the shared per-pixel functions: one thread per output pixel, the math is the
 // host-tested code in csrc/kernels/.
-#include "kernels.h"
+#include "device_ops.h"
 
 #include "../kernels/layout.h"
 #include "../kernels/orientation.h"

@@ -11,7 +11,11 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError
-from lazymedia.engine import cpu, nvjpeg
+from lazymedia.codecs import image as image_codec
+from lazymedia.codecs import video
+from lazymedia.engine import nvjpeg
+from lazymedia.engine.cpu_batch import CpuBatchDecoder
+
 from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
 
 
@@ -21,29 +25,29 @@ def jpegs(count, **kwargs):
 
 
 def test_burst_becomes_one_batch_and_max_batch_splits():
-    with DecodeEngine(max_workers=2, backends=[cpu.CpuBatchBackend()], batch_window_s=0.2, max_batch=4) as engine:
+    with DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=0.2, max_batch=4) as engine:
         futures = [engine.submit(item) for item in jpegs(10)]
         results = [f.result(timeout=10) for f in futures]
-    assert engine.batch_sizes["cpu-batch"] == [4, 4, 2]
+    assert list(engine.batch_sizes["cpu-batch"]) == [4, 4, 2]
     assert all(r.shape == (40, 64, 3) for r in results)
 
 
 def test_items_after_the_window_start_a_new_batch():
-    with DecodeEngine(max_workers=2, backends=[cpu.CpuBatchBackend()], batch_window_s=0.05) as engine:
+    with DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=0.05) as engine:
         first = [engine.submit(item) for item in jpegs(2)]
         [f.result(timeout=10) for f in first]
         time.sleep(0.2)
         engine.submit(jpegs(1)[0]).result(timeout=10)
-    assert engine.batch_sizes["cpu-batch"] == [2, 1]
+    assert list(engine.batch_sizes["cpu-batch"]) == [2, 1]
 
 
 def test_concurrent_requests_share_a_batch():
-    engine = DecodeEngine(max_workers=2, backends=[cpu.CpuBatchBackend()], batch_window_s=0.3)
+    engine = DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=0.3)
     processor = Processor(lambda items: [float(t.float().mean()) for t in items], engine=engine)
     barrier = threading.Barrier(3)
     outputs = {}
     items = jpegs(3)
-    expected = [float(cpu.decode_image(i._source.data, i.header, i.spec).float().mean()) for i in items]
+    expected = [float(image_codec.decode(i.encoded(), i.header, i.spec).float().mean()) for i in items]
 
     def request(k):
         barrier.wait()
@@ -55,12 +59,12 @@ def test_concurrent_requests_share_a_batch():
     for t in threads:
         t.join()
     engine.shutdown()
-    assert engine.batch_sizes["cpu-batch"] == [3]
+    assert list(engine.batch_sizes["cpu-batch"]) == [3]
     assert [outputs[k] for k in range(3)] == expected
 
 
 def test_bad_item_fails_alone_with_its_request_index():
-    engine = DecodeEngine(max_workers=2, backends=[cpu.CpuBatchBackend()], batch_window_s=0.05)
+    engine = DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=0.05)
     processor = Processor(lambda items: [t.shape for t in items], engine=engine)
     good = jpegs(2)
     corrupt = lazymedia.load_image(encode(make_image(40, 64), "JPEG")[:300])
@@ -73,11 +77,11 @@ def test_bad_item_fails_alone_with_its_request_index():
 
 
 def test_mapped_and_non_image_items_bypass_the_batcher(tmp_path):
-    with DecodeEngine(max_workers=2, backends=[cpu.CpuBatchBackend()], batch_window_s=0.01) as engine:
+    with DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=0.01) as engine:
         item = jpegs(1)[0]
         flipped = item.map(torch.fliplr)
         assert torch.equal(engine.submit(flipped).result(timeout=10), torch.fliplr(item.media))
-    assert engine.batch_sizes["cpu-batch"] == []
+    assert list(engine.batch_sizes["cpu-batch"]) == []
 
 
 @pytest.mark.parametrize("name,gpu,reason", [
@@ -107,14 +111,14 @@ class HostDecoder:
         self.calls.append(len(requests))
         statuses = []
         for data, width, height, orientation, out_ptr in requests:
-            header = cpu.probe_image(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
+            header = image_codec.probe(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
             if header.jpeg_encoding == "progressive":
                 statuses.append((False, "decoupled decode: JPEG not supported"))
                 continue
             assert (header.width, header.height) == (width, height)
             spec = lazymedia.ImageSpec(apply_orientation=orientation != 1)
             try:
-                pixels = np.ascontiguousarray(cpu.decode_image(data, header, spec).numpy())
+                pixels = np.ascontiguousarray(image_codec.decode(data, header, spec).numpy())
             except lazymedia.MediaError:
                 statuses.append((False, "decoupled decode: bad JPEG"))
                 continue
@@ -130,11 +134,11 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     items.append(lazymedia.load_image(encode(make_image(30, 30), "JPEG")[:200]))  # corrupt
     items.append(lazymedia.load_image((CORPUS / "images" / "hopper.jpg").read_bytes(), size=(50, 70)))
     decoder = HostDecoder()
-    backend = nvjpeg.NvjpegBackend(device="cpu", decoder=decoder)
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=decoder)
     results = backend.decode_batch(items)
     assert decoder.calls == [5]  # one native call for every GPU-routed image (incl. the corrupt one)
     for item, result in zip(items[:5], results[:5]):
-        assert torch.equal(result, cpu.decode_image(item._source.data, item.header, item.spec))
+        assert torch.equal(result, image_codec.decode(item.encoded(), item.header, item.spec))
     assert isinstance(results[5], UnprocessableMediaError)
     resized = ops_resize_reference(items[6])
     assert torch.equal(results[6], resized)
@@ -144,20 +148,20 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
 def ops_resize_reference(item):
     from lazymedia import ops
 
-    full = cpu.decode_image(item._source.data, item.header, lazymedia.ImageSpec())
+    full = image_codec.decode(item.encoded(), item.header, lazymedia.ImageSpec())
     return ops.resize(full, item.spec.size, item.spec.resample)
 
 
 def test_nvjpeg_backend_in_the_engine_through_processor():
-    backend = nvjpeg.NvjpegBackend(device="cpu", decoder=HostDecoder(), output="pinned")
-    engine = DecodeEngine(max_workers=2, backends=[backend], batch_window_s=0.05)
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=HostDecoder(), output="pinned")
+    engine = DecodeEngine(max_workers=2, batch_decoders=[backend], batch_window_s=0.05)
     processor = Processor(lambda items: [t.clone() for t in items], engine=engine)
     items = jpegs(4)
-    expected = [cpu.decode_image(i._source.data, i.header, i.spec) for i in items]
+    expected = [image_codec.decode(i.encoded(), i.header, i.spec) for i in items]
     out = processor.apply(items)
     engine.shutdown()
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
-    assert engine.batch_sizes["nvjpeg"] == [4]
+    assert list(engine.batch_sizes["nvjpeg"]) == [4]
 
 
 dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")
@@ -165,9 +169,9 @@ dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")
 
 @pytest.fixture(scope="module")
 def dali_backend():
-    from lazymedia.engine.dali import DaliBackend
+    from lazymedia.engine.dali import DaliBatchDecoder
 
-    return DaliBackend(device="cpu", max_batch=8)
+    return DaliBatchDecoder(device="cpu", max_batch=8)
 
 
 @pytest.mark.parametrize("row", [p for p in corpus_params("image", {"decodes"})
@@ -175,7 +179,7 @@ def dali_backend():
 def test_dali_cpu_pipeline_agrees_with_the_cpu_decoder(dali_backend, row):
     item = lazymedia.load_image(corpus_bytes(row))
     assert dali_backend.accepts(item)  # JPEG and PNG in RGB with orientation: DALI's to decode
-    ours = cpu.decode_image(item._source.data, item.header, item.spec).numpy().astype(np.float64)
+    ours = image_codec.decode(item.encoded(), item.header, item.spec).numpy().astype(np.float64)
     (theirs,) = dali_backend.decode_batch([item])
     if isinstance(theirs, Exception):
         raise theirs
@@ -191,3 +195,14 @@ def test_dali_batch_with_a_corrupt_image(dali_backend):
     results = dali_backend.decode_batch(items)
     assert isinstance(results[1], UnprocessableMediaError)
     assert all(isinstance(r, torch.Tensor) and r.shape == (40, 64, 3) for i, r in enumerate(results) if i != 1)
+
+
+@pytest.mark.parametrize("codec,pix_fmt,capability,expected", [
+    ("h264", "yuv420p", (9, 0), True), ("h264", "yuv420p10le", (9, 0), False), ("h264", "yuv444p", (9, 0), False),
+    ("av1", "yuv420p", (9, 0), False), ("av1", "yuv420p", (10, 0), True), ("theora", "yuv420p", (9, 0), False),
+])
+def test_nvdec_routing(codec, pix_fmt, capability, expected):
+    from lazymedia.engine import nvdec
+
+    header = video.VideoHeader("mp4", codec, 64, 64, 30.0, 1.0, 30, False, pix_fmt)
+    assert nvdec.route(header, capability).gpu is expected

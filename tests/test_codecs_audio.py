@@ -1,14 +1,16 @@
 """CPU audio: soundfile/PyAV decoding, resampling and channel mixing as spec settings."""
+import io
+
 import numpy as np
 import pytest
 import soundfile
-import io
 
 import lazymedia
 from lazymedia import MediaError
-from lazymedia.engine import audio
+from lazymedia.codecs import audio
+from lazymedia.samples import tone as make_tone
+
 from conftest import corpus_bytes, corpus_params
-from media_gen import make_tone
 
 
 @pytest.mark.parametrize("row", corpus_params("audio", {"decodes"}))
@@ -47,10 +49,10 @@ def test_resample_and_mono_are_spec_settings():
 
 def test_soundfile_and_pyav_paths_agree():
     wav = make_tone(seconds=0.5, rate=8000, channels=1)
-    header = audio.probe_audio(wav, lazymedia.DEFAULT_LIMITS, lazymedia.AudioSpec())
+    header = audio.probe(wav, lazymedia.DEFAULT_LIMITS, lazymedia.AudioSpec())
     assert header.reader == "soundfile"
-    via_av = audio.decode_audio(wav, audio.AudioHeader("av", "wav", 8000, 1, 0.5), lazymedia.AudioSpec())
-    via_sf = audio.decode_audio(wav, header, lazymedia.AudioSpec())
+    via_av = audio.decode(wav, audio.AudioHeader("av", "wav", 8000, 1, 0.5), lazymedia.AudioSpec())
+    via_sf = audio.decode(wav, header, lazymedia.AudioSpec())
     np.testing.assert_allclose(via_av.samples.numpy(), via_sf.samples.numpy(), atol=1e-4)
 
 

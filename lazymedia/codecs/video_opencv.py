@@ -1,5 +1,5 @@
-"""OpenCV video backend (VideoSpec(decoder="opencv")): the same frame sampling as the PyAV path
-(engine.video.sample_indices and its seek plan), through cv2.VideoCapture's FFmpeg reader.
+"""OpenCV video reader (VideoSpec(decoder="opencv")): the same frame sampling as the PyAV path
+(codecs.sampling), through cv2.VideoCapture's FFmpeg reader.
 Frames between sampled ones are grabbed (decoded, not converted); a seek goes straight to the
 sampled frame. OpenCV reads from a path, so the bytes are handed over as a memfd."""
 from __future__ import annotations
@@ -10,20 +10,21 @@ import torch
 
 from ..errors import UnprocessableMediaError
 from . import video
+from .sampling import decode_plan, sample_indices
 
 
-def decode_video_opencv(data, header, spec, out: torch.Tensor | None = None) -> video.VideoFrames:
+def decode(data, header, spec, out: torch.Tensor | None = None) -> video.VideoFrames:
     import cv2
 
-    indices = video.sample_indices(header.total_frames, header.fps, spec)
+    indices = sample_indices(header.total_frames, header.fps, spec)
     height, width = spec.size or (header.height, header.width)
-    frames = out if out is not None else video._frame_buffers().empty((len(indices), height, width, 3))
+    frames = out if out is not None else video.frame_buffers().empty((len(indices), height, width, 3))
     if tuple(frames.shape) != (len(indices), height, width, 3):
         raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
-    table = video._frame_table(data, header.total_frames)
-    plan = video._decode_plan(indices, table) if len(indices) * 2 < header.total_frames else [None] * len(indices)
+    table = video.read_frame_table(data, header.total_frames)
+    plan = decode_plan(indices, table) if len(indices) * 2 < header.total_frames else [None] * len(indices)
     buffer = frames.numpy()
-    got = []
+    got: list[int] = []
     fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)
     try:
         os.write(fd, data)

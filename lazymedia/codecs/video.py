@@ -1,18 +1,21 @@
-"""CPU video backend through PyAV (FFmpeg): samples only the requested frames and converts each
-straight to RGB at the target size with FFmpeg's scaler, into one preallocated tensor."""
+"""Video codec through PyAV (FFmpeg): samples only the requested frames (codecs.sampling) and
+converts each straight to RGB at the target size with FFmpeg's scaler, into one preallocated
+tensor."""
 from __future__ import annotations
 
-import bisect
 import io
 from dataclasses import dataclass, field
 
 import av
-import numpy as np
 import torch
 
 from .. import ops
 from ..errors import InvalidMediaError, MediaTooLargeError, UnprocessableMediaError
+from ..singletons import process_wide
 from ..spec import Limits, VideoSpec
+from .sampling import FrameTable, decode_plan, sample_indices
+
+REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 
 # Container signatures: bytes that match one are video (corrupt if FFmpeg then fails), others
 # are not video at all.
@@ -47,7 +50,8 @@ class VideoFrames:
     metadata: dict = field(default_factory=dict)
 
 
-def _looks_like_video(data) -> bool:
+def looks_like_video(data) -> bool:
+    """Whether the bytes start like a video container (so an FFmpeg failure means corrupt)."""
     head = bytes(data[:16])
     return any(head[offset:offset + len(magic)] == magic for offset, magic in _SIGNATURES)
 
@@ -56,7 +60,7 @@ def _open(data):
     try:
         return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except av.error.FFmpegError as exc:
-        if _looks_like_video(data):
+        if looks_like_video(data):
             raise UnprocessableMediaError(f"corrupt video container: {exc}", modality="video") from None
         raise InvalidMediaError(f"not a video: {exc}", modality="video") from None
 
@@ -93,7 +97,7 @@ def _full_range(context) -> bool:
         (context.pix_fmt or "").startswith("yuvj")
 
 
-def probe_video(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
+def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
     """Container header: stream geometry, rate, duration and frame count, checked against limits."""
     with _open(data) as container:
         if not container.streams:  # a container with no streams at all lost its header (truncated)
@@ -116,11 +120,12 @@ def probe_video(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
         raise UnprocessableMediaError("video stream has no frame size", modality="video")
     if total <= 0:
         raise UnprocessableMediaError("video stream has no frames", modality="video")
-    check_video_limits(header, limits)
+    check_limits(header, limits, spec, len(data))
     return header
 
 
-def check_video_limits(header: VideoHeader, limits: Limits) -> None:
+def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_bytes: int) -> None:
+    """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
         raise MediaTooLargeError(f"{header.width}x{header.height} frames exceed the {limits.max_pixels} pixel limit",
                                  modality="video")
@@ -132,61 +137,17 @@ def check_video_limits(header: VideoHeader, limits: Limits) -> None:
                                  modality="video")
 
 
-def sample_indices(total_frames: int, fps: float, spec: VideoSpec) -> list[int]:
-    """The frame indices a spec selects: uniform over the clip for `num_frames`, every
-    (fps / spec.fps)-th frame for `fps`, all frames otherwise; `max_frames` thins uniformly."""
-    if total_frames <= 0:
-        return []
-    if spec.num_frames is not None:
-        count = min(spec.num_frames, total_frames)
-        indices = np.linspace(0, total_frames - 1, count).round().astype(int).tolist()
-    elif spec.fps is not None and fps > 0:
-        step = fps / spec.fps
-        indices = sorted({min(int(i * step), total_frames - 1) for i in range(max(1, int(total_frames / step)))})
-    else:
-        indices = list(range(total_frames))
-    if spec.max_frames is not None and len(indices) > spec.max_frames:
-        picks = np.linspace(0, len(indices) - 1, spec.max_frames).round().astype(int)
-        indices = [indices[i] for i in picks]
-    return indices
-
-
-_buffers: ops.HostBufferPool | None = None
-
-
-def _frame_buffers() -> ops.HostBufferPool:
+@process_wide
+def frame_buffers() -> ops.HostBufferPool:
     """Frame tensors come from a pool: a reused buffer is already mapped (a fresh 250 MB one
     page-faults on every first write, which costs more than the copy) and pinned where a GPU
     is, so a later .to("cuda") can be asynchronous."""
-    global _buffers
-    if _buffers is None:
-        _buffers = ops.HostBufferPool(max_cached_bytes=512 << 20)
-    return _buffers
+    return ops.HostBufferPool(max_cached_bytes=512 << 20)
 
 
-# Decoding this many frames costs about as much as a seek (decoder flush + container seek).
-_SEEK_COST_FRAMES = 4
-
-
-@dataclass
-class _FrameTable:
-    """Presentation-order pts of every frame and the positions of the keyframes, from one
-    demux pass (packets only, no decode)."""
-
-    pts: list[int]
-    keyframes: list[int]  # frame indices, ascending
-    time_base: float  # seconds per pts tick
-
-    def seconds(self, index: int) -> float:
-        return self.pts[index] * self.time_base
-
-    def keyframe_before(self, index: int) -> int:
-        position = bisect.bisect_right(self.keyframes, index) - 1
-        return self.keyframes[position] if position >= 0 else 0
-
-
-def _frame_table(data, total_frames: int) -> _FrameTable | None:
-    """None when the stream's timestamps cannot identify frames (then decode straight through)."""
+def read_frame_table(data, total_frames: int) -> FrameTable | None:
+    """The presentation-order frame table from one demux pass (packets only, no decode); None
+    when the stream's timestamps cannot identify frames (then decode straight through)."""
     pts, key_pts = [], set()
     try:
         with _open(data) as container:
@@ -205,41 +166,28 @@ def _frame_table(data, total_frames: int) -> _FrameTable | None:
     pts.sort()
     if len(pts) != total_frames or len(set(pts)) != len(pts) or not key_pts:
         return None
-    return _FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
+    return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
 
 
-def _decode_plan(indices: list[int], table: _FrameTable | None) -> list[int | None]:
-    """For each wanted frame, the keyframe to seek to first, or None to keep decoding forward."""
-    plan, position = [], 0
-    for index in indices:
-        keyframe = table.keyframe_before(index) if table is not None else 0
-        if table is not None and keyframe > position + _SEEK_COST_FRAMES:
-            plan.append(keyframe)
-            position = index + 1
-        else:
-            plan.append(None)
-            position = max(position, index + 1)
-    return plan
-
-
-def decode_video(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None) -> VideoFrames:
+def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None) -> VideoFrames:
     """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
     that skips more than a few frames, stops after the last one, and converts each frame straight
     to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor."""
     if spec.decoder == "opencv":
-        from .video_opencv import decode_video_opencv
+        from . import video_opencv
 
-        return decode_video_opencv(data, header, spec, out)
+        return video_opencv.decode(data, header, spec, out)
     indices = sample_indices(header.total_frames, header.fps, spec)
     height, width = spec.size or (header.height, header.width)
-    frames = out if out is not None else _frame_buffers().empty((len(indices), height, width, 3))
+    frames = out if out is not None else frame_buffers().empty((len(indices), height, width, 3))
     if tuple(frames.shape) != (len(indices), height, width, 3):
         raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
     sparse = len(indices) * 2 < header.total_frames
-    table = _frame_table(data, header.total_frames) if sparse else None
-    plan = _decode_plan(indices, table)
+    table = read_frame_table(data, header.total_frames) if sparse else None
+    plan = decode_plan(indices, table)
     buffer = frames.numpy()
-    got_indices, timestamps = [], []
+    got_indices: list[int] = []
+    timestamps: list[float] = []
     try:
         with _open(data) as container:
             stream = container.streams.video[0]
@@ -267,13 +215,14 @@ def decode_video(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor |
 class _PositionedFrames:
     """Decoded frames with their presentation index, across seeks."""
 
-    def __init__(self, container, stream, table: _FrameTable | None):
+    def __init__(self, container, stream, table: FrameTable | None):
         self._container, self._stream, self._table = container, stream, table
         self._index_of_pts = {p: i for i, p in enumerate(table.pts)} if table is not None else None
         self._frames = container.decode(stream)
         self._next = 0  # index of the next frame the decoder yields (sequential mode)
 
     def seek(self, keyframe_index: int) -> None:
+        assert self._table is not None, "seeking needs a frame table"
         self._container.seek(self._table.pts[keyframe_index], stream=self._stream, backward=True, any_frame=False)
         self._frames = self._container.decode(self._stream)
 

@@ -1,4 +1,4 @@
-"""CPU image backend: header probe (native), JPEG through libjpeg-turbo (simplejpeg), the rest
+"""Image codec: header probe (native), JPEG through libjpeg-turbo (simplejpeg), the rest
 through Pillow; orientation by the shared native kernel, so every backend rotates identically.
 
 Both decoders release the GIL while decoding, so a thread pool scales across cores.
@@ -60,7 +60,10 @@ class ImageHeader:
 _HEADER_FIELDS = [f.name for f in dataclasses.fields(ImageHeader)]
 
 
-def probe_image(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
+REMEMBER_HEADERS = False  # the native probe costs about a microsecond
+
+
+def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
     """Header of an encoded image; rejects non-images (400), broken headers (422) and items over
     `limits` (413) before anything is decoded."""
     result = _C.probe(data)
@@ -69,18 +72,23 @@ def probe_image(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
     if result.status != "ok":
         raise UnprocessableMediaError(f"{result.format} header is {result.status}: {result.error}", modality="image")
     header = ImageHeader(*[getattr(result, name) for name in _HEADER_FIELDS])
+    check_limits(header, limits, spec, len(data))
+    return header
+
+
+def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_bytes: int) -> None:
+    """Refuses (413) what `limits` do not allow, from the header alone."""
     pixels = header.max_frame_width * header.max_frame_height
     if pixels > limits.max_pixels:
         raise MediaTooLargeError(
             f"{header.max_frame_width}x{header.max_frame_height} image exceeds the {limits.max_pixels} pixel limit",
             modality="image")
     decoded_bytes = pixels * max(_CHANNELS[spec.mode], header.components)
-    if decoded_bytes > limits.bomb_check_min_bytes and decoded_bytes > limits.max_decoded_ratio * max(len(data), 1):
+    if decoded_bytes > limits.bomb_check_min_bytes and decoded_bytes > limits.max_decoded_ratio * max(encoded_bytes, 1):
         raise MediaTooLargeError(
-            f"decompression bomb: {len(data)} bytes declare {decoded_bytes} decoded bytes", modality="image")
+            f"decompression bomb: {encoded_bytes} bytes declare {decoded_bytes} decoded bytes", modality="image")
     if header.format == "jpeg" and header.bit_depth != 8:
         raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported", modality="image")
-    return header
 
 
 def _uses_libjpeg_turbo(header: ImageHeader, spec: ImageSpec) -> bool:
@@ -107,10 +115,9 @@ def _decode_jpeg(data, colorspace: str, out: np.ndarray | None) -> np.ndarray:
 
 
 def _decode_with_pillow(data, mode: str) -> np.ndarray:
-    with Image.open(io.BytesIO(data)) as image:
-        if image.mode != mode:  # convert() to the same mode would copy the pixels once more
-            image = image.convert(mode)
-        array = np.asarray(image)
+    with Image.open(io.BytesIO(data)) as opened:
+        # convert() to the same mode would copy the pixels once more
+        array = np.asarray(opened if opened.mode == mode else opened.convert(mode))
     return array[:, :, None] if array.ndim == 2 else array
 
 
@@ -129,15 +136,15 @@ def _decode_native_orientation(data, header: ImageHeader, spec: ImageSpec, out: 
     return _decode_with_pillow(data, spec.mode)
 
 
-def decode_image(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None) -> torch.Tensor:
+def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decodes to a uint8 HWC tensor (into `out` when given: a pinned or caller-owned buffer)."""
     shape = header.output_shape(spec)
     if out is not None and (tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous uint8 tensor of shape {shape}, got {tuple(out.shape)} {out.dtype}")
     direct = (out is not None and spec.size is None and header.components == 3
               and not (spec.apply_orientation and header.orientation != 1) and _uses_libjpeg_turbo(header, spec))
+    out_array = out.numpy() if out is not None and direct else None
     try:
-        out_array = out.numpy() if direct else None
         array = _decode_native_orientation(data, header, spec, out_array)
     except MediaError:
         raise
@@ -148,13 +155,14 @@ def decode_image(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor |
             raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
         raise UnprocessableMediaError(f"corrupt {header.format}: {exc}", modality="image") from None
     except Exception as exc:  # decoders raise OSError, SyntaxError, EOFError, struct.error, ...
-        raise UnprocessableMediaError(f"corrupt {header.format}: {type(exc).__name__}: {exc}", modality="image") from None
-    if out_array is not None and array.ctypes.data == out_array.ctypes.data:
+        raise UnprocessableMediaError(f"corrupt {header.format}: {type(exc).__name__}: {exc}",
+                                      modality="image") from None
+    if out is not None and out_array is not None and array.ctypes.data == out_array.ctypes.data:
         return out  # decoded in place
     if spec.apply_orientation and header.orientation != 1:
-        array = ops.orient(array, header.orientation).numpy()
+        array = ops.orient(torch.from_numpy(array), header.orientation).numpy()
     if spec.size is not None:
-        array = _resize(array, spec)
+        array = _resize(array, spec.size, spec.resample)
     if not array.flags.writeable or not array.flags.c_contiguous:  # Pillow hands out read-only views
         array = np.array(array, order="C")
     tensor = torch.from_numpy(array)
@@ -164,30 +172,8 @@ def decode_image(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor |
     return out
 
 
-def _resize(array: np.ndarray, spec: ImageSpec) -> np.ndarray:
-    height, width = spec.size
+def _resize(array: np.ndarray, size: tuple[int, int], resample: str) -> np.ndarray:
+    height, width = size
     image = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
-    resized = np.asarray(image.resize((width, height), _RESAMPLE[spec.resample]))
+    resized = np.asarray(image.resize((width, height), _RESAMPLE[resample]))
     return resized[:, :, None] if resized.ndim == 2 else resized
-
-
-def decode_item(item):
-    """One image handle decoded on the CPU: its tensor, or the exception that a bad image raises
-    (batched backends report failures per item instead of failing the batch)."""
-    try:
-        return decode_image(item._source.data, item.header, item.spec)
-    except Exception as exc:
-        return exc
-
-
-class CpuBatchBackend:
-    """The CPU decoder behind DecodeEngine's batched-backend interface: the reference the GPU
-    backends are compared with, and how the micro-batch window is measured without a GPU."""
-
-    name = "cpu-batch"
-
-    def accepts(self, media) -> bool:
-        return media.modality == "image" and media._parent is None
-
-    def decode_batch(self, items) -> list:
-        return [decode_item(item) for item in items]

@@ -1,4 +1,4 @@
-"""CPU audio backend: WAV/FLAC/OGG through libsndfile (soundfile), everything else through PyAV;
+"""Audio codec: WAV/FLAC/OGG through libsndfile (soundfile), everything else through PyAV;
 resampling with soxr and channel averaging as spec settings. Output is float32 `[C, N]`."""
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import torch
 
 from ..errors import InvalidMediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import AudioSpec, Limits
+
+REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
 
 _SIGNATURES = ((0, b"RIFF"), (0, b"fLaC"), (0, b"OggS"), (0, b"ID3"), (0, b"\xff\xfb"), (0, b"\xff\xf3"),
                (0, b"\xff\xf2"), (0, b"\xff\xf1"), (0, b"\xff\xf9"), (4, b"ftyp"), (0, b"\x1a\x45\xdf\xa3"),
@@ -39,12 +41,13 @@ class AudioSamples:
     sample_rate: int
 
 
-def _looks_like_audio(data) -> bool:
+def looks_like_audio(data) -> bool:
+    """Whether the bytes start like an audio container (so a decoder failure means corrupt)."""
     head = bytes(data[:16])
     return any(head[offset:offset + len(magic)] == magic for offset, magic in _SIGNATURES)
 
 
-def probe_audio(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
+def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
     if len(data) == 0:
         raise UnprocessableMediaError("empty audio file", modality="audio")
     try:
@@ -57,11 +60,12 @@ def probe_audio(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
         header = _probe_with_av(data)
     if header.sample_rate <= 0 or header.channels <= 0:
         raise UnprocessableMediaError("audio stream has no sample rate or channels", modality="audio")
-    check_audio_limits(header, limits)
+    check_limits(header, limits, spec, len(data))
     return header
 
 
-def check_audio_limits(header: AudioHeader, limits: Limits) -> None:
+def check_limits(header: AudioHeader, limits: Limits, spec: AudioSpec, encoded_bytes: int) -> None:
+    """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.duration > limits.max_audio_seconds:
         raise MediaTooLargeError(f"{header.duration:.0f} s audio exceeds the {limits.max_audio_seconds:.0f} s limit",
                                  modality="audio")
@@ -80,7 +84,7 @@ def _probe_with_av(data) -> AudioHeader:
             return AudioHeader("av", container.format.name, int(stream.codec_context.sample_rate or 0),
                                int(stream.codec_context.channels or 0), duration)
     except av.error.FFmpegError as exc:
-        if _looks_like_audio(data):
+        if looks_like_audio(data):
             raise UnprocessableMediaError(f"corrupt audio: {exc}", modality="audio") from None
         raise InvalidMediaError(f"not audio: {exc}", modality="audio") from None
 
@@ -101,7 +105,7 @@ def _read_with_av(data) -> np.ndarray:
     return np.concatenate(chunks, axis=1)
 
 
-def decode_audio(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None) -> AudioSamples:
+def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None) -> AudioSamples:
     try:
         if header.reader == "soundfile":
             samples = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)[0].T

@@ -1,0 +1,80 @@
+"""The contract between the decode engine and what it decodes.
+
+The engine and its batch decoders see a handle only through `DecodeItem` (LazyMedia implements
+it), and the engine sees a batch decoder only through `BatchDecoder`. Neither side reads the
+other's internals, so a handle type or a decoder can be replaced on its own.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class DecodeItem(Protocol):
+    """What the engine needs from a handle."""
+
+    @property
+    def modality(self) -> str: ...
+
+    @property
+    def spec(self) -> Any: ...
+
+    @property
+    def header(self) -> Any: ...
+
+    @property
+    def is_derived(self) -> bool:
+        """A map() of another handle: decoded by transforming its parent, never batched."""
+
+    @property
+    def root(self) -> DecodeItem:
+        """The handle whose encoded bytes this one decodes (itself unless derived)."""
+
+    @property
+    def is_decoded(self) -> bool: ...
+
+    def encoded(self) -> Any:
+        """The encoded bytes (bytes or a memoryview); MediaReleasedError once released."""
+
+    def decode(self, out=None) -> Any:
+        """Decodes in the calling thread, once; later calls return the same result."""
+
+    def fulfil(self, value=None, error: BaseException | None = None) -> bool:
+        """Stores a decode made elsewhere as the handle's one decode; False if it had one."""
+
+
+class BatchDecoder(Protocol):
+    """A decoder that takes many handles at once (nvJPEG, NVDEC, DALI, the CPU reference)."""
+
+    name: str
+
+    def accepts(self, item: DecodeItem) -> bool:
+        """Whether this decoder takes `item` (the rest go to the engine's thread pool)."""
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
+        """One decoded value or exception per item, in order; never raises for one bad item."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one item decodes, decided from its header and spec alone (no device needed)."""
+
+    gpu: bool
+    reason: str  # why the CPU, or which GPU path is expected
+
+
+def is_root(item: DecodeItem, modality: str) -> bool:
+    """Whether `item` is an underived handle of `modality`: what batch decoders can take."""
+    return item.modality == modality and not item.is_derived
+
+
+def decode_on_host(item: DecodeItem) -> Any:
+    """The item decoded by its CPU codec, or the exception that says why not (batch decoders
+    report failures per item, and the CPU codec decides what is corrupt, as without a GPU)."""
+    from ..codecs import codec
+
+    try:
+        return codec(item.modality).decode(item.encoded(), item.header, item.spec)
+    except Exception as exc:
+        return exc
