@@ -12,7 +12,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 
-from .errors import InvalidMediaError
+from .errors import InvalidMediaError, MediaTooLargeError
 
 IMAGE_MODES = ("RGB", "RGBA", "L")
 RESAMPLE_FILTERS = ("bilinear", "bicubic")
@@ -124,17 +124,26 @@ class AudioSpec(Spec):
 class Limits:
     """Bounds checked from the header before any decode, so hostile input costs microseconds.
 
-    max_decoded_ratio: decoded bytes per encoded byte above which an item counts as a
-    decompression bomb, applied once the decoded size passes `bomb_check_min_bytes`.
+    max_bytes: encoded bytes of one item. max_decoded_bytes: what one item decodes to, computed
+    from the header and the spec before anything is allocated (image: height x width x channels
+    of the output; video: sampled frames x output height x width x 3; audio: channels x samples
+    at the output rate x 4); unlike a compression ratio, padding the file cannot move it.
+    max_pixels: area of one source image or video frame (what a decoder holds while it works).
     """
 
     max_bytes: int = 64 << 20
+    max_decoded_bytes: int = 1 << 30
     max_pixels: int = 100_000_000
-    max_decoded_ratio: float = 2000.0
-    bomb_check_min_bytes: int = 64 << 20
     max_video_seconds: float = 3600.0
     max_video_frames: int = 1_000_000
     max_audio_seconds: float = 3600.0
+
+    def check_decoded(self, nbytes: int, modality: str, what: str) -> None:
+        """Refuses (413) an item whose decoded output, `what` (e.g. "8 frames of 1920x1080"),
+        would take `nbytes`."""
+        if nbytes > self.max_decoded_bytes:
+            raise MediaTooLargeError(f"{what} decode to {nbytes} bytes, over the {self.max_decoded_bytes} byte "
+                                     f"limit of one item", modality=modality)
 
 
 DEFAULT_LIMITS = Limits()

@@ -145,9 +145,11 @@ def test_byte_limit():
         lazymedia.load_image(data, limits=lazymedia.Limits(max_bytes=100))
 
 
-def test_decompression_ratio_limit():
+def test_decoded_size_budget_from_the_spec():
     data = encode(np.zeros((2000, 2000, 3), dtype=np.uint8), "PNG")
-    limits = lazymedia.Limits(max_decoded_ratio=100, bomb_check_min_bytes=1 << 20)
-    with pytest.raises(MediaTooLargeError, match="bomb"):
+    limits = lazymedia.Limits(max_decoded_bytes=2000 * 2000 * 3 - 1)
+    with pytest.raises(MediaTooLargeError, match="limit of one item"):
         lazymedia.load_image(data, limits=limits)
-    assert lazymedia.load_image(data).header.width == 2000
+    assert lazymedia.load_image(data, limits=limits, size=(1000, 1000)).header.width == 2000  # the output fits
+    with pytest.raises(MediaTooLargeError):
+        lazymedia.load_image(data, limits=limits, mode="RGBA", size=(2000, 1500))

@@ -83,10 +83,8 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
         raise MediaTooLargeError(
             f"{header.max_frame_width}x{header.max_frame_height} image exceeds the {limits.max_pixels} pixel limit",
             modality="image")
-    decoded_bytes = pixels * max(_CHANNELS[spec.mode], header.components)
-    if decoded_bytes > limits.bomb_check_min_bytes and decoded_bytes > limits.max_decoded_ratio * max(encoded_bytes, 1):
-        raise MediaTooLargeError(
-            f"decompression bomb: {encoded_bytes} bytes declare {decoded_bytes} decoded bytes", modality="image")
+    height, width, channels = header.output_shape(spec)
+    limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels")
     if header.format == "jpeg" and header.bit_depth != 8:
         raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported", modality="image")
 

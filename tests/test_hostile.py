@@ -1,0 +1,83 @@
+"""Hostile input within the limits, generated in the test: every item is refused with 413 before
+anything big is allocated, or decodes with peak memory close to its output
+(peak RSS growth <= 1.25 x output bytes + 32 MB). Each case runs in a child interpreter under an
+address-space cap, so a regression fails the test instead of taking the machine's memory."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REFUSED_GROWTH = 64 << 20
+DECODE_SLACK = 32 << 20
+CAP_BYTES = 6 << 30  # address space the child may add after its imports
+
+CHILD = """
+import json, resource, sys, time
+import numpy, torch, av, soundfile, PIL.Image
+import lazymedia
+from lazymedia import samples
+
+def status(name):
+    for line in open("/proc/self/status"):
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) * 1024
+
+def output_bytes(media):
+    for field in ("frames", "samples"):
+        if hasattr(media, field):
+            return getattr(media, field).numel() * getattr(media, field).element_size()
+    return media.numel() * media.element_size()
+
+{setup}
+limit = status("VmSize") + {cap}
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # peak RSS (VmHWM) restarts from the current RSS
+before = status("VmRSS")
+start = time.perf_counter()
+try:
+    media = ({load}).media
+    report = {{"outcome": "decoded", "output_bytes": output_bytes(media)}}
+except lazymedia.MediaError as exc:
+    report = {{"outcome": "refused", "status": exc.status_code, "error": str(exc)}}
+except BaseException as exc:
+    report = {{"outcome": "untyped", "error": f"{{type(exc).__name__}}: {{exc}}"}}
+report["seconds"] = time.perf_counter() - start
+report["peak_growth"] = status("VmHWM") - before
+print(json.dumps(report))
+"""
+
+
+def run_capped(setup: str, load: str) -> dict:
+    """Runs `setup` (which builds `data`), then `load` (an expression giving a LazyMedia) and its
+    decode in a child under the address-space cap; returns what happened and the peak RSS growth."""
+    code = CHILD.format(setup=textwrap.dedent(setup), load=load, cap=CAP_BYTES)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_bounded(report: dict, refused_status: int | None = None) -> None:
+    assert report["outcome"] != "untyped", report
+    if report["outcome"] == "refused":
+        assert refused_status is not None and report["status"] == refused_status, report
+        assert report["peak_growth"] < REFUSED_GROWTH, report
+    else:
+        assert refused_status is None, report
+        assert report["peak_growth"] <= 1.25 * report["output_bytes"] + DECODE_SLACK, report
+
+
+CASES = {
+    # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
+    "gif_canvas_bomb": ("data = bytearray(samples.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
+                        "data[6:10] = b'\\xff\\xff\\xff\\xff'",
+                        "lazymedia.load_image(bytes(data))", 413),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_input_is_bounded(case):
+    setup, load, refused = CASES[case]
+    assert_bounded(run_capped(setup, load), refused)
