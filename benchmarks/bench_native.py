@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -23,29 +21,9 @@ import torch
 from PIL import Image
 
 from lazymedia import _C, ops, samples
-from lazymedia.bench import encode, write_json
+from lazymedia.bench import encode, per_call, write_json
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def per_call(fn, min_time: float = 0.2) -> float:
-    """Median seconds per call over batches lasting at least min_time/5 each."""
-    fn()
-    calls = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if time.perf_counter() - start > min_time / 5:
-            break
-        calls *= 4
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
 
 
 def pillow_header(data: bytes):

@@ -43,14 +43,41 @@ def encode(array: np.ndarray, fmt: str) -> bytes:
     return samples.encode_image(array, fmt) if fmt == "JPEG" else samples.encode_image(array, fmt, compress_level=6)
 
 
-def median_time(fn, repeats: int, warmup: int = 1) -> float:
+def median_time(fn, repeats: int, warmup: int = 1, after=None) -> float:
+    """Median seconds of `fn()` over `repeats` runs after `warmup` ones; `after()` (e.g.
+    torch.cuda.synchronize) runs inside each timed run, so asynchronous work is counted."""
     for _ in range(warmup):
         fn()
+        if after is not None:
+            after()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        if after is not None:
+            after()
         times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def per_call(fn, min_time: float = 0.2) -> float:
+    """Median seconds per call of a microsecond-scale `fn`, timed in batches of calls that last
+    at least min_time/5 each (one call is too short for the clock)."""
+    fn()
+    calls = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if time.perf_counter() - start > min_time / 5:
+            break
+        calls *= 4
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
 

@@ -1,4 +1,8 @@
-"""The `lazymedia` command: bench (the main job), decode, info."""
+"""The `lazymedia` command: bench (the main job), decode, info.
+
+Exit codes: 0 everything worked; 1 some input was bad media (or could not be fetched), each
+reported on one `error:` line; 2 a usage error (bad options, an unavailable backend).
+"""
 from __future__ import annotations
 
 import argparse
@@ -11,38 +15,40 @@ from urllib.parse import urlsplit
 from . import __version__
 from .errors import InvalidMediaError, MediaError
 
+EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE = 0, 1, 2
 _URL_SCHEMES = ("http", "https", "data", "file")
 
 
-def _load(source: str, modality: str | None):
-    """A LazyMedia for a path or URL; the modality is guessed from the content when not given."""
-    from .connector import MediaConnector
-    from .media import load
-    from .spec import DEFAULT_LIMITS
+def _read(source: str, connector) -> bytes:
+    """The bytes of a path or URL, read once (a URL is downloaded once, whatever it holds)."""
+    from .media import read_file
 
-    guesses = [modality] if modality else ["image", "video", "audio"]
-    connector = None
     if urlsplit(source).scheme in _URL_SCHEMES:
-        # A command-line user fetches what they name: no SSRF guard, any local file.
-        connector = MediaConnector(allow_private_networks=True, allowed_local_path="/")
-        load_as = lambda guess: connector.fetch_sync(guess, source)
-    else:
-        try:
-            with open(source, "rb") as f:
-                data = f.read(DEFAULT_LIMITS.max_bytes + 1)
-        except OSError as exc:
-            raise InvalidMediaError(f"cannot read: {exc.strerror}") from None
-        load_as = lambda guess: load(guess, data)
-    try:
-        for guess in guesses:
-            try:
-                return load_as(guess)
-            except InvalidMediaError:
-                if guess == guesses[-1]:
-                    raise
-    finally:
-        if connector is not None:
-            connector.close()
+        return connector.download_sync(source)
+    return read_file(source)
+
+
+def _settings(modality: str, args) -> dict:
+    """The spec settings the command line asks of `modality`."""
+    if modality == "image":
+        return {"size": args.size}
+    if modality == "video":
+        sampled = {} if args.all_frames else {"fps": args.fps} if args.fps else {"num_frames": args.num_frames}
+        return {"size": args.size, **sampled}
+    return {"sample_rate": args.sample_rate, "mono": args.mono}
+
+
+def _load(source: str, args, connector):
+    """A LazyMedia for a path or URL: the bytes are read once, probed once to tell the modality
+    (unless --modality says it), then loaded, so a bomb is a 413 and not a guess that failed."""
+    from .codecs import guess_modality
+    from .media import load
+
+    data = _read(source, connector)
+    modality = args.modality or guess_modality(data)
+    if modality is None:
+        raise InvalidMediaError("not an image, video or audio file")
+    return load(modality, data, **_settings(modality, args))
 
 
 def _save(media, decoded, out_dir: Path, stem: str) -> str:
@@ -113,26 +119,42 @@ def _decode_with(media, backend):
 
 
 def cmd_decode(args) -> int:
+    from .connector import MediaConnector
+
     backend = _image_backend(args.backend)
     if isinstance(backend, str):
         print(f"error: {backend}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     failures = 0
-    for source in args.sources:
-        try:
-            media = _load(source, args.modality)
-            start = time.perf_counter()
-            decoded, used = _decode_with(media, backend)
-            elapsed = (time.perf_counter() - start) * 1e3
-            line = f"{_shorten(source)}: {media.modality} key={media.key[:16]} shape={_shape(media, decoded)} " \
-                   f"backend={used} decode={elapsed:.1f} ms"
-            if args.out:
-                line += f" -> {_save(media, decoded, Path(args.out), Path(urlsplit(source).path).stem or 'media')}"
-            print(line)
-        except MediaError as exc:
-            failures += 1
-            print(f"error: {_shorten(source)}: {exc} (HTTP {exc.status_code})", file=sys.stderr)
-    return 2 if failures else 0
+    # A command-line user fetches what they name: no SSRF guard, any local file.
+    connector = MediaConnector(allow_private_networks=True, allowed_local_path="/")
+    try:
+        for source in args.sources:
+            try:
+                media = _load(source, args, connector)
+                start = time.perf_counter()
+                decoded, used = _decode_with(media, backend)
+                elapsed = (time.perf_counter() - start) * 1e3
+                line = f"{_shorten(source)}: {media.modality} key={media.key[:16]} " \
+                       f"shape={_shape(media, decoded)} backend={used} decode={elapsed:.1f} ms"
+                if args.out:
+                    stem = Path(urlsplit(source).path).stem or "media"
+                    line += f" -> {_save(media, decoded, Path(args.out), stem)}"
+                print(line)
+            except MediaError as exc:
+                failures += 1
+                print(f"error: {_shorten(source)}: {exc} (HTTP {exc.status_code})", file=sys.stderr)
+    finally:
+        connector.close()
+    return EXIT_BAD_MEDIA if failures else EXIT_OK
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must be HEIGHTxWIDTH, got {text!r}") from None
+    return height, width
 
 
 def cmd_info(args) -> int:
@@ -185,11 +207,19 @@ def main(argv=None) -> int:
     bench.add_argument("--json", default=os.path.join("bench-out", "lazy_decode.json"))
     bench.add_argument("--chart", default=os.path.join("bench-out", "lazy_decode.png"))
     bench.set_defaults(run=cmd_bench)
-    decode = sub.add_parser("decode", help="decode files or URLs; print key, shape, backend, time")
+    decode = sub.add_parser("decode", help="decode files or URLs; print key, shape, backend, time",
+                            epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error")
     decode.add_argument("sources", nargs="+", metavar="FILE_OR_URL")
     decode.add_argument("--backend", choices=("cpu", "nvjpeg", "dali", "auto"), default="auto")
-    decode.add_argument("--modality", choices=("image", "video", "audio"))
+    decode.add_argument("--modality", choices=("image", "video", "audio"), help="default: told by the content")
     decode.add_argument("--out", help="directory for the decoded output (PNG, NPZ of frames, WAV)")
+    decode.add_argument("--size", type=_size, metavar="HxW", help="resize images and video frames")
+    frames = decode.add_mutually_exclusive_group()
+    frames.add_argument("--num-frames", type=int, default=8, help="video: sample this many frames (default 8)")
+    frames.add_argument("--fps", type=float, help="video: sample at this rate instead")
+    frames.add_argument("--all-frames", action="store_true", help="video: decode every frame")
+    decode.add_argument("--sample-rate", type=int, help="audio: resample to this rate")
+    decode.add_argument("--mono", action="store_true", help="audio: average the channels")
     decode.set_defaults(run=cmd_decode)
     info = sub.add_parser("info", help="version, build, backends and devices")
     info.set_defaults(run=cmd_info)

@@ -248,17 +248,18 @@ class LazyMedia:
         return f"LazyMedia({', '.join(parts)})"
 
 
-def _read_file(path: os.PathLike, limits: Limits) -> bytes:
+def read_file(path: str | os.PathLike, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """A file's bytes, refused (413) past `limits.max_bytes` before and while reading."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limits.max_bytes:
-                raise MediaTooLargeError(f"{os.fspath(path)}: {size} bytes exceed the {limits.max_bytes} byte limit")
+                raise MediaTooLargeError(f"the file has {size} bytes, over the {limits.max_bytes} byte limit")
             data = f.read(limits.max_bytes + 1)
     except OSError as exc:
-        raise InvalidMediaError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+        raise InvalidMediaError(f"cannot read the file: {exc.strerror}") from None
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"{os.fspath(path)} grew past the {limits.max_bytes} byte limit while read")
+        raise MediaTooLargeError(f"the file grew past the {limits.max_bytes} byte limit while read")
     return data
 
 
@@ -273,7 +274,7 @@ def _encoded_bytes(data, limits: Limits) -> bytes:
             raise InvalidMediaError("media bytes must be a contiguous byte buffer")
         return bytes(view)
     if isinstance(data, os.PathLike):
-        return _read_file(data, limits)
+        return read_file(data, limits)
     if isinstance(data, str):
         raise InvalidMediaError("media source is a str: pass the encoded bytes, a pathlib.Path, or "
                                 "lazymedia.from_base64(text) for base64 or a data: URL")
@@ -350,15 +351,15 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """Encoded bytes from base64 as clients send it: plain, line-wrapped (whitespace is
     ignored), or a whole `data:<type>;base64,` URL. Anything else in the text is refused (400);
     a payload whose decoded size would pass the byte limit is refused (413) before decoding."""
+    if not isinstance(text, (str, bytes, bytearray, memoryview)):
+        raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
+    if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # before any copy; whitespace may pad a payload
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
     if isinstance(text, str):
         try:
             text = text.encode("ascii")
         except UnicodeEncodeError:
             raise InvalidMediaError("base64 media contains non-ASCII characters") from None
-    elif not isinstance(text, (bytes, bytearray, memoryview)):
-        raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
-    if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # whitespace may pad a payload: bound it first
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
     text = bytes(text)
     if text[:5].lower() == b"data:":
         header, comma, text = text.partition(b",")

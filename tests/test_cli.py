@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 import lazymedia
-from lazymedia import bench
+from lazymedia import bench, samples
 from lazymedia.cli import main
 
 from conftest import encode, make_image, without_gpu
@@ -33,9 +33,9 @@ def test_decode_prints_key_shape_backend(files, capsys):
     assert "shape=40x60x3" in out and "backend=cpu" in out
 
 
-def test_decode_bad_inputs_one_line_errors_and_exit_2(files, tmp_path, capsys):
+def test_decode_bad_inputs_one_line_errors_and_exit_1(files, tmp_path, capsys):
     good, corrupt, text = files
-    assert main(["decode", str(good), str(corrupt), str(text), str(tmp_path / "missing.png")]) == 2
+    assert main(["decode", str(good), str(corrupt), str(text), str(tmp_path / "missing.png")]) == 1
     captured = capsys.readouterr()
     errors = captured.err.strip().splitlines()
     assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
@@ -109,3 +109,80 @@ def test_decode_through_the_dali_backend(files, tmp_path, capsys):
 def test_auto_backend_without_a_gpu_is_the_cpu(files, capsys):
     assert main(["decode", "--backend", "auto", str(files[0])]) == 0
     assert "backend=cpu" in capsys.readouterr().out
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """A threaded HTTP server on 127.0.0.1 serving tmp_path, counting requests per path."""
+    import functools
+    import http.server
+    import threading
+
+    hits = {}
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            hits[self.path] = hits.get(self.path, 0) + 1
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_bomb_is_a_413_not_a_guessed_video(tmp_path, capsys):
+    bomb = bytearray(encode(np.zeros((1, 1), np.uint8), "GIF"))
+    bomb[6:10] = b"\xff\xff\xff\xff"  # the canvas says 65535 x 65535
+    path = tmp_path / "bomb.gif"
+    path.write_bytes(bytes(bomb))
+    assert main(["decode", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "HTTP 413" in err and "video" not in err and err.count("\n") == 1
+
+
+def test_non_media_is_one_plain_line(files, capsys):
+    assert main(["decode", str(files[2])]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("not an image, video or audio file (HTTP 400)") and "errno" not in err.lower()
+    assert len(err.splitlines()) == 1
+
+
+def test_a_url_is_downloaded_once(tmp_path, http_server, capsys):
+    base, hits = http_server
+    (tmp_path / "clip.mp4").write_bytes(samples.video(frames=30))
+    (tmp_path / "tone.wav").write_bytes(samples.tone(0.5))
+    assert main(["decode", f"{base}/clip.mp4", f"{base}/tone.wav", f"{base}/missing.jpg"]) == 1
+    captured = capsys.readouterr()
+    assert hits == {"/clip.mp4": 1, "/tone.wav": 1, "/missing.jpg": 1}
+    assert " video " in captured.out and " audio " in captured.out
+    (error,) = captured.err.strip().splitlines()
+    assert error.count(base) == 1 and error.count("HTTP") == 1 and "404" in error and "(HTTP 502)" in error
+
+
+def test_video_decodes_sampled_frames_by_default(tmp_path, capsys):
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(samples.video(frames=60))
+    assert main(["decode", str(path)]) == 0
+    assert "shape=8x96x160x3" in capsys.readouterr().out
+    assert main(["decode", "--num-frames", "3", "--size", "48x80", str(path)]) == 0
+    assert "shape=3x48x80x3" in capsys.readouterr().out
+    assert main(["decode", "--all-frames", str(path)]) == 0
+    assert "shape=60x96x160x3" in capsys.readouterr().out
+    assert main(["decode", "--sample-rate", "8000", "--mono", str(path)]) == 0  # audio options ignored for video
+
+
+def test_usage_errors_exit_2_and_bad_media_exit_1(files, tmp_path):
+    good, corrupt, _ = files
+    for argv in (["decode"], ["decode", "--num-frames", "x", str(good)], ["decode", "--size", "big", str(good)],
+                 ["decode", "--fps", "2", "--all-frames", str(good)], ["decode", "--modality", "sound", str(good)]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+    assert main(["decode", str(corrupt)]) == 1
+    assert main(["decode", str(good)]) == 0

@@ -281,3 +281,155 @@ async def test_download_cache(server, tmp_path, image_bytes):
     async with MediaConnector(allow_private_networks=LOCAL) as uncached:
         await uncached.fetch("image", server.url + "/img.jpg")
     assert server.requests == 2
+
+
+async def test_download_cache_is_checked_like_a_fresh_fetch(server, tmp_path):
+    cache = tmp_path / "dl"
+    async with MediaConnector(allow_private_networks=LOCAL, download_cache_dir=cache) as c:
+        await c.fetch("image", server.url + "/img.jpg")
+    async with MediaConnector(download_cache_dir=cache) as guarded:  # default guard: loopback refused
+        with pytest.raises(InvalidMediaError, match="not a public address"):
+            await guarded.fetch("image", server.url + "/img.jpg")
+    async with MediaConnector(download_cache_dir=cache, allow_private_networks=True,
+                              allowed_domains=["example.com"]) as other_domain:
+        with pytest.raises(InvalidMediaError, match="not an allowed domain"):
+            await other_domain.fetch("image", server.url + "/img.jpg")
+    assert server.requests == 1
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fails loudly if anything tries to resolve or connect: proves the guard refused first."""
+    import socket
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise AssertionError(f"connection attempted: {args[1:]}")
+
+    for target, name in ((socket.socket, "connect"), (socket.socket, "connect_ex"), (socket, "getaddrinfo"),
+                         (asyncio.BaseEventLoop, "getaddrinfo"), (asyncio.BaseEventLoop, "create_connection"),
+                         (asyncio.BaseEventLoop, "sock_connect")):
+        monkeypatch.setattr(target, name, refuse)
+    return attempts
+
+
+@pytest.mark.parametrize("host", [
+    "[::7f00:1]", "[::127.0.0.1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[::ffff:0:7f00:1]",
+    "[64:ff9b::7f00:1]", "[64:ff9b::a9fe:a9fe]", "[64:ff9b::10.0.0.1]", "[64:ff9b:1::8.8.8.8]",
+    "[2002:a9fe:a9fe::1]", "[2002:7f00:1::]", "[2001:0:4136:e378:8000:63bf:80ff:fffe]",  # Teredo to 127.0.0.1
+    "[fec0::1]", "[fe80::1]", "[::1]", "[::]", "[fd00::1]", "[ff02::1]",
+    "2130706433", "0177.0.0.1", "127.1", "0x7f.1", "0x7f000001", "017700000001", "10.1", "169.254.43518",
+])
+async def test_guard_refuses_every_form_without_connecting(host, no_network):
+    async with MediaConnector() as c:
+        with pytest.raises(InvalidMediaError) as info:
+            await c.fetch("image", f"http://{host}/x.jpg")
+    assert info.value.status_code == 400 and not no_network
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "64:ff9b::808:808", "2002:808:808::1",
+                                     "::ffff:8.8.8.8"])
+def test_guard_permits_public_addresses(address):
+    from lazymedia.guard import AddressGuard
+
+    assert AddressGuard().permits(address)
+    assert not AddressGuard().permits("127.0.0.1") and AddressGuard(["127.0.0.0/8"]).permits("::ffff:127.0.0.1")
+
+
+@pytest.mark.parametrize("url", ["http://[::1/x", "http://\u2100.test/x", "http://host:99999/x", "http://host:-1/",
+                                 "file:///tmp/a\x00b.jpg", "file:///tmp/a%00b.jpg", "", "://", None, 42, b"http://x/"])
+async def test_malformed_urls_are_400(url, tmp_path):
+    async with MediaConnector(allowed_local_path="/tmp") as c:
+        with pytest.raises(InvalidMediaError) as info:
+            await c.fetch("image", url)
+    assert info.value.status_code == 400
+
+
+async def test_data_urls_are_bounded_first_and_decoded_off_the_loop(image_bytes, monkeypatch):
+    import threading
+
+    from lazymedia import connector as connector_module
+
+    threads = []
+    decode = connector_module.from_base64
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(connector_module, "from_base64", recording)
+    url = "data:image/jpeg;base64," + base64.b64encode(image_bytes).decode()
+    async with MediaConnector() as c:
+        await c.fetch("image", url)
+    assert threads and threads[0] is not threading.main_thread()
+    async with MediaConnector(max_bytes=1000) as small:
+        with pytest.raises(MediaTooLargeError):
+            await small.fetch("image", "data:image/jpeg;base64," + "A" * (1 << 20))
+    assert len(threads) == 1  # the oversized payload was refused before any decoding (or copy)
+
+
+def test_file_url_symlink_swap_race_never_escapes(tmp_path, image_bytes):
+    """Another thread swaps a directory for a symlink to outside the root, in a loop, while file:
+    URLs below it are fetched: no fetch may return the outside file."""
+    import threading
+    import time
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "real").mkdir(parents=True)
+    outside.mkdir()
+    (root / "real" / "a.jpg").write_bytes(image_bytes)
+    secret = encode(make_image(96, 128, seed=7), "JPEG")
+    (outside / "a.jpg").write_bytes(secret)
+    link = root / "d"
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            for target in (root / "real", outside):
+                tmp = root / "d.tmp"
+                tmp.symlink_to(target) if target == outside else os.symlink("real", tmp)
+                os.replace(tmp, link)  # d -> real (inside, a relative symlink) or d -> outside
+            try:
+                os.unlink(link)
+                os.mkdir(link)
+                os.link(root / "real" / "a.jpg", link / "a.jpg")  # d is a real directory holding a.jpg
+                os.unlink(link / "a.jpg")
+                os.rmdir(link)
+            except OSError:
+                pass
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    connector = MediaConnector(allowed_local_path=root)
+    fetched = escapes = refused = 0
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                data = connector.download_sync(f"file://{root}/d/a.jpg")
+            except InvalidMediaError:
+                refused += 1
+                continue
+            fetched += 1
+            escapes += data == secret
+    finally:
+        stop.set()
+        swapper.join()
+        connector.close()
+    assert escapes == 0 and fetched > 20 and refused > 20, (fetched, refused)
+
+
+def test_connection_pools_of_closed_loops_are_dropped():
+    connector = MediaConnector(allow_private_networks=True)
+
+    async def one_fetch():
+        with pytest.raises(MediaFetchError):
+            await connector.fetch("image", "http://127.0.0.1:1/x.jpg")  # connection refused: 502
+
+    for _ in range(20):
+        asyncio.run(one_fetch())
+    assert connector.open_pools <= 1
+    connector.close()
+    assert connector.open_pools == 0
