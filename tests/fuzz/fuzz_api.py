@@ -1,0 +1,201 @@
+"""Mutation fuzz of the public API: corpus files, randomly flipped, truncated, extended or
+spliced, go through load_image / load_video / load_audio and `.media` in a child process under
+an address-space cap. Every outcome must be a decode or a typed MediaError: an untyped
+exception, a crash (the child dies) or a hang (no progress within --hang-s) is a finding, and its
+input is kept for replay.
+
+    python tests/fuzz/fuzz_api.py --seconds 600 [--corpus DIR] [--out DIR] [--seed N]
+    python tests/fuzz/fuzz_api.py --replay FILE.json     # one saved finding, in this process
+
+Prints a table and writes summary.json into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import importlib
+import json
+import os
+import random
+import resource
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CORPUS = Path(os.environ.get("LAZYMEDIA_CORPUS", REPO.parent / "shared" / "corpus"))
+SETTINGS = {
+    "image": [{}, {"size": (64, 48)}, {"mode": "L"}, {"mode": "RGBA"}, {"apply_orientation": False}],
+    "video": [{"num_frames": 4}, {"num_frames": 2, "size": (32, 32)}, {"fps": 1.0}],
+    "audio": [{}, {"sample_rate": 16000}, {"sample_rate": 8000, "mono": True}],
+}
+
+
+def load_seeds(corpus: Path) -> list[tuple[str, bytes]]:
+    with open(corpus / "MANIFEST.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [(row["kind"], (corpus / row["path"]).read_bytes()) for row in rows if int(row["bytes"]) <= 4 << 20]
+
+
+def mutate(rng: random.Random, data: bytes, seeds: list[tuple[str, bytes]]) -> bytes:
+    """One to four random edits: bit flips, byte overwrites, truncation, insertion of random or
+    repeated bytes, deletion, or a splice with another seed."""
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        if not buf:
+            buf = bytearray(rng.randbytes(16))
+        kind = rng.randrange(7)
+        at = rng.randrange(len(buf))
+        if kind == 0:
+            for _ in range(rng.randint(1, 16)):
+                position = rng.randrange(len(buf))
+                buf[position] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            buf[at:at + 4] = rng.choice([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x7f\xff\xff\xff",
+                                         rng.randbytes(4)])
+        elif kind == 2:
+            del buf[rng.randrange(len(buf) + 1):]
+        elif kind == 3:
+            buf[at:at] = rng.randbytes(rng.randint(1, 256))
+        elif kind == 4:
+            chunk = bytes(buf[at:at + rng.randint(1, 512)])
+            buf[at:at] = chunk * rng.randint(1, 8)
+        elif kind == 5:
+            del buf[at:at + rng.randint(1, 512)]
+        else:
+            other = rng.choice(seeds)[1]
+            cut = rng.randrange(len(other) + 1)
+            buf = buf[:at] + bytearray(other[cut:cut + rng.randint(1, 4096)])
+    return bytes(buf)
+
+
+def run_one(modality: str, data: bytes, settings: dict) -> str:
+    """Loads and decodes one input; 'ok' or the typed error's status, raising anything else."""
+    import lazymedia
+
+    try:
+        lazymedia.load(modality, data, **settings).media
+    except lazymedia.MediaError as exc:
+        return str(exc.status_code)
+    return "ok"
+
+
+def child(args) -> None:
+    """Fuzz loop: announce each input (the parent keeps it when this process dies or stalls),
+    run it, report the outcome as one JSON line per execution."""
+    for name in ("image", "video", "audio"):  # before the cap: their libraries map large ranges
+        importlib.import_module(f"lazymedia.codecs.{name}")
+    cap = args.memory_cap_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    seeds = load_seeds(Path(args.corpus))
+    rng = random.Random(args.seed)
+    current = Path(args.out) / f"current-{os.getpid()}.json"
+    while True:
+        modality, data = rng.choice(seeds)
+        modality = modality if rng.random() < 0.9 else rng.choice(["image", "video", "audio"])
+        data = mutate(rng, data, seeds)
+        settings = rng.choice(SETTINGS[modality])
+        case = {"modality": modality, "settings": settings, "data": base64.b64encode(data).decode()}
+        current.write_text(json.dumps(case))
+        try:
+            outcome = run_one(modality, data, settings)
+            record = {"outcome": outcome}
+        except BaseException as exc:  # an untyped error: the finding
+            record = {"outcome": "untyped", "error": f"{type(exc).__name__}: {exc}"[:500], "case": case}
+        print(json.dumps(record), flush=True)
+
+
+def supervise(args) -> dict:
+    """Runs children until --seconds pass, restarting one that crashed or hung."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.seconds
+    totals: dict[str, int] = {}
+    findings: list[dict] = []
+    seed = args.seed
+    while time.monotonic() < deadline:
+        command = [sys.executable, __file__, "--child", "--corpus", str(args.corpus), "--out", str(out),
+                   "--seed", str(seed), "--memory-cap-mb", str(args.memory_cap_mb)]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert proc.stdout is not None
+        stdout = proc.stdout.fileno()
+        last_progress = time.monotonic()
+        buffer = b""
+        while True:
+            readable, _, _ = select.select([stdout], [], [], 0.05)
+            chunk = os.read(stdout, 1 << 16) if readable else b""
+            if chunk:
+                last_progress = time.monotonic()
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    record = json.loads(line)
+                    totals[record["outcome"]] = totals.get(record["outcome"], 0) + 1
+                    if record["outcome"] == "untyped":
+                        findings.append({"kind": "untyped", "error": record["error"], "case": record["case"]})
+            current = out / f"current-{proc.pid}.json"
+            if proc.poll() is not None:
+                totals["crash"] = totals.get("crash", 0) + 1
+                findings.append({"kind": "crash", "exit_code": proc.returncode,
+                                 "case": json.loads(current.read_text()) if current.exists() else None})
+                break
+            if time.monotonic() - last_progress > args.hang_s:
+                proc.kill()
+                proc.wait()
+                totals["hang"] = totals.get("hang", 0) + 1
+                findings.append({"kind": "hang", "case": json.loads(current.read_text()) if current.exists() else None})
+                break
+            if time.monotonic() >= deadline:
+                proc.kill()
+                proc.wait()
+                break
+        seed += 1_000_003  # a restarted child explores new inputs
+    for leftover in out.glob("current-*.json"):
+        leftover.unlink()
+    for number, finding in enumerate(findings):
+        (out / f"finding-{number:03d}-{finding['kind']}.json").write_text(json.dumps(finding))
+    executions = sum(v for k, v in totals.items() if k not in ("crash", "hang"))
+    summary = {"seconds": args.seconds, "executions": executions, "outcomes": totals,
+               "untyped": totals.get("untyped", 0), "crashes": totals.get("crash", 0), "hangs": totals.get("hang", 0),
+               "memory_cap_mb": args.memory_cap_mb, "findings": len(findings)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def replay(path: Path) -> None:
+    case = json.loads(path.read_text())
+    case = case.get("case", case)
+    print(run_one(case["modality"], base64.b64decode(case["data"]), case["settings"]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--out", type=Path, default=REPO / "tests" / "fuzz" / "build" / "api")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--hang-s", type=float, default=60.0, help="no output for this long is a hang")
+    parser.add_argument("--memory-cap-mb", type=int, default=8192, help="address-space cap of the child")
+    parser.add_argument("--replay", type=Path)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.replay:
+        replay(args.replay)
+        return 0
+    if args.child:
+        child(args)
+        return 0
+    summary = supervise(args)
+    print(f"{'seconds':>8s} {'executions':>10s} {'untyped':>8s} {'crashes':>8s} {'hangs':>6s}  outcomes")
+    print(f"{summary['seconds']:8.0f} {summary['executions']:10d} {summary['untyped']:8d} {summary['crashes']:8d} "
+          f"{summary['hangs']:6d}  {summary['outcomes']}")
+    print(f"wrote {args.out / 'summary.json'}")
+    return 0 if summary["findings"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
