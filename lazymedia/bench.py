@@ -60,6 +60,38 @@ def median_time(fn, repeats: int, warmup: int = 1, after=None) -> float:
     return statistics.median(times)
 
 
+def interleaved(variants: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant, one sample per round. `variants` maps a name to
+    (fn, calls): every round times each variant in turn, as a batch of `calls` calls, so load
+    that comes and goes during the run hits every variant alike and per-round ratios stay fair."""
+    for fn, _ in variants.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (fn, calls) in variants.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / calls)
+    return times
+
+
+def ratio(numerator: list[float], denominator: list[float]) -> dict:
+    """Median of the per-round ratios and their spread (lowest, highest): a regression moves the
+    median beyond the spread of a noisy run."""
+    ratios = sorted(a / b for a, b in zip(numerator, denominator))
+    return {"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1]}
+
+
+def busy_warning() -> str | None:
+    """A warning when the machine is busy (1-minute load above half its cores), else None."""
+    cores = len(os.sched_getaffinity(0))
+    load = os.getloadavg()[0]
+    if load > cores / 2:
+        return f"warning: the machine is busy (1-minute load {load:.1f} on {cores} cores): timings are noisy"
+    return None
+
+
 def per_call(fn, min_time: float = 0.2) -> float:
     """Median seconds per call of a microsecond-scale `fn`, timed in batches of calls that last
     at least min_time/5 each (one call is too short for the clock)."""
@@ -192,16 +224,18 @@ def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
             def bare_blake3():
                 media_key("image", b"{}", data)
 
-            eager = median_time(eager_hit, repeats)
-            hit = median_time(lazy_hit, repeats * 5)
-            miss = median_time(lazy_miss, repeats)
-            hash_only = median_time(bare_blake3, repeats * 5)
-            decode_only = median_time(lambda: lazymedia.load_image(data).decode(), repeats)
+            times = interleaved({"eager": (eager_hit, 1), "hit": (lazy_hit, 5), "miss": (lazy_miss, 1),
+                                 "blake3": (bare_blake3, 5),
+                                 "decode": (lambda: lazymedia.load_image(data).decode(), 1)}, repeats)
+            eager, hit, miss, hash_only, decode_only = (statistics.median(times[name]) for name in
+                                                        ("eager", "hit", "miss", "blake3", "decode"))
             row = {
                 "format": fmt.lower(), "height": height, "width": width, "encoded_bytes": len(data),
                 "eager_ms": eager * 1e3, "lazy_hit_ms": hit * 1e3, "lazy_miss_ms": miss * 1e3,
                 "blake3_ms": hash_only * 1e3, "decode_ms": decode_only * 1e3,
-                "hit_speedup": eager / hit, "miss_vs_eager": miss / eager, "hit_vs_blake3": hit / hash_only,
+                "hit_speedup": ratio(times["eager"], times["hit"]),
+                "miss_vs_eager": ratio(times["miss"], times["eager"]),
+                "hit_vs_blake3": ratio(times["hit"], times["blake3"]),
                 "blake3_GBps": len(data) / hash_only / 1e9,
                 "blended_ms": {str(p): {"lazy": (p * hit + (1 - p) * miss) * 1e3, "eager": eager * 1e3}
                                for p in (0.5, 0.9, 0.99)},
@@ -266,26 +300,27 @@ def bench_video(quick: bool, engine) -> dict:
         torch.nn.functional.interpolate(frames.permute(0, 3, 1, 2).float(), size=(224, 224), mode="bilinear",
                                         antialias=True)
 
-    timings = {
-        "eager_all_frames_hash_s": median_time(lambda: eager_video(data), repeats),
-        "lazy_hit_s": median_time(lambda: processor.apply([lazymedia.load_video(data, num_frames=8)]), repeats * 5),
-        "lazy_miss_8_s": median_time(miss(num_frames=8), repeats),
-        "lazy_miss_32_s": median_time(miss(num_frames=32), repeats),
-        "lazy_decode_all_s": median_time(lambda: lazymedia.load_video(data).decode(), repeats),
-        "resize_in_scaler_8_s": median_time(lambda: lazymedia.load_video(data, num_frames=8, size=(224, 224)).decode(),
-                                            repeats),
-        "decode_then_resize_8_s": median_time(decode_then_resize, repeats),
+    variants = {
+        "eager_all_frames_hash_s": (lambda: eager_video(data), 1),
+        "lazy_hit_s": (lambda: processor.apply([lazymedia.load_video(data, num_frames=8)]), 5),
+        "lazy_miss_8_s": (miss(num_frames=8), 1),
+        "lazy_miss_32_s": (miss(num_frames=32), 1),
+        "lazy_decode_all_s": (lambda: lazymedia.load_video(data).decode(), 1),
+        "resize_in_scaler_8_s": (lambda: lazymedia.load_video(data, num_frames=8, size=(224, 224)).decode(), 1),
+        "decode_then_resize_8_s": (decode_then_resize, 1),
     }
     try:
         import cv2  # noqa: F401  (the OpenCV reader is optional)
 
-        timings["opencv_miss_8_s"] = median_time(miss(num_frames=8, decoder="opencv"), repeats)
+        variants["opencv_miss_8_s"] = (miss(num_frames=8, decoder="opencv"), 1)
     except ImportError:
         pass
-    return {"seconds": seconds, "height": height, "width": width, "encoded_bytes": len(data), **timings,
-            "speedup_8_vs_all": timings["lazy_decode_all_s"] / timings["lazy_miss_8_s"],
-            "speedup_32_vs_all": timings["lazy_decode_all_s"] / timings["lazy_miss_32_s"],
-            "hit_speedup_vs_eager": timings["eager_all_frames_hash_s"] / timings["lazy_hit_s"]}
+    times = interleaved(variants, repeats)
+    return {"seconds": seconds, "height": height, "width": width, "encoded_bytes": len(data),
+            **{name: statistics.median(samples) for name, samples in times.items()},
+            "speedup_8_vs_all": ratio(times["lazy_decode_all_s"], times["lazy_miss_8_s"]),
+            "speedup_32_vs_all": ratio(times["lazy_decode_all_s"], times["lazy_miss_32_s"]),
+            "hit_speedup_vs_eager": ratio(times["eager_all_frames_hash_s"], times["lazy_hit_s"])}
 
 
 def bench_audio(quick: bool, engine) -> list[dict]:
@@ -304,12 +339,14 @@ def bench_audio(quick: bool, engine) -> list[dict]:
                 processor.cache.clear()
                 processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
-            repeats = 3 if seconds < 30 else 2
-            eager_s = median_time(eager, repeats)
-            hit_s = median_time(lambda: processor.apply([lazymedia.load_audio(data, sample_rate=16000)]), repeats * 5)
-            miss_s = median_time(miss, repeats)
-            rows.append({"format": fmt, "seconds": seconds, "encoded_bytes": len(data), "eager_ms": eager_s * 1e3,
-                         "lazy_hit_ms": hit_s * 1e3, "lazy_miss_ms": miss_s * 1e3, "hit_speedup": eager_s / hit_s})
+            times = interleaved({"eager": (eager, 1), "miss": (miss, 1),
+                                 "hit": (lambda: processor.apply([lazymedia.load_audio(data, sample_rate=16000)]), 5)},
+                                3 if seconds < 30 else 2)
+            rows.append({"format": fmt, "seconds": seconds, "encoded_bytes": len(data),
+                         "eager_ms": statistics.median(times["eager"]) * 1e3,
+                         "lazy_hit_ms": statistics.median(times["hit"]) * 1e3,
+                         "lazy_miss_ms": statistics.median(times["miss"]) * 1e3,
+                         "hit_speedup": ratio(times["eager"], times["hit"])})
     return rows
 
 
@@ -366,6 +403,8 @@ def bench_rss(count: int, size: int) -> dict:
 
 def print_tables(report: dict) -> None:
     print(f"\nlazymedia {report['version']} on {report['machine']} ({report['cpus']} CPUs), {report['date']}")
+    if report.get("busy_warning"):
+        print(report["busy_warning"])
     print("\nPer-request cost (median ms)")
     header = f"{'format':6s} {'size':>10s} {'bytes':>9s} {'eager':>8s} {'hit':>8s} {'miss':>8s} {'blake3':>8s} " \
              f"{'hit x':>7s} {'miss/eager':>10s} {'hit/blake3':>10s}"
@@ -373,8 +412,14 @@ def print_tables(report: dict) -> None:
     print("-" * len(header))
     for r in report["sizes"]:
         print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {r['encoded_bytes']:>9d} {r['eager_ms']:8.2f} "
-              f"{r['lazy_hit_ms']:8.3f} {r['lazy_miss_ms']:8.2f} {r['blake3_ms']:8.3f} {r['hit_speedup']:7.1f} "
-              f"{r['miss_vs_eager']:10.2f} {r['hit_vs_blake3']:10.2f}")
+              f"{r['lazy_hit_ms']:8.3f} {r['lazy_miss_ms']:8.2f} {r['blake3_ms']:8.3f} "
+              f"{r['hit_speedup']['median']:7.1f} {r['miss_vs_eager']['median']:10.2f} "
+              f"{r['hit_vs_blake3']['median']:10.2f}")
+    print("\nRatio spreads (lowest-highest of the per-round ratios; a median outside a run's spread is a change)")
+    for r in report["sizes"]:
+        cells = "  ".join(f"{name} {r[name]['low']:.2f}-{r[name]['high']:.2f}"
+                          for name in ("hit_speedup", "miss_vs_eager", "hit_vs_blake3"))
+        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {cells}")
     print("\nBlended cost at hit rate p (ms per item, lazy / eager)")
     print(f"{'format':6s} {'size':>10s} " + " ".join(f"{'p=' + p:>16s}" for p in ("0.5", "0.9", "0.99")))
     for r in report["sizes"]:
@@ -400,16 +445,23 @@ def print_tables(report: dict) -> None:
                  "resize_in_scaler_8_s", "decode_then_resize_8_s", "opencv_miss_8_s"):
         if name in v:
             print(f"  {name[:-2]:28s} {v[name] * 1e3:10.2f} ms")
-    print(f"  sampled 8 vs every frame: {v['speedup_8_vs_all']:.1f}x, 32 frames: {v['speedup_32_vs_all']:.1f}x, "
-          f"hit vs eager: {v['hit_speedup_vs_eager']:.0f}x")
+    labels = (("sampled 8 vs every frame", "speedup_8_vs_all"), ("32 frames", "speedup_32_vs_all"),
+              ("hit vs eager", "hit_speedup_vs_eager"))
+    print("  " + ", ".join(f"{label} {v[name]['median']:.1f}x ({v[name]['low']:.1f}-{v[name]['high']:.1f})"
+                           for label, name in labels))
     print("\nAudio to 16 kHz (median ms)")
-    print(f"  {'format':6s} {'seconds':>7s} {'bytes':>9s} {'eager':>9s} {'hit':>8s} {'miss':>9s} {'hit x':>7s}")
+    print(f"  {'format':6s} {'seconds':>7s} {'bytes':>9s} {'eager':>9s} {'hit':>8s} {'miss':>9s} {'hit x':>7s} spread")
     for a in report["audio"]:
+        speedup = a["hit_speedup"]
         print(f"  {a['format']:6s} {a['seconds']:7d} {a['encoded_bytes']:9d} {a['eager_ms']:9.2f} "
-              f"{a['lazy_hit_ms']:8.3f} {a['lazy_miss_ms']:9.2f} {a['hit_speedup']:7.0f}")
+              f"{a['lazy_hit_ms']:8.3f} {a['lazy_miss_ms']:9.2f} {speedup['median']:7.0f} "
+              f"{speedup['low']:.0f}-{speedup['high']:.0f}")
 
 
 def run(quick: bool) -> dict:
+    warning = busy_warning()
+    if warning:
+        print(warning, file=sys.stderr)
     engine = lazymedia.DecodeEngine(isolate=())  # in-process decodes, as the eager baseline
     sizes = QUICK_SIZES if quick else SIZES
     repeats = 3 if quick else 7
@@ -417,7 +469,7 @@ def run(quick: bool) -> dict:
     report = {
         "version": lazymedia.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": platform.machine() + " " + platform.processor(), "cpus": len(os.sched_getaffinity(0)),
-        "python": platform.python_version(), "quick": quick,
+        "python": platform.python_version(), "quick": quick, "load_1min_before": os.getloadavg()[0],
         "sizes": bench_sizes(sizes, repeats, engine, progress),
     }
     report["parallel"] = bench_parallel(8, 1024 if quick else 2048, engine, 2 if quick else 5)
@@ -431,6 +483,8 @@ def run(quick: bool) -> dict:
     progress.step("audio")
     progress.close()
     engine.shutdown()
+    report["load_1min_after"] = os.getloadavg()[0]
+    report["busy_warning"] = warning or busy_warning()
     return report
 
 

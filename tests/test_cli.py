@@ -93,6 +93,19 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     for row in report["sizes"]:
         assert row["eager_ms"] > 0 and row["lazy_hit_ms"] > 0 and row["lazy_miss_ms"] > 0
     assert report["video"]["lazy_miss_8_s"] > 0 and report["audio"]
+    for row in report["sizes"]:  # each ratio comes with the spread of its per-round values
+        spread = row["hit_vs_blake3"]
+        assert 0 < spread["low"] <= spread["median"] <= spread["high"]
+    assert "load_1min_before" in report and "busy_warning" in report
+
+
+def test_bench_warns_when_the_machine_is_busy(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert "busy" in bench.busy_warning()
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert bench.busy_warning() is None
     assert chart_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
