@@ -97,6 +97,7 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
         spread = row["hit_vs_blake3"]
         assert 0 < spread["low"] <= spread["median"] <= spread["high"]
     assert "load_1min_before" in report and "busy_warning" in report
+    assert chart_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_warns_when_the_machine_is_busy(monkeypatch):
@@ -106,7 +107,6 @@ def test_bench_warns_when_the_machine_is_busy(monkeypatch):
     assert "busy" in bench.busy_warning()
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert bench.busy_warning() is None
-    assert chart_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_decode_through_the_dali_backend(files, tmp_path, capsys):
