@@ -191,6 +191,20 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_hash_threads(args) -> int:
+    from .hashing import THRESHOLD_VARIABLE, measure_crossover, multithread_min_bytes
+
+    result = measure_crossover()
+    print(f"{'size':>8s} {'one thread':>11s} {'all cores':>10s}")
+    for size, medians in result["medians_s"].items():
+        print(f"{size >> 20:5d} MiB {medians['one'] * 1e3:9.2f} ms {medians['all'] * 1e3:8.2f} ms")
+    crossover = result["crossover_bytes"]
+    setting = "never" if crossover is None else str(crossover)
+    print(f"{result['cores']} cores: hashing on all cores pays from {setting} bytes "
+          f"(now: {multithread_min_bytes() or 'never'}); to use it: export {THRESHOLD_VARIABLE}={setting}")
+    return EXIT_OK
+
+
 def cmd_bench(args) -> int:
     from .bench import main as bench_main
 
@@ -221,6 +235,8 @@ def main(argv=None) -> int:
     decode.add_argument("--sample-rate", type=int, help="audio: resample to this rate")
     decode.add_argument("--mono", action="store_true", help="audio: average the channels")
     decode.set_defaults(run=cmd_decode)
+    hash_threads = sub.add_parser("hash-threads", help="measure from which size hashing on all cores pays here")
+    hash_threads.set_defaults(run=cmd_hash_threads)
     info = sub.add_parser("info", help="version, build, backends and devices")
     info.set_defaults(run=cmd_info)
     args = parser.parse_args(argv)
