@@ -30,11 +30,12 @@ _headers = LruCache(capacity=4096)
 class _Source:
     """State shared by a handle and every handle `map()` derives from it."""
 
-    __slots__ = ("modality", "spec", "data", "nbytes", "header", "key", "lock")
+    __slots__ = ("modality", "spec", "limits", "data", "nbytes", "header", "key", "lock")
 
-    def __init__(self, modality: str, spec: Spec, data, header, key: str | None):
+    def __init__(self, modality: str, spec: Spec, limits: Limits, data, header, key: str | None):
         self.modality = modality
         self.spec = spec
+        self.limits = limits
         self.data = data
         self.nbytes = len(data) if data is not None else 0
         self.header = header
@@ -44,11 +45,12 @@ class _Source:
     def __getstate__(self):
         if self.data is None:
             raise MediaReleasedError("cannot pickle a handle whose bytes were released: the pixels are not shipped")
-        return {"modality": self.modality, "spec": self.spec, "data": bytes(self.data), "header": self.header,
-                "key": self.key}
+        return {"modality": self.modality, "spec": self.spec, "limits": self.limits, "data": bytes(self.data),
+                "header": self.header, "key": self.key}
 
     def __setstate__(self, state):
-        _Source.__init__(self, state["modality"], state["spec"], state["data"], state["header"], state["key"])
+        _Source.__init__(self, state["modality"], state["spec"], state["limits"], state["data"], state["header"],
+                         state["key"])
 
 
 class _Once:
@@ -108,6 +110,11 @@ class LazyMedia:
     @property
     def spec(self):
         return self._source.spec
+
+    @property
+    def limits(self) -> Limits:
+        """The limits the item was loaded under; decoders enforce them where a header can lie."""
+        return self._source.limits
 
     @property
     def header(self):
@@ -180,7 +187,7 @@ class LazyMedia:
     def _compute(self, out):
         if self._parent is not None and self._fn is not None:
             return self._fn(self._parent.decode())
-        return codec(self.modality).decode(self.encoded(), self.header, self.spec, out)
+        return codec(self.modality).decode(self.encoded(), self.header, self.spec, out, self.limits)
 
     def fulfil(self, value=None, error: BaseException | None = None) -> bool:
         """Stores a decode made elsewhere (a batched GPU decoder, a worker process) as this
@@ -305,7 +312,7 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
             _headers.put(key, header)
         else:
             media_codec.check_limits(header, limits, spec_obj, len(data))
-    return LazyMedia(_Source(modality, spec_obj, data, header, key))
+    return LazyMedia(_Source(modality, spec_obj, limits, data, header, key))
 
 
 def load_image(data, *, mode: str = "RGB", apply_orientation: bool = True, size: tuple[int, int] | None = None,

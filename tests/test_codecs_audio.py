@@ -4,6 +4,7 @@ import io
 import numpy as np
 import pytest
 import soundfile
+import torch
 
 import lazymedia
 from lazymedia import MediaError
@@ -84,3 +85,78 @@ def test_limits_and_non_audio():
     soundfile_bytes = io.BytesIO()
     soundfile.write(soundfile_bytes, np.zeros(10, dtype=np.float32), 8000, format="FLAC")
     assert lazymedia.load_audio(soundfile_bytes.getvalue()).media.samples.shape == (1, 10)
+
+
+def _flac_without_total_samples(seconds=1.0, rate=16000):
+    """A legal FLAC whose STREAMINFO leaves the total sample count 0 (unknown), as streaming
+    encoders write it."""
+    data = bytearray(make_tone(seconds=seconds, rate=rate, channels=2, fmt="flac"))
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0  # STREAMINFO first
+    packed = int.from_bytes(data[18:26], "big")  # 20 bits rate, 3 channels, 5 bits/sample, 36 samples
+    data[18:26] = (packed & ~((1 << 36) - 1)).to_bytes(8, "big")
+    return bytes(data)
+
+
+def test_flac_without_a_stored_length_decodes():
+    data = _flac_without_total_samples(seconds=1.0, rate=16000)
+    assert soundfile.info(io.BytesIO(data)).frames >= 1 << 62  # libsndfile: "unknown" as 2^63 - 1
+    item = lazymedia.load_audio(data)
+    decoded = item.media
+    assert tuple(decoded.samples.shape) == (2, 16000) and decoded.sample_rate == 16000
+    expected = lazymedia.load_audio(make_tone(seconds=1.0, rate=16000, channels=2, fmt="flac")).media
+    np.testing.assert_allclose(decoded.samples.numpy(), expected.samples.numpy(), atol=1e-4)
+    with pytest.raises(lazymedia.MediaTooLargeError):  # unknown length is not unlimited: decoding stops at the limit
+        lazymedia.load_audio(data, limits=lazymedia.Limits(max_audio_seconds=0.5)).media
+
+
+def test_mp3_damaged_at_the_end_keeps_what_decoded():
+    clean = make_tone(seconds=2.0, rate=22050, channels=1, fmt="mp3")
+    full = lazymedia.load_audio(clean).media.samples.shape[1]
+    damaged = bytearray(clean)
+    damaged[-200:] = bytes(200)  # the last packet's payload zeroed
+    for variant in (bytes(damaged), clean + b"\x00garbage trailing bytes" * 50):
+        decoded = lazymedia.load_audio(variant).media
+        assert decoded.samples.shape[1] >= 0.9 * full and decoded.metadata["reader"] == "av"
+        assert decoded.metadata["skipped_packets"] >= 1  # the damage was met and stepped over
+    with pytest.raises(lazymedia.UnprocessableMediaError):  # nothing decodes: still a 422
+        lazymedia.load_audio(clean[:300] + bytes(20000)).media
+
+
+def test_libsndfile_failure_retries_with_pyav(monkeypatch):
+    wav = make_tone(seconds=0.5, rate=8000, channels=1)
+
+    def fail(*args):
+        raise RuntimeError("Internal psf_fseek() failed.")
+
+    monkeypatch.setattr(audio, "_read_soundfile", fail)
+    decoded = lazymedia.load_audio(wav).media
+    assert decoded.metadata["soundfile_failed"] and decoded.samples.shape == (1, 4000)
+
+
+def test_vllm_style_mono_tuple_and_out_buffer():
+    wav = make_tone(seconds=0.5, rate=8000, channels=2)
+    mono = lazymedia.load_audio(wav, mono=True).media
+    array, rate = mono.as_tuple()
+    assert array.ndim == 1 and array.shape == (4000,) and rate == 8000
+    assert lazymedia.load_audio(wav).media.numpy().shape == (2, 4000)
+    out = torch.empty((2, 5000), dtype=torch.float32)
+    into = lazymedia.load_audio(wav).decode(out=out)
+    assert into.samples.data_ptr() == out.data_ptr() and into.samples.shape == (2, 4000)
+
+
+def test_decoded_size_budget_counts_channels_and_the_output_rate():
+    wav = make_tone(seconds=1.0, rate=8000, channels=4)
+    budget = lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4)
+    assert lazymedia.load_audio(wav, limits=budget).header.channels == 4
+    with pytest.raises(lazymedia.MediaTooLargeError):
+        lazymedia.load_audio(wav, limits=budget, sample_rate=16000)  # twice the samples
+    assert lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=True).media.samples.shape == (1, 16000)
+
+
+def test_a_stream_ffmpeg_cannot_decode_is_a_422():
+    import struct
+
+    fmt = struct.pack("<HHIIHH", 0x1234, 1, 8000, 16000, 2, 16)  # a format tag no decoder knows
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", 1000) + bytes(1000)
+    with pytest.raises(lazymedia.UnprocessableMediaError, match="no decoder"):
+        lazymedia.load_audio(b"RIFF" + struct.pack("<I", len(body)) + body)

@@ -69,11 +69,54 @@ def assert_bounded(report: dict, refused_status: int | None = None) -> None:
         assert report["peak_growth"] <= 1.25 * report["output_bytes"] + DECODE_SLACK, report
 
 
+BLACK_1080P_MP4 = """
+import io as _io
+buf = _io.BytesIO()
+with av.open(buf, mode="w", format="mp4") as out:
+    stream = out.add_stream("libx264", rate=30, options={"preset": "ultrafast", "crf": "51"})
+    stream.width, stream.height, stream.pix_fmt = 1920, 1080, "yuv420p"
+    black = av.VideoFrame.from_ndarray(numpy.zeros((1080, 1920, 3), numpy.uint8), format="rgb24")
+    for _ in range(300):
+        for packet in stream.encode(black):
+            out.mux(packet)
+    for packet in stream.encode():
+        out.mux(packet)
+data = buf.getvalue()
+assert len(data) < 64 << 10, len(data)
+"""
+
+SILENT_FLAC_8CH = """
+import io as _io
+buf = _io.BytesIO()
+with soundfile.SoundFile(buf, "w", samplerate=44100, channels=8, format="FLAC", subtype="PCM_16") as f:
+    block = numpy.zeros((44100, 8), numpy.int16)
+    for _ in range(300):
+        f.write(block)
+data = buf.getvalue()
+assert len(data) < 1 << 20, len(data)
+"""
+
+WAV_256CH_1HZ = """
+import io as _io
+buf = _io.BytesIO()
+soundfile.write(buf, numpy.zeros((1800, 256), numpy.int16), 1, format="WAV", subtype="PCM_16")
+data = buf.getvalue()
+assert len(data) < 1 << 20, len(data)
+"""
+
 CASES = {
     # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
     "gif_canvas_bomb": ("data = bytearray(samples.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
                         "data[6:10] = b'\\xff\\xff\\xff\\xff'",
                         "lazymedia.load_image(bytes(data))", 413),
+    # 22 KB of H.264: 300 black 1080p frames, no sampling asked: 1.9 GB of frames, refused from the header.
+    "black_1080p_mp4_every_frame": (BLACK_1080P_MP4, "lazymedia.load_video(data)", 413),
+    # The same clip sampled: 8 frames decode within the goal.
+    "black_1080p_mp4_8_frames": (BLACK_1080P_MP4, "lazymedia.load_video(data, num_frames=8)", None),
+    # A few hundred KB of FLAC: 300 s of 8-channel silence, 423 MB decoded: within the goal.
+    "silent_flac_8_channels_300s": (SILENT_FLAC_8CH, "lazymedia.load_audio(data)", None),
+    # 0.9 MB of WAV: 256 channels at 1 Hz, asked for 16 kHz: 29 GB, refused before the resampler allocates.
+    "wav_256_channels_1hz_to_16khz": (WAV_256CH_1HZ, "lazymedia.load_audio(data, sample_rate=16000)", 413),
 }
 
 

@@ -5,7 +5,9 @@ One module per format family (`image`, `video`, `audio`), each with the same fun
     probe(data, limits, spec)                          the header (a frozen dataclass), or a
                                                        typed MediaError (400 / 413 / 422)
     check_limits(header, limits, spec, encoded_bytes)  re-checks a remembered header
-    decode(data, header, spec, out=None)               the decoded media (into `out` if given)
+    decode(data, header, spec, out=None, limits=...)   the decoded media (into `out` if given),
+                                                       refusing (413) output past the limits
+                                                       where the header could not tell
 
 plus `REMEMBER_HEADERS`: whether a probe costs enough (FFmpeg, libsndfile) to be worth
 remembering by content key. Modules are imported on first use, so `import lazymedia` loads

@@ -1,9 +1,16 @@
-"""Audio codec: WAV/FLAC/OGG through libsndfile (soundfile), everything else through PyAV;
-resampling with soxr and channel averaging as spec settings. Output is float32 `[C, N]`."""
+"""Audio codec: WAV/FLAC/OGG/AIFF through libsndfile (soundfile), everything else (and what
+libsndfile fails on) through PyAV; channel averaging and soxr resampling as spec settings.
+
+Decoding streams block by block into one preallocated float32 `[C, N]` output, sized from the
+header: mixing and resampling happen per block, so peak memory is the output plus a block. Where
+a header cannot be trusted (MP3 durations are estimates, a FLAC may not store its length), the
+output grows as samples arrive, and decoding stops with 413 once it passes the limits.
+"""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import av
 import numpy as np
@@ -11,8 +18,8 @@ import soundfile
 import soxr
 import torch
 
-from ..errors import InvalidMediaError, MediaTooLargeError, UnprocessableMediaError
-from ..spec import AudioSpec, Limits
+from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
+from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
 
@@ -20,10 +27,12 @@ _SIGNATURES = ((0, b"RIFF"), (0, b"fLaC"), (0, b"OggS"), (0, b"ID3"), (0, b"\xff
                (0, b"\xff\xf2"), (0, b"\xff\xf1"), (0, b"\xff\xf9"), (4, b"ftyp"), (0, b"\x1a\x45\xdf\xa3"),
                (0, b"FORM"))
 
-
 # Containers libsndfile reads exactly; it also reads MP3, but its MP3 durations are estimates,
 # so MP3 and everything else goes through FFmpeg.
 _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "FLAC", "OGG", "AIFF", "W64", "RF64", "CAF"}
+# libsndfile reports this many frames (2^63 - 1) for a stream that does not store its length.
+_UNKNOWN_FRAMES = 1 << 62
+_BLOCK_FRAMES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -32,13 +41,27 @@ class AudioHeader:
     format: str
     sample_rate: int
     channels: int
-    duration: float
+    duration: float  # seconds; 0.0 when the container does not say (decoding then enforces the limits)
+    frames: int = 0  # source frames when the container stores them exactly, else 0
 
 
 @dataclass
 class AudioSamples:
-    samples: torch.Tensor  # float32 [channels, samples]
+    """Decoded audio: float32 `samples` [channels, samples] at `sample_rate`. `metadata` says
+    which reader decoded it and how many damaged packets it skipped."""
+
+    samples: torch.Tensor
     sample_rate: int
+    metadata: dict = field(default_factory=dict)
+
+    def numpy(self) -> np.ndarray:
+        """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""
+        array = self.samples.numpy()
+        return array[0] if array.shape[0] == 1 else array
+
+    def as_tuple(self) -> tuple[np.ndarray, int]:
+        """(samples, rate) as vLLM's audio items are: mono audio is a 1-D array."""
+        return self.numpy(), self.sample_rate
 
 
 def looks_like_audio(data) -> bool:
@@ -48,14 +71,17 @@ def looks_like_audio(data) -> bool:
 
 
 def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
+    """Container header: reader, rate, channels and duration, checked against `limits` and the
+    decoded-size budget of `spec` before anything is decoded."""
     if len(data) == 0:
         raise UnprocessableMediaError("empty audio file", modality="audio")
     try:
         info = soundfile.info(io.BytesIO(data))
     except Exception:  # libsndfile does not know the format: FFmpeg may
         info = None
-    if info is not None and info.format in _SOUNDFILE_FORMATS:
-        header = AudioHeader("soundfile", info.format, int(info.samplerate), int(info.channels), float(info.duration))
+    if info is not None and info.format in _SOUNDFILE_FORMATS and 0 <= info.frames < _UNKNOWN_FRAMES:
+        header = AudioHeader("soundfile", info.format, int(info.samplerate), int(info.channels),
+                             info.frames / info.samplerate if info.samplerate > 0 else 0.0, int(info.frames))
     else:
         header = _probe_with_av(data)
     if header.sample_rate <= 0 or header.channels <= 0:
@@ -64,11 +90,21 @@ def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
     return header
 
 
+def output_shape(header: AudioHeader, spec: AudioSpec) -> tuple[int, int]:
+    """(channels, samples) the decode is expected to produce (samples estimated from the
+    header's duration where it stores no exact length)."""
+    rate = spec.sample_rate or header.sample_rate
+    frames = header.frames if header.frames else header.duration * header.sample_rate
+    return (1 if spec.mono else header.channels), math.ceil(frames * rate / header.sample_rate)
+
+
 def check_limits(header: AudioHeader, limits: Limits, spec: AudioSpec, encoded_bytes: int) -> None:
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.duration > limits.max_audio_seconds:
         raise MediaTooLargeError(f"{header.duration:.0f} s audio exceeds the {limits.max_audio_seconds:.0f} s limit",
                                  modality="audio")
+    channels, samples = output_shape(header, spec)
+    limits.check_decoded(channels * samples * 4, "audio", f"{channels} channels x {samples} samples")
 
 
 def _probe_with_av(data) -> AudioHeader:
@@ -77,53 +113,138 @@ def _probe_with_av(data) -> AudioHeader:
             if not container.streams.audio:
                 raise InvalidMediaError("no audio stream", modality="audio")
             stream = container.streams.audio[0]
+            context = stream.codec_context
+            if context is None:
+                raise UnprocessableMediaError("FFmpeg has no decoder for this audio stream", modality="audio")
             if stream.duration is not None and stream.time_base is not None:
                 duration = float(stream.duration * stream.time_base)
             else:
                 duration = (container.duration or 0) / av.time_base
-            return AudioHeader("av", container.format.name, int(stream.codec_context.sample_rate or 0),
-                               int(stream.codec_context.channels or 0), duration)
+            return AudioHeader("av", container.format.name, int(context.sample_rate or 0), int(context.channels or 0),
+                               max(duration, 0.0))
     except av.error.FFmpegError as exc:
         if looks_like_audio(data):
             raise UnprocessableMediaError(f"corrupt audio: {exc}", modality="audio") from None
         raise InvalidMediaError(f"not audio: {exc}", modality="audio") from None
 
 
-def _read_with_av(data) -> np.ndarray:
-    chunks = []
+class _Output:
+    """The preallocated [channels, capacity] float32 output, filled block by block. Blocks come
+    frames-major ([n, source channels]); channels are averaged and the rate converted per block
+    (soxr's stream gives the one-shot result bit for bit). Grows when a header under-counted,
+    up to the decoded-size budget."""
+
+    def __init__(self, header: AudioHeader, spec: AudioSpec, limits: Limits, out: torch.Tensor | None):
+        self.mono = spec.mono and header.channels > 1
+        self.rate = spec.sample_rate or header.sample_rate
+        channels, expected = output_shape(header, spec)
+        self.channels = channels
+        self.resampler = None
+        if self.rate != header.sample_rate:
+            self.resampler = soxr.ResampleStream(header.sample_rate, self.rate, channels, dtype="float32")
+        self.max_frames = min(limits.max_decoded_bytes // (4 * channels),
+                              int(limits.max_audio_seconds * self.rate) + 1)
+        if out is not None:
+            if out.dtype != torch.float32 or out.ndim != 2 or out.shape[0] != channels or not out.is_contiguous():
+                raise ValueError(f"out must be a contiguous float32 tensor [{channels}, n]")
+            self.tensor = out
+        else:
+            capacity = expected + expected // 100 + 1024  # room for estimates and resampler rounding
+            self.tensor = torch.empty((channels, min(capacity, self.max_frames)), dtype=torch.float32)
+        self.array = self.tensor.numpy()
+        self.position = 0
+
+    def write(self, block: np.ndarray) -> None:
+        if self.mono:
+            block = block.mean(axis=1, keepdims=True, dtype=np.float32)
+        if self.resampler is not None:
+            block = self.resampler.resample_chunk(np.ascontiguousarray(block, dtype=np.float32), last=False)
+        self._append(block)
+
+    def finish(self) -> torch.Tensor:
+        if self.resampler is not None:
+            self._append(self.resampler.resample_chunk(np.zeros((0, self.channels), np.float32), last=True))
+        return self.tensor[:, :self.position]
+
+    def _append(self, block: np.ndarray) -> None:
+        count = block.shape[0]
+        end = self.position + count
+        if end > self.array.shape[1]:
+            if end > self.max_frames:
+                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over the "
+                                         "decoded-size or duration limit", modality="audio")
+            grown = torch.empty((self.channels, min(max(end, self.array.shape[1] * 5 // 4), self.max_frames)),
+                                dtype=torch.float32)
+            grown[:, :self.position] = self.tensor[:, :self.position]
+            self.tensor, self.array = grown, grown.numpy()
+        self.array[:, self.position:end] = block.T
+        self.position = end
+
+
+def _read_soundfile(data, output: _Output) -> dict:
+    with soundfile.SoundFile(io.BytesIO(data)) as f:
+        for block in f.blocks(blocksize=_BLOCK_FRAMES, dtype="float32", always_2d=True):
+            output.write(block)
+    return {"reader": "soundfile"}
+
+
+def _read_av(data, output: _Output) -> dict:
+    """Decodes packet by packet: a damaged packet is skipped and counted (FFmpeg's own tools
+    keep going), so a file damaged past its first frames keeps what decoded."""
+    skipped = decoded = 0
     with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
         stream = container.streams.audio[0]
-        resampler = av.AudioResampler(format="fltp", layout=stream.codec_context.layout,
-                                      rate=stream.codec_context.sample_rate)
-        for frame in container.decode(stream):
-            for converted in resampler.resample(frame):
-                chunks.append(converted.to_ndarray())
+        context = stream.codec_context
+        if context is None:
+            raise UnprocessableMediaError("no decoder for this audio stream", modality="audio")
+        resampler = av.AudioResampler(format="fltp", layout=context.layout, rate=context.sample_rate)
+        packets = container.demux(stream)
+        while True:
+            try:
+                packet = next(packets)
+            except StopIteration:
+                packet = None
+            except av.error.FFmpegError:  # the container broke off: keep what decoded
+                skipped += 1
+                packet = None
+            try:
+                frames = context.decode(packet)
+            except av.error.FFmpegError:
+                skipped += 1
+                frames = []
+            for frame in frames:
+                for converted in resampler.resample(frame):
+                    output.write(converted.to_ndarray().T)
+                    decoded += 1
+            if packet is None:
+                break
         for converted in resampler.resample(None):
-            chunks.append(converted.to_ndarray())
-    if not chunks:
+            output.write(converted.to_ndarray().T)
+    if decoded == 0:
         raise UnprocessableMediaError("audio has no decodable frames", modality="audio")
-    return np.concatenate(chunks, axis=1)
+    return {"reader": "av", "skipped_packets": skipped}
 
 
-def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None) -> AudioSamples:
+def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None,
+           limits: Limits = DEFAULT_LIMITS) -> AudioSamples:
+    """Decodes to float32 [channels, samples] (into `out` when given: [channels, >= samples];
+    the result is a view of its filled part)."""
+    output = _Output(header, spec, limits, out)  # a bad `out` is the caller's ValueError
     try:
         if header.reader == "soundfile":
-            samples = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)[0].T
+            try:
+                metadata = _read_soundfile(data, output)
+            except MediaError:
+                raise
+            except Exception:  # libsndfile failed on a file it accepted (a FLAC it cannot seek): FFmpeg may not
+                output = _Output(header, spec, limits, out)
+                metadata = {**_read_av(data, output), "soundfile_failed": True}
         else:
-            samples = _read_with_av(data)
-    except UnprocessableMediaError:
+            metadata = _read_av(data, output)
+        samples = output.finish()
+    except MediaError:
         raise
     except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError, FFmpeg FFmpegError
         raise UnprocessableMediaError(f"corrupt {header.format} audio: {type(exc).__name__}: {exc}",
                                       modality="audio") from None
-    rate = header.sample_rate
-    if spec.mono and samples.shape[0] > 1:
-        samples = samples.mean(axis=0, keepdims=True)
-    if spec.sample_rate is not None and spec.sample_rate != rate:
-        samples = soxr.resample(np.ascontiguousarray(samples.T), rate, spec.sample_rate).T
-        rate = spec.sample_rate
-    tensor = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
-    if out is not None:
-        out.copy_(tensor)
-        tensor = out
-    return AudioSamples(tensor, rate)
+    return AudioSamples(samples, output.rate, metadata)

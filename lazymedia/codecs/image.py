@@ -16,7 +16,7 @@ from PIL import Image
 
 from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
-from ..spec import ImageSpec, Limits
+from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
 
 _CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1}
 _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
@@ -134,7 +134,8 @@ def _decode_native_orientation(data, header: ImageHeader, spec: ImageSpec, out: 
     return _decode_with_pillow(data, spec.mode)
 
 
-def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None) -> torch.Tensor:
+def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None,
+           limits: Limits = DEFAULT_LIMITS) -> torch.Tensor:
     """Decodes to a uint8 HWC tensor (into `out` when given: a pinned or caller-owned buffer)."""
     shape = header.output_shape(spec)
     if out is not None and (tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous()):

@@ -12,7 +12,7 @@ import torch
 from .. import ops
 from ..errors import InvalidMediaError, MediaTooLargeError, UnprocessableMediaError
 from ..singletons import process_wide
-from ..spec import Limits, VideoSpec
+from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
 from .sampling import FrameTable, decode_plan, sample_indices
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
@@ -105,6 +105,8 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
         if not container.streams.video:
             raise InvalidMediaError("no video stream", modality="video")
         stream = container.streams.video[0]
+        if stream.codec_context is None:  # FFmpeg knows the stream but has no decoder for it
+            raise UnprocessableMediaError("FFmpeg has no decoder for this video stream", modality="video")
         width, height = stream.codec_context.width, stream.codec_context.height
         fps = float(stream.average_rate or stream.guessed_rate or 0)
         if stream.duration is not None and stream.time_base is not None:
@@ -135,6 +137,9 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
     if header.total_frames > limits.max_video_frames:
         raise MediaTooLargeError(f"{header.total_frames} frames exceed the {limits.max_video_frames} frame limit",
                                  modality="video")
+    count = len(sample_indices(header.total_frames, header.fps, spec))
+    height, width = spec.size or (header.height, header.width)
+    limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}")
 
 
 @process_wide
@@ -169,14 +174,15 @@ def read_frame_table(data, total_frames: int) -> FrameTable | None:
     return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
 
 
-def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None) -> VideoFrames:
+def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
+           limits: Limits = DEFAULT_LIMITS) -> VideoFrames:
     """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
     that skips more than a few frames, stops after the last one, and converts each frame straight
     to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor."""
     if spec.decoder == "opencv":
         from . import video_opencv
 
-        return video_opencv.decode(data, header, spec, out)
+        return video_opencv.decode(data, header, spec, out, limits)
     indices = sample_indices(header.total_frames, header.fps, spec)
     height, width = spec.size or (header.height, header.width)
     frames = out if out is not None else frame_buffers().empty((len(indices), height, width, 3))

@@ -13,7 +13,7 @@ from . import video
 from .sampling import decode_plan, sample_indices
 
 
-def decode(data, header, spec, out: torch.Tensor | None = None) -> video.VideoFrames:
+def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> video.VideoFrames:
     import cv2
 
     indices = sample_indices(header.total_frames, header.fps, spec)

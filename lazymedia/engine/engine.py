@@ -100,7 +100,8 @@ class DecodeEngine:
 
         pool = self._isolation_pool or default_pool()
         try:
-            value = pool.run(decode_encoded, root.modality, bytes(root.encoded()), root.header, root.spec)
+            value = pool.run(decode_encoded, root.modality, bytes(root.encoded()), root.header, root.spec,
+                             root.limits)
         except MediaError as exc:
             root.fulfil(error=exc)
         else:

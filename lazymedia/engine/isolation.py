@@ -155,11 +155,11 @@ def default_pool() -> IsolatedPool:
     return IsolatedPool(workers=max(1, len(os.sched_getaffinity(0))))
 
 
-def decode_encoded(modality: str, data: bytes, header, spec):
+def decode_encoded(modality: str, data: bytes, header, spec, limits):
     """What a worker runs: the codec's decode of one item's bytes (module-level, so it pickles)."""
     from ..codecs import codec
 
-    return codec(modality).decode(data, header, spec)
+    return codec(modality).decode(data, header, spec, None, limits)
 
 
 def copy_into(result, out):

@@ -24,6 +24,10 @@ class DecodeItem(Protocol):
     def header(self) -> Any: ...
 
     @property
+    def limits(self) -> Any:
+        """The Limits the item was loaded under (decoders enforce them where headers can lie)."""
+
+    @property
     def is_derived(self) -> bool:
         """A map() of another handle: decoded by transforming its parent, never batched."""
 
@@ -75,6 +79,6 @@ def decode_on_host(item: DecodeItem) -> Any:
     from ..codecs import codec
 
     try:
-        return codec(item.modality).decode(item.encoded(), item.header, item.spec)
+        return codec(item.modality).decode(item.encoded(), item.header, item.spec, None, item.limits)
     except Exception as exc:
         return exc
