@@ -2,9 +2,11 @@
 // here and nowhere else; work on buffers runs with the GIL released.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
 
 #include "host_buffer.h"
@@ -161,6 +163,38 @@ void to_hwc(U8Array src, U8Array dst, int threads) {
   require(ok, "to_hwc(): the image must have 1-4 channels");
 }
 
+// A writable, contiguous byte buffer of at least `bytes` bytes (in-place operations convert nothing).
+uint8_t* writable_bytes(py::buffer buffer, size_t bytes, const char* fn) {
+  py::buffer_info info = buffer.request(true);
+  require(!info.readonly, fn);
+  bool contiguous = info.itemsize == 1;
+  py::ssize_t expected = 1;
+  for (py::ssize_t d = info.ndim - 1; d >= 0 && contiguous; --d) {
+    contiguous = info.strides[size_t(d)] == expected;
+    expected *= info.shape[size_t(d)];
+  }
+  require(contiguous, fn);
+  require(size_t(info.size) >= bytes, fn);
+  return static_cast<uint8_t*>(info.ptr);
+}
+
+void pack_alpha(py::buffer buffer, size_t pixels, int channels, std::optional<std::array<uint8_t, 3>> background) {
+  uint8_t* data = writable_bytes(buffer, pixels * size_t(std::max(channels, 0)),
+                                 "pack_alpha(): needs a writable contiguous uint8 buffer of pixels x channels");
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = pack_alpha_in_place(data, pixels, channels, background ? background->data() : nullptr);
+  }
+  require(ok, "pack_alpha(): channels must be 2 (gray+alpha) or 4 (RGB+alpha)");
+}
+
+void gray_to_rgb(py::buffer buffer, size_t pixels) {
+  uint8_t* data = writable_bytes(buffer, 3 * pixels, "gray_to_rgb(): needs a writable contiguous buffer of 3 x pixels");
+  py::gil_scoped_release release;
+  gray_to_rgb_in_place(data, pixels);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -183,6 +217,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("adobe_transform", &ProbeResult::adobe_transform)
       .def_readonly("png_color_type", &ProbeResult::png_color_type)
       .def_readonly("png_interlaced", &ProbeResult::png_interlaced)
+      .def_readonly("png_compressed_text", &ProbeResult::png_compressed_text)
       .def_readonly("animated", &ProbeResult::animated)
       .def_readonly("frame_count", &ProbeResult::frame_count)
       .def_readonly("max_frame_width", &ProbeResult::max_frame_width)
@@ -201,6 +236,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("to_chw_normalized", &to_chw_normalized, py::arg("src"), py::arg("dst"), py::arg("mean"), py::arg("std"),
         py::arg("threads") = 1);
   m.def("to_chw", &to_chw, py::arg("src"), py::arg("dst"), py::arg("threads") = 1);
+  m.def("pack_alpha", &pack_alpha, py::arg("buffer"), py::arg("pixels"), py::arg("channels"),
+        py::arg("background") = py::none(),
+        "In place: pixels x channels (2 or 4) -> pixels x (channels - 1), composited over background "
+        "(Pillow's masked paste, bit for bit) or with the alpha dropped.");
+  m.def("gray_to_rgb", &gray_to_rgb, py::arg("buffer"), py::arg("pixels"),
+        "In place: the first `pixels` gray bytes of buffer -> pixels x 3 RGB.");
   m.def("to_hwc", &to_hwc, py::arg("src"), py::arg("dst"), py::arg("threads") = 1);
 
   py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(m, "HostBuffer", py::buffer_protocol())

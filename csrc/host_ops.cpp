@@ -235,4 +235,27 @@ bool chw_to_hwc(const uint8_t* src, int h, int w, int c, uint8_t* dst, int threa
   return true;
 }
 
+bool pack_alpha_in_place(uint8_t* data, size_t pixels, int channels, const uint8_t* background) {
+  if (channels != 2 && channels != 4) return false;
+  const int colour = channels - 1;
+  for (size_t i = 0; i < pixels; ++i) {
+    const uint8_t* in = data + i * channels;
+    uint8_t* out = data + i * colour;
+    const uint8_t alpha = in[colour];
+    for (int k = 0; k < colour; ++k) {
+      out[k] = background ? kernels::blend_over(in[k], alpha, background[k]) : in[k];  // out[k] <= in[k]: read first
+    }
+  }
+  return true;
+}
+
+void gray_to_rgb_in_place(uint8_t* data, size_t pixels) {
+  for (size_t i = pixels; i-- > 0;) {
+    const uint8_t v = data[i];
+    data[3 * i] = v;
+    data[3 * i + 1] = v;
+    data[3 * i + 2] = v;
+  }
+}
+
 }  // namespace lazymedia

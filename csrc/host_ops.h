@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/alpha.h"
 #include "kernels/color.h"
 #include "kernels/resize.h"
 
@@ -44,5 +45,16 @@ bool hwc_to_chw_normalized(const uint8_t* src, int h, int w, int c, const float*
                            float* dst, int threads);
 bool hwc_to_chw(const uint8_t* src, int h, int w, int c, uint8_t* dst, int threads);
 bool chw_to_hwc(const uint8_t* src, int h, int w, int c, uint8_t* dst, int threads);
+
+// Packs `pixels` pixels of `channels` (2: gray+alpha, 4: RGB+alpha) into channels - 1 in place:
+// the colour composited over `background` (channels - 1 values, kernels/alpha.h) through the
+// alpha, or the alpha dropped when `background` is null. Pixel i moves from i * channels to
+// i * (channels - 1), never over bytes still unread, so the pass runs front to back. Decoders that
+// can only emit the alpha channel thus need no second buffer. False for other channel counts.
+bool pack_alpha_in_place(uint8_t* data, size_t pixels, int channels, const uint8_t* background);
+
+// Widens the `pixels` gray bytes at the start of `data` to RGB (3 * pixels bytes), in place,
+// back to front (as Pillow's L -> RGB: each gray value three times).
+void gray_to_rgb_in_place(uint8_t* data, size_t pixels);
 
 }  // namespace lazymedia

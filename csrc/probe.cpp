@@ -290,12 +290,21 @@ ProbeResult probe_png(View v) {
       size_t method_at = nul ? size_t(static_cast<const uint8_t*>(nul) - d) + 1 : len;
       if (method_at >= len || d[method_at] != 0)
         return fail(r, ProbeStatus::Malformed, "PNG iCCP chunk has an unknown compression method");
+    } else if (v.starts_with(pos + 4, "zTXt")) {
+      r.png_compressed_text = true;
+    } else if (v.starts_with(pos + 4, "iTXt")) {
+      // keyword, NUL, compression flag, ...: a set flag means text that inflates
+      const void* nul = std::memchr(d, 0, std::min<size_t>(len, 80));
+      const size_t flag_at = nul ? size_t(static_cast<const uint8_t*>(nul) - d) + 1 : len;
+      if (flag_at < len && d[flag_at] != 0) {
+        r.png_compressed_text = true;
+      } else if (flag_at == 18 && dv.has(0, 20) && std::memcmp(d, "XML:com.adobe.xmp", 17) == 0) {
+        xmp = xmp_orientation(d + 18, len - 18);  // uncompressed XMP only
+      }
     } else if (v.starts_with(pos + 4, "eXIf")) {
       exif = tiff_orientation(d, len);
     } else if (v.starts_with(pos + 4, "tEXt") && dv.has(0, 22) && std::memcmp(d, "Raw profile type exif\0", 22) == 0) {
       raw_exif = raw_profile_orientation(d + 22, len - 22);
-    } else if (v.starts_with(pos + 4, "iTXt") && dv.has(0, 20) && std::memcmp(d, "XML:com.adobe.xmp\0", 18) == 0) {
-      if (d[18] == 0) xmp = xmp_orientation(d + 18, len - 18);  // uncompressed iTXt only
     }
     pos = data + len + 4;  // skip CRC
   }

@@ -52,6 +52,7 @@ struct ProbeResult {
   // PNG
   int png_color_type = -1;
   bool png_interlaced = false;
+  bool png_compressed_text = false;  // a zTXt or compressed iTXt chunk (text that inflates)
   // GIF / APNG / WebP animation
   bool animated = false;
   int frame_count = 1;        // -1 when not cheaply known

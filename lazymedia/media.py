@@ -215,10 +215,17 @@ class LazyMedia:
         return self._image_tensor().numpy()
 
     def to_pil(self):
+        """The decoded image as a PIL image, for processors that take PIL. L and RGBA images
+        share the decoded memory (read-only for Pillow's purposes: do not draw on them); RGB
+        and LA are copied once, since Pillow stores them four bytes a pixel."""
         from PIL import Image
 
         array = self.numpy()
-        return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+        height, width, channels = array.shape
+        mode = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}[channels]
+        if mode in ("L", "RGBA") and array.flags.c_contiguous:
+            return Image.frombuffer(mode, (width, height), array, "raw", mode, 0, 1)
+        return Image.fromarray(array[:, :, 0] if channels == 1 else array, mode)
 
     def _image_tensor(self):
         media = self.decode()
@@ -315,16 +322,21 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     return LazyMedia(_Source(modality, spec_obj, limits, data, header, key))
 
 
-def load_image(data, *, mode: str = "RGB", apply_orientation: bool = True, size: tuple[int, int] | None = None,
-               resample: str = "bicubic", limits: Limits = DEFAULT_LIMITS, key: str | None = None) -> LazyMedia:
-    """An undecoded image (JPEG, PNG, GIF, WebP) from encoded bytes or a pathlib.Path.
+def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, int] = (255, 255, 255),
+               apply_orientation: bool = True, size: tuple[int, int] | None = None, resample: str = "bicubic",
+               draft: bool = False, limits: Limits = DEFAULT_LIMITS, key: str | None = None) -> LazyMedia:
+    """An undecoded image (JPEG, PNG, GIF, WebP, and BMP, TIFF, ICO, PPM, ... as Pillow reads
+    them) from encoded bytes or a pathlib.Path.
 
-    Decodes to a uint8 tensor [height, width, channels]. mode: "RGB", "RGBA" or "L" (channels
-    3, 4, 1); apply_orientation: honour the EXIF orientation; size: (height, width) to resize
-    to, with `resample` "bicubic" or "bilinear" (Pillow's filters, bit for bit).
+    Decodes to a uint8 tensor [height, width, channels]. mode: "RGB", "RGBA", "L", "LA"
+    (channels 3, 4, 1, 2), or None for the source's own; pixels follow Pillow's convert(),
+    except that an RGBA source decoded as "RGB" is composited over `background`, as vLLM does.
+    apply_orientation: honour the EXIF orientation; size: (height, width) to resize to, with
+    `resample` "bicubic" or "bilinear" (Pillow's filters, bit for bit); draft: let a JPEG decode
+    at a reduced DCT scale first (faster, slightly different pixels).
     """
-    return load("image", data, limits=limits, key=key, mode=mode, apply_orientation=apply_orientation, size=size,
-                resample=resample)
+    return load("image", data, limits=limits, key=key, mode=mode, background=background,
+                apply_orientation=apply_orientation, size=size, resample=resample, draft=draft)
 
 
 def load_video(data, *, num_frames: int | None = None, fps: float | None = None, max_frames: int | None = None,

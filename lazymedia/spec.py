@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidMediaError, MediaTooLargeError
 
-IMAGE_MODES = ("RGB", "RGBA", "L")
+IMAGE_MODES = ("RGB", "RGBA", "L", "LA", None)
 RESAMPLE_FILTERS = ("bilinear", "bicubic")
 VIDEO_DECODERS = ("pyav", "opencv")
 
@@ -52,22 +52,37 @@ def _check_size(size):
 
 @dataclass(frozen=True)
 class ImageSpec(Spec):
-    """mode: output channels; apply_orientation: honour EXIF orientation; size: (height, width)."""
+    """How an image decodes. mode: "RGB", "RGBA", "L", "LA", or None for the source's own (L,
+    LA, RGB or RGBA). background: the colour an RGBA source is composited over for mode="RGB"
+    (vLLM's rule; other sources convert as Pillow does). apply_orientation: honour EXIF
+    orientation. size: (height, width) to resize to with `resample`. draft: let a JPEG decode at
+    the largest DCT scale (1/2, 1/4, 1/8) still at least `size` before resizing: faster, and
+    slightly different pixels, so it is part of the key and off by default."""
 
     modality = "image"
 
-    mode: str = "RGB"
+    mode: str | None = "RGB"
+    background: tuple[int, int, int] = (255, 255, 255)
     apply_orientation: bool = True
     size: tuple[int, int] | None = None
     resample: str = "bicubic"
+    draft: bool = False
 
     def __post_init__(self):
         if self.mode not in IMAGE_MODES:
             raise InvalidMediaError(f"mode must be one of {IMAGE_MODES}, got {self.mode!r}")
         if self.resample not in RESAMPLE_FILTERS:
             raise InvalidMediaError(f"resample must be one of {RESAMPLE_FILTERS}, got {self.resample!r}")
+        try:
+            background = tuple(int(v) for v in self.background)
+        except (TypeError, ValueError):
+            background = ()
+        if len(background) != 3 or not all(0 <= v <= 255 for v in background):
+            raise InvalidMediaError(f"background must be three values in 0..255, got {self.background!r}")
+        object.__setattr__(self, "background", background)
         object.__setattr__(self, "apply_orientation", bool(self.apply_orientation))
         object.__setattr__(self, "size", _check_size(self.size))
+        object.__setattr__(self, "draft", bool(self.draft))
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,27 @@ from lazymedia.codecs import image as image_codec
 from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
 
 
-def pillow_reference(path_or_bytes, mode="RGB"):
+def pillow_reference(path_or_bytes, mode="RGB", background=(255, 255, 255)):
+    """What vLLM 0.33's ImageMediaIO produces: exif_transpose (a broken EXIF block is ignored),
+    then for RGB an image with transparency converted to RGBA and pasted through its alpha onto
+    the background, else Pillow's convert(mode)."""
     import io
 
     src = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else path_or_bytes
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        image = Image.open(src).convert(mode)
+        image = Image.open(src)
         try:
             image = ImageOps.exif_transpose(image)
-        except (SyntaxError, struct.error):  # Pillow gives up on a broken EXIF block; we ignore it
+        except (SyntaxError, struct.error):  # Pillow gives up on a broken EXIF block; so does vLLM
             pass
+        image.load()
+        if mode == "RGB" and (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info):
+            rgba = image.convert("RGBA") if image.mode != "RGBA" else image
+            image = Image.new("RGB", rgba.size, background)
+            image.paste(rgba, mask=rgba.split()[3])
+        elif image.mode != mode:
+            image = image.convert(mode)
         array = np.asarray(image)
     return array[:, :, None] if array.ndim == 2 else array
 
@@ -153,3 +163,113 @@ def test_decoded_size_budget_from_the_spec():
     assert lazymedia.load_image(data, limits=limits, size=(1000, 1000)).header.width == 2000  # the output fits
     with pytest.raises(MediaTooLargeError):
         lazymedia.load_image(data, limits=limits, mode="RGBA", size=(2000, 1500))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA", None])
+@pytest.mark.parametrize("row", corpus_params("image", {"decodes"}))
+def test_every_mode_follows_pillow(row, mode):
+    """Each output mode equals Pillow's conversion of the same file (vLLM's rule for RGB);
+    mode=None keeps the source's own channels (palettes widen to RGB, or RGBA with a
+    transparent colour)."""
+    data = corpus_bytes(row)
+    item = lazymedia.load_image(data, mode=mode)
+    target = item.header.target_mode(item.spec)
+    if mode is not None:
+        assert target == mode
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decoded = item.media
+    assert tuple(decoded.shape) == item.header.output_shape(item.spec)
+    np.testing.assert_array_equal(decoded.numpy(), pillow_reference(data, target))
+
+
+def transparent_corpus_images():
+    """The corpus images with an alpha band or a transparent colour (vLLM composites those)."""
+    return [param for param in corpus_params("image", {"decodes"}) if param.values[0] is None or
+            image_codec.composites(lazymedia.load_image(corpus_bytes(param.values[0])).header, "RGB")]
+
+
+@pytest.mark.parametrize("row", transparent_corpus_images())
+def test_transparency_composites_over_the_chosen_background(row):
+    data = corpus_bytes(row)
+    item = lazymedia.load_image(data, background=(0, 128, 255))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        np.testing.assert_array_equal(item.media.numpy(), pillow_reference(data, "RGB", background=(0, 128, 255)))
+    assert item.key != lazymedia.load_image(data).key  # the background is part of the key
+
+
+def test_a_transparent_red_pixel_becomes_the_background():
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[..., 0] = 255  # red, fully transparent
+    for fmt in ("PNG", "WEBP"):
+        data = encode(rgba, fmt, **({"lossless": True, "exact": True} if fmt == "WEBP" else {}))
+        assert lazymedia.load_image(data).numpy()[0, 0].tolist() == [255, 255, 255]
+        assert lazymedia.load_image(data, background=(1, 2, 3)).numpy()[0, 0].tolist() == [1, 2, 3]
+        assert lazymedia.load_image(data, mode="RGBA").numpy()[0, 0].tolist() == [255, 0, 0, 0]
+
+
+@pytest.mark.parametrize("fmt, options", [("BMP", {}), ("TIFF", {}), ("TIFF", {"compression": "tiff_lzw"}),
+                                          ("ICO", {}), ("PPM", {}), ("TGA", {}), ("SGI", {}), ("PCX", {}),
+                                          ("QOI", {}), ("JPEG2000", {})])
+def test_formats_pillow_reads(fmt, options):
+    array = make_image(48, 64)
+    if fmt == "JPEG2000" and fmt not in image_codec.PILLOW_FORMATS:
+        pytest.skip("Pillow built without OpenJPEG")
+    data = encode(array, fmt, **options)
+    item = lazymedia.load_image(data)
+    assert item.header.format == ("jpeg2000" if fmt == "JPEG2000" else fmt.lower())
+    np.testing.assert_array_equal(item.numpy(), pillow_reference(data))
+    assert lazymedia.load_image(data, mode=None, size=(24, 32)).media.shape == (24, 32, 3)
+
+
+def test_formats_outside_the_allow_list_are_400():
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n%%EndComments\nshowpage\n"
+    for data in (eps, b"%PDF-1.4\n1 0 obj\n<<>>\nendobj\n", b"plain text"):
+        with pytest.raises(InvalidMediaError) as info:
+            lazymedia.load_image(data)
+        assert info.value.status_code == 400
+
+
+def test_huge_canvas_in_a_pillow_format_is_413_from_the_header(monkeypatch):
+    header = struct.pack("<2sIHHI", b"BM", 0, 0, 0, 54) + struct.pack("<IiiHHIIiiII", 40, 30000, 30000, 1, 24, 0, 0,
+                                                                          0, 0, 0, 0)
+    monkeypatch.setattr(image_codec, "decode", lambda *a, **k: pytest.fail("decoded past the header"))
+    with pytest.raises(MediaTooLargeError):
+        lazymedia.load_image(header + bytes(64))
+
+
+def test_draft_decodes_jpeg_at_a_reduced_scale_then_resizes():
+    data = encode(make_image(2160, 3840), "JPEG", quality=90)
+    exact = lazymedia.load_image(data, size=(720, 1280)).media.numpy().astype(int)
+    draft = lazymedia.load_image(data, size=(720, 1280), draft=True)
+    assert draft.key != lazymedia.load_image(data, size=(720, 1280)).key
+    pixels = draft.media.numpy().astype(int)
+    assert pixels.shape == exact.shape
+    difference = np.abs(pixels - exact)
+    assert 0 < difference.mean() < 3 and difference.max() < 128  # close to the exact path, not equal to it
+    png = encode(make_image(200, 300), "PNG")  # other formats ignore draft
+    assert torch.equal(lazymedia.load_image(png, size=(50, 75), draft=True).media,
+                       lazymedia.load_image(png, size=(50, 75)).media)
+
+
+def test_draft_respects_orientation():
+    data = encode(make_image(1200, 1600), "JPEG", exif=_exif_orientation(6))
+    item = lazymedia.load_image(data, size=(400, 300), draft=True)
+    assert item.media.shape == (400, 300, 3)
+
+
+def _exif_orientation(value):
+    exif = Image.Exif()
+    exif[0x0112] = value
+    return exif.tobytes()
+
+
+def test_to_pil_shares_memory_for_l_and_rgba(jpeg_bytes):
+    rgba = lazymedia.load_image(jpeg_bytes, mode="RGBA")
+    image = rgba.to_pil()
+    assert image.mode == "RGBA" and np.array_equal(np.asarray(image), rgba.numpy())
+    rgba.numpy()[0, 0, 0] ^= 0xFF
+    assert np.asarray(image)[0, 0, 0] == rgba.numpy()[0, 0, 0]  # one buffer
+    rgb = lazymedia.load_image(jpeg_bytes)
+    assert rgb.to_pil().mode == "RGB" and np.array_equal(np.asarray(rgb.to_pil()), rgb.numpy())

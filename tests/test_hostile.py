@@ -104,11 +104,37 @@ data = buf.getvalue()
 assert len(data) < 1 << 20, len(data)
 """
 
+ZERO_PNG_10000 = """
+data = samples.encode_image(numpy.zeros((10000, 10000, 3), numpy.uint8), "PNG")
+assert len(data) < 400 << 10, len(data)
+"""
+
+PADDED_WEBP_10000 = """
+import struct as _struct
+raw = samples.encode_image(numpy.zeros((10000, 10000, 3), numpy.uint8), "WEBP", lossless=True, quality=0, method=0)
+body = raw[12:] + b"JUNK" + _struct.pack("<I", 200000) + bytes(200000)  # padding that defeats ratio checks
+data = b"RIFF" + _struct.pack("<I", 4 + len(body)) + b"WEBP" + body
+"""
+
+ZERO_GIF_6000 = """
+data = samples.encode_image(numpy.zeros((6000, 6000), numpy.uint8), "GIF")
+assert len(data) < 1 << 20, len(data)
+"""
+
 CASES = {
     # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
     "gif_canvas_bomb": ("data = bytearray(samples.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
                         "data[6:10] = b'\\xff\\xff\\xff\\xff'",
                         "lazymedia.load_image(bytes(data))", 413),
+    # 292 KB of PNG: 10000 x 10000 zeros, 300 MB decoded (within the goal; Pillow's path took 4x).
+    "zero_png_10000": (ZERO_PNG_10000, "lazymedia.load_image(data)", None),
+    # A lossless WebP of the same canvas, padded with a 200 KB JUNK chunk, as RGB and as RGBA.
+    "padded_webp_10000_rgb": (PADDED_WEBP_10000, "lazymedia.load_image(data)", None),
+    "padded_webp_10000_rgba": (PADDED_WEBP_10000, "lazymedia.load_image(data, mode='RGBA')", None),
+    # A GIF (Pillow's path, exported in slabs): 6000 x 6000 of zeros.
+    "zero_gif_6000": (ZERO_GIF_6000, "lazymedia.load_image(data)", None),
+    # The PNG asked for 4x its size: refused from the header, whatever the file's size.
+    "zero_png_10000_upscaled": (ZERO_PNG_10000, "lazymedia.load_image(data, size=(20000, 20000))", 413),
     # 22 KB of H.264: 300 black 1080p frames, no sampling asked: 1.9 GB of frames, refused from the header.
     "black_1080p_mp4_every_frame": (BLACK_1080P_MP4, "lazymedia.load_video(data)", 413),
     # The same clip sampled: 8 frames decode within the goal.

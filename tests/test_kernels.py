@@ -4,7 +4,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lazymedia import ops
+from lazymedia import _C, ops
 
 from conftest import make_image
 
@@ -154,3 +154,34 @@ def test_host_buffer_pool_reuses_and_views_without_copy():
     floats.fill_(1.5)
     assert floats.sum().item() == 150.0
     assert pool.empty((0, 3)).numel() == 0
+
+
+@pytest.mark.parametrize("background", [(255, 255, 255), (0, 0, 0), (12, 200, 77)])
+def test_alpha_composite_equals_pillows_masked_paste_for_every_value_and_alpha(background):
+    from PIL import Image
+
+    value, alpha = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    rgba = np.stack([value, 255 - value, value // 2, alpha], axis=2).astype(np.uint8)
+    reference = Image.new("RGB", (256, 256), background)
+    image = Image.fromarray(rgba, "RGBA")
+    reference.paste(image, mask=image.split()[3])
+    buffer = rgba.reshape(-1).copy()
+    _C.pack_alpha(buffer, 256 * 256, 4, background)  # in place: 4 bytes a pixel in, 3 out
+    np.testing.assert_array_equal(buffer[:256 * 256 * 3].reshape(256, 256, 3), np.asarray(reference))
+
+
+def test_alpha_dropped_and_gray_widened_in_place():
+    rng = np.random.default_rng(3)
+    la = rng.integers(0, 256, (37, 41, 2), dtype=np.uint8)
+    buffer = np.zeros(37 * 41 * 3, np.uint8)
+    buffer[:la.size] = la.reshape(-1)
+    _C.pack_alpha(buffer, 37 * 41, 2)
+    np.testing.assert_array_equal(buffer[:37 * 41], la[:, :, 0].reshape(-1))
+    _C.gray_to_rgb(buffer, 37 * 41)
+    np.testing.assert_array_equal(buffer.reshape(37, 41, 3), np.repeat(la[:, :, :1], 3, axis=2))
+    with pytest.raises(ValueError):
+        _C.pack_alpha(buffer, 37 * 41, 3)  # only 2 or 4 channels carry an alpha
+    with pytest.raises(ValueError):
+        _C.gray_to_rgb(buffer[::2], 10)  # not contiguous
+    with pytest.raises(ValueError):
+        _C.pack_alpha(np.zeros(10, np.uint8), 100, 4)  # too small for the pixels

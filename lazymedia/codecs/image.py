@@ -1,30 +1,55 @@
-"""Image codec: header probe (native), JPEG through libjpeg-turbo (simplejpeg), the rest
-through Pillow; orientation by the shared native kernel, so every backend rotates identically.
+"""Image codec: the header first (the native probe for JPEG/PNG/GIF/WebP, Pillow's lazy open for
+every other format it reads), then the pixels, written once into the output buffer:
 
-Both decoders release the GIL while decoding, so a thread pool scales across cores.
+- JPEG through libjpeg-turbo (simplejpeg), PNG and WebP through libpng/libwebp (imagecodecs),
+  each straight into the output; alpha composited, dropped or gray widened in place by the
+  native kernels, so peak memory is the output (x 4/3 while an alpha channel is packed);
+- every other format, and what those decoders refuse, through Pillow, exported in slabs, so
+  peak memory is Pillow's own image plus the output.
+
+Pixels follow Pillow's rules (what vLLM's loaders produce): `convert(mode)`, except RGBA to RGB,
+which is composited over `ImageSpec.background` as vLLM's rgba_to_rgb does. Orientation is the
+shared native kernel, so every backend rotates identically. Every decoder here releases the GIL.
 """
 from __future__ import annotations
 
 import dataclasses
 import io
+import logging
+import warnings
 from dataclasses import dataclass
 
+import imagecodecs
 import numpy as np
 import simplejpeg
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
 
-_CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1}
+# libpng warns per odd chunk of every file it reads: a hostile upload must not flood the logs.
+logging.getLogger("imagecodecs").setLevel(logging.ERROR)
+
+CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}
 _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+# What Pillow may open: vLLM 0.33's allow-list (vllm/multimodal/image.py), the still-image readers
+# that decode in-process. Denied there and here: EPS (runs Ghostscript), WMF, the BUFR/GRIB/HDF5
+# stubs and MPEG. AVIF only where Pillow was built with it.
+Image.init()
+PILLOW_FORMATS = tuple(name for name in (
+    "AVIF", "BLP", "BMP", "CUR", "DCX", "DDS", "DIB", "FITS", "FLI", "FTEX", "GBR", "GIF", "ICNS", "ICO", "IM", "IMT",
+    "IPTC", "JPEG", "JPEG2000", "MCIDAS", "MSP", "PCD", "PCX", "PIXAR", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER",
+    "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM", "XVTHUMB") if name in Image.OPEN)
+_SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
 
 
 @dataclass(frozen=True)
 class ImageHeader:
-    """What the native probe read from the encoded bytes (see csrc/probe.h)."""
+    """What the probe read from the encoded bytes (csrc/probe.h for JPEG/PNG/GIF/WebP; Pillow's
+    header parse for the rest). `mode` is the mode Pillow opens the image in, which decides how
+    it converts (vLLM's loaders convert from it)."""
 
     format: str
     width: int
@@ -45,6 +70,26 @@ class ImageHeader:
     max_frame_width: int
     max_frame_height: int
     webp_kind: str
+    png_compressed_text: bool = False
+    mode: str = "RGB"
+
+    @property
+    def has_transparency(self) -> bool:
+        """An alpha channel or a transparent colour (PNG tRNS, GIF transparency)."""
+        return self.has_alpha
+
+    def target_mode(self, spec: ImageSpec) -> str:
+        """The output mode: spec.mode, or for mode=None the source's own: L, LA, RGB or RGBA
+        (palette images widen to RGB, or RGBA when they have a transparent colour)."""
+        if spec.mode is not None:
+            return spec.mode
+        if self.mode in ("1", "L", "I", "I;16", "I;16B", "I;16L", "F"):
+            return "L"
+        if self.mode in ("LA", "La"):
+            return "LA"
+        if self.mode in ("RGBA", "RGBa", "PA") or self.mode == "P" and self.has_transparency:
+            return "RGBA"
+        return "RGB"
 
     def output_shape(self, spec: ImageSpec) -> tuple[int, int, int]:
         """(H, W, C) of the decoded tensor under `spec`, known before decoding."""
@@ -54,13 +99,65 @@ class ImageHeader:
             height, width = self.width, self.height
         else:
             height, width = self.height, self.width
-        return (height, width, _CHANNELS[spec.mode])
+        return (height, width, CHANNELS[self.target_mode(spec)])
 
 
-_HEADER_FIELDS = [f.name for f in dataclasses.fields(ImageHeader)]
+_NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name != "mode"]
+_PNG_MODES = {2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
 
-REMEMBER_HEADERS = False  # the native probe costs about a microsecond
+def _native_header(result, mode: str) -> ImageHeader:
+    return ImageHeader(**{name: getattr(result, name) for name in _NATIVE_FIELDS}, mode=mode)
+
+
+def _native_mode(result) -> str | None:
+    """Pillow's mode from the native header, where it follows from the header alone."""
+    if result.format == "jpeg":
+        return {1: "L", 3: "RGB", 4: "CMYK"}.get(result.components)
+    if result.format == "png":
+        if result.png_color_type == 0:
+            return {1: "1", 16: "I;16"}.get(result.bit_depth, "L")
+        return _PNG_MODES.get(result.png_color_type)
+    return None  # GIF and WebP: Pillow's header parse says (a GIF with a gray palette opens as L)
+
+
+REMEMBER_HEADERS = False  # the native probe costs about a microsecond, Pillow's header parse tens
+
+
+def _open(data) -> Image.Image:
+    """Pillow's lazy open (header only) limited to PILLOW_FORMATS."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # our limits, checked from the header, decide
+        return Image.open(io.BytesIO(data), formats=PILLOW_FORMATS)
+
+
+def _probe_with_pillow(data, result) -> ImageHeader:
+    try:
+        image = _open(data)
+    except UnidentifiedImageError:
+        raise InvalidMediaError("not an image format this server reads", modality="image") from None
+    except Image.DecompressionBombError as exc:
+        raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
+    except Exception as exc:  # a recognised format whose header is broken
+        raise UnprocessableMediaError(f"broken image header: {type(exc).__name__}: {exc}", modality="image") from None
+    with image:
+        width, height = image.size
+        transparency = "A" in image.getbands() or "transparency" in image.info
+        if result is not None and result.status == "ok":  # a native format: its header, Pillow's mode
+            header = _native_header(result, image.mode)
+            return dataclasses.replace(header, has_alpha=header.has_alpha or transparency)
+        try:
+            orientation = int(image.getexif().get(0x0112, 1))
+        except Exception:  # a broken EXIF block: Pillow's exif_transpose would not rotate either
+            orientation = 1
+        frames = int(getattr(image, "n_frames", 1) or 1) if image.format in ("TIFF", "ICO", "MPO") else 1
+        return ImageHeader(
+            format=(image.format or "unknown").lower(), width=width, height=height, components=len(image.getbands()),
+            bit_depth=8, has_alpha=transparency,
+            orientation=orientation if 1 <= orientation <= 8 else 1, has_icc="icc_profile" in image.info,
+            jpeg_encoding="", chroma_subsampling="", has_adobe=False, adobe_transform=-1, png_color_type=-1,
+            png_interlaced=False, animated=frames > 1, frame_count=frames, max_frame_width=width,
+            max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode)
 
 
 def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
@@ -68,83 +165,190 @@ def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
     `limits` (413) before anything is decoded."""
     result = _C.probe(data)
     if result.status == "unknown_format":
-        raise InvalidMediaError(result.error, modality="image")
-    if result.status != "ok":
+        header = _probe_with_pillow(data, None)
+    elif result.status != "ok":
         raise UnprocessableMediaError(f"{result.format} header is {result.status}: {result.error}", modality="image")
-    header = ImageHeader(*[getattr(result, name) for name in _HEADER_FIELDS])
+    else:
+        mode = _native_mode(result)
+        if mode is None:
+            check_pixels(result.max_frame_width, result.max_frame_height, limits)  # before Pillow reads anything
+            header = _probe_with_pillow(data, result)
+        else:
+            header = _native_header(result, mode)
     check_limits(header, limits, spec, len(data))
     return header
 
 
+def check_pixels(width: int, height: int, limits: Limits) -> None:
+    if width * height > limits.max_pixels:
+        raise MediaTooLargeError(f"{width}x{height} image exceeds the {limits.max_pixels} pixel limit",
+                                 modality="image")
+
+
 def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_bytes: int) -> None:
-    """Refuses (413) what `limits` do not allow, from the header alone."""
-    pixels = header.max_frame_width * header.max_frame_height
-    if pixels > limits.max_pixels:
-        raise MediaTooLargeError(
-            f"{header.max_frame_width}x{header.max_frame_height} image exceeds the {limits.max_pixels} pixel limit",
-            modality="image")
+    """Refuses (413) what `limits` do not allow, from the header alone: the largest frame's area
+    (what the decoder holds) and the output's size (what the spec asks for)."""
+    check_pixels(header.max_frame_width, header.max_frame_height, limits)
     height, width, channels = header.output_shape(spec)
     limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels")
     if header.format == "jpeg" and header.bit_depth != 8:
         raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported", modality="image")
 
 
-def _uses_libjpeg_turbo(header: ImageHeader, spec: ImageSpec) -> bool:
-    """simplejpeg matches Pillow bit for bit on 8-bit YCbCr/gray JPEGs; CMYK/YCCK and colour to L
-    (Pillow converts decoded RGB with its own luma weights) go to Pillow."""
-    if header.format != "jpeg" or header.components not in (1, 3):
-        return False
-    return spec.mode in ("RGB", "RGBA") or header.components == 1
+# -- decoding ------------------------------------------------------------------------------------
+class _TryPillow(Exception):
+    """A fast decoder refused a stream Pillow may still read (libjpeg-turbo is strict about
+    junk between markers, libpng about odd chunks); Pillow then decides."""
 
 
-class _NeedsTolerantDecoder(Exception):
-    """libjpeg-turbo (strict) refused a stream that Pillow's decoder accepts."""
+def _draft_size(header: ImageHeader, spec: ImageSpec) -> tuple[int, int] | None:
+    """(height, width) at least as large as the target, before orientation, when spec.draft
+    lets a JPEG decode at a reduced DCT scale; None otherwise."""
+    if not spec.draft or spec.size is None or header.format != "jpeg":
+        return None
+    height, width = spec.size
+    return (width, height) if spec.apply_orientation and header.orientation >= 5 else (height, width)
 
 
-def _decode_jpeg(data, colorspace: str, out: np.ndarray | None) -> np.ndarray:
-    """A truncated stream is an error, as in Pillow. Other libjpeg warnings (junk bytes between
-    markers, bad APP segments), which simplejpeg reports as errors, send the file to Pillow."""
+def _jpeg(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+    """8-bit YCbCr/gray JPEG through libjpeg-turbo, bit-identical to Pillow (colour to L and
+    CMYK/YCCK go to Pillow, which converts with its own weights)."""
+    if header.components not in (1, 3) or target == "LA" or (header.components == 3 and target == "L"):
+        raise _TryPillow()
+    draft = _draft_size(header, spec)
+    scale = {} if draft is None else {"min_height": draft[0], "min_width": draft[1]}
+    gray = header.components == 1
     try:
-        return simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out)
+        array = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else target, **scale)
     except ValueError as exc:
-        if "Premature end" in str(exc):
-            raise
-        raise _NeedsTolerantDecoder() from exc
+        if "Premature end" in str(exc):  # a truncated stream is an error, as in Pillow
+            raise UnprocessableMediaError(f"corrupt jpeg: {exc}", modality="image") from None
+        raise _TryPillow() from exc
+    if not gray or target == "L":
+        return array.reshape(array.shape[0], array.shape[1], -1)
+    height, width = array.shape[:2]
+    widened = np.empty((height, width, CHANNELS[target]), np.uint8)
+    widened[:, :, :3] = array.reshape(height, width, 1)
+    if target == "RGBA":
+        widened[:, :, 3] = 255
+    return widened
 
 
-def _decode_with_pillow(data, mode: str) -> np.ndarray:
-    with Image.open(io.BytesIO(data)) as opened:
-        # convert() to the same mode would copy the pixels once more
-        array = np.asarray(opened if opened.mode == mode else opened.convert(mode))
-    return array[:, :, None] if array.ndim == 2 else array
+def _packed(buffer: np.ndarray, height: int, width: int, channels: int) -> np.ndarray:
+    """The first height x width x channels bytes of `buffer`, which is shrunk to them in place
+    (realloc keeps the pages), as an HWC array that owns its memory."""
+    buffer.resize(height * width * channels, refcheck=False)
+    return buffer.reshape(height, width, channels)
 
 
-def _decode_native_orientation(data, header: ImageHeader, spec: ImageSpec, out: np.ndarray | None) -> np.ndarray:
-    if _uses_libjpeg_turbo(header, spec):
+def composites(header: ImageHeader, target: str) -> bool:
+    """vLLM's rule: an image with transparency (an alpha band, or a transparent colour) decoded
+    as RGB is converted to RGBA by Pillow's rules and composited over the background."""
+    return target == "RGB" and (header.mode in ("RGBA", "LA", "PA") or header.has_transparency)
+
+
+def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+    """8-bit and smaller PNGs through libpng into the output. libpng expands palettes and low
+    bit depths, and a tRNS colour into an alpha channel (as Pillow's convert("RGBA") does); the
+    alpha is then composited or dropped, and gray widened, in place."""
+    if header.bit_depth > 8 or header.png_compressed_text:
+        raise _TryPillow()  # compressed text: Pillow bounds what it inflates (MAX_TEXT_CHUNK, a 413)
+    decoded = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}[header.png_color_type] + (
+        1 if header.has_alpha and header.png_color_type in (0, 2, 3) else 0)
+    background = None
+    if composites(header, target):
+        if decoded != 4:
+            raise _TryPillow()  # gray with alpha over a coloured background: Pillow's convert first
+        background = spec.background
+    elif target == "RGB" and decoded in (1, 3):
+        pass  # no transparency: the colour as decoded, gray widened as Pillow's convert does
+    elif target == "L" and header.mode in ("L", "1", "LA"):
+        pass  # Pillow's convert("L") of these keeps the gray values and drops the alpha
+    elif not (target in ("RGBA", "LA") and decoded == CHANNELS[target] and header.mode in ("RGBA", "LA", "RGB", "P")):
+        raise _TryPillow()  # luma, added alpha and the rest are Pillow's conversions
+    pixels = header.height * header.width
+    buffer = np.empty(pixels * max(decoded, CHANNELS[target]), np.uint8)
+    try:
+        imagecodecs.png_decode(data, out=buffer[:pixels * decoded].reshape(header.height, header.width, decoded))
+    except Exception as exc:  # libpng refuses (odd chunks, truncation): Pillow decides
+        raise _TryPillow() from exc
+    channels = decoded
+    if channels in (2, 4) and target not in ("RGBA", "LA"):
+        _C.pack_alpha(buffer, pixels, channels, background)
+        channels -= 1
+    if channels == 1 and CHANNELS[target] == 3:
+        _C.gray_to_rgb(buffer, pixels)
+        channels = 3
+    return _packed(buffer, header.height, header.width, channels)
+
+
+def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+    """WebP through libwebp into the output (Pillow opens WebP with alpha as RGBA)."""
+    if target not in ("RGB", "RGBA"):
+        raise _TryPillow()
+    composite = composites(header, target)
+    channels = 4 if composite or target == "RGBA" else 3
+    pixels = header.height * header.width
+    buffer = np.empty(pixels * channels, np.uint8)
+    try:
+        imagecodecs.webp_decode(data, hasalpha=channels == 4, out=buffer.reshape(header.height, header.width, channels))
+    except Exception as exc:
+        raise _TryPillow() from exc
+    if composite:
+        _C.pack_alpha(buffer, pixels, 4, spec.background)
+        channels = 3
+    return _packed(buffer, header.height, header.width, channels)
+
+
+def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+    """Any format Pillow reads (frame 0), converted by vLLM's rules (transparency composited over
+    the background for RGB, Pillow's convert otherwise) and exported in slabs into one array."""
+    with _open(data) as image:
+        draft = _draft_size(header, spec)
+        if draft is not None and image.format == "JPEG":
+            image.draft(target if target in ("RGB", "L") else None, (draft[1], draft[0]))
+        image.load()
+        composite = target == "RGB" and (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info)
+        mode = "RGBA" if composite else target
+        channels = CHANNELS[mode]
+        width, height = image.size
+        buffer = np.empty(width * height * channels, np.uint8)
+        rows = max(1, _SLAB_BYTES // max(1, width * 4))
+        for top in range(0, height, rows):
+            slab = image.crop((0, top, width, min(height, top + rows)))
+            if slab.mode != mode:
+                slab = slab.convert(mode)
+            start = top * width * channels
+            buffer[start:start + slab.height * width * channels] = np.asarray(slab).reshape(-1)
+    if composite:
+        _C.pack_alpha(buffer, width * height, 4, spec.background)
+        channels = 3
+    return _packed(buffer, height, width, channels)
+
+
+_FAST_DECODERS = {"jpeg": _jpeg, "png": _png, "webp": _webp}
+
+
+def _pixels(data, header: ImageHeader, spec: ImageSpec) -> np.ndarray:
+    target = header.target_mode(spec)
+    fast = _FAST_DECODERS.get(header.format)
+    if fast is not None:
         try:
-            if header.components == 3:
-                return _decode_jpeg(data, spec.mode, out)
-            gray = _decode_jpeg(data, "GRAY", None).reshape(header.height, header.width, 1)
-        except _NeedsTolerantDecoder:
-            return _decode_with_pillow(data, spec.mode)
-        if spec.mode == "L":
-            return gray
-        rgb = np.repeat(gray, 3, axis=2)
-        return rgb if spec.mode == "RGB" else np.concatenate([rgb, np.full_like(gray, 255)], axis=2)
-    return _decode_with_pillow(data, spec.mode)
+            return fast(data, header, spec, target)
+        except _TryPillow:
+            pass
+    return _pillow(data, header, spec, target)
 
 
 def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None,
            limits: Limits = DEFAULT_LIMITS) -> torch.Tensor:
-    """Decodes to a uint8 HWC tensor (into `out` when given: a pinned or caller-owned buffer)."""
+    """Decodes to a uint8 HWC tensor (channels 1, 2, 3 or 4 for L, LA, RGB, RGBA), into `out`
+    when given (a pinned or caller-owned buffer of the output shape)."""
     shape = header.output_shape(spec)
     if out is not None and (tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous uint8 tensor of shape {shape}, got {tuple(out.shape)} {out.dtype}")
-    direct = (out is not None and spec.size is None and header.components == 3
-              and not (spec.apply_orientation and header.orientation != 1) and _uses_libjpeg_turbo(header, spec))
-    out_array = out.numpy() if out is not None and direct else None
     try:
-        array = _decode_native_orientation(data, header, spec, out_array)
+        array = _pixels(data, header, spec)
     except MediaError:
         raise
     except Image.DecompressionBombError as exc:
@@ -156,14 +360,13 @@ def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None 
     except Exception as exc:  # decoders raise OSError, SyntaxError, EOFError, struct.error, ...
         raise UnprocessableMediaError(f"corrupt {header.format}: {type(exc).__name__}: {exc}",
                                       modality="image") from None
-    if out is not None and out_array is not None and array.ctypes.data == out_array.ctypes.data:
-        return out  # decoded in place
+    if array.shape[:2] != (header.height, header.width) and _draft_size(header, spec) is None:
+        raise UnprocessableMediaError(f"{header.format} decoded to {array.shape[1]}x{array.shape[0]}, "
+                                      f"not the {header.width}x{header.height} its header declares", modality="image")
     if spec.apply_orientation and header.orientation != 1:
         array = ops.orient(torch.from_numpy(array), header.orientation).numpy()
-    if spec.size is not None:
+    if spec.size is not None and array.shape[:2] != spec.size:
         array = _resize(array, spec.size, spec.resample)
-    if not array.flags.writeable or not array.flags.c_contiguous:  # Pillow hands out read-only views
-        array = np.array(array, order="C")
     tensor = torch.from_numpy(array)
     if out is None:
         return tensor
@@ -172,7 +375,11 @@ def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None 
 
 
 def _resize(array: np.ndarray, size: tuple[int, int], resample: str) -> np.ndarray:
+    """Pillow's resize, bit for bit: the native kernel for L and RGB, Pillow itself for images
+    with alpha (it premultiplies them)."""
+    if array.shape[2] in (1, 3):
+        return ops.resize(torch.from_numpy(array), size, resample).numpy()
     height, width = size
-    image = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
-    resized = np.asarray(image.resize((width, height), _RESAMPLE[resample]))
-    return resized[:, :, None] if resized.ndim == 2 else resized
+    mode = "LA" if array.shape[2] == 2 else "RGBA"
+    resized = Image.fromarray(array, mode).resize((width, height), _RESAMPLE[resample])
+    return np.array(resized).reshape(height, width, array.shape[2])
