@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from .cache import CacheStats, LruCache, ProcessorCache
+from .codecs.sampling import register_sampler
 from .engine import BackendStatus, DecodeEngine, backends, default_engine
 from .errors import (
     InvalidMediaError,
@@ -48,5 +49,5 @@ __all__ = [
     "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaConnector", "MediaError", "MediaFetchError",
     "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache", "UnprocessableMediaError",
     "VideoFrames", "VideoSpec", "backends", "default_engine", "from_base64", "load", "load_audio", "load_image",
-    "load_video",
+    "load_video", "register_sampler",
 ]

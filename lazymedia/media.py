@@ -340,17 +340,20 @@ def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, in
 
 
 def load_video(data, *, num_frames: int | None = None, fps: float | None = None, max_frames: int | None = None,
-               size: tuple[int, int] | None = None, decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS,
-               key: str | None = None) -> LazyMedia:
+               max_duration: float = 300.0, sampler: str = "uniform", size: tuple[int, int] | None = None,
+               decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS, key: str | None = None) -> LazyMedia:
     """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
 
     Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
-    and metadata they came from. num_frames: sample this many uniformly; fps: sample at this
-    rate (give one of them, or neither for every frame); max_frames: thin to at most this many;
-    size: (height, width) to scale to while decoding; decoder: "pyav" or "opencv".
+    and transformers-style metadata they came from. Frames are chosen as vLLM's loaders choose
+    them: num_frames spread over the clip (np.linspace, truncated), capped by duration x fps
+    when fps is given too; neither means every frame. sampler: "uniform" (that rule),
+    "dynamic" (vLLM's: every 1/fps s up to max_duration seconds), "rounded", or one added with
+    lazymedia.register_sampler. max_frames: thin to at most this many. size: (height, width)
+    to scale to while decoding. decoder: "pyav" or "opencv".
     """
     return load("video", data, limits=limits, key=key, num_frames=num_frames, fps=fps, max_frames=max_frames,
-                size=size, decoder=decoder)
+                max_duration=max_duration, sampler=sampler, size=size, decoder=decoder)
 
 
 def load_audio(data, *, sample_rate: int | None = None, mono: bool = False, limits: Limits = DEFAULT_LIMITS,

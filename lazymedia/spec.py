@@ -87,16 +87,20 @@ class ImageSpec(Spec):
 
 @dataclass(frozen=True)
 class VideoSpec(Spec):
-    """Which frames come back: `num_frames` sampled uniformly, or every frame at `fps`, at most
-    `max_frames`; `size` resizes each frame to (height, width) during decode. `decoder` picks
-    the CPU reader, "pyav" or "opencv" (their YUV conversions and scalers differ slightly, so it
-    is part of the key)."""
+    """Which frames come back, chosen by the named `sampler` (codecs.sampling; the default,
+    "uniform", is vLLM's): `num_frames` spread over the clip, capped by duration x `fps` when fps
+    is given too; "dynamic" samples at `fps` up to `max_duration` seconds. `max_frames` thins
+    any choice further. `size` resizes each frame to (height, width) while decoding. `decoder`
+    picks the CPU reader, "pyav" or "opencv" (their YUV conversions and scalers differ
+    slightly, so it is part of the key)."""
 
     modality = "video"
 
     num_frames: int | None = None
     fps: float | None = None
     max_frames: int | None = None
+    max_duration: float = 300.0
+    sampler: str = "uniform"
     size: tuple[int, int] | None = None
     decoder: str = "pyav"
 
@@ -105,17 +109,20 @@ class VideoSpec(Spec):
             raise InvalidMediaError(f"decoder must be one of {VIDEO_DECODERS}, got {self.decoder!r}")
         if self.decoder == "opencv" and importlib.util.find_spec("cv2") is None:
             raise InvalidMediaError("decoder='opencv' needs opencv-python-headless")
-        if self.num_frames is not None and self.fps is not None:
-            raise InvalidMediaError("give num_frames or fps, not both")
         if self.num_frames is not None and int(self.num_frames) <= 0:
             raise InvalidMediaError("num_frames must be positive")
         if self.fps is not None and not float(self.fps) > 0:
             raise InvalidMediaError("fps must be positive")
         if self.max_frames is not None and int(self.max_frames) <= 0:
             raise InvalidMediaError("max_frames must be positive")
+        if not float(self.max_duration) > 0:
+            raise InvalidMediaError("max_duration must be positive")
+        if not isinstance(self.sampler, str) or not self.sampler:
+            raise InvalidMediaError("sampler must be the name of a registered sampler")
         object.__setattr__(self, "num_frames", None if self.num_frames is None else int(self.num_frames))
         object.__setattr__(self, "fps", None if self.fps is None else float(self.fps))
         object.__setattr__(self, "max_frames", None if self.max_frames is None else int(self.max_frames))
+        object.__setattr__(self, "max_duration", float(self.max_duration))
         object.__setattr__(self, "size", _check_size(self.size))
 
 

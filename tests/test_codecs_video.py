@@ -28,13 +28,24 @@ def test_corpus_sampled_frames_equal_full_decode(row):
     item = lazymedia.load_video(data, num_frames=8)
     frames = item.media
     header = item.header
-    assert frames.indices == sampling.sample_indices(header.total_frames, header.fps, item.spec)
+    assert frames.indices == sampling.sample_indices(video.sampling_source(header), item.spec)
     assert tuple(frames.frames.shape) == (len(frames.indices), header.height, header.width, 3)
     full = full_decode(data)
     assert len(full.indices) == header.total_frames  # the header's frame count is exact
     for slot, index in enumerate(frames.indices):
         assert torch.equal(frames.frames[slot], full.frames[index])
         assert abs(frames.timestamps[slot] - full.timestamps[index]) <= 1.0 / header.fps
+
+
+@pytest.mark.parametrize("row", corpus_params("video", {"decodes"}))
+def test_corpus_requested_counts_come_back_in_order(row):
+    data = corpus_bytes(row)
+    frames_there = lazymedia.load_video(data, size=(16, 16)).media.frames.shape[0]
+    for requested in (1, 8, 16, 32):
+        decoded = lazymedia.load_video(data, num_frames=requested, size=(16, 16)).media
+        assert len(decoded.indices) == min(requested, frames_there) == decoded.frames.shape[0]
+        assert all(b > a for a, b in zip(decoded.timestamps, decoded.timestamps[1:]))
+        assert decoded.metadata["total_num_frames"] == frames_there
 
 
 @pytest.mark.parametrize("row", corpus_params("video", {"corrupt"}))
@@ -56,7 +67,7 @@ def test_generated_clips(kwargs):
     frames = item.media
     full = full_decode(data)
     assert item.header.total_frames == 60 and len(full.indices) == 60
-    assert frames.indices == [0, 12, 24, 35, 47, 59]
+    assert frames.indices == [0, 11, 23, 35, 47, 59]  # np.linspace truncated, as vLLM samples
     for slot, index in enumerate(frames.indices):
         assert torch.equal(frames.frames[slot], full.frames[index])
         assert frames.timestamps[slot] == pytest.approx(full.timestamps[index])
@@ -74,11 +85,14 @@ def test_seeking_skips_decoding(h264, monkeypatch):
 
 
 def test_fps_and_max_frames_sampling(h264):
-    by_fps = lazymedia.load_video(h264, fps=5).media
-    assert by_fps.indices == list(range(0, 90, 6))
+    by_fps = lazymedia.load_video(h264, fps=5).media  # 3 s at 30 fps: 15 frames spread over the clip
+    assert by_fps.indices == np.linspace(0, 89, 15, dtype=int).tolist()
+    stride = lazymedia.load_video(h264, fps=5, sampler="rounded").media  # the earlier rule: every 6th
+    assert stride.indices == list(range(0, 90, 6))
     capped = lazymedia.load_video(h264, fps=5, max_frames=4).media
-    assert len(capped.indices) == 4 and capped.indices[0] == 0 and capped.indices[-1] == 84
-    assert sampling.sample_indices(10, 30.0, VideoSpec(num_frames=32)) == list(range(10))
+    assert capped.indices == [by_fps.indices[i] for i in (0, 4, 9, 14)]
+    source = sampling.SamplingSource.of(10, 30.0, 0.0)
+    assert sampling.sample_indices(source, VideoSpec(num_frames=32)) == list(range(10))
 
 
 def test_resize_while_decoding(h264):
@@ -155,3 +169,119 @@ def test_opencv_decoder_on_corrupt_input_is_typed(h264):
         lazymedia.load_video(h264[: len(h264) // 2], decoder="opencv").decode()
     with pytest.raises(ValueError):
         lazymedia.load_video(h264, decoder="gstreamer")
+
+
+def _clip_with_pre_roll(frames=30):
+    """An MP4 whose first sample is an edit list's pre-roll: pts -1, decoded, never shown."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=30, options={"preset": "ultrafast", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 30)
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 8 % 256, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = i - 1, Fraction(1, 30)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def test_edit_list_pre_roll_is_not_a_frame():
+    data = _clip_with_pre_roll(30)
+    item = lazymedia.load_video(data, num_frames=16)
+    assert item.header.total_frames == 29  # 30 samples, the first one never shown
+    frames = item.media
+    assert len(frames.indices) == 16 and frames.indices[-1] == 28 and frames.timestamps[0] >= 0
+    full = lazymedia.load_video(data).media
+    for slot, index in enumerate(frames.indices):
+        assert torch.equal(frames.frames[slot], full.frames[index])
+
+
+def test_partially_fragmented_mp4_counts_every_fragment():
+    import av
+
+    plain = make_video(codec="libx264", frames=30, gop=4)
+    fragmented = io_remux(plain, {"movflags": "frag_keyframe"})
+    with av.open(io_bytes(fragmented)) as container:
+        assert container.streams.video[0].frames < 30  # the moov holds the first fragment only
+    item = lazymedia.load_video(fragmented, num_frames=8)
+    assert item.header.total_frames == 30
+    assert item.media.indices == np.linspace(0, 29, 8, dtype=int).tolist()
+    empty_moov = io_remux(plain, {"movflags": "frag_keyframe+empty_moov"})
+    assert lazymedia.load_video(empty_moov, num_frames=8).media.frames.shape[0] == 8
+
+
+def io_bytes(data):
+    import io
+
+    return io.BytesIO(data)
+
+
+def io_remux(data, options):
+    """The same packets in a new MP4 written with `options` (movflags)."""
+    import io
+
+    import av
+
+    out_buf = io.BytesIO()
+    with av.open(io_bytes(data)) as source, av.open(out_buf, "w", format="mp4", options=options) as out:
+        in_stream = source.streams.video[0]
+        out_stream = out.add_stream_from_template(in_stream)
+        for packet in source.demux(in_stream):
+            if packet.dts is None:
+                continue
+            packet.stream = out_stream
+            out.mux(packet)
+    return out_buf.getvalue()
+
+
+def test_frames_that_do_not_decode_are_not_sampled():
+    """A clip whose last packets are damaged presents fewer frames than its packets promise:
+    the requested count still comes back, spread over the frames that exist, with their total."""
+    import av
+
+    data = bytearray(make_video(codec="libx264", frames=60, gop=10))
+    with av.open(io_bytes(bytes(data))) as container:
+        tail = [(p.pos, p.size) for p in container.demux(container.streams.video[0]) if p.size][-8:]
+    for position, size in tail:
+        data[position:position + size] = bytes(size)  # the last 8 frames' payloads zeroed
+    item = lazymedia.load_video(bytes(data), num_frames=8)
+    assert item.header.total_frames == 60  # the packets promise 60
+    frames = item.media
+    presented = frames.total_frames
+    assert presented < 60 and frames.metadata["total_num_frames"] == presented
+    assert len(frames.indices) == 8 and frames.indices == np.linspace(0, presented - 1, 8, dtype=int).tolist()
+
+
+def test_odd_coded_width_follows_the_container_as_pyav_scales_it():
+    """A stream coded 302 px wide in a container that says 300: frames come back 300 wide,
+    scaled by FFmpeg as PyAV's to_ndarray(width=...) does (documented in docs/design.md)."""
+    import av
+
+    data = bytearray(make_video(codec="libvpx", frames=10, width=302, height=96, container="webm"))
+    at = data.find(b"\xb0\x82\x01\x2e")  # Matroska PixelWidth = 302
+    assert at > 0
+    data[at:at + 4] = b"\xb0\x82\x01\x2c"  # the container now says 300
+    item = lazymedia.load_video(bytes(data), num_frames=3)
+    assert item.header.width == 300
+    frames = item.media
+    assert tuple(frames.frames.shape) == (3, 96, 300, 3)
+    with av.open(io_bytes(bytes(data))) as container:
+        reference = [f.to_ndarray(format="rgb24", width=300, height=96) for f in container.decode(video=0)]
+    for slot, index in enumerate(frames.indices):
+        np.testing.assert_array_equal(frames.frames[slot].numpy(), reference[index])
+
+
+def test_hf_metadata_keys_as_vllm_fills_them(h264):
+    frames = lazymedia.load_video(h264, num_frames=8).media
+    assert frames.metadata == {"total_num_frames": 90, "fps": 30.0, "duration": 3.0, "video_backend": "pyav",
+                               "frames_indices": frames.indices, "do_sample_frames": False}
+    every = lazymedia.load_video(h264).media
+    assert every.metadata["do_sample_frames"] is True and every.info["codec"] == "h264"

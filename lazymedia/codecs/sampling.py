@@ -1,40 +1,133 @@
 """Which frames of a video a spec selects, and how to reach them: every video reader (PyAV,
-OpenCV, NVDEC) takes its frame indices and seek plan from here, so all return the same frames."""
+OpenCV, NVDEC) takes its frame indices and seek plan from here, so all return the same frames.
+
+Samplers are named, and the name is part of the key (VideoSpec.sampler):
+
+- "uniform" (default): vLLM 0.33's default loader. The count is num_frames, capped by
+  floor(duration x fps) when fps is also given, at least 1; the indices are
+  np.linspace(0, total - 1, count) truncated to int (every frame when the count is the total).
+- "dynamic": vLLM's dynamic loader: one frame every 1/fps seconds (fps defaults to 2) up to
+  max_duration seconds; a longer clip is sampled uniformly in time instead.
+- "rounded": lazymedia's earlier rule: np.linspace rounded for num_frames, every
+  (source fps / fps)-th frame for fps.
+
+`register_sampler(name, fn)` adds a model's own: fn(source, spec) -> frame indices. Give a
+changed sampler a new name, since keys (and so cache entries) follow the name.
+"""
 from __future__ import annotations
 
 import bisect
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InvalidMediaError
 from ..spec import VideoSpec
 
 # Decoding this many frames costs about as much as a seek (decoder flush + container seek).
 SEEK_COST_FRAMES = 4
 
 
-def sample_indices(total_frames: int, fps: float, spec: VideoSpec) -> list[int]:
-    """The frame indices a spec selects: uniform over the clip for `num_frames`, every
-    (fps / spec.fps)-th frame for `fps`, all frames otherwise; `max_frames` thins uniformly."""
-    if total_frames <= 0:
-        return []
+@dataclass(frozen=True)
+class SamplingSource:
+    """What a sampler sees of a clip: the frames it presents, their rate, and its duration
+    (total_frames / fps, as vLLM computes it; the container's duration where fps is unknown)."""
+
+    total_frames: int
+    fps: float
+    duration: float
+
+    @classmethod
+    def of(cls, total_frames: int, fps: float, container_duration: float) -> SamplingSource:
+        return cls(total_frames, fps, total_frames / fps if fps > 0 else container_duration)
+
+
+Sampler = Callable[[SamplingSource, VideoSpec], list[int]]
+
+
+def _uniform(source: SamplingSource, spec: VideoSpec) -> list[int]:
+    total = source.total_frames
+    count = total
     if spec.num_frames is not None:
-        count = min(spec.num_frames, total_frames)
-        indices = np.linspace(0, total_frames - 1, count).round().astype(int).tolist()
-    elif spec.fps is not None and fps > 0:
-        step = fps / spec.fps
-        indices = sorted({min(int(i * step), total_frames - 1) for i in range(max(1, int(total_frames / step)))})
-    else:
-        indices = list(range(total_frames))
+        count = min(spec.num_frames, total)
+    if spec.fps is not None:
+        count = min(count, math.floor(source.duration * spec.fps))
+    count = max(1, count)
+    if count == total:
+        return list(range(total))
+    return np.linspace(0, total - 1, count, dtype=int).tolist()
+
+
+def _dynamic(source: SamplingSource, spec: VideoSpec) -> list[int]:
+    fps = spec.fps if spec.fps is not None else 2.0
+    last = source.total_frames - 1
+    duration = source.duration or (round(last / source.fps) + 1 if source.fps > 0 else 0)
+    if duration <= spec.max_duration:
+        count = int(math.floor(duration * fps))
+        return sorted({min(last, int(math.ceil(i * source.fps / fps))) for i in range(count)})
+    count = int(spec.max_duration * fps)
+    if count >= source.total_frames:
+        return list(range(source.total_frames))
+    seconds = np.linspace(0, duration, count, endpoint=True)
+    return sorted({min(last, int(math.ceil(t * source.fps))) for t in seconds})
+
+
+def _rounded(source: SamplingSource, spec: VideoSpec) -> list[int]:
+    total = source.total_frames
+    if spec.num_frames is not None:
+        return np.linspace(0, total - 1, min(spec.num_frames, total)).round().astype(int).tolist()
+    if spec.fps is not None and source.fps > 0:
+        step = source.fps / spec.fps
+        return sorted({min(int(i * step), total - 1) for i in range(max(1, int(total / step)))})
+    return list(range(total))
+
+
+SAMPLERS: dict[str, Sampler] = {"uniform": _uniform, "dynamic": _dynamic, "rounded": _rounded}
+
+
+def register_sampler(name: str, sampler: Sampler) -> None:
+    """Makes `sampler` selectable as VideoSpec(sampler=name). Names are part of the cache key:
+    register a changed sampler under a new name."""
+    if not isinstance(name, str) or not name or name in SAMPLERS:
+        raise ValueError(f"sampler name {name!r} is empty or taken")
+    SAMPLERS[name] = sampler
+
+
+def check_sampler(spec: VideoSpec) -> None:
+    if spec.sampler not in SAMPLERS:
+        raise InvalidMediaError(f"unknown video sampler {spec.sampler!r}: registered are {sorted(SAMPLERS)}",
+                                modality="video")
+
+
+def sample_indices(source: SamplingSource, spec: VideoSpec) -> list[int]:
+    """The frame indices a spec selects from a clip: its sampler's, ascending and distinct, then
+    thinned to `max_frames` (np.linspace over them, truncated)."""
+    if source.total_frames <= 0:
+        return []
+    check_sampler(spec)
+    indices = sorted({int(i) for i in SAMPLERS[spec.sampler](source, spec)})
+    if indices and (indices[0] < 0 or indices[-1] >= source.total_frames):
+        raise InvalidMediaError(f"sampler {spec.sampler!r} chose frames outside 0..{source.total_frames - 1}",
+                                modality="video")
     if spec.max_frames is not None and len(indices) > spec.max_frames:
-        picks = np.linspace(0, len(indices) - 1, spec.max_frames).round().astype(int)
+        picks = np.linspace(0, len(indices) - 1, spec.max_frames, dtype=int)
         indices = [indices[i] for i in picks]
     return indices
 
 
+def hf_metadata(source: SamplingSource, indices: list[int], backend: str) -> dict:
+    """The transformers VideoMetadata keys, as vLLM's loaders fill them."""
+    return {"total_num_frames": source.total_frames, "fps": source.fps, "duration": source.duration,
+            "video_backend": backend, "frames_indices": list(indices),
+            "do_sample_frames": len(indices) == source.total_frames}
+
+
 @dataclass
 class FrameTable:
-    """Presentation-order pts of every frame and the positions of the keyframes."""
+    """Presentation-order pts of every frame the decoder presents, and the positions of the
+    keyframes."""
 
     pts: list[int]
     keyframes: list[int]  # frame indices, ascending

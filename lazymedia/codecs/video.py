@@ -10,10 +10,10 @@ import av
 import torch
 
 from .. import ops
-from ..errors import InvalidMediaError, MediaTooLargeError, UnprocessableMediaError
+from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..singletons import process_wide
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
-from .sampling import FrameTable, decode_plan, sample_indices
+from .sampling import FrameTable, SamplingSource, decode_plan, hf_metadata, sample_indices
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 
@@ -24,6 +24,9 @@ _SIGNATURES = ((0, b"\x1a\x45\xdf\xa3"), (4, b"ftyp"), (0, b"RIFF"), (0, b"OggS"
 
 @dataclass(frozen=True)
 class VideoHeader:
+    """The container's header, with `total_frames` counted from the packets the decoder will
+    present (edit-list pre-roll excluded, fragments included)."""
+
     container: str
     codec: str
     width: int
@@ -39,7 +42,10 @@ class VideoHeader:
 
 @dataclass
 class VideoFrames:
-    """Sampled frames `[T, H, W, 3]` uint8 with the indices and timestamps (s) they came from."""
+    """Sampled frames `[T, H, W, 3]` uint8 with the indices and timestamps (s) they came from.
+    `metadata` holds exactly the transformers VideoMetadata keys (total_num_frames, fps,
+    duration, frames_indices, video_backend, do_sample_frames), as vLLM hands them to a model's
+    processor; `info` says what decoded them."""
 
     frames: torch.Tensor
     indices: list[int]
@@ -48,6 +54,7 @@ class VideoFrames:
     duration: float
     total_frames: int
     metadata: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
 
 
 def looks_like_video(data) -> bool:
@@ -65,14 +72,20 @@ def _open(data):
         raise InvalidMediaError(f"not a video: {exc}", modality="video") from None
 
 
+def _presented(packet) -> bool:
+    """A packet the decoder turns into a presented frame: not empty, and not an edit list's
+    pre-roll (FFmpeg marks those discard: decoded for reference, never output)."""
+    return packet.size > 0 and not packet.is_discard
+
+
 def _count_packets(container, stream, cap: int) -> int:
-    """Frame count for containers that store none (WebM, MKV): demux without decoding, which
-    reads the file once but costs a small fraction of a decode. Stops past `cap`. Leaves the
-    container at its end: callers close it."""
+    """Frames the stream presents, counted by demuxing without decoding (the container's own
+    count misses fragments and includes pre-roll). Stops past `cap`. Leaves the container at its
+    end: callers close it."""
     count = 0
     try:
         for packet in container.demux(stream):
-            if packet.size:
+            if _presented(packet):
                 count += 1
                 if count > cap:
                     break
@@ -113,7 +126,7 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
             duration = float(stream.duration * stream.time_base)
         else:
             duration = (container.duration or 0) / av.time_base
-        total = stream.frames or _count_packets(container, stream, limits.max_video_frames)
+        total = _count_packets(container, stream, limits.max_video_frames)
         context = stream.codec_context
         header = VideoHeader(container.format.name, context.name, width, height, fps, duration, int(total),
                              bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context, height),
@@ -137,7 +150,7 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
     if header.total_frames > limits.max_video_frames:
         raise MediaTooLargeError(f"{header.total_frames} frames exceed the {limits.max_video_frames} frame limit",
                                  modality="video")
-    count = len(sample_indices(header.total_frames, header.fps, spec))
+    count = len(sample_indices(sampling_source(header), spec))
     height, width = spec.size or (header.height, header.width)
     limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}")
 
@@ -159,7 +172,7 @@ def read_frame_table(data, total_frames: int) -> FrameTable | None:
             stream = container.streams.video[0]
             time_base = float(stream.time_base) if stream.time_base else 0.0
             for packet in container.demux(stream):
-                if packet.size == 0:
+                if not _presented(packet):
                     continue
                 if packet.pts is None:
                     return None
@@ -174,48 +187,99 @@ def read_frame_table(data, total_frames: int) -> FrameTable | None:
     return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
 
 
+def sampling_source(header: VideoHeader) -> SamplingSource:
+    return SamplingSource.of(header.total_frames, header.fps, header.duration)
+
+
 def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
            limits: Limits = DEFAULT_LIMITS) -> VideoFrames:
     """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
     that skips more than a few frames, stops after the last one, and converts each frame straight
-    to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor."""
+    to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor.
+
+    A stream that presents fewer frames than its packets promise (hidden frames, a damaged
+    tail) is counted by decoding it, and sampled again over the frames that really exist, so the
+    requested count comes back whenever the clip has that many frames."""
     if spec.decoder == "opencv":
         from . import video_opencv
 
         return video_opencv.decode(data, header, spec, out, limits)
-    indices = sample_indices(header.total_frames, header.fps, spec)
+    source = sampling_source(header)
+    indices = sample_indices(source, spec)
     height, width = spec.size or (header.height, header.width)
     frames = out if out is not None else frame_buffers().empty((len(indices), height, width, 3))
     if tuple(frames.shape) != (len(indices), height, width, 3):
         raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
-    sparse = len(indices) * 2 < header.total_frames
-    table = read_frame_table(data, header.total_frames) if sparse else None
-    plan = decode_plan(indices, table)
     buffer = frames.numpy()
-    got_indices: list[int] = []
-    timestamps: list[float] = []
     try:
-        with _open(data) as container:
-            stream = container.streams.video[0]
-            # Frame threading keeps a pipeline of frames in flight that every seek flushes and
-            # refills: with seeks, slice threading decodes the sampled frames faster.
-            stream.thread_type = "SLICE" if any(seek is not None for seek in plan) else "AUTO"
-            decoded = _PositionedFrames(container, stream, table)
-            for index, seek_to in zip(indices, plan):
-                if seek_to is not None:
-                    decoded.seek(seek_to)
-                frame = decoded.advance_to(index)
-                if frame is None:
-                    break  # the stream ended early: fewer frames than the header promised
-                buffer[len(got_indices)] = frame.to_ndarray(format="rgb24", width=width, height=height)
-                got_indices.append(index)
-                timestamps.append(float(frame.time) if frame.time is not None else index / (header.fps or 1))
+        sparse = len(indices) * 2 < header.total_frames
+        table = read_frame_table(data, header.total_frames) if sparse else None
+        got, timestamps = _decode_into(data, header, indices, decode_plan(indices, table), table, buffer)
+        if len(got) < len(indices):  # the stream ended early: count what it presents, sample again
+            source = SamplingSource.of(_count_decoded(data), header.fps, header.duration)
+            indices = sample_indices(source, spec)
+            got, timestamps = _decode_into(data, header, indices, [None] * len(indices), None, buffer)
+    except MediaError:
+        raise
     except (av.error.FFmpegError, ValueError) as exc:
         raise UnprocessableMediaError(f"corrupt {header.codec} video: {exc}", modality="video") from None
-    if not got_indices and indices:
+    if not got:
         raise UnprocessableMediaError("video has no decodable frames", modality="video")
-    return VideoFrames(frames[:len(got_indices)], got_indices, timestamps, header.fps, header.duration,
-                       header.total_frames, {"codec": header.codec, "container": header.container})
+    return VideoFrames(frames[:len(got)], got, timestamps, header.fps, source.duration, source.total_frames,
+                       hf_metadata(source, got, "pyav"), {"codec": header.codec, "container": header.container})
+
+
+def _decode_into(data, header: VideoHeader, indices: list[int], plan: list[int | None], table: FrameTable | None,
+                 buffer) -> tuple[list[int], list[float]]:
+    """Decodes the frames at `indices` (seeking where `plan` says) into buffer's first slots;
+    returns the indices it found and their timestamps (fewer if the stream ended early)."""
+    height, width = buffer.shape[1:3]
+    got: list[int] = []
+    timestamps: list[float] = []
+    with _open(data) as container:
+        stream = container.streams.video[0]
+        # Frame threading keeps a pipeline of frames in flight that every seek flushes and
+        # refills: with seeks, slice threading decodes the sampled frames faster.
+        stream.thread_type = "SLICE" if any(seek is not None for seek in plan) else "AUTO"
+        decoded = _PositionedFrames(container, stream, table)
+        for index, seek_to in zip(indices, plan):
+            if seek_to is not None:
+                decoded.seek(seek_to)
+            frame = decoded.advance_to(index)
+            if frame is None:
+                break
+            buffer[len(got)] = frame.to_ndarray(format="rgb24", width=width, height=height)
+            got.append(index)
+            timestamps.append(float(frame.time) if frame.time is not None else index / (header.fps or 1))
+    return got, timestamps
+
+
+def _count_decoded(data) -> int:
+    """Frames the decoder presents, by decoding the whole stream (no conversion)."""
+    with _open(data) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        return sum(1 for _ in _decoded_frames(container, stream))
+
+
+def _decoded_frames(container, stream):
+    """The frames the decoder presents from here on, packet by packet: a packet it cannot decode
+    is stepped over, as FFmpeg's own tools do, and so is a container that breaks off."""
+    context = stream.codec_context
+    packets = container.demux(stream)
+    while True:
+        try:
+            packet = next(packets)
+        except StopIteration:
+            packet = None
+        except av.error.FFmpegError:
+            packet = None  # the container broke off: flush what the decoder holds
+        try:
+            yield from context.decode(packet)
+        except av.error.FFmpegError:
+            pass  # a damaged packet
+        if packet is None:
+            return
 
 
 class _PositionedFrames:
@@ -224,13 +288,13 @@ class _PositionedFrames:
     def __init__(self, container, stream, table: FrameTable | None):
         self._container, self._stream, self._table = container, stream, table
         self._index_of_pts = {p: i for i, p in enumerate(table.pts)} if table is not None else None
-        self._frames = container.decode(stream)
+        self._frames = _decoded_frames(container, stream)
         self._next = 0  # index of the next frame the decoder yields (sequential mode)
 
     def seek(self, keyframe_index: int) -> None:
         assert self._table is not None, "seeking needs a frame table"
         self._container.seek(self._table.pts[keyframe_index], stream=self._stream, backward=True, any_frame=False)
-        self._frames = self._container.decode(self._stream)
+        self._frames = _decoded_frames(self._container, self._stream)
 
     def advance_to(self, index: int):
         for frame in self._frames:

@@ -10,13 +10,14 @@ import torch
 
 from ..errors import UnprocessableMediaError
 from . import video
-from .sampling import decode_plan, sample_indices
+from .sampling import decode_plan, hf_metadata, sample_indices
 
 
 def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> video.VideoFrames:
     import cv2
 
-    indices = sample_indices(header.total_frames, header.fps, spec)
+    source = video.sampling_source(header)
+    indices = sample_indices(source, spec)
     height, width = spec.size or (header.height, header.width)
     frames = out if out is not None else video.frame_buffers().empty((len(indices), height, width, 3))
     if tuple(frames.shape) != (len(indices), height, width, 3):
@@ -55,6 +56,6 @@ def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> 
     if not got and indices:
         raise UnprocessableMediaError("video has no decodable frames", modality="video")
     timestamps = [table.seconds(i) if table else i / (header.fps or 1) for i in got]
-    return video.VideoFrames(frames[:len(got)], got, timestamps, header.fps, header.duration, header.total_frames,
+    return video.VideoFrames(frames[:len(got)], got, timestamps, header.fps, source.duration, source.total_frames,
+                             hf_metadata(source, got, "opencv"),
                              {"codec": header.codec, "container": header.container, "decoder": "opencv"})
-

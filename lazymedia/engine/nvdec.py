@@ -15,7 +15,7 @@ import torch
 
 from .. import ops
 from ..codecs import video
-from ..codecs.sampling import sample_indices
+from ..codecs.sampling import hf_metadata, sample_indices
 from .protocol import DecodeItem, Route, decode_on_host, is_root
 
 _NVDEC_CODECS = {"h264", "hevc", "vp9", "av1", "vp8", "mpeg2video", "mpeg4"}
@@ -77,7 +77,8 @@ class NvdecBatchDecoder:
     def _decode(self, item: DecodeItem) -> video.VideoFrames:
         header, spec = item.header, item.spec
         data = item.encoded()
-        indices = sample_indices(header.total_frames, header.fps, spec)
+        source = video.sampling_source(header)
+        indices = sample_indices(source, spec)
         table = video.read_frame_table(data, header.total_frames)
         fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)  # SimpleDecoder reads a path
         try:
@@ -96,8 +97,9 @@ class NvdecBatchDecoder:
             rgb = torch.stack([ops.resize(frame, spec.size, "bilinear") for frame in rgb])
         # The container's timestamps, as the CPU path reports them (frame.time = pts * time_base).
         timestamps = [table.seconds(i) if table else i / (header.fps or 1) for i in indices]
-        return video.VideoFrames(rgb, indices, timestamps, header.fps, header.duration, header.total_frames,
-                                 {"codec": header.codec, "container": header.container, "backend": "nvdec"})
+        return video.VideoFrames(rgb, indices, timestamps, header.fps, source.duration, source.total_frames,
+                                 hf_metadata(source, indices, "nvdec"),
+                                 {"codec": header.codec, "container": header.container, "decoder": "nvdec"})
 
     def _point_decoder_at(self, path: str):
         nvc = self._nvc
