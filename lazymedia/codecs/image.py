@@ -1,8 +1,8 @@
 """Image codec: the header first (the native probe for JPEG/PNG/GIF/WebP, Pillow's lazy open for
 every other format it reads), then the pixels, written once into the output buffer:
 
-- JPEG through libjpeg-turbo (simplejpeg), PNG and WebP through libpng/libwebp (imagecodecs),
-  each straight into the output; alpha composited, dropped or gray widened in place by the
+- JPEG through libjpeg-turbo (simplejpeg), PNG and WebP through libspng/libwebp (imagecodecs),
+  each into one array that becomes the output; alpha composited or gray widened in place by the
   native kernels, so peak memory is the output (x 4/3 while an alpha channel is packed);
 - every other format, and what those decoders refuse, through Pillow, exported in slabs, so
   peak memory is Pillow's own image plus the output.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 import warnings
 from dataclasses import dataclass
 
@@ -28,9 +27,6 @@ from PIL import Image, UnidentifiedImageError
 from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
-
-# libpng warns per odd chunk of every file it reads: a hostile upload must not flood the logs.
-logging.getLogger("imagecodecs").setLevel(logging.ERROR)
 
 CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}
 _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
@@ -234,11 +230,11 @@ def _jpeg(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
     return widened
 
 
-def _packed(buffer: np.ndarray, height: int, width: int, channels: int) -> np.ndarray:
-    """The first height x width x channels bytes of `buffer`, which is shrunk to them in place
-    (realloc keeps the pages), as an HWC array that owns its memory."""
-    buffer.resize(height * width * channels, refcheck=False)
-    return buffer.reshape(height, width, channels)
+def _resized(array: np.ndarray, height: int, width: int, channels: int) -> np.ndarray:
+    """`array`'s memory, owned by it alone, resized to height x width x channels bytes in place:
+    realloc keeps the pages when shrinking and remaps them when growing, without copying."""
+    array.resize(height * width * channels, refcheck=False)
+    return array.reshape(height, width, channels)
 
 
 def composites(header: ImageHeader, target: str) -> bool:
@@ -248,56 +244,54 @@ def composites(header: ImageHeader, target: str) -> bool:
 
 
 def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
-    """8-bit and smaller PNGs through libpng into the output. libpng expands palettes and low
-    bit depths, and a tRNS colour into an alpha channel (as Pillow's convert("RGBA") does); the
-    alpha is then composited or dropped, and gray widened, in place."""
-    if header.bit_depth > 8 or header.png_compressed_text:
-        raise _TryPillow()  # compressed text: Pillow bounds what it inflates (MAX_TEXT_CHUNK, a 413)
-    decoded = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}[header.png_color_type] + (
-        1 if header.has_alpha and header.png_color_type in (0, 2, 3) else 0)
-    background = None
+    """8-bit and smaller PNGs through libspng, which expands palettes and low bit depths to G8,
+    RGB8 or RGBA8 in one array this module then owns; the alpha is composited and gray widened
+    in place. libspng ignores tRNS, so images with a transparent colour go to Pillow, as do the
+    conversions it does not mirror (luma, gray with alpha)."""
+    if header.bit_depth > 8 or header.png_compressed_text or header.png_color_type == 4:
+        raise _TryPillow()  # 16 bits, compressed text (Pillow bounds it: a 413), gray with alpha
+    decoded = {0: 1, 2: 3, 3: 3, 6: 4}[header.png_color_type]
+    transparent_colour = header.has_alpha and header.png_color_type in (0, 2, 3)
     if composites(header, target):
         if decoded != 4:
-            raise _TryPillow()  # gray with alpha over a coloured background: Pillow's convert first
-        background = spec.background
-    elif target == "RGB" and decoded in (1, 3):
-        pass  # no transparency: the colour as decoded, gray widened as Pillow's convert does
-    elif target == "L" and header.mode in ("L", "1", "LA"):
-        pass  # Pillow's convert("L") of these keeps the gray values and drops the alpha
-    elif not (target in ("RGBA", "LA") and decoded == CHANNELS[target] and header.mode in ("RGBA", "LA", "RGB", "P")):
-        raise _TryPillow()  # luma, added alpha and the rest are Pillow's conversions
-    pixels = header.height * header.width
-    buffer = np.empty(pixels * max(decoded, CHANNELS[target]), np.uint8)
+            raise _TryPillow()
+    elif not (target == "RGB" and decoded in (1, 3) or target == "L" and decoded == 1 or
+              target == "RGBA" and decoded == 4) or transparent_colour and target != "L":
+        raise _TryPillow()
     try:
-        imagecodecs.png_decode(data, out=buffer[:pixels * decoded].reshape(header.height, header.width, decoded))
-    except Exception as exc:  # libpng refuses (odd chunks, truncation): Pillow decides
+        array = imagecodecs.spng_decode(data)
+    except Exception as exc:  # libspng refuses (odd chunks, truncation): Pillow decides
         raise _TryPillow() from exc
-    channels = decoded
-    if channels in (2, 4) and target not in ("RGBA", "LA"):
-        _C.pack_alpha(buffer, pixels, channels, background)
-        channels -= 1
-    if channels == 1 and CHANNELS[target] == 3:
-        _C.gray_to_rgb(buffer, pixels)
-        channels = 3
-    return _packed(buffer, header.height, header.width, channels)
+    height, width = header.height, header.width
+    if array.base is not None or array.dtype != np.uint8 or array.size != height * width * decoded:
+        raise _TryPillow()  # not the one owned array this path needs
+    if decoded == 4 and target == "RGB":
+        _C.pack_alpha(array, height * width, 4, spec.background)
+        return _resized(array, height, width, 3)
+    if decoded == 1 and target == "RGB":
+        array = _resized(array, height, width, 3)
+        _C.gray_to_rgb(array, height * width)
+    return array.reshape(height, width, CHANNELS[target])
 
 
 def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
-    """WebP through libwebp into the output (Pillow opens WebP with alpha as RGBA)."""
+    """WebP through libwebp into one array this module then owns (Pillow opens WebP with alpha
+    as RGBA: composited over the background for RGB)."""
     if target not in ("RGB", "RGBA"):
         raise _TryPillow()
     composite = composites(header, target)
     channels = 4 if composite or target == "RGBA" else 3
-    pixels = header.height * header.width
-    buffer = np.empty(pixels * channels, np.uint8)
     try:
-        imagecodecs.webp_decode(data, hasalpha=channels == 4, out=buffer.reshape(header.height, header.width, channels))
+        array = imagecodecs.webp_decode(data, hasalpha=channels == 4)
     except Exception as exc:
         raise _TryPillow() from exc
+    height, width = header.height, header.width
+    if array.base is not None or array.dtype != np.uint8 or array.size != height * width * channels:
+        raise _TryPillow()
     if composite:
-        _C.pack_alpha(buffer, pixels, 4, spec.background)
-        channels = 3
-    return _packed(buffer, header.height, header.width, channels)
+        _C.pack_alpha(array, height * width, 4, spec.background)
+        return _resized(array, height, width, 3)
+    return array.reshape(height, width, channels)
 
 
 def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
@@ -323,7 +317,7 @@ def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarr
     if composite:
         _C.pack_alpha(buffer, width * height, 4, spec.background)
         channels = 3
-    return _packed(buffer, height, width, channels)
+    return _resized(buffer, height, width, channels)
 
 
 _FAST_DECODERS = {"jpeg": _jpeg, "png": _png, "webp": _webp}

@@ -119,8 +119,10 @@ def supervise(args) -> dict:
     while time.monotonic() < deadline:
         command = [sys.executable, __file__, "--child", "--corpus", str(args.corpus), "--out", str(out),
                    "--seed", str(seed), "--memory-cap-mb", str(args.memory_cap_mb)]
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        log = out / f"child-{seed}.log"
+        with open(log, "wb") as stderr:
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
+                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert proc.stdout is not None
         stdout = proc.stdout.fileno()
         last_progress = time.monotonic()
@@ -141,6 +143,7 @@ def supervise(args) -> dict:
             if proc.poll() is not None:
                 totals["crash"] = totals.get("crash", 0) + 1
                 findings.append({"kind": "crash", "exit_code": proc.returncode,
+                                 "stderr": log.read_text(errors="replace")[-2000:],
                                  "case": json.loads(current.read_text()) if current.exists() else None})
                 break
             if time.monotonic() - last_progress > args.hang_s:
@@ -153,6 +156,7 @@ def supervise(args) -> dict:
                 proc.kill()
                 proc.wait()
                 break
+        log.unlink()
         seed += 1_000_003  # a restarted child explores new inputs
     for leftover in out.glob("current-*.json"):
         leftover.unlink()
@@ -189,6 +193,8 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
+    if not (args.corpus / "MANIFEST.tsv").exists():
+        parser.error(f"no corpus at {args.corpus} (give --corpus or set LAZYMEDIA_CORPUS)")
     summary = supervise(args)
     print(f"{'seconds':>8s} {'executions':>10s} {'untyped':>8s} {'crashes':>8s} {'hangs':>6s}  outcomes")
     print(f"{summary['seconds']:8.0f} {summary['executions']:10d} {summary['untyped']:8d} {summary['crashes']:8d} "
