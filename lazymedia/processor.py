@@ -9,6 +9,10 @@ Single-flight: the first request to miss on a key leads it (decodes and processe
 requests missing on the same key follow, waiting on the leader's future. A leader that fails
 for a reason other than the item itself (cancellation, a failure in its batch) abandons the key
 and its followers retry.
+
+With a shared tier (cache=TieredCache(local, RedisCache(...))) single-flight spans processes:
+a leader first reads the shared tier, then takes the key's lease before decoding; a key another
+process holds is waited for, and decoded here only if that process does not deliver it.
 """
 from __future__ import annotations
 
@@ -43,13 +47,21 @@ class _Plan:
     leader_futures: dict[str, Future] = field(default_factory=dict)
     followers: dict[str, tuple[Future, list[int]]] = field(default_factory=dict)
     decodes: dict[str, Future] = field(default_factory=dict)
+    leases: dict[str, str] = field(default_factory=dict)  # key -> shared-tier lease token ("" = none)
+    remote: list[str] = field(default_factory=list)  # keys another process is decoding
+    settled: list[int] = field(default_factory=list)  # indices the shared tier answered
+
+
+# The asyncio twins of the shared tier's calls (see Processor._shared_steps).
+_ASYNC_CALLS = {"get_many": "aget_many", "try_lease": "atry_lease", "wait_for": "await_for"}
 
 
 class Processor:
     """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order).
 
-    cache: shared ProcessorCache (default: a private 1 GiB one). namespace: mixed into every key,
-    so processors with different settings can share one cache. engine: the DecodeEngine for
+    cache: a ProcessorCache (default: a private 1 GiB one), or a TieredCache whose shared tier
+    spans processes and machines. namespace: mixed into every key, so processors with different
+    settings can share one cache. engine: the DecodeEngine for
     misses (default: the process-wide one). process_workers: threads that run phase 2 for
     apply_async, off the event loop.
     """
@@ -58,6 +70,8 @@ class Processor:
                  engine: DecodeEngine | None = None, namespace: str = "", process_workers: int = 1):
         self.process_fn = process_fn
         self.cache = cache if cache is not None else ProcessorCache()
+        self._local = getattr(self.cache, "local", self.cache)  # looked up under the lock
+        self._shared = getattr(self.cache, "shared", None)  # network calls, never under the lock
         self.engine = engine if engine is not None else default_engine()
         self.namespace = namespace
         self._lock = threading.Lock()
@@ -78,9 +92,15 @@ class Processor:
         plan = self._plan(items)
         if plan.leaders:
             try:
+                if self._shared is not None:
+                    self._run_shared(self._shared_steps(plan))
                 self._submit_decodes(plan)
+                if plan.remote:
+                    self._run_shared(self._remote_steps(plan))
+                    self._submit_decodes(plan)
                 wait_futures(plan.decodes.values())
-                self._finish(plan)
+                if plan.leaders:
+                    self._finish(plan)
             finally:
                 self._drain_and_abandon(plan)
         try:
@@ -103,10 +123,16 @@ class Processor:
             plan = self._plan(items)
         if plan.leaders:
             try:
+                if self._shared is not None:
+                    await self._run_shared_async(self._shared_steps(plan))
                 self._submit_decodes(plan)
+                if plan.remote:
+                    await self._run_shared_async(self._remote_steps(plan))
+                    self._submit_decodes(plan)
                 await _wait_all(list(plan.decodes.values()))
                 # Shielded: if this request is cancelled now, phase 2 still publishes for followers.
-                await _shielded(self._phase2().submit(self._finish, plan))
+                if plan.leaders:
+                    await _shielded(self._phase2().submit(self._finish, plan))
             except BaseException:
                 for future in plan.decodes.values():
                     future.cancel()
@@ -146,7 +172,7 @@ class Processor:
                     plan.followers[key][1].append(index)
                     continue
                 with self._lock:  # lookup and leader registration are one step: no double decode
-                    found, value = self.cache.lookup(key)
+                    found, value = self._local.lookup(key)
                     joined = None if found else self._inflight.get(key)
                     if not found and joined is None:
                         led: Future = Future()
@@ -170,9 +196,65 @@ class Processor:
         return plan
 
     def _submit_decodes(self, plan: _Plan) -> None:
+        """Submits the leaders' decodes not yet submitted, except keys another process holds."""
         with nvtx_range("lazymedia.decode_submit"):
             for key, indices in plan.leaders.items():
-                plan.decodes[key] = self.engine.submit(plan.items[indices[0]])
+                if key not in plan.decodes and key not in plan.remote:
+                    plan.decodes[key] = self.engine.submit(plan.items[indices[0]])
+
+    # -- phase 1b: the shared tier ------------------------------------------------------------
+    def _shared_steps(self, plan: _Plan):
+        """The leaders' shared-tier work, written once for apply and apply_async: each
+        `yield (call, *args)` is a call on the shared tier, which the caller's driver runs."""
+        self._settle(plan, (yield ("get_many", list(plan.leaders))))
+        for key in list(plan.leaders):
+            token = yield ("try_lease", key)
+            if token is None:
+                plan.remote.append(key)
+            else:
+                plan.leases[key] = token
+        leased = [key for key, token in plan.leases.items() if token and key in plan.leaders]
+        if leased:  # a value may have landed between the first read and the lease
+            self._settle(plan, (yield ("get_many", leased)))
+
+    def _remote_steps(self, plan: _Plan):
+        """Waits for the keys other processes are decoding; one they do not deliver (gone, too
+        slow) is leased where possible and decoded here."""
+        for key in plan.remote:
+            found, value = yield ("wait_for", key)
+            if found:
+                self._settle(plan, {key: value})
+            else:
+                plan.leases[key] = (yield ("try_lease", key)) or ""
+        plan.remote.clear()
+
+    def _settle(self, plan: _Plan, found: dict) -> None:
+        """Leaders the shared tier answered: published like decoded ones, never decoded."""
+        for key, value in found.items():
+            indices = plan.leaders.pop(key, None)
+            if indices is None:
+                continue
+            self._publish(plan, key, value=value)
+            self._fill(plan, indices, value)
+            plan.settled.extend(indices)
+
+    def _run_shared(self, steps) -> None:
+        result = None
+        while True:
+            try:
+                call, *args = steps.send(result)
+            except StopIteration:
+                return
+            result = getattr(self._shared, call)(*args)
+
+    async def _run_shared_async(self, steps) -> None:
+        result = None
+        while True:
+            try:
+                call, *args = steps.send(result)
+            except StopIteration:
+                return
+            result = await getattr(self._shared, _ASYNC_CALLS[call])(*args)
 
     # -- phase 2 ----------------------------------------------------------------------------
     def _finish(self, plan: _Plan) -> None:
@@ -187,6 +269,7 @@ class Processor:
             for _, key, exc in failures:
                 if isinstance(exc, MediaError):  # the item itself is bad: followers get the error too
                     self._publish(plan, key, error=exc)
+                    self._release_lease(plan, key)
             index, _, exc = min(failures, key=lambda failure: failure[0])
             if isinstance(exc, MediaError):
                 raise exc.with_index(index) from None
@@ -201,12 +284,16 @@ class Processor:
             for key, output in zip(keys, outputs):
                 self._publish(plan, key, value=output)
                 self._fill(plan, plan.leaders[key], output)
+            if self._shared is not None:
+                for key, output in zip(keys, outputs):
+                    self._shared.put(key, output)
+                    self._release_lease(plan, key)
 
     def _publish(self, plan: _Plan, key: str, value: Any = None, error: BaseException | None = None) -> None:
         future = plan.leader_futures[key]
         with self._lock:  # cache write and in-flight removal together: no window for a re-decode
             if error is None:
-                self.cache.put(key, value)
+                self._local.put(key, value)
             if self._inflight.get(key) is future:
                 del self._inflight[key]
         if not future.done():
@@ -224,7 +311,14 @@ class Processor:
         for key, future in plan.leader_futures.items():
             if not future.done():
                 self._publish(plan, key, error=_Abandoned(key))
-        self._release(plan, [index for indices in plan.leaders.values() for index in indices])
+        for key in list(plan.leases):
+            self._release_lease(plan, key)  # another process may take the key over at once
+        self._release(plan, [index for indices in plan.leaders.values() for index in indices] + plan.settled)
+
+    def _release_lease(self, plan: _Plan, key: str) -> None:
+        token = plan.leases.pop(key, "")
+        if token and self._shared is not None:
+            self._shared.release(key, token)
 
     def _collect_followers(self, plan: _Plan) -> list[list[int]]:
         """Fills the followers' results from their leaders' finished futures; returns the index

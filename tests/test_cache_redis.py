@@ -1,0 +1,252 @@
+"""The shared tier on a real redis-server (started here on 127.0.0.1, a free port, no
+persistence): values without pickle, TTL and size cap, cross-process single-flight with leases,
+and faults that degrade to the local tier instead of failing requests."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import lazymedia
+from lazymedia.cache import ProcessorCache
+from lazymedia.samples import jpeg
+
+redis = pytest.importorskip("redis", reason="the redis client is not installed")
+REDIS_SERVER = shutil.which("redis-server")
+requires_redis_server = pytest.mark.skipif(REDIS_SERVER is None,
+                                           reason="redis-server is not installed (apt-get install redis-server)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A redis-server process of the test's own, with no persistence."""
+
+    def __init__(self, directory):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.directory = directory
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.directory), "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        for _ in range(200):
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self):
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def client(self):
+        return redis.Redis.from_url(self.url)
+
+
+@pytest.fixture
+def server(tmp_path):
+    started = Server(tmp_path).start()
+    yield started
+    started.kill()
+
+
+def mean_pixels(decoded):
+    return [{"mean": t.float().mean(dim=(0, 1)), "shape": torch.tensor(t.shape)} for t in decoded]
+
+
+@requires_redis_server
+def test_values_round_trip_with_ttl_size_cap_and_namespace(server):
+    from lazymedia.cache import RedisCache
+
+    cache = RedisCache(server.url, namespace="model-a", ttl_s=60, max_entry_bytes=1 << 20)
+    value = {"pixel_values": torch.randn(4, 8), "grid": np.array([[1, 2, 2]]), "meta": ("x", 3, None)}
+    assert cache.put("k1", value)
+    found = cache.get_many(["k1", "missing"])
+    assert set(found) == {"k1"} and torch.equal(found["k1"]["pixel_values"], value["pixel_values"])
+    assert found["k1"]["meta"] == ("x", 3, None) and found["k1"]["grid"].tolist() == [[1, 2, 2]]
+    assert 0 < server.client().pttl("lazymedia:model-a:k1") <= 60_000
+    assert RedisCache(server.url, namespace="model-b").get_many(["k1"]) == {}  # namespaces stay apart
+    assert not cache.put("big", torch.zeros(1 << 20))  # over max_entry_bytes: not written
+    assert not cache.put("odd", object())  # a type the tier cannot hold: kept local
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.writes, stats.oversized, stats.unserializable) == (1, 1, 1, 1, 1)
+    assert stats.bytes_out > 0 and stats.bytes_in == stats.bytes_out
+
+
+@requires_redis_server
+def test_garbage_and_pickles_under_a_key_are_misses(server):
+    import pickle
+
+    from lazymedia.cache import RedisCache
+
+    cache = RedisCache(server.url)
+    client = server.client()
+    client.set("lazymedia::garbage", b"\x00\xff not a value")
+    client.set("lazymedia::pickle", pickle.dumps({"x": 1}))
+    client.set("lazymedia::truncated", lazymedia.cache.serialize.dumps({"t": torch.ones(100)})[:-7])
+    assert cache.get_many(["garbage", "pickle", "truncated"]) == {}
+    assert cache.stats().corrupt == 3
+
+
+@requires_redis_server
+def test_tiered_cache_fills_the_local_tier(server):
+    from lazymedia.cache import RedisCache, TieredCache
+
+    first = TieredCache(ProcessorCache(), RedisCache(server.url))
+    second = TieredCache(ProcessorCache(), RedisCache(server.url))
+    first.put("k", {"v": torch.arange(3)})
+    found, value = second.lookup("k")
+    assert found and torch.equal(value["v"], torch.arange(3)) and "k" in second.local
+    stats = second.stats()
+    assert stats.local.misses == 1 and stats.shared.hits == 1
+
+
+@requires_redis_server
+async def test_two_processors_share_decodes_sync_and_async(server):
+    from lazymedia.cache import RedisCache, TieredCache
+
+    calls = []
+
+    def process(decoded):
+        calls.append(len(decoded))
+        return mean_pixels(decoded)
+
+    engine = lazymedia.DecodeEngine(max_workers=2)
+    one = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), RedisCache(server.url)), engine=engine)
+    two = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), RedisCache(server.url)), engine=engine)
+    images = [jpeg(48, 64, seed=s) for s in range(4)]
+    first = one.apply([lazymedia.load_image(b) for b in images])
+    second = await two.apply_async([lazymedia.load_image(b) for b in images])
+    assert sum(calls) == 4  # the second processor decoded nothing
+    for a, b in zip(first, second):
+        assert torch.equal(a["mean"], b["mean"])
+    assert two.cache.stats().shared.hits == 4
+    engine.shutdown()
+
+
+WORKER = textwrap.dedent("""
+    import asyncio, json, sys, time
+    import torch
+    import lazymedia, redis
+    from lazymedia.cache import ProcessorCache, RedisCache, TieredCache
+    from lazymedia.samples import jpeg
+
+    url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    delay, lease_s = float(sys.argv[4]), float(sys.argv[5])
+    counter = redis.Redis.from_url(url)
+
+    def process(decoded):
+        counter.incrby("test:processed", len(decoded))
+        time.sleep(delay)  # a slow processor: the others must wait for it, not redo it
+        return [{"mean": t.float().mean(dim=(0, 1))} for t in decoded]
+
+    processor = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), RedisCache(url, lease_s=lease_s)),
+                                    engine=lazymedia.DecodeEngine(max_workers=2))
+    images = [jpeg(32, 48, seed=s) for s in range(count)]
+    counter.incr("test:ready")
+    while int(counter.get("test:ready")) < int(counter.get("test:expected")):
+        time.sleep(0.005)
+
+    async def main():
+        requests = [processor.apply_async([lazymedia.load_image(images[i])]) for i in range(count)]
+        return await asyncio.gather(*requests)
+
+    outputs = asyncio.run(main())
+    print(json.dumps({"name": name, "means": [o[0]["mean"].tolist() for o in outputs],
+                      "stats": processor.cache.stats().shared.__dict__}))
+""")
+
+
+def run_workers(server, count, processes, delay=0.05, lease_s=10.0):
+    client = server.client()
+    client.set("test:expected", processes)
+    client.set("test:ready", 0)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, server.url, f"p{i}", str(count), str(delay),
+                                 str(lease_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+               for i in range(processes)]
+    return workers
+
+
+@requires_redis_server
+def test_four_processes_decode_each_item_once(server):
+    """4 processes run a Processor over the same 16 items at the same time: 16 decodes and
+    processes in total (not 64), and every process gets the same outputs."""
+    import json
+
+    workers = run_workers(server, count=16, processes=4)
+    reports = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=180)
+        assert worker.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert int(server.client().get("test:processed")) == 16
+    assert all(report["means"] == reports[0]["means"] for report in reports)
+    assert sum(report["stats"]["leases"] for report in reports) == 16
+    assert sum(report["stats"]["lease_waits"] for report in reports) > 0
+
+
+@requires_redis_server
+def test_a_dead_leader_lets_the_others_take_over(server):
+    """A process that dies holding leases: the others wait out the lease, then decode."""
+    import json
+
+    leader = run_workers(server, count=4, processes=1, delay=60, lease_s=2.0)[0]  # stuck in process_fn
+    client = server.client()
+    deadline = time.monotonic() + 60
+    while not client.keys("lazymedia::*:lease") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert client.keys("lazymedia::*:lease")
+    leader.send_signal(signal.SIGKILL)
+    leader.wait()
+    client.set("test:processed", 0)
+    start = time.monotonic()
+    follower = run_workers(server, count=4, processes=1, delay=0, lease_s=2.0)[0]
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err[-3000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert len(report["means"]) == 4 and int(client.get("test:processed")) == 4
+    assert time.monotonic() - start < 60  # bounded by the 2 s lease, not forever
+
+
+@requires_redis_server
+def test_requests_keep_succeeding_when_redis_dies(server, caplog):
+    import logging
+
+    from lazymedia.cache import RedisCache, TieredCache
+
+    shared = RedisCache(server.url, timeout_s=0.2, retry_after_s=0.5)
+    processor = lazymedia.Processor(mean_pixels, cache=TieredCache(ProcessorCache(), shared))
+    images = [jpeg(32, 48, seed=s) for s in range(6)]
+    processor.apply([lazymedia.load_image(images[0])])
+    server.kill()
+    with caplog.at_level(logging.WARNING, logger="lazymedia.cache"):
+        outputs = processor.apply([lazymedia.load_image(b) for b in images])  # one local hit, five decoded here
+        outputs += processor.apply([lazymedia.load_image(b) for b in images[1:]])  # local hits now
+    assert len(outputs) == 11 and all(o["shape"].tolist() == [32, 48, 3] for o in outputs)
+    assert shared.stats().fallbacks >= 1 and not shared.available
+    assert 1 <= len([r for r in caplog.records if "shared cache" in r.getMessage()]) <= 2  # rate-limited
+    server.start()  # back: the tier is used again after retry_after_s
+    time.sleep(0.6)
+    processor.apply([lazymedia.load_image(jpeg(32, 48, seed=99))])
+    assert shared.stats().writes >= 1
