@@ -15,9 +15,7 @@ import argparse
 import io
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
@@ -25,7 +23,7 @@ from PIL import Image
 
 import lazymedia
 from lazymedia import samples
-from lazymedia.bench import encode, encode_video, write_json
+from lazymedia.bench import encode, encode_video, median_time, write_json
 
 SIZES = [(512, 512), (1024, 1024), (1080, 1920), (2160, 3840)]
 BATCHES = [1, 8, 64]
@@ -33,15 +31,8 @@ DISTINCT = 8  # distinct images per size, cycled to fill a batch
 
 
 def timed(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    """Median seconds of fn, each call ended by a device synchronisation."""
+    return median_time(fn, repeats, after=torch.cuda.synchronize)
 
 
 def psnr(a, b) -> float:

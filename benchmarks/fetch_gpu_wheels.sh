@@ -1,28 +1,58 @@
 #!/usr/bin/env bash
-# Run HERE (where PyPI is reachable), before a device run: downloads the Python 3.12 x86-64 wheels
-# the H200 image lacks into .whl/part1 and .whl/part2 (each under the device tool's 64 MiB carry
-# limit; carry one per call: part1 with `gpu_check.sh --install-only`, then part2 and .corpus with
-# the check), and copies the test corpus into .corpus (../shared does not travel).
-# DALI (~200 MB) does not fit: its GPU test and benchmark column are skipped there.
+# Run HERE (where PyPI is reachable) before a GPU check: prepares .gpu/, the one ignored folder the
+# device machine needs beside the working tree (carry: [".gpu"]), under 60 MiB:
+#   .gpu/wheels/        Python 3.12 x86-64 wheels the H200 image lacks (PyAV, nvidia-nvjpeg, ...)
+#   .gpu/pynvvideocodec.tar.xz   PyNvVideoCodec installed and slimmed: no FFmpeg source tarball,
+#                       samples or benchmarks, one copy of each bundled libav (the others links)
+#   .gpu/corpus/        the corpus files tests/test_gpu.py reads, with their MANIFEST.tsv rows
+# imagecodecs (PNG/WebP, 28 MB) and DALI (~200 MB) stay behind: the GPU tests decode JPEG and
+# video, and the DALI test and benchmark column skip, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for ignored in /.whl/ /.corpus/; do
-  grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
-done
-if [ -d ../shared/corpus ]; then
-  rm -rf .corpus && cp -r ../shared/corpus .corpus && chmod -R u+w .corpus
-fi
+limit_mib=60
+grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
+rm -rf .gpu
+mkdir -p .gpu/wheels .gpu/corpus/images
 platforms=()
-for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_27_x86_64 manylinux_2_28_x86_64 \
-         manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64; do
-  platforms+=(--platform "$p")
-done
-fetch() {
-  local dir=$1; shift
-  mkdir -p "$dir"
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    -d "$dir" "$@"
-}
-fetch .whl/part1 pynvvideocodec==2.2.4 nvidia-nvjpeg blake3 simplejpeg pybase64 soxr soundfile cffi pycparser pytest-asyncio
-fetch .whl/part2 av==18.1.0
-du -sh .whl/part1 .whl/part2 .corpus
+for n in 5 17 24 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+platforms+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+target=(--only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}")
+python3 -m pip download -q --no-deps "${target[@]}" -d .gpu/wheels \
+  av==18.1.0 nvidia-nvjpeg blake3 simplejpeg pybase64 soxr soundfile cffi pycparser pytest-asyncio nvtx redis
+
+nvvc=$(mktemp -d)
+python3 -m pip install -q --no-deps "${target[@]}" --target "$nvvc/site" pynvvideocodec==2.2.4
+rm -rf "$nvvc/site"/*.data "$nvvc/site/samples" "$nvvc/site/benchmarks" "$nvvc/site/external"
+(
+  cd "$nvvc/site/PyNvVideoCodec"
+  for lib in libav*.so.*.*.*; do  # libavformat.so.63.1.101 -> keep the soname file, link the rest
+    soname=${lib%.*.*}
+    [ -f "$soname" ] || continue
+    rm -f "$lib" "${soname%.*}"
+    ln -s "$soname" "$lib"
+    ln -s "$soname" "${soname%.*}"
+  done
+)
+tar -C "$nvvc/site" -cJf .gpu/pynvvideocodec.tar.xz .
+rm -rf "$nvvc"
+
+if [ -f ../shared/corpus/MANIFEST.tsv ]; then
+  names="hopper_orientation_2.jpg hopper_orientation_3.jpg hopper_orientation_4.jpg hopper_orientation_5.jpg
+         hopper_orientation_6.jpg hopper_orientation_7.jpg hopper_orientation_8.jpg orientation_rectangle.jpg
+         3.jpg cat.jpg pil_sample_cmyk.jpg hopper_gray.jpg"
+  head -n 1 ../shared/corpus/MANIFEST.tsv > .gpu/corpus/MANIFEST.tsv
+  for name in $names; do
+    cp "../shared/corpus/images/$name" .gpu/corpus/images/
+    grep -P "^images/$name\t" ../shared/corpus/MANIFEST.tsv >> .gpu/corpus/MANIFEST.tsv || true
+  done
+else
+  echo "fetch_gpu_wheels: ../shared/corpus not found; the corpus test will skip on the device" >&2
+fi
+
+size_kib=$(du -sk .gpu | cut -f1)
+echo ".gpu/: $((size_kib / 1024)) MiB (limit ${limit_mib} MiB; the device tool carries 64 MiB with the tree)"
+du -sh .gpu/wheels .gpu/pynvvideocodec.tar.xz .gpu/corpus
+if [ "$size_kib" -gt $((limit_mib * 1024)) ]; then
+  echo "fetch_gpu_wheels: .gpu/ is over ${limit_mib} MiB" >&2
+  exit 1
+fi

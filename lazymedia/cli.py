@@ -178,10 +178,14 @@ def cmd_info(args) -> int:
 
         from .engine.nvjpeg import NvjpegBatchDecoder
 
-        decoder = NvjpegBatchDecoder(device=0)
-        print(f"  GPU: {torch.cuda.get_device_name(0)}, nvJPEG hardware engines: {decoder.engines} "
-              f"({decoder.cores_per_engine} cores each)" if decoder.hardware else
-              f"  GPU: {torch.cuda.get_device_name(0)}, no nvJPEG hardware engines (hybrid decoding)")
+        gpu = torch.cuda.get_device_name(0)
+        try:  # info reports a broken nvJPEG (missing libnvjpeg, old driver); it never fails on it
+            decoder = NvjpegBatchDecoder(device=0)
+        except Exception as exc:
+            print(f"  GPU: {gpu}, nvJPEG unusable: {type(exc).__name__}: {exc}")
+        else:
+            print(f"  GPU: {gpu}, nvJPEG hardware engines: {decoder.engines} ({decoder.cores_per_engine} cores each)"
+                  if decoder.hardware else f"  GPU: {gpu}, no nvJPEG hardware engines (hybrid decoding)")
     else:
         print(f"  GPU: none usable ({nvjpeg.reason})")
     print("backends:")

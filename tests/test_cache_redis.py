@@ -202,7 +202,9 @@ def test_four_processes_decode_each_item_once(server):
         reports.append(json.loads(out.strip().splitlines()[-1]))
     assert int(server.client().get("test:processed")) == 16
     assert all(report["means"] == reports[0]["means"] for report in reports)
-    assert sum(report["stats"]["leases"] for report in reports) == 16
+    # Every key leased at least once; a process whose first read missed can still take a lease
+    # its leader already released, and then finds the value on its re-read instead of decoding.
+    assert sum(report["stats"]["leases"] for report in reports) >= 16
     assert sum(report["stats"]["lease_waits"] for report in reports) > 0
 
 

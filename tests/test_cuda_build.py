@@ -1,5 +1,6 @@
 """The CUDA extension: built for sm_90 and sm_100 (+ PTX) whenever nvcc is present, importable
 and failing with typed errors on a machine without a GPU, driver or libnvjpeg."""
+import os
 import shutil
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def test_import_needs_no_gpu_stack():
     import sys
 
     code = "import lazymedia, lazymedia.engine.nvjpeg, lazymedia.engine.nvdec, lazymedia.engine.dali; print('ok')"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    # No GPU and a bare PATH, but the same PYTHONPATH: packages carried to a machine live there.
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

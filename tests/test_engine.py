@@ -1,7 +1,5 @@
-"""Batched decoding on the host: micro-batch windows, cross-request batches, nvJPEG routing,
-fallbacks and error mapping (a stand-in native decoder writes CPU-decoded pixels), and DALI's
-CPU pipeline as a second real decoder."""
-import ctypes
+"""Batched decoding on the host: micro-batch windows, cross-request batches, error mapping, and
+DALI's CPU pipeline as a second real decoder (nvJPEG's routing: test_engine_nvjpeg.py)."""
 import threading
 import time
 
@@ -13,10 +11,9 @@ import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError
 from lazymedia.codecs import image as image_codec
 from lazymedia.codecs import video
-from lazymedia.engine import nvjpeg
 from lazymedia.engine.cpu_batch import CpuBatchDecoder
 
-from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
+from conftest import corpus_bytes, corpus_params, encode, make_image
 
 
 def jpegs(count, **kwargs):
@@ -82,86 +79,6 @@ def test_mapped_and_non_image_items_bypass_the_batcher(tmp_path):
         flipped = item.map(torch.fliplr)
         assert torch.equal(engine.submit(flipped).result(timeout=10), torch.fliplr(item.media))
     assert list(engine.batch_sizes["cpu-batch"]) == []
-
-
-@pytest.mark.parametrize("name,gpu,reason", [
-    ("hopper.jpg", True, "hardware"), ("3.jpg", True, "hybrid"), ("pil_sample_cmyk.jpg", False, "CMYK"),
-    ("hopper_gray.jpg", False, "grayscale"), ("testimgari.jpg", False, "arithmetic"), ("hopper.png", False, "png"),
-    ("sugarshack.mpo", True, "hardware"),  # baseline 2x1 (4:2:2): the hardware engines take it
-])
-@requires_corpus
-def test_nvjpeg_routing(name, gpu, reason):
-    path = CORPUS / "images" / name
-    item = lazymedia.load_image(path.read_bytes())
-    decision = nvjpeg.route(item.header, item.spec)
-    assert decision.gpu == gpu and reason in decision.reason
-    assert not nvjpeg.route(item.header, lazymedia.ImageSpec(mode="L")).gpu
-
-
-class HostDecoder:
-    """Stands in for _C_cuda.NvjpegDecoder: honours the native contract (write the oriented RGB
-    pixels to the out pointer) with the CPU decoder, and refuses progressive images at run time."""
-
-    hardware = True
-
-    def __init__(self):
-        self.calls = []
-
-    def decode(self, requests, stream):
-        self.calls.append(len(requests))
-        statuses = []
-        for data, width, height, orientation, out_ptr in requests:
-            header = image_codec.probe(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
-            if header.jpeg_encoding == "progressive":
-                statuses.append((False, "decoupled decode: JPEG not supported"))
-                continue
-            assert (header.width, header.height) == (width, height)
-            spec = lazymedia.ImageSpec(apply_orientation=orientation != 1)
-            try:
-                pixels = np.ascontiguousarray(image_codec.decode(data, header, spec).numpy())
-            except lazymedia.MediaError:
-                statuses.append((False, "decoupled decode: bad JPEG"))
-                continue
-            ctypes.memmove(out_ptr, pixels.ctypes.data, pixels.nbytes)
-            statuses.append((True, ""))
-        return statuses
-
-
-@requires_corpus
-def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
-    names = ["hopper_orientation_6.jpg", "3.jpg", "pil_sample_cmyk.jpg", "hopper.png", "hopper.jpg"]
-    items = [lazymedia.load_image((CORPUS / "images" / n).read_bytes()) for n in names]
-    items.append(lazymedia.load_image(encode(make_image(30, 30), "JPEG")[:200]))  # corrupt
-    items.append(lazymedia.load_image((CORPUS / "images" / "hopper.jpg").read_bytes(), size=(50, 70)))
-    decoder = HostDecoder()
-    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=decoder)
-    results = backend.decode_batch(items)
-    assert decoder.calls == [5]  # one native call for every GPU-routed image (incl. the corrupt one)
-    for item, result in zip(items[:5], results[:5]):
-        assert torch.equal(result, image_codec.decode(item.encoded(), item.header, item.spec))
-    assert isinstance(results[5], UnprocessableMediaError)
-    resized = ops_resize_reference(items[6])
-    assert torch.equal(results[6], resized)
-    assert any("progressive" in r or "not supported" in r for r in backend.fallbacks)
-
-
-def ops_resize_reference(item):
-    from lazymedia import ops
-
-    full = image_codec.decode(item.encoded(), item.header, lazymedia.ImageSpec())
-    return ops.resize(full, item.spec.size, item.spec.resample)
-
-
-def test_nvjpeg_backend_in_the_engine_through_processor():
-    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=HostDecoder(), output="pinned")
-    engine = DecodeEngine(max_workers=2, batch_decoders=[backend], batch_window_s=0.05)
-    processor = Processor(lambda items: [t.clone() for t in items], engine=engine)
-    items = jpegs(4)
-    expected = [image_codec.decode(i.encoded(), i.header, i.spec) for i in items]
-    out = processor.apply(items)
-    engine.shutdown()
-    assert all(torch.equal(a, b) for a, b in zip(out, expected))
-    assert list(engine.batch_sizes["nvjpeg"]) == [4]
 
 
 dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")

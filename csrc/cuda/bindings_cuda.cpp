@@ -42,6 +42,24 @@ py::tuple device_count() {
   return py::make_tuple(count, std::string(""));
 }
 
+// Makes the device that owns `address` current for the scope (kernels launch on the current
+// device; the calling thread's may be another), restoring the previous one after.
+class PointerDeviceGuard {
+ public:
+  explicit PointerDeviceGuard(uintptr_t address) {
+    cudaPointerAttributes attributes{};
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    check(cudaPointerGetAttributes(&attributes, reinterpret_cast<const void*>(address)), "cudaPointerGetAttributes");
+    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+      throw py::value_error("expected device memory");
+    check(cudaSetDevice(attributes.device), "cudaSetDevice");
+  }
+  ~PointerDeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
 // Device copies of a resample plan's arrays, freed on the stream when done.
 struct DevicePlan {
   int* bounds = nullptr;
@@ -70,6 +88,7 @@ void py_resize(uintptr_t src, int h, int w, int c, uintptr_t dst, int oh, int ow
   const kernels::Filter f = filter == "bicubic" ? kernels::Filter::Bicubic : kernels::Filter::Bilinear;
   cudaStream_t stream = stream_of(stream_handle);
   py::gil_scoped_release release;
+  PointerDeviceGuard device(src);
   if (oh == h && ow == w) {
     check(cudaMemcpyAsync(ptr<uint8_t>(dst), ptr<uint8_t>(src), size_t(h) * w * c, cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync");
@@ -115,6 +134,7 @@ void py_resize(uintptr_t src, int h, int w, int c, uintptr_t dst, int oh, int ow
 
 void py_orient(uintptr_t src, uintptr_t dst, int h, int w, int c, int orientation, uintptr_t stream) {
   py::gil_scoped_release release;
+  PointerDeviceGuard device(src);
   check(cuda::launch_orient(ptr<uint8_t>(src), ptr<uint8_t>(dst), h, w, c, orientation, stream_of(stream)), "orient");
 }
 
@@ -124,6 +144,7 @@ void py_nv12_to_rgb(uintptr_t src, long long frame_bytes, long long uv_offset, i
   const auto coeffs = kernels::make_yuv_to_rgb(matrix == "bt709" ? kernels::Matrix::BT709 : kernels::Matrix::BT601,
                                                full_range);
   py::gil_scoped_release release;
+  PointerDeviceGuard device(src);
   check(cuda::launch_nv12_to_rgb(ptr<uint8_t>(src), frame_bytes, uv_offset, pitch, frames, h, w, ptr<uint8_t>(dst),
                                  coeffs, stream_of(stream)), "nv12_to_rgb");
 }
@@ -139,6 +160,7 @@ void py_to_chw_normalized(uintptr_t src, int h, int w, int c, std::vector<float>
     norm.inv_std[k] = 1.0f / std_dev[k];
   }
   py::gil_scoped_release release;
+  PointerDeviceGuard device(src);
   check(cuda::launch_to_chw_normalized(ptr<uint8_t>(src), h, w, c, norm, ptr<float>(dst), stream_of(stream)),
         "to_chw_normalized");
 }

@@ -2,124 +2,180 @@
 
 #include <stdexcept>
 
-#include "device_ops.h"
-
 namespace lazymedia {
 namespace cuda {
 namespace {
-
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
 
 void check_nvjpeg(nvjpegStatus_t status, const char* what) {
   if (status != NVJPEG_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + nvjpeg_status_name(status));
 }
 
-// Stream-ordered device allocations for nvJPEG's internal buffers (nvjpegCreateExV2).
-int device_malloc(void*, void** ptr, size_t size, cudaStream_t stream) {
-  return int(cudaMallocAsync(ptr, size, stream));
-}
-int device_free(void*, void* ptr, size_t, cudaStream_t stream) { return int(cudaFreeAsync(ptr, stream)); }
-int pinned_malloc(void*, void** ptr, size_t size, cudaStream_t) { return int(cudaHostAlloc(ptr, size, 0)); }
-int pinned_free(void*, void* ptr, size_t, cudaStream_t) { return int(cudaFreeHost(ptr)); }
-
-nvjpegDevAllocatorV2_t kDeviceAllocator{device_malloc, device_free, nullptr};
-nvjpegPinnedAllocatorV2_t kPinnedAllocator{pinned_malloc, pinned_free, nullptr};
+// Strict: a damaged bitstream is an error (the CPU decoder then decides, as without a GPU).
+constexpr unsigned kFlags = NVJPEG_FLAGS_BITSTREAM_STRICT;
+// nvJPEG's pool keeps up to this much freed memory instead of returning it at every sync.
+constexpr uint64_t kPoolReleaseThreshold = 256ull << 20;
 
 // Restores the calling thread's current device on scope exit.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  DeviceGuard(const CudaApi& cuda, int device) : cuda_(cuda) {
+    if (cuda_.GetDevice(&previous_) != cudaSuccess || cuda_.SetDevice(device) != cudaSuccess)
+      throw std::runtime_error("cannot select the decoder's CUDA device");
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() { cuda_.SetDevice(previous_); }
 
  private:
+  const CudaApi& cuda_;
   int previous_ = 0;
 };
 
-// Stream-ordered scratch buffers, freed on the stream on every exit path (errors included).
+// Stream-ordered scratch buffers from the decoder's pool, freed on the stream on every exit
+// path (errors included).
 class Scratch {
  public:
-  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
+  Scratch(const CudaApi& cuda, cudaMemPool_t pool, cudaStream_t stream) : cuda_(cuda), pool_(pool), stream_(stream) {}
   ~Scratch() {
-    for (void* p : buffers_) cudaFreeAsync(p, stream_);
+    for (void* p : buffers_) cuda_.FreeAsync(p, stream_);
   }
   uint8_t* allocate(size_t bytes) {
     void* p = nullptr;
-    check_cuda(cudaMallocAsync(&p, bytes, stream_), "cudaMallocAsync");
+    cudaError_t status = cuda_.MallocFromPoolAsync(&p, bytes, pool_, stream_);
+    if (status != cudaSuccess) throw std::runtime_error(std::string("scratch allocation: ") + cuda_.GetErrorString(status));
     buffers_.push_back(p);
     return static_cast<uint8_t*>(p);
   }
 
  private:
+  const CudaApi& cuda_;
+  cudaMemPool_t pool_;
   cudaStream_t stream_;
   std::vector<void*> buffers_;
 };
 
 }  // namespace
 
-NvjpegDecoder::NvjpegDecoder(int device, bool allow_hardware, const std::string& library_path) : device_(device) {
+void NvjpegDecoder::check_cuda(cudaError_t status, const char* what) const {
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cuda_->GetErrorString(status));
+}
+
+int NvjpegDecoder::device_malloc(void* self, void** ptr, size_t size, cudaStream_t stream) {
+  auto* decoder = static_cast<NvjpegDecoder*>(self);
+  return int(decoder->cuda_->MallocFromPoolAsync(ptr, size, decoder->pool_, stream));
+}
+int NvjpegDecoder::device_free(void* self, void* ptr, size_t, cudaStream_t stream) {
+  return int(static_cast<NvjpegDecoder*>(self)->cuda_->FreeAsync(ptr, stream));
+}
+int NvjpegDecoder::pinned_malloc(void* self, void** ptr, size_t size, cudaStream_t) {
+  return int(static_cast<NvjpegDecoder*>(self)->cuda_->HostAlloc(ptr, size, 0));
+}
+int NvjpegDecoder::pinned_free(void* self, void* ptr, size_t, cudaStream_t) {
+  return int(static_cast<NvjpegDecoder*>(self)->cuda_->FreeHost(ptr));
+}
+
+namespace {
+const NvjpegApi* load_or_throw(const std::string& library_path) {
   std::string error;
-  api_ = load_nvjpeg(library_path, &error);
-  if (!api_) throw std::runtime_error(error);
-  DeviceGuard guard(device_);
+  const NvjpegApi* api = load_nvjpeg(library_path, &error);
+  if (!api) throw std::runtime_error(error);
+  return api;
+}
+}  // namespace
+
+NvjpegDecoder::NvjpegDecoder(int device, bool allow_hardware, const std::string& library_path)
+    : NvjpegDecoder(load_or_throw(library_path), &cuda_runtime(), device, allow_hardware) {}
+
+NvjpegDecoder::NvjpegDecoder(const NvjpegApi* api, const CudaApi* cuda, int device, bool allow_hardware)
+    : device_(device), api_(api), cuda_(cuda) {
+  try {
+    create(allow_hardware);
+  } catch (...) {
+    release();  // what was created before the failure
+    throw;
+  }
+}
+
+void NvjpegDecoder::create(bool allow_hardware) {
+  DeviceGuard guard(*cuda_, device_);
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device_;
+  check_cuda(cuda_->MemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+  uint64_t threshold = kPoolReleaseThreshold;
+  check_cuda(cuda_->MemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold), "pool threshold");
+  device_allocator_ = nvjpegDevAllocatorV2_t{&NvjpegDecoder::device_malloc, &NvjpegDecoder::device_free, this};
+  pinned_allocator_ = nvjpegPinnedAllocatorV2_t{&NvjpegDecoder::pinned_malloc, &NvjpegDecoder::pinned_free, this};
   // Stream-ordered allocators where the backend takes them; the hardware backend may insist on
   // its defaults, so it is tried both ways before giving up on the engines.
-  if (allow_hardware &&
-      (api_->CreateExV2(NVJPEG_BACKEND_HARDWARE, &kDeviceAllocator, &kPinnedAllocator, NVJPEG_FLAGS_DEFAULT,
-                        &handle_) == NVJPEG_STATUS_SUCCESS ||
-       api_->CreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &handle_) ==
-           NVJPEG_STATUS_SUCCESS)) {
-    if (api_->GetHardwareDecoderInfo(handle_, &engines_, &cores_) == NVJPEG_STATUS_SUCCESS && engines_ > 0) {
+  if (allow_hardware) {
+    if (api_->CreateExV2(NVJPEG_BACKEND_HARDWARE, &device_allocator_, &pinned_allocator_, kFlags, &handle_) !=
+        NVJPEG_STATUS_SUCCESS) {
+      handle_ = nullptr;
+      if (api_->CreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, kFlags, &handle_) != NVJPEG_STATUS_SUCCESS)
+        handle_ = nullptr;
+    }
+    if (handle_ && api_->GetHardwareDecoderInfo(handle_, &engines_, &cores_) == NVJPEG_STATUS_SUCCESS &&
+        engines_ > 0) {
       hardware_ = true;
-    } else {
+    } else if (handle_) {
       api_->Destroy(handle_);
       handle_ = nullptr;
       engines_ = cores_ = 0;
     }
   }
   if (!handle_) {
-    check_nvjpeg(api_->CreateExV2(NVJPEG_BACKEND_DEFAULT, &kDeviceAllocator, &kPinnedAllocator, NVJPEG_FLAGS_DEFAULT,
-                                  &handle_),
-                 "nvjpegCreateExV2");
+    if (api_->CreateExV2(NVJPEG_BACKEND_DEFAULT, &device_allocator_, &pinned_allocator_, kFlags, &handle_) !=
+        NVJPEG_STATUS_SUCCESS) {
+      handle_ = nullptr;
+      throw std::runtime_error("nvjpegCreateExV2 failed");
+    }
   }
   check_nvjpeg(api_->JpegStateCreate(handle_, &batched_state_), "nvjpegJpegStateCreate");
   check_nvjpeg(api_->DecoderCreate(handle_, NVJPEG_BACKEND_DEFAULT, &decoder_), "nvjpegDecoderCreate");
   check_nvjpeg(api_->DecoderStateCreate(handle_, decoder_, &decoupled_state_), "nvjpegDecoderStateCreate");
-  for (auto& pinned : pinned_) check_nvjpeg(api_->BufferPinnedCreateV2(handle_, &kPinnedAllocator, &pinned), "pinned buffer");
-  check_nvjpeg(api_->BufferDeviceCreateV2(handle_, &kDeviceAllocator, &device_buffer_), "device buffer");
+  for (auto& pinned : pinned_)
+    check_nvjpeg(api_->BufferPinnedCreateV2(handle_, &pinned_allocator_, &pinned), "pinned buffer");
+  check_nvjpeg(api_->BufferDeviceCreateV2(handle_, &device_allocator_, &device_buffer_), "device buffer");
   check_nvjpeg(api_->StateAttachDeviceBuffer(decoupled_state_, device_buffer_), "attach device buffer");
   check_nvjpeg(api_->DecodeParamsCreate(handle_, &params_), "nvjpegDecodeParamsCreate");
   check_nvjpeg(api_->DecodeParamsSetOutputFormat(params_, NVJPEG_OUTPUT_RGBI), "set output format");
-  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  check_cuda(cudaEventCreateWithFlags(&consumer_ready_, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-  for (auto& event : pinned_free_) check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (cudaEvent_t* event :
+       {&consumer_ready_, &stream_idle_, &done_, &device_done_, &pinned_free_[0], &pinned_free_[1]})
+    check_cuda(cuda_->EventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate");
 }
 
-NvjpegDecoder::~NvjpegDecoder() {
-  cudaSetDevice(device_);
-  if (stream_) cudaStreamSynchronize(stream_);
+NvjpegDecoder::~NvjpegDecoder() { release(); }
+
+void NvjpegDecoder::release() {
+  int current = 0;
+  // At interpreter exit the CUDA runtime may already be gone: then there is nothing to free.
+  if (cuda_->GetDevice(&current) == cudaErrorCudartUnloading) return;
+  cuda_->SetDevice(device_);
+  if (stream_) cuda_->StreamSynchronize(stream_);
   for (nvjpegJpegStream_t s : streams_) api_->JpegStreamDestroy(s);
+  streams_.clear();
   if (params_) api_->DecodeParamsDestroy(params_);
   if (decoupled_state_) api_->JpegStateDestroy(decoupled_state_);
   if (device_buffer_) api_->BufferDeviceDestroy(device_buffer_);
-  for (auto pinned : pinned_)
+  for (auto& pinned : pinned_)
     if (pinned) api_->BufferPinnedDestroy(pinned);
   if (decoder_) api_->DecoderDestroy(decoder_);
   if (batched_state_) api_->JpegStateDestroy(batched_state_);
   if (handle_) api_->Destroy(handle_);
-  for (cudaEvent_t e : {consumer_ready_, done_, pinned_free_[0], pinned_free_[1]})
-    if (e) cudaEventDestroy(e);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (cudaEvent_t e : {consumer_ready_, stream_idle_, done_, device_done_, pinned_free_[0], pinned_free_[1]})
+    if (e) cuda_->EventDestroy(e);
+  if (stream_) cuda_->StreamDestroy(stream_);
+  if (pool_) cuda_->MemPoolDestroy(pool_);
+  params_ = nullptr, decoupled_state_ = nullptr, device_buffer_ = nullptr, decoder_ = nullptr;
+  batched_state_ = nullptr, handle_ = nullptr, stream_ = nullptr, pool_ = nullptr;
+  pinned_[0] = pinned_[1] = nullptr;
+  consumer_ready_ = done_ = device_done_ = pinned_free_[0] = pinned_free_[1] = nullptr;
 }
 
 std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& requests, cudaStream_t consumer) {
   std::lock_guard<std::mutex> lock(mutex_);
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*cuda_, device_);
   std::vector<JpegResult> results(requests.size(), JpegResult{JpegOutcome::Decoded, ""});
   while (streams_.size() < requests.size()) {
     nvjpegJpegStream_t s = nullptr;
@@ -127,8 +183,8 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
     streams_.push_back(s);
   }
   // Order our private stream after everything the caller queued (output allocations included).
-  check_cuda(cudaEventRecord(consumer_ready_, consumer), "cudaEventRecord");
-  check_cuda(cudaStreamWaitEvent(stream_, consumer_ready_, 0), "cudaStreamWaitEvent");
+  check_cuda(cuda_->EventRecord(consumer_ready_, consumer), "cudaEventRecord");
+  check_cuda(cuda_->StreamWaitEvent(stream_, consumer_ready_, 0), "cudaStreamWaitEvent");
 
   std::vector<size_t> hardware_items, decoupled_items;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -160,7 +216,7 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
   // Images that need orienting decode into stream-ordered scratch, the rest straight into the
   // caller's tensor.
   std::vector<uint8_t*> targets(requests.size(), nullptr);
-  Scratch scratch(stream_);
+  Scratch scratch(*cuda_, pool_, stream_);
   for (const std::vector<size_t>* items : {&hardware_items, &decoupled_items}) {
     for (size_t i : *items) {
       const JpegRequest& r = requests[i];
@@ -173,22 +229,17 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
     for (size_t i : *items) {
       const JpegRequest& r = requests[i];
       if (targets[i] == r.out || results[i].outcome != JpegOutcome::Decoded) continue;
-      check_cuda(launch_orient(targets[i], r.out, r.height, r.width, 3, r.orientation, stream_), "orient kernel");
+      check_cuda(cuda_->Orient(targets[i], r.out, r.height, r.width, 3, r.orientation, stream_), "orient kernel");
     }
   }
-  check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
-  check_cuda(cudaStreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
+  check_cuda(cuda_->EventRecord(done_, stream_), "cudaEventRecord");
+  check_cuda(cuda_->StreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
   return results;
 }
 
 void NvjpegDecoder::decode_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
                                     const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results) {
   const int n = int(items.size());
-  if (n != batched_size_) {
-    check_nvjpeg(api_->DecodeBatchedInitialize(handle_, batched_state_, n, 1, NVJPEG_OUTPUT_RGBI),
-                 "nvjpegDecodeBatchedInitialize");
-    batched_size_ = n;
-  }
   std::vector<const unsigned char*> data(n);
   std::vector<size_t> lengths(n);
   std::vector<nvjpegImage_t> destinations(n);
@@ -200,14 +251,21 @@ void NvjpegDecoder::decode_hardware(const std::vector<JpegRequest>& requests, co
     destinations[k].channel[0] = targets[items[k]];
     destinations[k].pitch[0] = size_t(r.width) * 3;
   }
-  // The hardware engines do not order themselves after earlier work on the stream they are
-  // given: wait on the host for everything queued so far (the caller's allocations and ours).
-  check_cuda(cudaEventRecord(consumer_ready_, stream_), "cudaEventRecord");
-  check_cuda(cudaEventSynchronize(consumer_ready_), "cudaEventSynchronize");
-  nvjpegStatus_t status = api_->DecodeBatched(handle_, batched_state_, data.data(), lengths.data(),
-                                              destinations.data(), stream_);
+  // The engines neither order themselves after earlier work on the stream nor let the batched
+  // state be reinitialised while a batch runs: the host waits for everything queued so far (the
+  // previous batch, the caller's allocations, our scratch) before touching the state.
+  check_cuda(cuda_->EventRecord(stream_idle_, stream_), "cudaEventRecord");
+  check_cuda(cuda_->EventSynchronize(stream_idle_), "cudaEventSynchronize");
+  nvjpegStatus_t status = NVJPEG_STATUS_SUCCESS;
+  if (n != batched_size_) {  // 0 after a failed batch: nvJPEG then wants a fresh initialisation
+    status = api_->DecodeBatchedInitialize(handle_, batched_state_, n, 1, NVJPEG_OUTPUT_RGBI);
+    batched_size_ = status == NVJPEG_STATUS_SUCCESS ? n : 0;
+  }
+  if (status == NVJPEG_STATUS_SUCCESS)
+    status = api_->DecodeBatched(handle_, batched_state_, data.data(), lengths.data(), destinations.data(), stream_);
   if (status != NVJPEG_STATUS_SUCCESS) {
-    // The whole batch failed (one bad bitstream fails it): let the decoupled path retry each.
+    batched_size_ = 0;
+    // The whole batch failed (one bad bitstream fails it): the decoupled path retries each.
     std::string reason = std::string("hardware batch: ") + nvjpeg_status_name(status);
     decode_decoupled(requests, items, targets, results);
     for (size_t i : items)
@@ -217,25 +275,31 @@ void NvjpegDecoder::decode_hardware(const std::vector<JpegRequest>& requests, co
 
 void NvjpegDecoder::decode_decoupled(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
                                      const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results) {
+  bool device_phase_queued = false;
   for (size_t k = 0; k < items.size(); ++k) {
     const size_t i = items[k];
     const JpegRequest& r = requests[i];
     const int slot = int(k % 2);
+    // Host phase (Huffman decoding on this thread) into pinned buffer `slot`, once the device
+    // phase of the image that last used that buffer is done; it overlaps image k-1's device phase.
     nvjpegStatus_t status = api_->JpegStreamParse(handle_, r.data, r.size, 0, 0, streams_[i]);
-    // Ping-pong: the host phase may refill a pinned buffer only once its last transfer is done.
-    check_cuda(cudaEventSynchronize(pinned_free_[slot]), "cudaEventSynchronize");
+    check_cuda(cuda_->EventSynchronize(pinned_free_[slot]), "cudaEventSynchronize");
     if (status == NVJPEG_STATUS_SUCCESS) status = api_->StateAttachPinnedBuffer(decoupled_state_, pinned_[slot]);
     if (status == NVJPEG_STATUS_SUCCESS)
       status = api_->DecodeJpegHost(handle_, decoder_, decoupled_state_, params_, streams_[i]);
+    // The transfer and device phase share the state's device buffer with image k-1's.
+    if (device_phase_queued) check_cuda(cuda_->EventSynchronize(device_done_), "cudaEventSynchronize");
     if (status == NVJPEG_STATUS_SUCCESS)
       status = api_->DecodeJpegTransferToDevice(handle_, decoder_, decoupled_state_, streams_[i], stream_);
-    check_cuda(cudaEventRecord(pinned_free_[slot], stream_), "cudaEventRecord");
     if (status == NVJPEG_STATUS_SUCCESS) {
       nvjpegImage_t destination{};
       destination.channel[0] = targets[i];
       destination.pitch[0] = size_t(r.width) * 3;
       status = api_->DecodeJpegDevice(handle_, decoder_, decoupled_state_, &destination, stream_);
     }
+    check_cuda(cuda_->EventRecord(device_done_, stream_), "cudaEventRecord");
+    check_cuda(cuda_->EventRecord(pinned_free_[slot], stream_), "cudaEventRecord");
+    device_phase_queued = true;
     if (status != NVJPEG_STATUS_SUCCESS) {
       (*results)[i] = {JpegOutcome::Fallback, std::string("decoupled decode: ") + nvjpeg_status_name(status)};
     } else {

@@ -5,6 +5,17 @@
 // (A100/H100/H200/B200 NVJPG) through nvjpegDecodeBatched, the rest through the decoupled API
 // (host Huffman phase on ping-pong pinned buffers, transfer, device phase). All work runs on a
 // private stream; the caller's stream waits on an event at the end (no device-wide sync).
+//
+// Ordering rules (held by tests/test_engine_nvjpeg.py against recording fakes of both APIs):
+// - the hardware batch is (re)initialised only after the host has waited for everything queued
+//   before it, and again after any failed batch, not only when its size changes;
+// - the decoupled transfer of image k+1 waits for the device phase of image k (they share the
+//   decoder state and device buffer); a pinned buffer is refilled only after the device phase
+//   of the image that last used it; host phases may overlap earlier device phases;
+// - handles are created with NVJPEG_FLAGS_BITSTREAM_STRICT, so a damaged stream is refused
+//   (and falls back to the CPU decoder, which answers 422) instead of decoding to pixels.
+// nvJPEG's device buffers come from a private stream-ordered pool that keeps what it freed
+// (a release threshold), not from the device's default pool, which trims at every sync.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +26,7 @@
 #include <vector>
 
 #include "nvjpeg_api.h"
+#include "runtime_api.h"
 
 namespace lazymedia {
 namespace cuda {
@@ -41,6 +53,8 @@ class NvjpegDecoder {
  public:
   // Throws std::runtime_error (no device, no libnvjpeg, creation failure).
   NvjpegDecoder(int device, bool allow_hardware, const std::string& library_path);
+  // The same over given API tables (the tests' recording fakes).
+  NvjpegDecoder(const NvjpegApi* api, const CudaApi* cuda, int device, bool allow_hardware);
   ~NvjpegDecoder();
   NvjpegDecoder(const NvjpegDecoder&) = delete;
   NvjpegDecoder& operator=(const NvjpegDecoder&) = delete;
@@ -60,9 +74,21 @@ class NvjpegDecoder {
   void decode_decoupled(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
                         const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results);
 
+  void create(bool allow_hardware);
+  void release();
+  void check_cuda(cudaError_t status, const char* what) const;
+  static int device_malloc(void* self, void** ptr, size_t size, cudaStream_t stream);
+  static int device_free(void* self, void* ptr, size_t size, cudaStream_t stream);
+  static int pinned_malloc(void* self, void** ptr, size_t size, cudaStream_t stream);
+  static int pinned_free(void* self, void* ptr, size_t size, cudaStream_t stream);
+
   std::mutex mutex_;
   int device_;
   const NvjpegApi* api_ = nullptr;
+  const CudaApi* cuda_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  nvjpegDevAllocatorV2_t device_allocator_{};
+  nvjpegPinnedAllocatorV2_t pinned_allocator_{};
   nvjpegHandle_t handle_ = nullptr;
   bool hardware_ = false;
   unsigned engines_ = 0, cores_ = 0;
@@ -75,7 +101,12 @@ class NvjpegDecoder {
   nvjpegDecodeParams_t params_ = nullptr;
   std::vector<nvjpegJpegStream_t> streams_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t consumer_ready_ = nullptr, done_ = nullptr, pinned_free_[2] = {nullptr, nullptr};
+  // consumer_ready_: the caller's queued work (our stream waits on it); stream_idle_: everything on
+  // our stream finished (the host waits on it before re-initialising the batched state); done_: the
+  // batch's outputs written (the caller's stream waits on it); device_done_: the decoupled device
+  // phase of the latest image; pinned_free_: each pinned staging buffer's last reader finished.
+  cudaEvent_t consumer_ready_ = nullptr, stream_idle_ = nullptr, done_ = nullptr, device_done_ = nullptr;
+  cudaEvent_t pinned_free_[2] = {nullptr, nullptr};
 };
 
 }  // namespace cuda

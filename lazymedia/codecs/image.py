@@ -18,7 +18,6 @@ import io
 import warnings
 from dataclasses import dataclass
 
-import imagecodecs
 import numpy as np
 import simplejpeg
 import torch
@@ -259,6 +258,8 @@ def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
               target == "RGBA" and decoded == 4) or transparent_colour and target != "L":
         raise _TryPillow()
     try:
+        import imagecodecs  # 28 MB of codecs, loaded by the first PNG; absent, Pillow decodes
+
         array = imagecodecs.spng_decode(data)
     except Exception as exc:  # libspng refuses (odd chunks, truncation): Pillow decides
         raise _TryPillow() from exc
@@ -282,6 +283,8 @@ def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
     composite = composites(header, target)
     channels = 4 if composite or target == "RGBA" else 3
     try:
+        import imagecodecs
+
         array = imagecodecs.webp_decode(data, hasalpha=channels == 4)
     except Exception as exc:
         raise _TryPillow() from exc

@@ -66,8 +66,7 @@ def backends() -> list[BackendStatus]:
     av_ok, av_version = _module("av")
     found.append(BackendStatus("cpu", "video", av_ok, f"PyAV {av_version}" if av_ok else av_version))
     nvdec_ok, nvdec = _module("PyNvVideoCodec")
-    nvdec_ok = nvdec_ok and device_ok
-    found.append(BackendStatus("nvdec", "video", nvdec_ok, nvdec if not device_ok or not nvdec_ok else device))
+    found.append(BackendStatus("nvdec", "video", nvdec_ok and device_ok, nvdec if not nvdec_ok else device))
     sf_ok, sf = _module("soundfile")
     found.append(BackendStatus("cpu", "audio", sf_ok and av_ok, f"soundfile {sf}, PyAV {av_version}"))
     return found

@@ -68,6 +68,8 @@ class DaliBatchDecoder:
             self._pipeline.feed_input("encoded", encoded)
             (decoded,) = self._pipeline.run()
             outputs = [self._to_torch(decoded, i) for i in range(len(items))]
+            if self.device == "gpu":  # feed_ndarray copies asynchronously: done before the next run
+                torch.cuda.current_stream(self.torch_device).synchronize()
         return [ops.resize(out, item.spec.size, item.spec.resample) if item.spec.size else out
                 for out, item in zip(outputs, items)]
 

@@ -7,6 +7,7 @@ the same frame indices. What NVDEC cannot decode goes to the CPU path: H.264 oth
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from ..codecs import video
 from ..codecs.sampling import hf_metadata, sample_indices
 from .protocol import DecodeItem, Route, decode_on_host, is_root
 
+FALLBACK_HISTORY = 256
 _NVDEC_CODECS = {"h264", "hevc", "vp9", "av1", "vp8", "mpeg2video", "mpeg4"}
 # NVDEC's NV12 path: 8-bit 4:2:0 (10-bit HEVC/VP9/AV1 come out as P016, not handled here).
 _NV12_FORMATS = {"yuv420p", "yuvj420p", "nv12"}
@@ -48,7 +50,8 @@ class NvdecBatchDecoder:
         self.compute_capability = torch.cuda.get_device_capability(self.device)
         self._decoder = None
         self._lock = threading.Lock()  # one decoder; its frame buffers are reused by the next call
-        self.fallbacks: list[str] = []
+        # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
+        self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
 
     def accepts(self, item: DecodeItem) -> bool:
         return is_root(item, "video")
@@ -84,10 +87,18 @@ class NvdecBatchDecoder:
         try:
             os.write(fd, data)
             with self._lock:
-                decoder = self._point_decoder_at(f"/proc/self/fd/{fd}")
-                decoded = decoder.get_batch_frames_by_index(indices)
-                # Copy out before the next call reuses the decoder's surfaces.
-                nv12 = torch.stack([torch.from_dlpack(frame) for frame in decoded]).to(self.device, copy=True)
+                try:
+                    decoder = self._point_decoder_at(f"/proc/self/fd/{fd}")
+                    decoded = decoder.get_batch_frames_by_index(indices)
+                    if len(decoded) != len(indices):  # it drops indices it cannot reach: the CPU decides
+                        raise RuntimeError(f"NVDEC returned {len(decoded)} of {len(indices)} frames")
+                    # One copy out of the decoder's surfaces (stack allocates), finished before
+                    # the lock lets the next call reuse them.
+                    nv12 = torch.stack([torch.from_dlpack(frame) for frame in decoded])
+                    torch.cuda.current_stream(self.device).synchronize()
+                except Exception:
+                    self._decoder = None  # a decoder that failed (a reconfigure, say) is not reused
+                    raise
         finally:
             os.close(fd)
         if nv12.ndim == 2:

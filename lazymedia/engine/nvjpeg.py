@@ -1,15 +1,17 @@
 """nvJPEG backend: batches of JPEG handles decoded on the GPU into device (or pinned host)
 tensors, with EXIF orientation and resizing by the shared kernels.
 
-What nvJPEG cannot decode goes to the CPU decoder per image, so the output never depends on
-the route: 4-component (CMYK/YCCK), grayscale, lossless, arithmetic-coded and hierarchical
-JPEGs, non-JPEG formats, and modes other than RGB are routed to the CPU up front; any image the
-native decoder refuses at run time falls back the same way. The CPU decoder then also decides
-whether an image is corrupt (422), exactly as without a GPU.
+What nvJPEG cannot decode goes to the CPU decoder per image: 4-component (CMYK/YCCK),
+grayscale, lossless, arithmetic-coded and hierarchical JPEGs, non-JPEG formats, modes other than
+RGB and draft decodes are routed to the CPU up front; any image the native decoder refuses at run
+time (its handles are strict about damaged bitstreams) falls back the same way. The CPU decoder
+then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG's pixels differ
+from libjpeg-turbo's within what tests/test_gpu.py measures (its chroma upsampling differs).
 """
 from __future__ import annotations
 
-import importlib.util
+import collections
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from .. import ops
 from .protocol import DecodeItem, Route, decode_on_host, is_root
 
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
+FALLBACK_HISTORY = 256
 # nvJPEG's hardware engines take baseline, single-scan JPEG without 4:1:1 / 4:1:0 chroma.
 _HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}
 
@@ -27,8 +30,10 @@ def route(header, spec) -> Route:
     """Where one image decodes, from its header and spec alone (no GPU needed to decide)."""
     if header.format != "jpeg":
         return Route(False, f"{header.format} is not JPEG")
-    if spec.mode != "RGB":
+    if header.target_mode(spec) != "RGB":
         return Route(False, f"mode {spec.mode} is decoded on the CPU")
+    if spec.draft and spec.size is not None:
+        return Route(False, "draft decoding (a reduced DCT scale) is libjpeg-turbo's")
     if header.components != 3:
         return Route(False, "grayscale or CMYK/YCCK JPEG")
     if header.adobe_transform == 2:
@@ -48,12 +53,13 @@ def split_batch(items: Sequence) -> tuple[list[int], list[int]]:
     return gpu, host
 
 
-def _wheel_library() -> str:
-    """libnvjpeg.so.13 from the nvidia-nvjpeg wheel, which installs no unversioned link."""
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
+def wheel_library(search_path: Sequence[str] | None = None) -> str:
+    """libnvjpeg.so.13 from the nvidia-nvjpeg wheel, which installs no unversioned link. Every
+    `nvidia/` folder on the path is looked in: wheels that ship nvidia/__init__.py (nvjpeg2k,
+    nvtiff, nvimgcodec) hide the others from the import system, so setup.py looks the same way."""
+    for entry in sys.path if search_path is None else search_path:
         for sub in ("cu13", "nvjpeg"):
-            candidate = Path(root) / sub / "lib" / "libnvjpeg.so.13"
+            candidate = Path(entry or ".") / "nvidia" / sub / "lib" / "libnvjpeg.so.13"
             if candidate.exists():
                 return str(candidate)
     return ""
@@ -61,7 +67,11 @@ def _wheel_library() -> str:
 
 class NvjpegBatchDecoder:
     """A BatchDecoder for DecodeEngine. output="cuda" returns device tensors, "pinned" returns
-    page-locked host tensors (decoded on the device, then copied asynchronously)."""
+    page-locked host tensors (decoded on the device, then copied asynchronously).
+
+    Contract: decode_batch returns only once the outputs are written (it synchronises the
+    stream the writes were ordered on), so a result handed to another thread, whatever stream
+    that thread reads on, is complete."""
 
     name = "nvjpeg"
 
@@ -74,10 +84,11 @@ class NvjpegBatchDecoder:
         if decoder is None:
             from .. import _C_cuda
 
-            decoder = _C_cuda.NvjpegDecoder(self.device.index or 0, allow_hardware, _wheel_library())
+            decoder = _C_cuda.NvjpegDecoder(self.device.index or 0, allow_hardware, wheel_library())
         self._decoder = decoder
         self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
-        self.fallbacks: list[str] = []  # reasons of run-time fallbacks to the CPU, most recent last
+        # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
+        self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
 
     @property
     def hardware(self) -> bool:
@@ -101,8 +112,8 @@ class NvjpegBatchDecoder:
         gpu, host = split_batch(items)
         if gpu:
             host += self._decode_on_gpu(items, gpu, results)
-            if self.output == "pinned" and self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()  # pinned copies complete on return
+            if self.device.type == "cuda":  # outputs (and pinned copies) complete on return
+                torch.cuda.current_stream(self.device).synchronize()
         for index in sorted(host):
             results[index] = self._decode_on_cpu(items[index])
         return results

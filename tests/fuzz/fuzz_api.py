@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import faulthandler
 import importlib
 import json
 import os
@@ -86,6 +87,7 @@ def run_one(modality: str, data: bytes, settings: dict) -> str:
 def child(args) -> None:
     """Fuzz loop: announce each input (the parent keeps it when this process dies or stalls),
     run it, report the outcome as one JSON line per execution."""
+    faulthandler.enable()  # a crash leaves its Python stack in the finding
     for name in ("image", "video", "audio"):  # before the cap: their libraries map large ranges
         importlib.import_module(f"lazymedia.codecs.{name}")
     cap = args.memory_cap_mb << 20

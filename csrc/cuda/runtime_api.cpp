@@ -1,0 +1,20 @@
+#include "runtime_api.h"
+
+#include "device_ops.h"
+
+namespace lazymedia {
+namespace cuda {
+
+const CudaApi& cuda_runtime() {
+  static const CudaApi api{
+      &cudaGetDevice,        &cudaSetDevice,           &cudaGetErrorString,      &cudaStreamCreateWithFlags,
+      &cudaStreamDestroy,    &cudaStreamSynchronize,   &cudaStreamWaitEvent,     &cudaEventCreateWithFlags,
+      &cudaEventDestroy,     &cudaEventRecord,         &cudaEventSynchronize,    &cudaMemPoolCreate,
+      &cudaMemPoolDestroy,   &cudaMemPoolSetAttribute, &cudaMallocFromPoolAsync, &cudaFreeAsync,
+      &cudaHostAlloc,        &cudaFreeHost,            &launch_orient,
+  };
+  return api;
+}
+
+}  // namespace cuda
+}  // namespace lazymedia
