@@ -17,6 +17,7 @@ from .errors import (
     InvalidMediaError,
     MediaError,
     MediaFetchError,
+    MediaNotCachedError,
     MediaReleasedError,
     MediaTooLargeError,
     UnprocessableMediaError,
@@ -47,7 +48,7 @@ def __getattr__(name: str):
 __all__ = [
     "AudioSamples", "AudioSpec", "BackendStatus", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec",
     "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaConnector", "MediaError", "MediaFetchError",
-    "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache", "UnprocessableMediaError",
-    "VideoFrames", "VideoSpec", "backends", "default_engine", "from_base64", "load", "load_audio", "load_image",
-    "load_video", "register_sampler",
+    "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache",
+    "UnprocessableMediaError", "VideoFrames", "VideoSpec", "backends", "default_engine", "from_base64", "load",
+    "load_audio", "load_image", "load_video", "register_sampler",
 ]

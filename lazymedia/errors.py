@@ -56,6 +56,13 @@ class MediaTooLargeError(InvalidMediaError):
     status_code = 413
 
 
+class MediaNotCachedError(InvalidMediaError):
+    """An item sent by id alone (`LazyMedia.from_id`) that the cache does not hold: the client
+    must send the media itself (HTTP 400)."""
+
+    status_code = 400
+
+
 class MediaFetchError(MediaError):
     """Download failed: unreachable host, bad status, time-out (400, 502 or 504)."""
 

@@ -1,18 +1,31 @@
-"""Content keys: blake3 over (modality, canonical decode spec, encoded bytes).
+"""Content keys: a hash (blake3 by default) over (modality, canonical decode spec, encoded bytes).
 
 The key is computed from the encoded bytes, never from pixels, so a cache lookup costs one hash
 pass over a few hundred KB instead of a decode. The modality and spec come first, as a prefix,
 so that a key can be computed while the bytes stream in (`KeyHasher`).
+
+Two other identities, each in its own domain so none can equal another's key: an input that
+arrives decoded (a PIL image, an array, a tensor) is keyed by its content as vLLM's
+MultiModalHasher serialises it (`object_key`), and a caller-supplied id (`id_key`) stands for
+content the caller vouches for.
+
+The algorithm is blake3 unless LAZYMEDIA_HASH_ALGORITHM (or `set_algorithm`) says sha256 or
+sha512, for deployments that must use FIPS-approved hashes, as vLLM's VLLM_MM_HASHER_ALGORITHM.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import statistics
 import time
+import uuid
+from collections.abc import Iterator
 
 import blake3
 
 KEY_VERSION = b"lazymedia/key/v1"
+ALGORITHMS = ("blake3", "sha256", "sha512")
+ALGORITHM_VARIABLE = "LAZYMEDIA_HASH_ALGORITHM"
 
 # Inputs at least this large hash faster with blake3's multithreaded mode than on one thread,
 # by usable core count; None: never. Hashes here are single shots over fresh request bytes, where
@@ -72,6 +85,37 @@ def measure_crossover(sizes=(1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 <<
     return {"cores": len(os.sched_getaffinity(0)), "crossover_bytes": crossover, "medians_s": medians}
 
 
+def _checked_algorithm(name: str) -> str:
+    name = name.strip().lower()
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown hash algorithm {name!r}: use one of {ALGORITHMS}")
+    return name
+
+
+_algorithm = _checked_algorithm(os.environ.get(ALGORITHM_VARIABLE) or "blake3")
+
+
+def set_algorithm(name: str) -> None:
+    """The hash behind every key from now on: 'blake3' (default), 'sha256' or 'sha512'. Keys of
+    different algorithms never match, so a shared cache tier needs one setting fleet-wide."""
+    global _algorithm
+    _algorithm = _checked_algorithm(name)
+
+
+def algorithm() -> str:
+    return _algorithm
+
+
+def new_hasher(prefix: bytes, size_hint: int = 0):
+    """A hasher of the configured algorithm seeded with `prefix`; blake3 uses every core for
+    inputs of at least the measured crossover (`size_hint` bytes to come)."""
+    if _algorithm != "blake3":
+        return hashlib.new(_algorithm, prefix)
+    threshold = _multithread_min_bytes
+    threads = blake3.blake3.AUTO if threshold is not None and size_hint >= threshold else 1
+    return blake3.blake3(prefix, max_threads=threads)
+
+
 def key_prefix(modality: str, spec_bytes: bytes) -> bytes:
     """Length-prefixed domain separation, so no (spec, data) pair can collide with another."""
     tag = modality.encode()
@@ -83,7 +127,7 @@ class KeyHasher:
     """Incremental key computation for bytes that arrive in chunks (downloads)."""
 
     def __init__(self, modality: str, spec_bytes: bytes):
-        self._hasher = blake3.blake3(key_prefix(modality, spec_bytes))
+        self._hasher = new_hasher(key_prefix(modality, spec_bytes))
         self.nbytes = 0
 
     def update(self, chunk) -> None:
@@ -96,14 +140,100 @@ class KeyHasher:
 
 def media_key(modality: str, spec_bytes: bytes, data) -> str:
     """Hex key of one encoded item; equal to a `KeyHasher` fed the same bytes in any chunking."""
-    threshold = _multithread_min_bytes
-    threads = blake3.blake3.AUTO if threshold is not None and len(data) >= threshold else 1
-    hasher = blake3.blake3(key_prefix(modality, spec_bytes), max_threads=threads)
+    hasher = new_hasher(key_prefix(modality, spec_bytes), len(data))
     hasher.update(data)
     return hasher.hexdigest()
 
 
 def derived_key(parent_key: str, label: str) -> str:
     """Key of a transform stacked on a handle: the parent key plus the transform's stable name."""
-    return blake3.blake3(b"lazymedia/map/v1\0" + parent_key.encode() + b"\0" + label.encode()).hexdigest()
+    return new_hasher(b"lazymedia/map/v1\0" + parent_key.encode() + b"\0" + label.encode()).hexdigest()
+
+
+def id_key(modality: str, spec_bytes: bytes, item_id: str) -> str:
+    """Key of an item known by a caller-supplied id (`LazyMedia.from_id`): the id stands for the
+    content, so two different items under one id share a cache entry, as in vLLM."""
+    return new_hasher(key_prefix("id/" + modality, spec_bytes) + item_id.encode()).hexdigest()
+
+
+def object_key(modality: str, media) -> str:
+    """Key of an input that arrived decoded (`LazyMedia.from_decoded`), by vLLM's rule: a PIL
+    image whose EXIF ImageID holds a uuid.UUID object is that UUID (an identity set in
+    process; EXIF read from a file holds text, which is never trusted: a client could claim
+    another's image); otherwise mode, pixels and palette; an array or tensor is its dtype,
+    shape and bytes."""
+    hasher = new_hasher(key_prefix("decoded/" + modality, b""))
+    for part in _serialised(media):
+        hasher.update(part)
+    return hasher.hexdigest()
+
+
+def _serialised(value) -> Iterator[bytes | memoryview]:
+    """vLLM's MultiModalHasher.serialize_item byte stream, without its pickle fallback (an
+    object with no defined layout has no stable key: TypeError)."""
+    import numpy as np
+
+    if isinstance(value, (bytes, memoryview)):
+        yield value
+    elif isinstance(value, str):
+        yield value.encode()
+    elif isinstance(value, (int, float)):
+        yield np.array(value).tobytes()
+    elif isinstance(value, np.ndarray):
+        data = value.view(np.uint8).data if value.flags.c_contiguous else value.tobytes()
+        yield from _fields("ndarray", {"dtype": value.dtype.str, "shape": value.shape, "data": data})
+    elif _is_pil_image(value):
+        from PIL import Image
+
+        image_id = value.getexif().get(Image.ExifTags.Base.ImageID)
+        if isinstance(image_id, uuid.UUID):
+            yield image_id.bytes
+            return
+        fields = {"mode": value.mode, "data": np.asarray(value)}
+        if value.palette is not None:
+            fields["palette"] = value.palette.palette
+            if value.palette.rawmode is not None:
+                fields["palette_rawmode"] = value.palette.rawmode
+        yield from _fields("image", fields)
+    elif _is_tensor(value):
+        import torch
+
+        tensor = value.cpu()
+        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: its bytes, dtype and shape
+            raw = tensor.contiguous().view(-1).view(torch.uint8).numpy()
+            yield from _fields("tensor", {"original_dtype": str(tensor.dtype), "original_shape": tuple(tensor.shape),
+                                          "data": raw})
+        else:
+            yield from _fields("tensor", tensor.numpy())
+    else:
+        raise TypeError(f"no stable key for a decoded {type(value).__name__}: pass a PIL image, a numpy array "
+                        "or a torch tensor, or LazyMedia.from_id with an id for it")
+
+
+def _fields(name: str, value) -> Iterator[bytes | memoryview]:
+    """Nested values flattened as vLLM does: each leaf preceded by its dotted path."""
+    if value is None:
+        yield name.encode()
+    elif isinstance(value, (list, tuple)):
+        for index, element in enumerate(value):
+            yield from _fields(f"{name}.{index}", element)
+    elif isinstance(value, dict):
+        for field, element in value.items():
+            yield from _fields(f"{name}.{field}", element)
+    else:
+        yield name.encode()
+        yield from _serialised(value)
+
+
+def _is_pil_image(value) -> bool:
+    module = type(value).__module__
+    if not module.startswith("PIL."):
+        return False
+    from PIL import Image
+
+    return isinstance(value, Image.Image)
+
+
+def _is_tensor(value) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "cpu")
 

@@ -17,8 +17,8 @@ import pybase64
 
 from .cache import LruCache
 from .codecs import codec
-from .errors import InvalidMediaError, MediaReleasedError, MediaTooLargeError
-from .hashing import derived_key, media_key
+from .errors import InvalidMediaError, MediaNotCachedError, MediaReleasedError, MediaTooLargeError
+from .hashing import derived_key, id_key, media_key, object_key
 from .spec import DEFAULT_LIMITS, Limits, Spec, make_spec
 
 # Container probes (FFmpeg, libsndfile) cost milliseconds, the native image probe a microsecond:
@@ -30,9 +30,10 @@ _headers = LruCache(capacity=4096)
 class _Source:
     """State shared by a handle and every handle `map()` derives from it."""
 
-    __slots__ = ("modality", "spec", "limits", "data", "nbytes", "header", "key", "lock")
+    __slots__ = ("modality", "spec", "limits", "data", "nbytes", "header", "key", "item_id", "lock")
 
-    def __init__(self, modality: str, spec: Spec, limits: Limits, data, header, key: str | None):
+    def __init__(self, modality: str, spec: Spec, limits: Limits, data, header, key: str | None,
+                 item_id: str | None = None):
         self.modality = modality
         self.spec = spec
         self.limits = limits
@@ -40,17 +41,19 @@ class _Source:
         self.nbytes = len(data) if data is not None else 0
         self.header = header
         self.key = key
+        self.item_id = item_id  # set for a handle known by id alone, which has no bytes
         self.lock = threading.Lock()
 
     def __getstate__(self):
-        if self.data is None:
-            raise MediaReleasedError("cannot pickle a handle whose bytes were released: the pixels are not shipped")
-        return {"modality": self.modality, "spec": self.spec, "limits": self.limits, "data": bytes(self.data),
-                "header": self.header, "key": self.key}
+        if self.data is None and self.item_id is None:
+            raise MediaReleasedError("cannot pickle a handle without its bytes: the pixels are not shipped")
+        return {"modality": self.modality, "spec": self.spec, "limits": self.limits,
+                "data": None if self.data is None else bytes(self.data), "header": self.header, "key": self.key,
+                "item_id": self.item_id}
 
     def __setstate__(self, state):
         _Source.__init__(self, state["modality"], state["spec"], state["limits"], state["data"], state["header"],
-                         state["key"])
+                         state["key"], state["item_id"])
 
 
 class _Once:
@@ -102,6 +105,30 @@ class LazyMedia:
         self._key: str | None = None
         self._decoded = _Once()
 
+    @classmethod
+    def from_id(cls, modality: str, item_id: str, **spec) -> LazyMedia:
+        """A handle known only by a caller-supplied id (vLLM's multi_modal_uuids): no bytes and
+        no header, so it can only hit the cache; a miss raises MediaNotCachedError (400). The key
+        comes from the id and the spec settings `spec` (the same as `load_*` take), in a domain
+        of its own: an id never equals a content key. The caller vouches that one id is one
+        content; lazymedia cannot check it."""
+        if not isinstance(item_id, str) or not item_id:
+            raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
+        spec_obj = make_spec(modality, spec)
+        key = id_key(modality, spec_obj.canonical(), item_id)
+        return cls(_Source(modality, spec_obj, DEFAULT_LIMITS, None, None, key, item_id=item_id))
+
+    @classmethod
+    def from_decoded(cls, media, modality: str = "image") -> LazyMedia:
+        """A handle over an input that arrived decoded (a PIL image, a numpy array, a torch tensor
+        such as precomputed embeddings): already decoded, handed to the processor untouched, and
+        keyed by its content as vLLM keys such inputs (EXIF ImageID UUID first; `object_key`).
+        Its spec is the modality's default and plays no part in the key."""
+        spec = make_spec(modality, {})
+        handle = cls(_Source(modality, spec, DEFAULT_LIMITS, None, None, object_key(modality, media)))
+        handle.fulfil(media)
+        return handle
+
     # -- identity ---------------------------------------------------------------------------
     @property
     def modality(self) -> str:
@@ -141,11 +168,15 @@ class LazyMedia:
         return self._parent is not None
 
     def encoded(self):
-        """The encoded bytes; MediaReleasedError once `release_bytes()` dropped them."""
-        data = self._source.data
-        if data is None:
+        """The encoded bytes; MediaReleasedError once `release_bytes()` dropped them, and
+        MediaNotCachedError for a handle known by id alone."""
+        source = self._source
+        if source.data is None:
+            if source.item_id is not None:
+                raise MediaNotCachedError(f"item id {source.item_id!r} is not cached: send the media itself",
+                                          modality=self.modality)
             raise MediaReleasedError("bytes were released before the handle was decoded", modality=self.modality)
-        return data
+        return source.data
 
     @property
     def is_hashed(self) -> bool:
@@ -215,17 +246,8 @@ class LazyMedia:
         return self._image_tensor().numpy()
 
     def to_pil(self):
-        """The decoded image as a PIL image, for processors that take PIL. L and RGBA images
-        share the decoded memory (read-only for Pillow's purposes: do not draw on them); RGB
-        and LA are copied once, since Pillow stores them four bytes a pixel."""
-        from PIL import Image
-
-        array = self.numpy()
-        height, width, channels = array.shape
-        mode = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}[channels]
-        if mode in ("L", "RGBA") and array.flags.c_contiguous:
-            return Image.frombuffer(mode, (width, height), array, "raw", mode, 0, 1)
-        return Image.fromarray(array[:, :, 0] if channels == 1 else array, mode)
+        """The decoded image as a PIL image (`image_to_pil`)."""
+        return image_to_pil(self._image_tensor())
 
     def _image_tensor(self):
         media = self.decode()
@@ -244,7 +266,10 @@ class LazyMedia:
 
     def __repr__(self) -> str:
         header = self.header
-        if self.modality == "image":
+        if header is None:
+            item_id = self._source.item_id
+            what = f"id {item_id!r}" if item_id is not None else "arrived decoded"
+        elif self.modality == "image":
             what = f"{header.format} {header.width}x{header.height}"
         elif self.modality == "video":
             what = f"{header.codec} {header.width}x{header.height} {header.duration:.2f}s"
@@ -260,6 +285,28 @@ class LazyMedia:
         if key:
             parts.append(f"key={key[:16]}")
         return f"LazyMedia({', '.join(parts)})"
+
+
+def image_to_pil(image):
+    """A decoded image (uint8 HWC tensor or array) as a PIL image, for processors that take PIL.
+    L and RGBA images share the decoded memory (read-only for Pillow's purposes: do not draw on
+    them); RGB and LA are copied once, since Pillow stores them four bytes a pixel."""
+    from PIL import Image
+
+    array = image.cpu().numpy() if hasattr(image, "cpu") else np.asarray(image)
+    height, width, channels = array.shape
+    mode = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}[channels]
+    if mode in ("L", "RGBA") and array.flags.c_contiguous:
+        return Image.frombuffer(mode, (width, height), array, "raw", mode, 0, 1)
+    return Image.fromarray(array[:, :, 0] if channels == 1 else array, mode)
+
+
+def as_handle(item) -> LazyMedia:
+    """`item` itself if it is a handle; a PIL image, numpy array or torch tensor as an image that
+    arrived decoded (`LazyMedia.from_decoded`); anything else is a TypeError (a server bug)."""
+    if isinstance(item, LazyMedia):
+        return item
+    return LazyMedia.from_decoded(item)
 
 
 def read_file(path: str | os.PathLike, limits: Limits = DEFAULT_LIMITS) -> bytes:
@@ -295,21 +342,28 @@ def _encoded_bytes(data, limits: Limits) -> bytes:
     raise InvalidMediaError(f"media source must be bytes-like or a path, got {type(data).__name__}")
 
 
-def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None, **spec) -> LazyMedia:
+def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
+         item_id: str | None = None, **spec) -> LazyMedia:
     """An undecoded handle over `data` (encoded bytes, or a pathlib.Path to read) as `modality`
     ('image', 'video' or 'audio'), decoded under the spec settings `spec`.
 
     Probes the header now; raises InvalidMediaError (400) for non-media and bad settings,
     MediaTooLargeError (413) over `limits`, UnprocessableMediaError (422) for a broken header.
     `key` is a precomputed key of the same bytes and spec (a connector hashes while downloading);
-    it is trusted as given.
+    it is trusted as given. `item_id` is a caller-supplied identity (vLLM's multi_modal_uuids)
+    that replaces the content key, so a later `LazyMedia.from_id` with the same id and spec hits.
     """
     spec_obj = make_spec(modality, spec)
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
     media_codec = codec(modality)
-    if not media_codec.REMEMBER_HEADERS:
+    if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
+        if not isinstance(item_id, str) or not item_id:
+            raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
+        key = id_key(modality, spec_obj.canonical(), item_id)
+        header = media_codec.probe(data, limits, spec_obj)
+    elif not media_codec.REMEMBER_HEADERS:
         header = media_codec.probe(data, limits, spec_obj)
     else:
         key = key or media_key(modality, spec_obj.canonical(), data)
@@ -324,7 +378,8 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
 
 def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, int] = (255, 255, 255),
                apply_orientation: bool = True, size: tuple[int, int] | None = None, resample: str = "bicubic",
-               draft: bool = False, limits: Limits = DEFAULT_LIMITS, key: str | None = None) -> LazyMedia:
+               draft: bool = False, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
+               item_id: str | None = None) -> LazyMedia:
     """An undecoded image (JPEG, PNG, GIF, WebP, and BMP, TIFF, ICO, PPM, ... as Pillow reads
     them) from encoded bytes or a pathlib.Path.
 
@@ -335,13 +390,14 @@ def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, in
     `resample` "bicubic" or "bilinear" (Pillow's filters, bit for bit); draft: let a JPEG decode
     at a reduced DCT scale first (faster, slightly different pixels).
     """
-    return load("image", data, limits=limits, key=key, mode=mode, background=background,
+    return load("image", data, limits=limits, key=key, item_id=item_id, mode=mode, background=background,
                 apply_orientation=apply_orientation, size=size, resample=resample, draft=draft)
 
 
 def load_video(data, *, num_frames: int | None = None, fps: float | None = None, max_frames: int | None = None,
                max_duration: float = 300.0, sampler: str = "uniform", size: tuple[int, int] | None = None,
-               decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS, key: str | None = None) -> LazyMedia:
+               decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS, key: str | None = None,
+               item_id: str | None = None) -> LazyMedia:
     """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
 
     Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
@@ -352,18 +408,18 @@ def load_video(data, *, num_frames: int | None = None, fps: float | None = None,
     lazymedia.register_sampler. max_frames: thin to at most this many. size: (height, width)
     to scale to while decoding. decoder: "pyav" or "opencv".
     """
-    return load("video", data, limits=limits, key=key, num_frames=num_frames, fps=fps, max_frames=max_frames,
-                max_duration=max_duration, sampler=sampler, size=size, decoder=decoder)
+    return load("video", data, limits=limits, key=key, item_id=item_id, num_frames=num_frames, fps=fps,
+                max_frames=max_frames, max_duration=max_duration, sampler=sampler, size=size, decoder=decoder)
 
 
 def load_audio(data, *, sample_rate: int | None = None, mono: bool = False, limits: Limits = DEFAULT_LIMITS,
-               key: str | None = None) -> LazyMedia:
+               key: str | None = None, item_id: str | None = None) -> LazyMedia:
     """An undecoded audio file (WAV, FLAC, MP3, Ogg, ...) from encoded bytes or a pathlib.Path.
 
     Decodes to `AudioSamples`: samples float32 [channels, samples] and the sample rate.
     sample_rate: resample to this rate (None keeps the source's); mono: average the channels.
     """
-    return load("audio", data, limits=limits, key=key, sample_rate=sample_rate, mono=mono)
+    return load("audio", data, limits=limits, key=key, item_id=item_id, sample_rate=sample_rate, mono=mono)
 
 
 _BASE64_WHITESPACE = b" \t\r\n"

@@ -28,7 +28,7 @@ from .cache import ProcessorCache
 from .engine import DecodeEngine, default_engine
 from .errors import MediaError
 from .hashing import derived_key
-from .media import LazyMedia
+from .media import LazyMedia, as_handle
 from .profiling import nvtx_range
 
 # Items above this many unhashed bytes are keyed off the event loop in apply_async.
@@ -86,9 +86,10 @@ class Processor:
             return len(self._inflight)
 
     # -- public -----------------------------------------------------------------------------
-    def apply(self, items: Sequence[LazyMedia]) -> list:
-        """Processed outputs for `items`, in order. Raises UnprocessableMediaError (422) naming the
-        first corrupt item's index; all decodes have finished by then."""
+    def apply(self, items: Sequence) -> list:
+        """Processed outputs for `items` (handles; PIL images, arrays and tensors pass to
+        process_fn untouched, keyed by content), in order. Raises UnprocessableMediaError (422)
+        naming the first corrupt item's index; all decodes have finished by then."""
         plan = self._plan(items)
         if plan.leaders:
             try:
@@ -111,11 +112,11 @@ class Processor:
             self._release(plan, self._follower_indices(plan))
         return plan.results
 
-    async def apply_async(self, items: Sequence[LazyMedia]) -> list:
+    async def apply_async(self, items: Sequence) -> list:
         """`apply` for an event loop: decodes and phase 2 run on threads, so other requests keep
         being served (and their decodes overlap with these). An all-hit request never leaves
         the caller's task."""
-        items = list(items)
+        items = [as_handle(item) for item in items]
         unhashed = sum(item.nbytes for item in items if not item.is_hashed)
         if unhashed > HASH_OFFLOAD_BYTES:
             plan = await asyncio.to_thread(self._plan, items)
@@ -157,8 +158,8 @@ class Processor:
             self._phase2_pool.shutdown(wait=True)
 
     # -- phase 1 ----------------------------------------------------------------------------
-    def _plan(self, items: Sequence[LazyMedia]) -> _Plan:
-        items = list(items)
+    def _plan(self, items: Sequence) -> _Plan:
+        items = [as_handle(item) for item in items]
         with nvtx_range("lazymedia.hash"):
             keys = [self.cache_key(item) for item in items]
         plan = _Plan(items, [None] * len(items))
@@ -200,7 +201,11 @@ class Processor:
         with nvtx_range("lazymedia.decode_submit"):
             for key, indices in plan.leaders.items():
                 if key not in plan.decodes and key not in plan.remote:
-                    plan.decodes[key] = self.engine.submit(plan.items[indices[0]])
+                    item = plan.items[indices[0]]
+                    if item.root.has_bytes:
+                        plan.decodes[key] = self.engine.submit(item)
+                    else:  # arrived decoded (a transform may remain), or known by id alone (an error)
+                        plan.decodes[key] = _decoded_here(item)
 
     # -- phase 1b: the shared tier ------------------------------------------------------------
     def _shared_steps(self, plan: _Plan):
@@ -367,6 +372,16 @@ class Processor:
             if self._phase2_pool is None:
                 self._phase2_pool = ThreadPoolExecutor(self._process_workers, thread_name_prefix="lazymedia-process")
             return self._phase2_pool
+
+
+def _decoded_here(item: LazyMedia) -> Future:
+    """A finished future of `item.decode()` run on the caller: nothing for the engine to do."""
+    future: Future = Future()
+    try:
+        future.set_result(item.decode())
+    except Exception as exc:
+        future.set_exception(exc)
+    return future
 
 
 def _all_done(futures: list[Future]) -> Future:

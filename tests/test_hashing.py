@@ -1,6 +1,16 @@
+import hashlib
+import io
 import os
+import uuid
 
-from lazymedia.hashing import KeyHasher, derived_key, key_prefix, media_key
+import blake3
+import numpy as np
+import pytest
+import torch
+from PIL import ExifTags, Image
+
+from lazymedia import hashing
+from lazymedia.hashing import KeyHasher, derived_key, id_key, key_prefix, media_key, object_key
 
 
 def test_streamed_key_equals_one_shot_for_any_chunking():
@@ -66,3 +76,89 @@ def test_measure_crossover_reports_each_size():
     result = hashing.measure_crossover(sizes=(1 << 16, 1 << 17), rounds=2)
     assert set(result["medians_s"]) == {1 << 16, 1 << 17}
     assert result["crossover_bytes"] in (None, 1 << 16, 1 << 17)
+
+
+# -- the algorithm, and the keys of inputs that arrive decoded or by id --------------------------
+
+@pytest.fixture
+def sha256():
+    hashing.set_algorithm("sha256")
+    yield
+    hashing.set_algorithm("blake3")
+
+
+def test_sha256_keys_for_fips_deployments(sha256):
+    data = os.urandom(1 << 16)
+    assert media_key("image", b"{}", data) == hashlib.sha256(key_prefix("image", b"{}") + data).hexdigest()
+    streamed = KeyHasher("image", b"{}")
+    streamed.update(data[:100])
+    streamed.update(data[100:])
+    assert streamed.hexdigest() == media_key("image", b"{}", data)
+    assert derived_key("k", "a") == hashlib.sha256(b"lazymedia/map/v1\0k\0a").hexdigest()
+
+
+def test_algorithm_choice_changes_every_key_and_rejects_unknown_names(sha256):
+    data = b"x" * 100
+    with_sha = media_key("image", b"{}", data), id_key("image", b"{}", "u1"), object_key("image", np.zeros(3))
+    hashing.set_algorithm("blake3")
+    with_blake3 = media_key("image", b"{}", data), id_key("image", b"{}", "u1"), object_key("image", np.zeros(3))
+    assert all(a != b for a, b in zip(with_sha, with_blake3))
+    with pytest.raises(ValueError, match="unknown hash algorithm"):
+        hashing.set_algorithm("md5")
+    assert hashing.algorithm() == "blake3"
+
+
+def test_an_array_is_keyed_by_vllms_byte_stream():
+    array = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    # vLLM's MultiModalHasher.serialize_item for an ndarray: each field's dotted path, then its bytes
+    stream = (b"ndarray.dtype" + b"|u1" + b"ndarray.shape.0" + np.array(2).tobytes() + b"ndarray.shape.1"
+              + np.array(3).tobytes() + b"ndarray.data" + array.tobytes())
+    assert object_key("image", array) == blake3.blake3(key_prefix("decoded/image", b"") + stream).hexdigest()
+    assert object_key("image", np.asfortranarray(array)) == object_key("image", array)  # layout is not content
+    assert object_key("image", array.astype(np.int16)) != object_key("image", array)
+    assert object_key("image", array.reshape(3, 2)) != object_key("image", array)
+    assert object_key("image", torch.from_numpy(array)) != object_key("image", array)  # tagged "tensor"
+    assert object_key("video", array) != object_key("image", array)
+
+
+def test_tensors_of_every_dtype_have_keys():
+    values = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    keys = {object_key("image", values.to(dtype)) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+    assert len(keys) == 3
+    assert object_key("image", values.to(torch.bfloat16)) == object_key("image", values.to(torch.bfloat16).clone())
+
+
+def test_a_pil_image_is_keyed_by_mode_pixels_and_palette():
+    pixels = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    assert object_key("image", image) == object_key("image", Image.fromarray(pixels.copy()))
+    assert object_key("image", image.convert("RGBA")) != object_key("image", image)
+    changed = pixels.copy()
+    changed[0, 0, 0] ^= 1
+    assert object_key("image", Image.fromarray(changed)) != object_key("image", image)
+    paletted = image.convert("P")
+    repainted = paletted.copy()
+    repainted.putpalette([255 - v for v in paletted.getpalette()])
+    assert np.array_equal(np.asarray(paletted), np.asarray(repainted))
+    assert object_key("image", repainted) != object_key("image", paletted)  # same indices, other colours
+
+
+def test_an_in_process_exif_uuid_is_the_identity_but_file_exif_text_is_not():
+    first = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
+    second = Image.fromarray(np.full((4, 4, 3), 200, np.uint8))
+    identity = uuid.uuid4()
+    for image in (first, second):
+        image.getexif()[ExifTags.Base.ImageID] = identity
+    assert object_key("image", first) == object_key("image", second)  # the caller vouched: one identity
+    buffer = io.BytesIO()
+    exif = Image.Exif()
+    exif[ExifTags.Base.ImageID] = str(identity)
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(buffer, "PNG", exif=exif)
+    from_file = Image.open(io.BytesIO(buffer.getvalue()))
+    assert from_file.getexif().get(ExifTags.Base.ImageID) == str(identity)  # text, as a client could send
+    assert object_key("image", from_file) != object_key("image", first)
+
+
+def test_objects_without_a_layout_have_no_key():
+    with pytest.raises(TypeError, match="no stable key"):
+        object_key("image", {"a": 1})

@@ -197,3 +197,29 @@ def test_is_hashed_tracks_known_keys(jpeg_bytes):
     given = lazymedia.load("image", jpeg_bytes, key=item.key)
     assert given.is_hashed and given.key == item.key
     assert not given.map(torch.fliplr).is_hashed
+
+
+def test_a_handle_known_by_id_has_a_key_of_its_own_and_no_bytes(jpeg_bytes):
+    by_id = lazymedia.LazyMedia.from_id("image", "req-42/cat", size=(32, 32))
+    assert by_id.key == lazymedia.LazyMedia.from_id("image", "req-42/cat", size=(32, 32)).key
+    assert by_id.key != lazymedia.LazyMedia.from_id("image", "req-42/cat").key  # the spec is in the key
+    assert by_id.key != lazymedia.LazyMedia.from_id("video", "req-42/cat").key
+    assert by_id.key != lazymedia.load_image(jpeg_bytes, size=(32, 32)).key
+    assert not by_id.has_bytes and "id 'req-42/cat'" in repr(by_id)
+    with pytest.raises(lazymedia.MediaNotCachedError) as info:
+        by_id.decode()
+    assert info.value.status_code == 400 and "req-42/cat" in str(info.value)
+    assert pickle.loads(pickle.dumps(by_id)).key == by_id.key
+    with pytest.raises(InvalidMediaError):
+        lazymedia.LazyMedia.from_id("image", "")
+
+
+def test_a_decoded_input_is_its_own_media():
+    array = np.zeros((4, 5, 3), np.uint8)
+    handle = lazymedia.LazyMedia.from_decoded(array)
+    assert handle.is_decoded and handle.media is array and handle.modality == "image"
+    assert "arrived decoded" in repr(handle)
+    flipped = handle.map(np.fliplr, key="fliplr")
+    assert flipped.key != handle.key and np.array_equal(flipped.media, np.fliplr(array))
+    with pytest.raises(MediaReleasedError):
+        pickle.dumps(handle)  # pixels never travel

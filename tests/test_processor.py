@@ -3,6 +3,7 @@ import asyncio
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -262,3 +263,39 @@ async def test_corrupt_items_under_load_log_nothing(images, engine, caplog):
     assert outcomes.count("422") == 200 and outcomes.count("ok") == 800
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
     assert processor.in_flight == 0
+
+
+def test_decoded_inputs_pass_through_untouched_and_hit_by_content(engine):
+    from PIL import Image
+
+    seen = []
+    processor = Processor(lambda items: seen.extend(items) or [type(i).__name__ for i in items], engine=engine)
+    pil = Image.fromarray(make_image(16, 16))
+    array = make_image(8, 8, seed=3)
+    embeds = torch.randn(4, 32, dtype=torch.bfloat16)
+    assert processor.apply([pil, array, embeds]) == ["Image", "ndarray", "Tensor"]
+    assert seen[0] is pil and seen[1] is array and seen[2] is embeds
+    assert processor.apply([Image.fromarray(make_image(16, 16)), array.copy(), embeds.clone()]) == \
+        ["Image", "ndarray", "Tensor"]
+    assert len(seen) == 3  # equal content: hits, process_fn not called again
+    assert engine.in_flight == 0
+
+
+def test_an_id_hits_what_was_processed_under_it_and_a_miss_is_400_with_its_index(engine, images):
+    processor = Processor(lambda items: [tuple(t.shape) for t in items], engine=engine)
+    by_id = lazymedia.LazyMedia.from_id("image", "upload-7")
+    with pytest.raises(lazymedia.MediaNotCachedError) as info:
+        processor.apply([lazymedia.load_image(images[0]), by_id])
+    assert info.value.index == 1 and info.value.status_code == 400
+    # The first request sends the media with its id; later ones the id alone.
+    assert processor.apply([lazymedia.load_image(images[1], item_id="upload-7")]) == [(64, 80, 3)]
+    assert processor.apply([by_id, lazymedia.LazyMedia.from_id("image", "upload-7")]) == [(64, 80, 3)] * 2
+    other_spec = lazymedia.LazyMedia.from_id("image", "upload-7", size=(8, 8))
+    with pytest.raises(lazymedia.MediaNotCachedError):
+        processor.apply([other_spec])
+
+
+async def test_async_apply_takes_decoded_inputs(engine):
+    processor = Processor(lambda items: [float(np.asarray(i).mean()) for i in items], engine=engine)
+    array = np.full((4, 4), 7, np.uint8)
+    assert await processor.apply_async([array]) == [7.0]

@@ -1,0 +1,1 @@
+"""Adapters that let a serving stack use lazymedia in place of its own media layer."""
