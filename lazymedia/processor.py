@@ -31,8 +31,11 @@ from .hashing import derived_key
 from .media import LazyMedia, as_handle
 from .profiling import nvtx_range
 
-# Items above this many unhashed bytes are keyed off the event loop in apply_async.
-HASH_OFFLOAD_BYTES = 1 << 20
+# A request with more unhashed bytes than this is keyed off the event loop in apply_async. Below
+# it, hashing on the loop (blake3 on one thread: ~7.7 GB/s here, so at most ~1 ms) costs less
+# than the hop to a thread and back (55-85 us measured on 2 cores; with a 1 MiB threshold a 2 MB
+# hit cost 1.40x its hash, 1.15x on the caller: benchmarks/bench_hot_path.py).
+HASH_OFFLOAD_BYTES = 8 << 20
 
 
 class _Abandoned(Exception):
