@@ -286,13 +286,18 @@ def bench_video(quick: bool, engine) -> dict:
     seconds, (height, width) = (3, (360, 640)) if quick else (10, (720, 1280))
     data = encode_video(seconds, height, width)
     repeats = 2 if quick else 3
-    processor = lazymedia.Processor(lambda items: [tuple(v.frames.shape) for v in items], engine=engine)
+    def shapes(items):
+        return [tuple(v.frames.shape) for v in items]
+
+    processor = lazymedia.Processor(shapes, engine=engine)
     processor.apply([lazymedia.load_video(data, num_frames=8)])
+    # Misses clear a cache of their own: clearing the hit variant's would turn its next call into a miss.
+    missing = lazymedia.Processor(shapes, engine=engine)
 
     def miss(**spec):
         def run():
-            processor.cache.clear()
-            processor.apply([lazymedia.load_video(data, **spec)])
+            missing.cache.clear()
+            missing.apply([lazymedia.load_video(data, **spec)])
         return run
 
     def decode_then_resize():
