@@ -18,7 +18,8 @@ for n in 5 17 24 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86
 platforms+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 target=(--only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}")
 python3 -m pip download -q --no-deps "${target[@]}" -d .gpu/wheels \
-  av==18.1.0 nvidia-nvjpeg blake3 simplejpeg pybase64 soxr soundfile cffi pycparser pytest-asyncio nvtx redis
+  av==18.1.0 "nvidia-nvjpeg==13.*" blake3 simplejpeg pybase64 soxr soundfile cffi pycparser pytest-asyncio \
+  pytest-timeout nvtx redis
 
 nvvc=$(mktemp -d)
 python3 -m pip install -q --no-deps "${target[@]}" --target "$nvvc/site" pynvvideocodec==2.2.4

@@ -55,7 +55,7 @@ run_step() {  # run_step NAME LOG COMMAND...: time-limited, logged, never fatal
   echo "== $name (budget ${BUDGET[$name]} s)" | tee -a "$log"
   timeout --kill-after=5 "${BUDGET[$name]}" bash -c "$*" >> "$log" 2>&1
   rc=$?
-  [ $rc -eq 124 ] && echo "$name: stopped at its ${BUDGET[$name]} s budget" >> "$log"
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "$name: stopped at its ${BUDGET[$name]} s budget" >> "$log"; fi
   printf '%-8s rc=%-3s %4s s\n' "$name" "$rc" "$(( $(date +%s) - begin ))" | tee -a "$out/summary.txt"
   tail -n 15 "$log"
 }
@@ -66,9 +66,11 @@ run_step probe "$out/probe.txt" '
   find /usr/local/nvidia /usr/lib/x86_64-linux-gnu -maxdepth 3 -name "libnvcuvid*" 2>/dev/null | head
   echo "-- toolchain"; nvcc --version | tail -n 2; g++ --version | head -n 1
   python3 -c "import sys, torch; print(sys.version.split()[0], \"torch\", torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+  python3 -c "import numpy, PIL, aiohttp, pytest, pytest_timeout; print(\"numpy\", numpy.__version__, \"Pillow\", PIL.__version__, \"pytest\", pytest.__version__)" || echo "MISSING: a package lazymedia or its tests need is not in the image"
   nproc; df -h /tmp | tail -n 1'
 
 run_step install "$out/install.txt" '
+  set -eo pipefail
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target '"$site"' .gpu/wheels/*.whl
   tar -C '"$site"' -xJf .gpu/pynvvideocodec.tar.xz
   python3 -c "import av, blake3, simplejpeg, soundfile, soxr, pybase64; print(\"PyAV\", av.__version__)"
@@ -76,8 +78,11 @@ run_step install "$out/install.txt" '
   ls '"$site"'/nvidia/cu13/lib/libnvjpeg.so.13'
 
 run_step build "$out/build.txt" '
-  LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace --parallel "$(nproc)" 2>&1 | grep -E "lazymedia:|gencode|error|warning: " | cut -c1-300
-  test -f lazymedia/_C_cuda*.so && python3 -m lazymedia info'
+  set -eo pipefail
+  rm -f lazymedia/_C*.so  # a stale build must not pass for this one
+  LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace --parallel "$(nproc)" 2>&1 | { grep -E "lazymedia:|gencode|error|warning: " || true; } | cut -c1-300
+  ls lazymedia/_C_cuda*.so
+  python3 -m lazymedia info'
 
 run_step tests "$out/pytest.txt" "
   python3 -m pytest -p no:cacheprovider -rA -s --timeout=60 --junitxml='$out/junit.xml' \

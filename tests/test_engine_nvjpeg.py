@@ -103,6 +103,28 @@ def test_nvjpeg_backend_in_the_engine_through_processor():
 
 
 
+def test_one_released_item_or_a_failed_native_call_never_fails_the_batch(jpeg_bytes):
+    good, released = lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(16, 16))
+    released.release_bytes()
+    decoder = HostDecoder()
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=decoder)
+    out_good, out_released = backend.decode_batch([good, released])
+    assert isinstance(out_released, lazymedia.MediaReleasedError) and decoder.calls == [1]
+    assert torch.equal(out_good, image_codec.decode(jpeg_bytes, good.header, good.spec))
+
+    class Failing:
+        hardware = True
+
+        def decode(self, requests, stream):
+            raise RuntimeError("cudaErrorIllegalAddress")
+
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=Failing())
+    item = lazymedia.load_image(jpeg_bytes)
+    (out,) = backend.decode_batch([item])  # the CPU decodes what the device could not
+    assert torch.equal(out, image_codec.decode(jpeg_bytes, item.header, item.spec))
+    assert "cudaErrorIllegalAddress" in backend.fallbacks[-1]
+
+
 def test_draft_and_non_rgb_modes_stay_on_the_cpu(jpeg_bytes):
     item = lazymedia.load_image(jpeg_bytes)
     assert nvjpeg.route(item.header, item.spec).gpu
@@ -139,17 +161,18 @@ def fakes(tmp_path_factory):
     assert build.returncode == 0, build.stderr[-4000:]
 
     def run(scenario: str) -> list[list[str]]:
-        """The calls of one scenario, split into [setup, batch 1, batch 2, batch 3]."""
+        """The calls of one scenario, split into [setup, batch 1, batch 2, ...]; the teardown's
+        calls are left out."""
         result = subprocess.run([str(binary), scenario], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr[-4000:]
         sections: list[list[str]] = [[]]
         for line in result.stdout.splitlines():
-            if line.startswith("-- batch"):
+            if line.startswith("-- "):
                 sections.append([])
             else:
                 sections[-1].append(line)
-        assert len(sections) == 4, result.stdout
-        return sections
+        assert len(sections) >= 5, result.stdout
+        return sections[:-1]
 
     return run
 
@@ -205,11 +228,20 @@ def test_decoupled_transfer_waits_for_the_previous_device_phase(fakes):
             released = _index(calls, f"EventRecord {slot} private", devices[k])
             assert _index(calls, "EventRecord device_done private", devices[k]) < released
             assert released < (hosts[k + 1] if k < 2 else len(calls))
-            if k:  # transfer k waits for device phase k-1; host phase k may overlap it
-                wait = _index(calls, "EventSynchronize device_done", devices[k - 1])
-                assert hosts[k] < wait < transfers[k]
+            # transfer k waits for the previous device phase (k-1, or the previous call's last);
+            # host phase k may overlap it
+            wait = _index(calls, "EventSynchronize device_done", devices[k - 1] if k else 0)
+            assert hosts[k] < wait < transfers[k]
     orient = [i for i, c in enumerate(batches[2]) if c == "Orient 6"]
     assert len(orient) == 3 and orient[0] > max(i for i, c in enumerate(batches[2]) if c == "DecodeJpegDevice")
+
+
+def test_a_failure_mid_batch_finishes_queued_writes_before_raising(fakes):
+    *_, failed = fakes("orient_failure")
+    failure = _index(failed, "Orient 6 failed")
+    synchronised = _index(failed, "StreamSynchronize private", failure)
+    assert synchronised < _index(failed, "decode threw: orient kernel: fake error")
+    assert "StreamWaitEvent consumer done" not in failed
 
 
 # -- finding libnvjpeg, and what a machine without a working GPU stack reports ---------------------

@@ -66,17 +66,27 @@ struct DevicePlan {
   int* weights = nullptr;
   cudaStream_t stream;
   DevicePlan(const ResamplePlan& plan, cudaStream_t s) : stream(s) {
-    check(cudaMallocAsync(reinterpret_cast<void**>(&bounds), plan.bounds.size() * sizeof(int), s), "cudaMallocAsync");
-    check(cudaMallocAsync(reinterpret_cast<void**>(&weights), plan.weights.size() * sizeof(int), s), "cudaMallocAsync");
-    // From pageable memory cudaMemcpyAsync has staged the source before it returns.
-    check(cudaMemcpyAsync(bounds, plan.bounds.data(), plan.bounds.size() * sizeof(int), cudaMemcpyHostToDevice, s),
-          "cudaMemcpyAsync");
-    check(cudaMemcpyAsync(weights, plan.weights.data(), plan.weights.size() * sizeof(int), cudaMemcpyHostToDevice, s),
-          "cudaMemcpyAsync");
+    try {
+      check(cudaMallocAsync(reinterpret_cast<void**>(&bounds), plan.bounds.size() * sizeof(int), s),
+            "cudaMallocAsync");
+      check(cudaMallocAsync(reinterpret_cast<void**>(&weights), plan.weights.size() * sizeof(int), s),
+            "cudaMallocAsync");
+      // From pageable memory cudaMemcpyAsync has staged the source before it returns.
+      check(cudaMemcpyAsync(bounds, plan.bounds.data(), plan.bounds.size() * sizeof(int), cudaMemcpyHostToDevice, s),
+            "cudaMemcpyAsync");
+      check(cudaMemcpyAsync(weights, plan.weights.data(), plan.weights.size() * sizeof(int), cudaMemcpyHostToDevice,
+                            s),
+            "cudaMemcpyAsync");
+    } catch (...) {  // a constructor that throws runs no destructor: free what was allocated
+      free();
+      throw;
+    }
   }
-  ~DevicePlan() {
-    cudaFreeAsync(bounds, stream);
-    cudaFreeAsync(weights, stream);
+  ~DevicePlan() { free(); }
+  void free() {
+    if (bounds) cudaFreeAsync(bounds, stream);
+    if (weights) cudaFreeAsync(weights, stream);
+    bounds = weights = nullptr;
   }
   kernels::AxisCoeffs view(int ksize) const { return {ksize, bounds, weights}; }
 };

@@ -151,7 +151,7 @@ void NvjpegDecoder::release() {
   int current = 0;
   // At interpreter exit the CUDA runtime may already be gone: then there is nothing to free.
   if (cuda_->GetDevice(&current) == cudaErrorCudartUnloading) return;
-  cuda_->SetDevice(device_);
+  cuda_->SetDevice(device_);  // no throwing guard: release() runs in the destructor
   if (stream_) cuda_->StreamSynchronize(stream_);
   for (nvjpegJpegStream_t s : streams_) api_->JpegStreamDestroy(s);
   streams_.clear();
@@ -170,7 +170,8 @@ void NvjpegDecoder::release() {
   params_ = nullptr, decoupled_state_ = nullptr, device_buffer_ = nullptr, decoder_ = nullptr;
   batched_state_ = nullptr, handle_ = nullptr, stream_ = nullptr, pool_ = nullptr;
   pinned_[0] = pinned_[1] = nullptr;
-  consumer_ready_ = done_ = device_done_ = pinned_free_[0] = pinned_free_[1] = nullptr;
+  consumer_ready_ = stream_idle_ = done_ = device_done_ = pinned_free_[0] = pinned_free_[1] = nullptr;
+  cuda_->SetDevice(current);
 }
 
 std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& requests, cudaStream_t consumer) {
@@ -185,6 +186,21 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
   // Order our private stream after everything the caller queued (output allocations included).
   check_cuda(cuda_->EventRecord(consumer_ready_, consumer), "cudaEventRecord");
   check_cuda(cuda_->StreamWaitEvent(stream_, consumer_ready_, 0), "cudaStreamWaitEvent");
+  try {
+    decode_ordered(requests, &results);
+  } catch (...) {
+    // Writes already queued into the caller's tensors finish before the error reaches Python,
+    // which frees those tensors (their memory may be handed out again at once).
+    cuda_->StreamSynchronize(stream_);
+    throw;
+  }
+  check_cuda(cuda_->EventRecord(done_, stream_), "cudaEventRecord");
+  check_cuda(cuda_->StreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
+  return results;
+}
+
+void NvjpegDecoder::decode_ordered(const std::vector<JpegRequest>& requests, std::vector<JpegResult>* results_out) {
+  std::vector<JpegResult>& results = *results_out;
 
   std::vector<size_t> hardware_items, decoupled_items;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -232,9 +248,6 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
       check_cuda(cuda_->Orient(targets[i], r.out, r.height, r.width, 3, r.orientation, stream_), "orient kernel");
     }
   }
-  check_cuda(cuda_->EventRecord(done_, stream_), "cudaEventRecord");
-  check_cuda(cuda_->StreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
-  return results;
 }
 
 void NvjpegDecoder::decode_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
@@ -275,7 +288,6 @@ void NvjpegDecoder::decode_hardware(const std::vector<JpegRequest>& requests, co
 
 void NvjpegDecoder::decode_decoupled(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
                                      const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results) {
-  bool device_phase_queued = false;
   for (size_t k = 0; k < items.size(); ++k) {
     const size_t i = items[k];
     const JpegRequest& r = requests[i];
@@ -287,8 +299,9 @@ void NvjpegDecoder::decode_decoupled(const std::vector<JpegRequest>& requests, c
     if (status == NVJPEG_STATUS_SUCCESS) status = api_->StateAttachPinnedBuffer(decoupled_state_, pinned_[slot]);
     if (status == NVJPEG_STATUS_SUCCESS)
       status = api_->DecodeJpegHost(handle_, decoder_, decoupled_state_, params_, streams_[i]);
-    // The transfer and device phase share the state's device buffer with image k-1's.
-    if (device_phase_queued) check_cuda(cuda_->EventSynchronize(device_done_), "cudaEventSynchronize");
+    // The transfer and device phase share the state's device buffer with the previous image's,
+    // of this call or an earlier one (an event never recorded is complete).
+    check_cuda(cuda_->EventSynchronize(device_done_), "cudaEventSynchronize");
     if (status == NVJPEG_STATUS_SUCCESS)
       status = api_->DecodeJpegTransferToDevice(handle_, decoder_, decoupled_state_, streams_[i], stream_);
     if (status == NVJPEG_STATUS_SUCCESS) {
@@ -299,7 +312,6 @@ void NvjpegDecoder::decode_decoupled(const std::vector<JpegRequest>& requests, c
     }
     check_cuda(cuda_->EventRecord(device_done_, stream_), "cudaEventRecord");
     check_cuda(cuda_->EventRecord(pinned_free_[slot], stream_), "cudaEventRecord");
-    device_phase_queued = true;
     if (status != NVJPEG_STATUS_SUCCESS) {
       (*results)[i] = {JpegOutcome::Fallback, std::string("decoupled decode: ") + nvjpeg_status_name(status)};
     } else {

@@ -69,6 +69,8 @@ class NvjpegDecoder {
   int device() const { return device_; }
 
  private:
+  // Parses, routes and decodes every request on the private stream (decode() wraps it).
+  void decode_ordered(const std::vector<JpegRequest>& requests, std::vector<JpegResult>* results);
   void decode_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
                        const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results);
   void decode_decoupled(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .. import ops
+from ..errors import MediaError
 from .protocol import DecodeItem, Route, decode_on_host, is_root
 
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
@@ -80,6 +81,8 @@ class NvjpegBatchDecoder:
         if output not in ("cuda", "pinned"):
             raise ValueError("output must be 'cuda' or 'pinned'")
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # outputs and decoder on one device
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.output = output
         if decoder is None:
             from .. import _C_cuda
@@ -123,20 +126,31 @@ class NvjpegBatchDecoder:
 
     def _decode_on_gpu(self, items, indices: list[int], results: list) -> list[int]:
         """Decodes into device tensors; returns the indices that fell back to the CPU."""
-        requests, outputs = [], []
+        requests, outputs, sent = [], [], []
         for index in indices:
             item = items[index]
+            try:
+                data = item.encoded()
+            except MediaError as exc:  # this item alone fails (its bytes were released)
+                results[index] = exc
+                continue
             header, spec = item.header, item.spec
             orientation = header.orientation if spec.apply_orientation else 1
             swap = orientation >= 5
             shape = (header.width, header.height, 3) if swap else (header.height, header.width, 3)
             out = torch.empty(shape, dtype=torch.uint8, device=self.device)
-            data = item.encoded()
             requests.append((data, header.width, header.height, orientation, out.data_ptr()))
             outputs.append(out)
-        statuses = self._decoder.decode(requests, self._stream())
+            sent.append(index)
+        if not requests:
+            return []
+        try:
+            statuses = self._decoder.decode(requests, self._stream())
+        except RuntimeError as exc:  # the device or nvJPEG failed the whole call: the CPU decodes
+            self.fallbacks.append(f"batch failed: {exc}")
+            return sent
         fallback = []
-        for index, out, (decoded, reason) in zip(indices, outputs, statuses):
+        for index, out, (decoded, reason) in zip(sent, outputs, statuses):
             if not decoded:
                 self.fallbacks.append(reason)
                 fallback.append(index)

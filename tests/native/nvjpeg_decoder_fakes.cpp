@@ -3,7 +3,7 @@
 // GPU. Each scenario prints the call sequence, one call a line; tests/test_engine_nvjpeg.py holds
 // the ordering rules against it.
 //
-//   nvjpeg_decoder_fakes SCENARIO    (hardware | hardware_failure | decoupled)
+//   nvjpeg_decoder_fakes SCENARIO    (hardware | hardware_failure | decoupled | orient_failure)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -19,6 +19,7 @@ std::vector<std::string> calls;
 bool hardware_engines = true;
 bool batches_supported = true;
 int failing_batches = 0;  // this many DecodeBatched calls fail before they succeed
+bool failing_orient = false;  // the orientation kernel's launch fails
 std::vector<std::string> event_names = {"consumer_ready", "stream_idle", "done", "device_done",
                                         "pinned_free0", "pinned_free1"};
 int events_created = 0;
@@ -157,7 +158,10 @@ cudaError_t StreamCreateWithFlags(cudaStream_t* stream, unsigned) {
   return cudaSuccess;
 }
 cudaError_t StreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t StreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t StreamSynchronize(cudaStream_t stream) {
+  log(std::string("StreamSynchronize ") + reinterpret_cast<const char*>(stream));
+  return cudaSuccess;
+}
 cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   log(std::string("StreamWaitEvent ") + reinterpret_cast<const char*>(stream) + " " + event_name(event));
   return cudaSuccess;
@@ -199,8 +203,8 @@ cudaError_t HostAlloc(void** ptr, size_t, unsigned) {
 }
 cudaError_t FreeHost(void*) { return cudaSuccess; }
 cudaError_t Orient(const uint8_t*, uint8_t*, int, int, int, int orientation, cudaStream_t) {
-  log("Orient " + std::to_string(orientation));
-  return cudaSuccess;
+  log("Orient " + std::to_string(orientation) + (failing_orient ? " failed" : ""));
+  return failing_orient ? cudaErrorLaunchFailure : cudaSuccess;
 }
 
 const NvjpegApi kNvjpeg{CreateExV2, CreateEx, Destroy, GetHardwareDecoderInfo, JpegStateCreate, JpegStateDestroy,
@@ -250,6 +254,16 @@ int main(int argc, char** argv) {
     decoder.decode(requests(3, &storage), consumer);
     log("-- batch 3");
     decoder.decode(requests(3, &storage, scenario == "decoupled" ? 6 : 1), consumer);
+    if (scenario == "orient_failure") {
+      failing_orient = true;
+      log("-- batch 4");
+      try {
+        decoder.decode(requests(3, &storage, 6), consumer);
+      } catch (const std::exception& error) {
+        log(std::string("decode threw: ") + error.what());
+      }
+    }
+    log("-- teardown");
   }
   for (const std::string& call : calls) std::printf("%s\n", call.c_str());
   return 0;
