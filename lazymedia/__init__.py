@@ -15,6 +15,7 @@ from .codecs.sampling import register_sampler
 from .engine import BackendStatus, DecodeEngine, backends, default_engine
 from .errors import (
     InvalidMediaError,
+    MediaCapacityError,
     MediaError,
     MediaFetchError,
     MediaNotCachedError,
@@ -47,8 +48,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "AudioSamples", "AudioSpec", "BackendStatus", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec",
-    "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaConnector", "MediaError", "MediaFetchError",
-    "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache",
-    "UnprocessableMediaError", "VideoFrames", "VideoSpec", "backends", "default_engine", "from_base64", "load",
-    "load_audio", "load_image", "load_video", "register_sampler",
+    "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError",
+    "MediaFetchError", "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor",
+    "ProcessorCache", "UnprocessableMediaError", "VideoFrames", "VideoSpec", "backends", "default_engine",
+    "from_base64", "load", "load_audio", "load_image", "load_video", "register_sampler",
 ]

@@ -76,14 +76,14 @@ def _finish(hasher: KeyHasher | None, data: bytes) -> str | None:
 class MediaConnector:
     """Fetches media URLs into LazyMedia without decoding them.
 
-    allowed_domains: hostnames (and their subdomains) that http(s) URLs may name, on every hop;
-    None allows any. allowed_local_path: directory file: URLs may read below (symlinks are not
-    followed); None refuses file: URLs. max_bytes: download limit (also the limit passed to the
-    loaders). timeout_s: for the whole fetch of one URL. allow_redirects / max_redirects: redirect
-    policy. allow_private_networks: True, or a list of networks (CIDR strings) exempt from the
-    SSRF guard. download_cache_dir: keep http(s) bodies on disk keyed by URL and serve repeats
-    from there once the URL passes the same checks as a fresh fetch (off by default; only for
-    URLs whose content never changes).
+    allowed_domains: hostnames (and their subdomains, unless allow_subdomains=False) that http(s)
+    URLs may name, on every hop; None allows any. allowed_local_path: directory file: URLs may
+    read below (symlinks are not followed); None refuses file: URLs. max_bytes: download limit
+    (also the limit passed to the loaders). timeout_s: for the whole fetch of one URL.
+    allow_redirects / max_redirects: redirect policy. allow_private_networks: True, or a list of
+    networks (CIDR strings) exempt from the SSRF guard. download_cache_dir: keep http(s) bodies
+    on disk keyed by URL and serve repeats from there once the URL passes the same checks as a
+    fresh fetch (off by default; only for URLs whose content never changes).
 
     Use it as `async with MediaConnector(...) as connector:` (or call `aclose()`), so the
     connection pool of the event loop is closed; `close()` stops the sync methods' loop thread.
@@ -93,8 +93,10 @@ class MediaConnector:
                  allowed_local_path: str | os.PathLike | None = None, max_bytes: int = DEFAULT_LIMITS.max_bytes,
                  timeout_s: float = 10.0, allow_redirects: bool = True, max_redirects: int = 5,
                  allow_private_networks: bool | Iterable[str] = False, limits: Limits | None = None,
-                 max_connections: int = 256, download_cache_dir: str | os.PathLike | None = None):
+                 max_connections: int = 256, download_cache_dir: str | os.PathLike | None = None,
+                 allow_subdomains: bool = True):
         self.allowed_domains = None if allowed_domains is None else [d.lower().strip(".") for d in allowed_domains]
+        self.allow_subdomains = allow_subdomains
         self.allowed_local_path = None if allowed_local_path is None else Path(allowed_local_path).resolve()
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
@@ -223,8 +225,8 @@ class MediaConnector:
         host = (parts.hostname or "").lower().strip(".")
         if not host:
             raise InvalidMediaError("URL has no host")
-        if self.allowed_domains is not None and not any(host == d or host.endswith("." + d)
-                                                        for d in self.allowed_domains):
+        if self.allowed_domains is not None and not any(
+                host == d or self.allow_subdomains and host.endswith("." + d) for d in self.allowed_domains):
             raise InvalidMediaError(f"refused {host}: not an allowed domain")
         ip = canonical_ip(host)
         if ip is not None:

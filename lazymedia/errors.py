@@ -75,6 +75,13 @@ class UnprocessableMediaError(MediaError):
     status_code = 422
 
 
+class MediaCapacityError(MediaError):
+    """The server could not allocate memory for an item within the limits right now (memory
+    pressure, an address-space cap): not the input's fault, so HTTP 503; a retry may succeed."""
+
+    status_code = 503
+
+
 class MediaReleasedError(MediaError, RuntimeError):
     """The handle's encoded bytes were released before it was decoded or hashed: a misuse by the
     server (a released handle reused in a later request), not bad input, hence HTTP 500."""

@@ -95,6 +95,18 @@ def _checked_algorithm(name: str) -> str:
 _algorithm = _checked_algorithm(os.environ.get(ALGORITHM_VARIABLE) or "blake3")
 
 
+# Bytes an event loop may hash inline before a request's keys are computed on a thread: about
+# 1 ms of single-thread hashing (blake3 ~7.7 GB/s, sha256 ~2 GB/s, sha512 ~1.2 GB/s on the CI
+# machine kind). The hop to a thread and back costs 55-85 us there: with a 1 MiB limit for blake3,
+# a 2 MB hit cost 1.40x its hash (benchmarks/bench_hot_path.py), 1.15x with 8 MiB.
+LOOP_HASH_BYTES = {"blake3": 8 << 20, "sha256": 2 << 20, "sha512": 1 << 20}
+
+
+def loop_hash_bytes() -> int:
+    """How many unhashed bytes a request may bring before apply_async hashes it on a thread."""
+    return LOOP_HASH_BYTES[_algorithm]
+
+
 def set_algorithm(name: str) -> None:
     """The hash behind every key from now on: 'blake3' (default), 'sha256' or 'sha512'. Keys of
     different algorithms never match, so a shared cache tier needs one setting fleet-wide."""
@@ -157,72 +169,113 @@ def id_key(modality: str, spec_bytes: bytes, item_id: str) -> str:
 
 
 def object_key(modality: str, media) -> str:
-    """Key of an input that arrived decoded (`LazyMedia.from_decoded`), by vLLM's rule: a PIL
-    image whose EXIF ImageID holds a uuid.UUID object is that UUID (an identity set in
-    process; EXIF read from a file holds text, which is never trusted: a client could claim
-    another's image); otherwise mode, pixels and palette; an array or tensor is its dtype,
-    shape and bytes."""
+    """Key of an input that arrived decoded (`LazyMedia.from_decoded`: a PIL image, a numpy array
+    or a torch tensor), by vLLM 0.33's rule and byte stream: a PIL image whose EXIF ImageID holds
+    a uuid.UUID object is that UUID (an identity set in process; EXIF read from a file holds
+    text, which is never trusted: a client could claim another's image); otherwise mode, pixels
+    and palette; an array or tensor is its dtype, shape and bytes. Every chunk is framed by its
+    length and every container tagged, so no two inputs share a stream."""
+    if not (_is_pil_image(media) or _is_tensor(media) or _is_ndarray(media)):
+        raise TypeError(f"no stable key for a decoded {type(media).__name__}: pass a PIL image, a numpy "
+                        "array or a torch tensor (encoded bytes go through load_*)")
     hasher = new_hasher(key_prefix("decoded/" + modality, b""))
     for part in _serialised(media):
         hasher.update(part)
     return hasher.hexdigest()
 
 
+# vLLM's framing: an 8-byte little-endian length before every chunk, a tag before every value.
+_NONE, _SEQUENCE, _MAPPING, _LEAF = b"\x00", b"\x01", b"\x02", b"\x03"
+
+
+def _length(count: int) -> bytes:
+    return count.to_bytes(8, "little")
+
+
+def _framed(chunk: bytes | memoryview) -> Iterator[bytes | memoryview]:
+    yield _length(chunk.nbytes if isinstance(chunk, memoryview) else len(chunk))
+    yield chunk
+
+
 def _serialised(value) -> Iterator[bytes | memoryview]:
-    """vLLM's MultiModalHasher.serialize_item byte stream, without its pickle fallback (an
-    object with no defined layout has no stable key: TypeError)."""
+    """vLLM's MultiModalHasher.serialize_item stream, without its pickle fallback (an object
+    with no defined layout has no stable key: TypeError)."""
     import numpy as np
 
     if isinstance(value, (bytes, memoryview)):
-        yield value
+        yield from _framed(value)
     elif isinstance(value, str):
-        yield value.encode()
+        yield from _framed(value.encode())
     elif isinstance(value, (int, float)):
-        yield np.array(value).tobytes()
+        yield from _framed(np.array(value).tobytes())
     elif isinstance(value, np.ndarray):
-        data = value.view(np.uint8).data if value.flags.c_contiguous else value.tobytes()
-        yield from _fields("ndarray", {"dtype": value.dtype.str, "shape": value.shape, "data": data})
+        if value.ndim == 0:
+            data = value.item()
+        else:
+            data = value.view(np.uint8).data if value.flags.c_contiguous else value.tobytes()
+        yield from _entry("ndarray", {"dtype": value.dtype.str, "shape": value.shape, "data": data})
     elif _is_pil_image(value):
-        from PIL import Image
-
-        image_id = value.getexif().get(Image.ExifTags.Base.ImageID)
-        if isinstance(image_id, uuid.UUID):
-            yield image_id.bytes
+        image_id = _image_id(value)
+        if image_id is not None:
+            yield from _framed(image_id)
             return
         fields = {"mode": value.mode, "data": np.asarray(value)}
         if value.palette is not None:
             fields["palette"] = value.palette.palette
             if value.palette.rawmode is not None:
                 fields["palette_rawmode"] = value.palette.rawmode
-        yield from _fields("image", fields)
+        yield from _entry("image", fields)
     elif _is_tensor(value):
         import torch
 
         tensor = value.cpu()
         if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: its bytes, dtype and shape
             raw = tensor.contiguous().view(-1).view(torch.uint8).numpy()
-            yield from _fields("tensor", {"original_dtype": str(tensor.dtype), "original_shape": tuple(tensor.shape),
-                                          "data": raw})
+            yield from _entry("tensor", {"original_dtype": str(tensor.dtype), "original_shape": tuple(tensor.shape),
+                                         "data": raw})
         else:
-            yield from _fields("tensor", tensor.numpy())
+            yield from _entry("tensor", tensor.numpy())
     else:
-        raise TypeError(f"no stable key for a decoded {type(value).__name__}: pass a PIL image, a numpy array "
-                        "or a torch tensor, or LazyMedia.from_id with an id for it")
+        raise TypeError(f"no stable key for a {type(value).__name__} inside a decoded input")
 
 
-def _fields(name: str, value) -> Iterator[bytes | memoryview]:
-    """Nested values flattened as vLLM does: each leaf preceded by its dotted path."""
+def _entry(name: str, value) -> Iterator[bytes | memoryview]:
+    yield from _framed(name.encode())
+    yield from _value(value)
+
+
+def _value(value) -> Iterator[bytes | memoryview]:
     if value is None:
-        yield name.encode()
+        yield _NONE
     elif isinstance(value, (list, tuple)):
-        for index, element in enumerate(value):
-            yield from _fields(f"{name}.{index}", element)
+        yield _SEQUENCE
+        yield _length(len(value))
+        for element in value:
+            yield from _value(element)
     elif isinstance(value, dict):
+        yield _MAPPING
+        yield _length(len(value))
         for field, element in value.items():
-            yield from _fields(f"{name}.{field}", element)
+            yield from _framed(str(field).encode())
+            yield from _value(element)
     else:
-        yield name.encode()
+        yield _LEAF
         yield from _serialised(value)
+
+
+def _image_id(image) -> bytes | None:
+    """The EXIF ImageID when it is a uuid.UUID object; malformed EXIF counts as none (as vLLM)."""
+    from PIL import Image
+
+    try:
+        image_id = image.getexif().get(Image.ExifTags.Base.ImageID)
+    except Exception:
+        return None
+    return image_id.bytes if isinstance(image_id, uuid.UUID) else None
+
+
+def _is_ndarray(value) -> bool:
+    return type(value).__module__.startswith("numpy") and hasattr(value, "dtype") and hasattr(value, "flags")
 
 
 def _is_pil_image(value) -> bool:

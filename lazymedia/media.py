@@ -16,7 +16,7 @@ import numpy as np
 import pybase64
 
 from .cache import LruCache
-from .codecs import codec
+from .codecs import codec, decode
 from .errors import InvalidMediaError, MediaNotCachedError, MediaReleasedError, MediaTooLargeError
 from .hashing import derived_key, id_key, media_key, object_key
 from .spec import DEFAULT_LIMITS, Limits, Spec, make_spec
@@ -218,7 +218,7 @@ class LazyMedia:
     def _compute(self, out):
         if self._parent is not None and self._fn is not None:
             return self._fn(self._parent.decode())
-        return codec(self.modality).decode(self.encoded(), self.header, self.spec, out, self.limits)
+        return decode(self.modality, self.encoded(), self.header, self.spec, out, self.limits)
 
     def fulfil(self, value=None, error: BaseException | None = None) -> bool:
         """Stores a decode made elsewhere (a batched GPU decoder, a worker process) as this
@@ -299,6 +299,20 @@ def image_to_pil(image):
     if mode in ("L", "RGBA") and array.flags.c_contiguous:
         return Image.frombuffer(mode, (width, height), array, "raw", mode, 0, 1)
     return Image.fromarray(array[:, :, 0] if channels == 1 else array, mode)
+
+
+def unhashed_bytes(item) -> int:
+    """Bytes hashing `item` would read: a handle's encoded bytes unless its key is known; a
+    decoded input's pixels or elements (its key is computed when it becomes a handle)."""
+    if isinstance(item, LazyMedia):
+        return 0 if item.is_hashed else item.nbytes
+    nbytes = getattr(item, "nbytes", None)
+    if isinstance(nbytes, int):  # numpy array, torch tensor
+        return nbytes
+    size, bands = getattr(item, "size", None), getattr(item, "getbands", None)
+    if isinstance(size, tuple) and len(size) == 2 and bands is not None:  # PIL image
+        return size[0] * size[1] * len(bands())
+    return 0
 
 
 def as_handle(item) -> LazyMedia:

@@ -26,16 +26,10 @@ from typing import Any
 
 from .cache import ProcessorCache
 from .engine import DecodeEngine, default_engine
-from .errors import MediaError
-from .hashing import derived_key
-from .media import LazyMedia, as_handle
+from .errors import MediaError, MediaNotCachedError
+from .hashing import derived_key, loop_hash_bytes
+from .media import LazyMedia, as_handle, unhashed_bytes
 from .profiling import nvtx_range
-
-# A request with more unhashed bytes than this is keyed off the event loop in apply_async. Below
-# it, hashing on the loop (blake3 on one thread: ~7.7 GB/s here, so at most ~1 ms) costs less
-# than the hop to a thread and back (55-85 us measured on 2 cores; with a 1 MiB threshold a 2 MB
-# hit cost 1.40x its hash, 1.15x on the caller: benchmarks/bench_hot_path.py).
-HASH_OFFLOAD_BYTES = 8 << 20
 
 
 class _Abandoned(Exception):
@@ -119,9 +113,8 @@ class Processor:
         """`apply` for an event loop: decodes and phase 2 run on threads, so other requests keep
         being served (and their decodes overlap with these). An all-hit request never leaves
         the caller's task."""
-        items = [as_handle(item) for item in items]
-        unhashed = sum(item.nbytes for item in items if not item.is_hashed)
-        if unhashed > HASH_OFFLOAD_BYTES:
+        items = list(items)
+        if sum(unhashed_bytes(item) for item in items) > loop_hash_bytes():
             plan = await asyncio.to_thread(self._plan, items)
         else:
             plan = self._plan(items)
@@ -204,7 +197,7 @@ class Processor:
         with nvtx_range("lazymedia.decode_submit"):
             for key, indices in plan.leaders.items():
                 if key not in plan.decodes and key not in plan.remote:
-                    item = plan.items[indices[0]]
+                    item = self._decodable(plan, indices) or plan.items[indices[0]]
                     if item.root.has_bytes:
                         plan.decodes[key] = self.engine.submit(item)
                     else:  # arrived decoded (a transform may remain), or known by id alone (an error)
@@ -216,6 +209,8 @@ class Processor:
         `yield (call, *args)` is a call on the shared tier, which the caller's driver runs."""
         self._settle(plan, (yield ("get_many", list(plan.leaders))))
         for key in list(plan.leaders):
+            if self._decodable(plan, plan.leaders[key]) is None:
+                continue  # known by id alone: nothing to decode, so no lease to hold
             token = yield ("try_lease", key)
             if token is None:
                 plan.remote.append(key)
@@ -275,7 +270,9 @@ class Processor:
                 failures.append((plan.leaders[key][0], key, error))
         if failures:
             for _, key, exc in failures:
-                if isinstance(exc, MediaError):  # the item itself is bad: followers get the error too
+                # The item itself is bad: followers get the error too. An id this request could
+                # not resolve is abandoned instead: a follower may hold the media itself.
+                if isinstance(exc, MediaError) and not isinstance(exc, MediaNotCachedError):
                     self._publish(plan, key, error=exc)
                     self._release_lease(plan, key)
             index, _, exc = min(failures, key=lambda failure: failure[0])
@@ -352,6 +349,16 @@ class Processor:
     def _release(plan: _Plan, indices: list[int]) -> None:
         for index in indices:
             plan.items[index].release_bytes()
+
+    @staticmethod
+    def _decodable(plan: _Plan, indices: list[int]) -> LazyMedia | None:
+        """The first of a key's items that can produce its media (bytes, or decoded already);
+        None when all are known by id alone."""
+        for index in indices:
+            root = plan.items[index].root
+            if root.has_bytes or root.is_decoded:
+                return plan.items[index]
+        return None
 
     @staticmethod
     def _fill(plan: _Plan, indices: list[int], value: Any) -> None:

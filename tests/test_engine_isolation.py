@@ -8,7 +8,7 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, UnprocessableMediaError
-from lazymedia.engine.isolation import IsolatedPool
+from lazymedia.engine.isolation import SHARED_MIN_BYTES, IsolatedPool
 from lazymedia.samples import video as make_video
 
 
@@ -62,3 +62,37 @@ def test_isolated_pool_survives_crash_and_hang(pool):
     assert pool.run(sum, [5]) == 5
     with pytest.raises(UnprocessableMediaError):  # an exception in the child comes back typed
         pool.run(int, "not a number")
+
+
+def test_large_outputs_come_back_through_shared_memory(pool):
+    data = make_video(frames=40, gop=10)
+    with DecodeEngine(max_workers=1, isolate=("video",), isolation_pool=pool) as engine:
+        isolated = engine.submit(lazymedia.load_video(data, num_frames=32)).result(timeout=60)
+    local = lazymedia.load_video(data, num_frames=32).media
+    assert isolated.frames.nbytes >= SHARED_MIN_BYTES and isolated.frames.is_shared()
+    assert torch.equal(isolated.frames, local.frames) and isolated.indices == local.indices
+    assert pool.shared_folder is not None and list(pool.shared_folder.iterdir()) == []  # unlinked once mapped
+
+
+def test_a_dead_workers_files_and_a_closed_pools_folder_are_removed():
+    own = IsolatedPool(workers=1, timeout_s=30)
+    folder = own.shared_folder
+    assert folder is not None
+    assert own.run(sum, [1]) == 1
+    leftover = folder / f"{own.pids[0]}-7"
+    leftover.write_bytes(b"x" * 100)  # as if the worker died between writing and replying
+    with pytest.raises(UnprocessableMediaError):
+        own.run(ctypes.string_at, 0)
+    assert not leftover.exists()
+    own.close()
+    assert not folder.exists()
+
+
+def test_without_shared_memory_everything_is_pickled():
+    own = IsolatedPool(workers=1, timeout_s=30, shared_memory=False)
+    data = make_video(frames=40, gop=10)
+    with DecodeEngine(max_workers=1, isolate=("video",), isolation_pool=own) as engine:
+        isolated = engine.submit(lazymedia.load_video(data, num_frames=32)).result(timeout=60)
+    own.close()
+    assert not isolated.frames.is_shared()
+    assert torch.equal(isolated.frames, lazymedia.load_video(data, num_frames=32).media.frames)

@@ -108,11 +108,20 @@ def test_algorithm_choice_changes_every_key_and_rejects_unknown_names(sha256):
     assert hashing.algorithm() == "blake3"
 
 
+def framed(chunk: bytes) -> bytes:
+    return len(chunk).to_bytes(8, "little") + chunk
+
+
 def test_an_array_is_keyed_by_vllms_byte_stream():
     array = np.arange(6, dtype=np.uint8).reshape(2, 3)
-    # vLLM's MultiModalHasher.serialize_item for an ndarray: each field's dotted path, then its bytes
-    stream = (b"ndarray.dtype" + b"|u1" + b"ndarray.shape.0" + np.array(2).tobytes() + b"ndarray.shape.1"
-              + np.array(3).tobytes() + b"ndarray.data" + array.tobytes())
+    # vLLM 0.33's MultiModalHasher stream for an ndarray: every chunk framed by its length, every
+    # value tagged (0x02 mapping + count, 0x01 sequence + count, 0x03 leaf).
+    leaf, count = b"\x03", (lambda n: n.to_bytes(8, "little"))
+    stream = (framed(b"ndarray") + b"\x02" + count(3)
+              + framed(b"dtype") + leaf + framed(b"|u1")
+              + framed(b"shape") + b"\x01" + count(2) + leaf + framed(np.array(2).tobytes())
+              + leaf + framed(np.array(3).tobytes())
+              + framed(b"data") + leaf + framed(array.tobytes()))
     assert object_key("image", array) == blake3.blake3(key_prefix("decoded/image", b"") + stream).hexdigest()
     assert object_key("image", np.asfortranarray(array)) == object_key("image", array)  # layout is not content
     assert object_key("image", array.astype(np.int16)) != object_key("image", array)
@@ -159,6 +168,18 @@ def test_an_in_process_exif_uuid_is_the_identity_but_file_exif_text_is_not():
     assert object_key("image", from_file) != object_key("image", first)
 
 
-def test_objects_without_a_layout_have_no_key():
-    with pytest.raises(TypeError, match="no stable key"):
-        object_key("image", {"a": 1})
+def test_only_pil_images_arrays_and_tensors_have_decoded_keys():
+    # Bytes that spell out an image's serialisation must not take its key (cache poisoning):
+    # encoded bytes go through load_*, never through the decoded-input path.
+    for value in ({"a": 1}, b"\x00" * 16, "https://example.com/a.png", 3, 2.5):
+        with pytest.raises(TypeError, match="no stable key"):
+            object_key("image", value)
+
+
+def test_malformed_exif_falls_back_to_the_pixels():
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(buffer, "PNG", exif=b"Exif\x00\x00garbage-not-tiff")
+    image = Image.open(io.BytesIO(buffer.getvalue()))
+    image.load()
+    plain = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
+    assert object_key("image", image) == object_key("image", plain)

@@ -99,3 +99,24 @@ def test_a_processor_sees_vllms_objects_and_hits_skip_the_decode(connector):
     assert len(seen) == 1 and not again.is_decoded
     assert np.array_equal(np.asarray(seen[0]), np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB")))
     processor.close()
+
+
+def test_allowed_media_domains_match_exactly_as_in_vllm():
+    connector = VllmMediaConnector(allowed_media_domains=["s3.amazonaws.com"])
+    with pytest.raises(lazymedia.InvalidMediaError, match="not an allowed domain"):
+        connector.fetch_image("https://attacker-bucket.s3.amazonaws.com/cat.jpg")
+    connector.close()
+    wide = lazymedia.MediaConnector(allowed_domains=["example.com"])  # lazymedia's own default: subdomains too
+    assert wide.allow_subdomains
+    wide.close()
+
+
+def test_vllm_call_signatures_and_decoded_inputs(connector):
+    clip = samples.video(frames=30)
+    frames, _ = to_vllm(connector.fetch_video(video_url=data_url(clip, "video/mp4"), image_mode="RGB"))
+    assert frames.shape[0] == 30  # fewer frames than num_frames=32: every frame
+    with pytest.raises(ValueError, match="video_processor"):
+        connector.fetch_video(data_url(clip, "video/mp4"), video_processor="qwen2_vl")
+    pil = Image.fromarray(samples.photo(8, 8)).convert("P")
+    embeds = np.zeros((5, 16), np.float32)
+    assert to_vllm(pil) is pil and to_vllm(embeds) is embeds  # passed on as vLLM passes them

@@ -223,3 +223,25 @@ def test_a_decoded_input_is_its_own_media():
     assert flipped.key != handle.key and np.array_equal(flipped.media, np.fliplr(array))
     with pytest.raises(MediaReleasedError):
         pickle.dumps(handle)  # pixels never travel
+
+
+@pytest.mark.parametrize("failure", [MemoryError("Unable to allocate 79 MiB"),
+                                     RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to "
+                                                  "allocate 79183400 bytes. Error code 12")])
+def test_an_allocation_that_fails_is_a_503_not_an_untyped_error(monkeypatch, jpeg_bytes, failure):
+    def failing(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(image_codec, "decode", failing)
+    with pytest.raises(lazymedia.MediaCapacityError) as info:
+        lazymedia.load_image(jpeg_bytes).decode()
+    assert info.value.status_code == 503
+
+
+def test_other_runtime_errors_are_not_disguised(monkeypatch, jpeg_bytes):
+    def failing(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(image_codec, "decode", failing)
+    with pytest.raises(RuntimeError, match="a bug"):
+        lazymedia.load_image(jpeg_bytes).decode()

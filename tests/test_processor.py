@@ -299,3 +299,55 @@ async def test_async_apply_takes_decoded_inputs(engine):
     processor = Processor(lambda items: [float(np.asarray(i).mean()) for i in items], engine=engine)
     array = np.full((4, 4), 7, np.uint8)
     assert await processor.apply_async([array]) == [7.0]
+
+
+def test_an_id_miss_never_fails_an_item_that_brought_its_media(engine, images):
+    processor = Processor(lambda items: [tuple(t.shape) for t in items], engine=engine)
+    # One request: the id-only handle comes first, the one with bytes decodes for both.
+    both = [lazymedia.LazyMedia.from_id("image", "X"), lazymedia.load_image(images[2], item_id="X")]
+    assert processor.apply(both) == [(64, 80, 3)] * 2
+
+
+def test_a_follower_with_media_is_not_failed_by_an_id_only_leader(monkeypatch, engine, images):
+    Spy(monkeypatch, delay=0.5)  # request A's other item keeps A's id-only key in flight
+    processor = Processor(lambda items: [tuple(t.shape) for t in items], engine=engine)
+    results = {}
+
+    def request(name, items):
+        try:
+            results[name] = processor.apply(items)
+        except lazymedia.MediaError as exc:
+            results[name] = type(exc).__name__
+
+    a = threading.Thread(target=request, args=("A", [lazymedia.LazyMedia.from_id("image", "Y"),
+                                                     lazymedia.load_image(images[4])]))
+    a.start()
+    time.sleep(0.2)  # A leads "Y" and waits for its slow decode
+    b = threading.Thread(target=request, args=("B", [lazymedia.load_image(images[3], item_id="Y")]))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert results == {"A": "MediaNotCachedError", "B": [(64, 80, 3)]}
+
+
+def test_apply_refuses_what_is_neither_a_handle_nor_decoded_media(engine):
+    processor = Processor(lambda items: items, engine=engine)
+    for value in (b"\xff\xd8 encoded bytes", "https://example.com/a.jpg", 3):
+        with pytest.raises(TypeError, match="no stable key"):
+            processor.apply([value])
+
+
+async def test_large_decoded_inputs_are_keyed_off_the_event_loop(monkeypatch, engine):
+    from lazymedia import hashing, media
+
+    threads = []
+
+    def recording(modality, value):
+        threads.append(threading.current_thread())
+        return hashing.object_key(modality, value)
+
+    monkeypatch.setattr(media, "object_key", recording)
+    processor = Processor(lambda items: [i.shape for i in items], engine=engine)
+    await processor.apply_async([np.zeros((16, 16, 3), np.uint8)])
+    await processor.apply_async([np.zeros(hashing.loop_hash_bytes() + 1, np.uint8)])
+    assert threads[0] is threading.main_thread() and threads[1] is not threading.main_thread()

@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..spec import spec_type
+from ..errors import MediaCapacityError
+from ..spec import DEFAULT_LIMITS, Limits, spec_type
 
 MODALITIES = ("image", "video", "audio")
 
@@ -27,6 +28,21 @@ def codec(modality: str) -> ModuleType:
     """The codec module of `modality` (imported now if needed); unknown modalities are 400s."""
     spec_type(modality)  # raises InvalidMediaError for an unknown modality
     return importlib.import_module(f"{__name__}.{modality}")
+
+
+def decode(modality: str, data, header, spec, out=None, limits: Limits = DEFAULT_LIMITS):
+    """`codec(modality).decode(...)`, with a failed allocation (of a legal size: the limits were
+    checked first) as MediaCapacityError (503) rather than an untyped MemoryError/RuntimeError."""
+    try:
+        return codec(modality).decode(data, header, spec, out, limits)
+    except MemoryError as exc:
+        raise MediaCapacityError(f"not enough memory to decode this item now: {exc}", modality=modality) from None
+    except RuntimeError as exc:
+        text = str(exc)
+        if "allocate memory" not in text and "out of memory" not in text:
+            raise
+        raise MediaCapacityError(f"not enough memory to decode this item now: {text[:200]}",
+                                 modality=modality) from None
 
 
 def guess_modality(data) -> str | None:

@@ -76,9 +76,9 @@ def is_root(item: DecodeItem, modality: str) -> bool:
 def decode_on_host(item: DecodeItem) -> Any:
     """The item decoded by its CPU codec, or the exception that says why not (batch decoders
     report failures per item, and the CPU codec decides what is corrupt, as without a GPU)."""
-    from ..codecs import codec
+    from ..codecs import decode
 
     try:
-        return codec(item.modality).decode(item.encoded(), item.header, item.spec, None, item.limits)
+        return decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
     except Exception as exc:
         return exc

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..connector import MediaConnector
 from ..media import LazyMedia, image_to_pil
 
@@ -55,7 +57,8 @@ class VllmMediaConnector:
         if backend not in _VIDEO_BACKENDS:
             raise ValueError(f"video_backend {backend!r}: lazymedia implements {sorted(_VIDEO_BACKENDS)}")
         self.media_io_kwargs = options
-        self.connector = MediaConnector(allowed_domains=allowed_media_domains or None,
+        # vLLM matches allowed_media_domains exactly: a listed host admits none of its subdomains.
+        self.connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
                                         allowed_local_path=allowed_local_media_path or None, **connector_options)
 
     # -- the decode spec vLLM's media IO classes would apply ---------------------------------
@@ -64,7 +67,14 @@ class VllmMediaConnector:
         background = tuple(image.get("rgba_background_color", (255, 255, 255)))
         return {"mode": image.get("image_mode", image_mode), "background": background}
 
-    def video_spec(self) -> dict:
+    def video_spec(self, image_mode: str | None = "RGB", video_processor: str | None = None) -> dict:
+        """vLLM decodes video frames to RGB; a processor that picks its own loader backend
+        (vLLM's get_video_loader_backend_for_processor) is refused rather than ignored."""
+        if image_mode != "RGB":
+            raise ValueError(f"video frames are RGB; image_mode={image_mode!r} is not supported for video")
+        if video_processor is not None:
+            raise ValueError(f"video_processor={video_processor!r}: per-processor loader backends are not supported; "
+                             "set media_io_kwargs['video']['video_backend']")
         video = self.media_io_kwargs.get("video", {})
         decoder, sampler = _VIDEO_BACKENDS[video.get("video_backend", "opencv")]
         spec = {"num_frames": video.get("num_frames", DEFAULT_NUM_FRAMES), "fps": video.get("fps"),
@@ -86,11 +96,13 @@ class VllmMediaConnector:
     def fetch_image(self, image_url: str, *, image_mode: str | None = "RGB") -> LazyMedia:
         return self.connector.fetch_sync("image", image_url, **self.image_spec(image_mode))
 
-    async def fetch_video_async(self, video_url: str) -> LazyMedia:
-        return await self.connector.fetch("video", video_url, **self.video_spec())
+    async def fetch_video_async(self, video_url: str, *, image_mode: str | None = "RGB",
+                                video_processor: str | None = None) -> LazyMedia:
+        return await self.connector.fetch("video", video_url, **self.video_spec(image_mode, video_processor))
 
-    def fetch_video(self, video_url: str) -> LazyMedia:
-        return self.connector.fetch_sync("video", video_url, **self.video_spec())
+    def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB",
+                    video_processor: str | None = None) -> LazyMedia:
+        return self.connector.fetch_sync("video", video_url, **self.video_spec(image_mode, video_processor))
 
     async def fetch_audio_async(self, audio_url: str) -> LazyMedia:
         return await self.connector.fetch("audio", audio_url, **self.audio_spec())
@@ -108,10 +120,14 @@ class VllmMediaConnector:
 def to_vllm(decoded) -> Any:
     """What vLLM's fetch would have returned, from a handle or its decoded media: a PIL image,
     `(frames uint8 [T, H, W, 3] ndarray, metadata dict)`, or `(waveform ndarray, sample_rate)`.
-    Image and video pixels are shared with the decoded tensor where the layout allows."""
+    Image and video pixels are shared with the decoded tensor where the layout allows. Inputs
+    that arrived decoded (a PIL image, a numpy array, an embedding tensor) are returned as they
+    are, as vLLM passes them on."""
     media = decoded.decode() if isinstance(decoded, LazyMedia) else decoded
     if hasattr(media, "frames"):  # VideoFrames
         return media.frames.cpu().numpy(), dict(media.metadata)
     if hasattr(media, "as_tuple"):  # AudioSamples
         return media.as_tuple()
-    return image_to_pil(media)
+    if isinstance(media, torch.Tensor) and media.dtype == torch.uint8 and media.ndim == 3 and media.shape[2] <= 4:
+        return image_to_pil(media)  # an image lazymedia decoded: uint8 [H, W, C]
+    return media
