@@ -92,12 +92,13 @@ def child(args) -> None:
         importlib.import_module(f"lazymedia.codecs.{name}")
     cap = args.memory_cap_mb << 20
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    seeds = load_seeds(Path(args.corpus))
+    wanted = args.modalities.split(",")
+    seeds = [(modality, data) for modality, data in load_seeds(Path(args.corpus)) if modality in wanted]
     rng = random.Random(args.seed)
     current = Path(args.out) / f"current-{os.getpid()}.json"
     while True:
         modality, data = rng.choice(seeds)
-        modality = modality if rng.random() < 0.9 else rng.choice(["image", "video", "audio"])
+        modality = modality if rng.random() < 0.9 else rng.choice(wanted)
         data = mutate(rng, data, seeds)
         settings = rng.choice(SETTINGS[modality])
         case = {"modality": modality, "settings": settings, "data": base64.b64encode(data).decode()}
@@ -120,7 +121,7 @@ def supervise(args) -> dict:
     seed = args.seed
     while time.monotonic() < deadline:
         command = [sys.executable, __file__, "--child", "--corpus", str(args.corpus), "--out", str(out),
-                   "--seed", str(seed), "--memory-cap-mb", str(args.memory_cap_mb)]
+                   "--seed", str(seed), "--memory-cap-mb", str(args.memory_cap_mb), "--modalities", args.modalities]
         log = out / f"child-{seed}.log"
         with open(log, "wb") as stderr:
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
@@ -165,7 +166,7 @@ def supervise(args) -> dict:
     for number, finding in enumerate(findings):
         (out / f"finding-{number:03d}-{finding['kind']}.json").write_text(json.dumps(finding))
     executions = sum(v for k, v in totals.items() if k not in ("crash", "hang"))
-    summary = {"seconds": args.seconds, "executions": executions, "outcomes": totals,
+    summary = {"seconds": args.seconds, "modalities": args.modalities, "executions": executions, "outcomes": totals,
                "untyped": totals.get("untyped", 0), "crashes": totals.get("crash", 0), "hangs": totals.get("hang", 0),
                "memory_cap_mb": args.memory_cap_mb, "findings": len(findings)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -186,6 +187,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hang-s", type=float, default=60.0, help="no output for this long is a hang")
     parser.add_argument("--memory-cap-mb", type=int, default=8192, help="address-space cap of the child")
+    parser.add_argument("--modalities", default="image,video,audio",
+                        help="comma-separated: fuzz only these (image alone: what decodes in-process in a server)")
     parser.add_argument("--replay", type=Path)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
