@@ -96,3 +96,13 @@ def test_without_shared_memory_everything_is_pickled():
     own.close()
     assert not isolated.frames.is_shared()
     assert torch.equal(isolated.frames, lazymedia.load_video(data, num_frames=32).media.frames)
+
+
+def test_a_crash_is_retried_once_on_another_worker(pool, tmp_path):
+    marker = tmp_path / "crashed-once"
+    # Crashes the worker the first time (as a heap corrupted by an earlier input would), then works.
+    crash_once = (f"__import__('os').path.exists({str(marker)!r}) or "
+                  f"(open({str(marker)!r}, 'w').close(), __import__('ctypes').string_at(0))")
+    first = pool.pids
+    assert pool.run(eval, crash_once) is True
+    assert marker.exists() and pool.pids != first

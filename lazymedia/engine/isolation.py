@@ -132,6 +132,10 @@ class _Worker:
         self.conn.close()
 
 
+class _WorkerDied(Exception):
+    """A worker process ended while it held a call (its exit status as the message)."""
+
+
 class IsolatedPool:
     """`workers` decoder processes; `run(fn, *args, timeout_s=...)` executes fn(*args) in one of
     them. fn and its arguments must pickle (module-level functions, bytes, dataclasses)."""
@@ -164,6 +168,20 @@ class IsolatedPool:
             self._idle.put(self._spawn())
 
     def run(self, fn: Callable, *args, timeout_s: float | None = None) -> Any:
+        """fn(*args) in a worker. A worker that dies is replaced and the call retried once on
+        another: a decoder's heap can be corrupted by an earlier hostile input and crash on a
+        legal one (the mixed fuzz saw it), while an input that crashes a decoder by itself
+        crashes the retry too and is a 422. A time-out is not retried."""
+        try:
+            return self._run_once(fn, args, timeout_s)
+        except _WorkerDied:
+            pass
+        try:
+            return self._run_once(fn, args, timeout_s)
+        except _WorkerDied as died:
+            raise UnprocessableMediaError(f"decoder process died ({died})") from None
+
+    def _run_once(self, fn: Callable, args: tuple, timeout_s: float | None) -> Any:
         if self._closed:
             raise RuntimeError("IsolatedPool is closed")
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -186,8 +204,7 @@ class IsolatedPool:
                     pass
                 self._replace(worker)
                 worker = None
-            how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            raise UnprocessableMediaError(f"decoder process died ({how})") from None
+            raise _WorkerDied(f"signal {-code}" if code is not None and code < 0 else f"exit code {code}") from None
         finally:
             if worker is not None:
                 self._idle.put(worker)
