@@ -309,9 +309,10 @@ def unhashed_bytes(item) -> int:
     nbytes = getattr(item, "nbytes", None)
     if isinstance(nbytes, int):  # numpy array, torch tensor
         return nbytes
-    size, bands = getattr(item, "size", None), getattr(item, "getbands", None)
+    size, bands, mode = getattr(item, "size", None), getattr(item, "getbands", None), getattr(item, "mode", "")
     if isinstance(size, tuple) and len(size) == 2 and bands is not None:  # PIL image
-        return size[0] * size[1] * len(bands())
+        depth = 4 if mode in ("I", "F") else 2 if mode.startswith("I;16") else 1
+        return size[0] * size[1] * len(bands()) * depth
     return 0
 
 

@@ -195,9 +195,9 @@ class Processor:
     def _submit_decodes(self, plan: _Plan) -> None:
         """Submits the leaders' decodes not yet submitted, except keys another process holds."""
         with nvtx_range("lazymedia.decode_submit"):
-            for key, indices in plan.leaders.items():
+            for key in plan.leaders:
                 if key not in plan.decodes and key not in plan.remote:
-                    item = self._decodable(plan, indices) or plan.items[indices[0]]
+                    item = plan.items[self._decoding_index(plan, key)]
                     if item.root.has_bytes:
                         plan.decodes[key] = self.engine.submit(item)
                     else:  # arrived decoded (a transform may remain), or known by id alone (an error)
@@ -265,9 +265,9 @@ class Processor:
         failures: list[tuple[int, str, BaseException]] = []
         for key, future in plan.decodes.items():
             if future.cancelled():
-                failures.append((plan.leaders[key][0], key, CancelledError()))
+                failures.append((self._decoding_index(plan, key), key, CancelledError()))
             elif (error := future.exception()) is not None:
-                failures.append((plan.leaders[key][0], key, error))
+                failures.append((self._decoding_index(plan, key), key, error))
         if failures:
             for _, key, exc in failures:
                 # The item itself is bad: followers get the error too. An id this request could
@@ -351,14 +351,19 @@ class Processor:
             plan.items[index].release_bytes()
 
     @staticmethod
-    def _decodable(plan: _Plan, indices: list[int]) -> LazyMedia | None:
-        """The first of a key's items that can produce its media (bytes, or decoded already);
-        None when all are known by id alone."""
+    def _decodable(plan: _Plan, indices: list[int]) -> int | None:
+        """The request index of the first of a key's items that can produce its media (bytes, or
+        decoded already); None when all are known by id alone."""
         for index in indices:
             root = plan.items[index].root
             if root.has_bytes or root.is_decoded:
-                return plan.items[index]
+                return index
         return None
+
+    def _decoding_index(self, plan: _Plan, key: str) -> int:
+        """The item a leader key decodes (and whose index its errors name)."""
+        chosen = self._decodable(plan, plan.leaders[key])
+        return plan.leaders[key][0] if chosen is None else chosen
 
     @staticmethod
     def _fill(plan: _Plan, indices: list[int], value: Any) -> None:

@@ -16,6 +16,13 @@ def frame_count(frames):
     return frames.frames.shape[0]
 
 
+def _frames_of(tensor):
+    """What a worker returns for a video, around any tensor (module-level: it pickles)."""
+    from lazymedia.codecs.video import VideoFrames
+
+    return VideoFrames(tensor, [], [], 0.0, 0.0, 0)
+
+
 @pytest.fixture(scope="module")
 def pool():
     pool = IsolatedPool(workers=1, timeout_s=30)
@@ -103,6 +110,47 @@ def test_a_crash_is_retried_once_on_another_worker(pool, tmp_path):
     # Crashes the worker the first time (as a heap corrupted by an earlier input would), then works.
     crash_once = (f"__import__('os').path.exists({str(marker)!r}) or "
                   f"(open({str(marker)!r}, 'w').close(), __import__('ctypes').string_at(0))")
+    assert pool.run(sum, [1]) == 1  # the worker has served a call: its heap is not fresh
     first = pool.pids
     assert pool.run(eval, crash_once) is True
     assert marker.exists() and pool.pids != first
+
+
+def test_a_crash_in_a_fresh_worker_is_the_inputs_own_and_not_retried(tmp_path):
+    marker = tmp_path / "crashed-once"
+    crash_once = (f"__import__('os').path.exists({str(marker)!r}) or "
+                  f"(open({str(marker)!r}, 'w').close(), __import__('ctypes').string_at(0))")
+    own = IsolatedPool(workers=1, timeout_s=30)
+    with pytest.raises(UnprocessableMediaError, match="signal 11"):
+        own.run(eval, crash_once)
+    own.close()
+
+
+def test_a_result_that_cannot_use_shared_memory_is_pickled(pool):
+    import torch as _torch
+
+    big = _torch.ones(SHARED_MIN_BYTES, dtype=_torch.bfloat16)  # numpy has no bfloat16: written as bytes
+    frames = pool.run(_frames_of, big)
+    assert frames.frames.dtype == _torch.bfloat16 and _torch.equal(frames.frames, big)
+    assert list(pool.shared_folder.iterdir()) == []
+
+
+def test_closing_the_pool_during_a_call_is_a_typed_error():
+    import threading
+
+    own = IsolatedPool(workers=1, timeout_s=30)
+    assert own.run(sum, [1]) == 1
+    outcome = {}
+
+    def call():
+        try:
+            own.run(time.sleep, 5)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.5)
+    own.close()
+    thread.join(30)
+    assert isinstance(outcome.get("error"), lazymedia.MediaCapacityError)  # 503: shutting down

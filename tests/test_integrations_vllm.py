@@ -115,8 +115,14 @@ def test_vllm_call_signatures_and_decoded_inputs(connector):
     clip = samples.video(frames=30)
     frames, _ = to_vllm(connector.fetch_video(video_url=data_url(clip, "video/mp4"), image_mode="RGB"))
     assert frames.shape[0] == 30  # fewer frames than num_frames=32: every frame
-    with pytest.raises(ValueError, match="video_processor"):
-        connector.fetch_video(data_url(clip, "video/mp4"), video_processor="qwen2_vl")
+    # vLLM passes the model's video processor on every call; without vLLM's registry (or with a
+    # configured video_backend) it changes nothing.
+    frames, metadata = to_vllm(connector.fetch_video(data_url(clip, "video/mp4"),
+                                                     video_processor="LlavaOnevisionVideoProcessor"))
+    assert frames.shape[0] == 30 and metadata["video_backend"] == "opencv"
+    configured = VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "pyav"}})
+    assert configured.video_spec("RGB", "Qwen2VLVideoProcessor")["decoder"] == "pyav"
+    configured.close()
     pil = Image.fromarray(samples.photo(8, 8)).convert("P")
     embeds = np.zeros((5, 16), np.float32)
     assert to_vllm(pil) is pil and to_vllm(embeds) is embeds  # passed on as vLLM passes them

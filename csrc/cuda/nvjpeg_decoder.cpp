@@ -188,14 +188,14 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
   check_cuda(cuda_->StreamWaitEvent(stream_, consumer_ready_, 0), "cudaStreamWaitEvent");
   try {
     decode_ordered(requests, &results);
+    check_cuda(cuda_->EventRecord(done_, stream_), "cudaEventRecord");
+    check_cuda(cuda_->StreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
   } catch (...) {
     // Writes already queued into the caller's tensors finish before the error reaches Python,
     // which frees those tensors (their memory may be handed out again at once).
     cuda_->StreamSynchronize(stream_);
     throw;
   }
-  check_cuda(cuda_->EventRecord(done_, stream_), "cudaEventRecord");
-  check_cuda(cuda_->StreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
   return results;
 }
 

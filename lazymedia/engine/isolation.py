@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..errors import MediaError, UnprocessableMediaError
+from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
 from ..singletons import process_wide
 
 _READY = b"ready"
@@ -52,13 +52,19 @@ def _export(value, folder: Path | None, names) -> Any:
     """Worker side: large decoded tensors of `value` written to `folder`, replaced by their names."""
     if folder is None:
         return value
+    import torch
+
     for field in _TENSOR_FIELDS:
         tensor = getattr(value, field, None)
         if tensor is not None and tensor.device.type == "cpu" and tensor.nbytes >= SHARED_MIN_BYTES:
             name = f"{os.getpid()}-{next(names)}"
-            fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(memoryview(tensor.contiguous().numpy()).cast("B"))
+            try:
+                fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:  # any dtype, as its bytes (numpy has no bfloat16)
+                    f.write(memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()))
+            except (OSError, RuntimeError, TypeError):  # /dev/shm full (64 MiB in a default container)
+                (folder / name).unlink(missing_ok=True)
+                continue  # this tensor is pickled instead
             setattr(value, field, (_SHARED, name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
     return value
 
@@ -73,10 +79,14 @@ def _import(value, folder: Path | None) -> Any:
             _, name, shape, dtype = shared
             path = folder / name
             try:
+                element = torch.empty((), dtype=getattr(torch, dtype))
                 count = 1
                 for size in shape:
                     count *= size
-                tensor = torch.from_file(str(path), shared=True, size=count, dtype=getattr(torch, dtype)).view(shape)
+                # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
+                if path.stat().st_size != count * element.element_size():
+                    raise OSError(f"shared result {name} is incomplete")
+                tensor = torch.from_file(str(path), shared=True, size=count, dtype=element.dtype).view(shape)
             finally:
                 path.unlink(missing_ok=True)
             setattr(value, field, tensor)
@@ -102,6 +112,9 @@ def _worker_main(conn, folder: Path | None = None) -> None:
         try:
             conn.send_bytes(pickle.dumps(reply))
         except (OSError, ValueError, pickle.PicklingError):
+            if folder is not None:  # nobody will map what this reply exported
+                for leftover in folder.glob(f"{os.getpid()}-*"):
+                    leftover.unlink(missing_ok=True)
             return
 
 
@@ -114,6 +127,7 @@ class _Worker:
         child.close()
         self.conn = Connection(parent.detach())
         self.ready = False
+        self.served = 0  # calls answered: a crash in a fresh worker is the input's own
 
     def wait_ready(self) -> None:
         """Waits out the interpreter start, which the decode time-out must not include."""
@@ -133,7 +147,12 @@ class _Worker:
 
 
 class _WorkerDied(Exception):
-    """A worker process ended while it held a call (its exit status as the message)."""
+    """A worker process ended while it held a call (its exit status as the message); `fresh`:
+    it had served no earlier call, so nothing before this input touched its heap."""
+
+    def __init__(self, status: str, fresh: bool):
+        super().__init__(status)
+        self.fresh = fresh
 
 
 class IsolatedPool:
@@ -157,12 +176,16 @@ class IsolatedPool:
         return worker
 
     def _replace(self, worker: _Worker) -> None:
-        worker.kill()
+        try:
+            worker.kill()
+        except subprocess.TimeoutExpired:  # stuck in the kernel: left to the OS, never reused
+            pass
         if self.shared_folder is not None:  # what the dead worker wrote and nobody mapped
             for leftover in self.shared_folder.glob(f"{worker.process.pid}-*"):
                 leftover.unlink(missing_ok=True)
         with self._lock:
-            self._all.remove(worker)
+            if worker in self._all:  # close() may have taken it already
+                self._all.remove(worker)
             closed = self._closed
         if not closed:
             self._idle.put(self._spawn())
@@ -174,8 +197,11 @@ class IsolatedPool:
         crashes the retry too and is a 422. A time-out is not retried."""
         try:
             return self._run_once(fn, args, timeout_s)
-        except _WorkerDied:
-            pass
+        except _WorkerDied as died:
+            if self._closed:  # shutting down under the call: not the input's fault
+                raise MediaCapacityError("the decoder pool closed during the decode") from None
+            if died.fresh:  # a worker that had decoded nothing else: the input crashed it alone
+                raise UnprocessableMediaError(f"decoder process died ({died})") from None
         try:
             return self._run_once(fn, args, timeout_s)
         except _WorkerDied as died:
@@ -186,6 +212,7 @@ class IsolatedPool:
             raise RuntimeError("IsolatedPool is closed")
         timeout = self.timeout_s if timeout_s is None else timeout_s
         worker: _Worker | None = self._idle.get()
+        served = worker.served if worker is not None else 0
         try:
             assert worker is not None
             worker.wait_ready()
@@ -195,6 +222,9 @@ class IsolatedPool:
                 worker = None
                 raise UnprocessableMediaError(f"decoder timed out after {timeout:.0f} s", status_code=422)
             status, value = pickle.loads(worker.conn.recv_bytes())
+            worker.served += 1
+            if status == "ok":  # mapped while this call holds the worker: nothing can remove its files
+                value = _import(value, self.shared_folder)
         except (EOFError, OSError):
             code = None
             if worker is not None:
@@ -204,13 +234,14 @@ class IsolatedPool:
                     pass
                 self._replace(worker)
                 worker = None
-            raise _WorkerDied(f"signal {-code}" if code is not None and code < 0 else f"exit code {code}") from None
+            status = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            raise _WorkerDied(status, fresh=served == 0) from None
         finally:
             if worker is not None:
                 self._idle.put(worker)
         if status == "error":
             raise value
-        return _import(value, self.shared_folder)
+        return value
 
     @property
     def pids(self) -> list[int]:
@@ -228,12 +259,26 @@ class IsolatedPool:
             shutil.rmtree(self.shared_folder, ignore_errors=True)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def _shared_folder() -> Path | None:
     """A private folder in /dev/shm for workers' decoded tensors, or None where there is none."""
     try:
         folder = Path(tempfile.mkdtemp(prefix=f"lazymedia-{os.getpid()}-", dir="/dev/shm"))
     except OSError:
         return None
+    for stale in folder.parent.glob("lazymedia-*-*"):  # left by a killed server (no atexit ran)
+        owner = stale.name.split("-")[1]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(stale, ignore_errors=True)
     atexit.register(shutil.rmtree, folder, True)  # a pool never closed (the process-wide one)
     return folder
 

@@ -20,6 +20,7 @@ is listed in docs/usage.md ("Switching a vLLM frontend").
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -68,15 +69,19 @@ class VllmMediaConnector:
         return {"mode": image.get("image_mode", image_mode), "background": background}
 
     def video_spec(self, image_mode: str | None = "RGB", video_processor: str | None = None) -> dict:
-        """vLLM decodes video frames to RGB; a processor that picks its own loader backend
-        (vLLM's get_video_loader_backend_for_processor) is refused rather than ignored."""
+        """vLLM's choice of loader: media_io_kwargs' video_backend; else the backend vLLM's
+        registry names for `video_processor` (looked up where vLLM is importable); else
+        VLLM_VIDEO_LOADER_BACKEND (default opencv). A backend lazymedia does not implement is
+        refused, not replaced. Frames are RGB, as in vLLM."""
         if image_mode != "RGB":
             raise ValueError(f"video frames are RGB; image_mode={image_mode!r} is not supported for video")
-        if video_processor is not None:
-            raise ValueError(f"video_processor={video_processor!r}: per-processor loader backends are not supported; "
-                             "set media_io_kwargs['video']['video_backend']")
         video = self.media_io_kwargs.get("video", {})
-        decoder, sampler = _VIDEO_BACKENDS[video.get("video_backend", "opencv")]
+        backend = video.get("video_backend") or _registered_backend(video_processor) or \
+            os.environ.get("VLLM_VIDEO_LOADER_BACKEND", "opencv")
+        if backend not in _VIDEO_BACKENDS:
+            raise ValueError(f"video backend {backend!r} (for {video_processor or 'the default'}): lazymedia "
+                             f"implements {sorted(_VIDEO_BACKENDS)}")
+        decoder, sampler = _VIDEO_BACKENDS[backend]
         spec = {"num_frames": video.get("num_frames", DEFAULT_NUM_FRAMES), "fps": video.get("fps"),
                 "decoder": decoder, "sampler": sampler}
         if "max_duration" in video:
@@ -115,6 +120,17 @@ class VllmMediaConnector:
 
     def close(self) -> None:
         self.connector.close()
+
+
+def _registered_backend(video_processor: str | None) -> str | None:
+    """The loader backend vLLM registers for a video processor class, where vLLM is importable."""
+    if video_processor is None:
+        return None
+    try:
+        from vllm.multimodal.video import get_video_loader_backend_for_processor
+    except ImportError:
+        return None
+    return get_video_loader_backend_for_processor(video_processor)
 
 
 def to_vllm(decoded) -> Any:
