@@ -7,7 +7,6 @@ import ctypes
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -137,26 +136,23 @@ def test_draft_and_non_rgb_modes_stay_on_the_cpu(jpeg_bytes):
 # -- the native decoder's call ordering, against recording fakes --------------------------------
 
 def _nvjpeg_include() -> Path | None:
-    for entry in [*sys.path, sysconfig.get_paths()["purelib"]]:
-        for sub in ("cu13", "nvjpeg"):
-            candidate = Path(entry or ".") / "nvidia" / sub / "include"
-            if (candidate / "nvjpeg.h").exists():
-                return candidate
-    toolkit = Path("/usr/local/cuda/include")
-    return toolkit if (toolkit / "nvjpeg.h").exists() else None
+    header = nvjpeg.wheel_file("include/nvjpeg.h") or "/usr/local/cuda/include/nvjpeg.h"
+    return Path(header).parent if Path(header).exists() else None
+
+
+COMPILER, NVJPEG_INCLUDE = shutil.which("g++"), _nvjpeg_include()
+requires_native_toolchain = pytest.mark.skipif(
+    COMPILER is None or NVJPEG_INCLUDE is None or not Path("/usr/local/cuda/include/cuda_runtime_api.h").exists(),
+    reason="needs g++, nvjpeg.h (nvidia-nvjpeg wheel) and the CUDA toolkit's headers")
 
 
 @pytest.fixture(scope="module")
 def fakes(tmp_path_factory):
-    """Builds the real decoder against the fakes; skips, saying why, without a compiler or headers."""
-    compiler = shutil.which("g++")
-    include = _nvjpeg_include()
-    if compiler is None or include is None or not Path("/usr/local/cuda/include/cuda_runtime_api.h").exists():
-        pytest.skip("needs g++, nvjpeg.h (nvidia-nvjpeg wheel) and the CUDA toolkit's headers")
+    """Builds the real decoder against the fakes (tests using it carry requires_native_toolchain)."""
     binary = tmp_path_factory.mktemp("fakes") / "nvjpeg_decoder_fakes"
     sources = ["csrc/cuda/nvjpeg_decoder.cpp", "csrc/cuda/nvjpeg_api.cpp", "tests/native/nvjpeg_decoder_fakes.cpp"]
-    build = subprocess.run([compiler, "-std=c++17", "-O1", "-Wall", "-Werror", "-fsanitize=address,undefined",
-                            "-I", "csrc", "-I", "/usr/local/cuda/include", "-I", str(include), *sources, "-ldl",
+    build = subprocess.run([COMPILER, "-std=c++17", "-O1", "-Wall", "-Werror", "-fsanitize=address,undefined",
+                            "-I", "csrc", "-I", "/usr/local/cuda/include", "-I", str(NVJPEG_INCLUDE), *sources, "-ldl",
                             "-o", str(binary)], cwd=REPO, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
 
@@ -181,6 +177,7 @@ def _index(calls: list[str], call: str, start: int = 0) -> int:
     return calls.index(call, start)
 
 
+@requires_native_toolchain
 def test_every_handle_is_strict_and_nvjpeg_allocates_from_a_private_pool(fakes):
     for scenario in ("hardware", "decoupled"):
         setup = fakes(scenario)[0]
@@ -191,6 +188,7 @@ def test_every_handle_is_strict_and_nvjpeg_allocates_from_a_private_pool(fakes):
         assert setup.index(threshold[0]) < setup.index(creates[0])  # the allocators point at the pool
 
 
+@requires_native_toolchain
 def test_batched_initialize_only_after_the_previous_batch_finished(fakes):
     _, *batches = fakes("hardware")
     for calls in batches:
@@ -205,6 +203,7 @@ def test_batched_initialize_only_after_the_previous_batch_finished(fakes):
     assert ["DecodeBatchedInitialize 3" in calls for calls in batches] == [True, False, False]  # same size: once
 
 
+@requires_native_toolchain
 def test_a_failed_batch_is_reinitialised_and_retried_per_image(fakes):
     _, first, failed, after = fakes("hardware_failure")
     assert "DecodeBatchedInitialize 3" in first
@@ -214,6 +213,7 @@ def test_a_failed_batch_is_reinitialised_and_retried_per_image(fakes):
         < _index(after, "DecodeBatched")
 
 
+@requires_native_toolchain
 def test_decoupled_transfer_waits_for_the_previous_device_phase(fakes):
     _, *batches = fakes("decoupled")
     for calls in batches:
@@ -236,6 +236,7 @@ def test_decoupled_transfer_waits_for_the_previous_device_phase(fakes):
     assert len(orient) == 3 and orient[0] > max(i for i, c in enumerate(batches[2]) if c == "DecodeJpegDevice")
 
 
+@requires_native_toolchain
 def test_a_failure_mid_batch_finishes_queued_writes_before_raising(fakes):
     *_, failed = fakes("orient_failure")
     failure = _index(failed, "Orient 6 failed")

@@ -39,12 +39,10 @@ def assert_close_to_pillow(out: torch.Tensor, data: bytes, label: str) -> None:
     assert measured > floor, f"{label}: {measured:.2f} dB"
 
 
-def nvdec_or_skip():
-    """PyNvVideoCodec raises RuntimeError on import without the driver's video libraries
-    (libnvcuvid): that is a skip with its reason, not an error."""
-    status = {(b.modality, b.name): b for b in lazymedia.backends()}[("video", "nvdec")]
-    if not status.available:
-        pytest.skip(f"NVDEC unavailable: {status.reason}")
+# PyNvVideoCodec raises RuntimeError on import without the driver's video libraries (libnvcuvid):
+# that is a skip with its reason, not an error.
+_NVDEC = {(b.modality, b.name): b for b in lazymedia.backends()}[("video", "nvdec")]
+requires_nvdec = pytest.mark.skipif(not _NVDEC.available, reason=f"NVDEC unavailable: {_NVDEC.reason}")
 
 
 def pillow(data: bytes) -> np.ndarray:
@@ -154,8 +152,8 @@ def test_dali_mixed_decoder_psnr():
     assert_close_to_pillow(out, data, "DALI mixed")
 
 
+@requires_nvdec
 def test_nvdec_sampled_frames_match_cpu_path():
-    nvdec_or_skip()
     from lazymedia.bench import encode_video
     from lazymedia.engine.nvdec import NvdecBatchDecoder
 

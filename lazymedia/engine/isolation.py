@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import math
 import os
 import pickle
 import queue
@@ -80,9 +81,7 @@ def _import(value, folder: Path | None) -> Any:
             path = folder / name
             try:
                 element = torch.empty((), dtype=getattr(torch, dtype))
-                count = 1
-                for size in shape:
-                    count *= size
+                count = math.prod(shape)
                 # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
                 if path.stat().st_size != count * element.element_size():
                     raise OSError(f"shared result {name} is incomplete")

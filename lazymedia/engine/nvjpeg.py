@@ -54,16 +54,21 @@ def split_batch(items: Sequence) -> tuple[list[int], list[int]]:
     return gpu, host
 
 
-def wheel_library(search_path: Sequence[str] | None = None) -> str:
-    """libnvjpeg.so.13 from the nvidia-nvjpeg wheel, which installs no unversioned link. Every
+def wheel_file(relative: str, search_path: Sequence[str] | None = None) -> str:
+    """`relative` (e.g. "include/nvjpeg.h") inside the nvidia-nvjpeg wheel, or "". Every
     `nvidia/` folder on the path is looked in: wheels that ship nvidia/__init__.py (nvjpeg2k,
     nvtiff, nvimgcodec) hide the others from the import system, so setup.py looks the same way."""
     for entry in sys.path if search_path is None else search_path:
         for sub in ("cu13", "nvjpeg"):
-            candidate = Path(entry or ".") / "nvidia" / sub / "lib" / "libnvjpeg.so.13"
+            candidate = Path(entry or ".") / "nvidia" / sub / relative
             if candidate.exists():
                 return str(candidate)
     return ""
+
+
+def wheel_library(search_path: Sequence[str] | None = None) -> str:
+    """libnvjpeg.so.13 from the nvidia-nvjpeg wheel, which installs no unversioned link."""
+    return wheel_file("lib/libnvjpeg.so.13", search_path)
 
 
 class NvjpegBatchDecoder:
