@@ -2,29 +2,33 @@
 
 Downloads stream through aiohttp (one connection pool per connector and live event loop): the key
 is hashed chunk by chunk as the body arrives, and the download stops as soon as it passes
-`max_bytes`. Every hop of a redirect chain is checked against the domain allow-list and the
-SSRF guard (lazymedia.guard), and the guard also filters the addresses the resolver hands to the
-connection, so a name that re-resolves to a private address between check and connect is still
-refused. data: payloads are size-checked before any copy and decoded off the event loop; file:
-URLs open component by component beneath the allowed root.
+`max_bytes`. Every hop of a redirect chain is read by the client's own URL parser (yarl) and that
+one reading is what the domain allow-list and the SSRF guard (lazymedia.guard) judge and what the
+client requests. The guard also filters the addresses the resolver returns, and it checks the
+address of every socket the client opens (IP literals skip the resolver), so no spelling of a
+host and no re-resolution reaches a refused address. data: payloads are size-checked before any
+copy and decoded off the event loop; file: URLs open component by component beneath the allowed
+root.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import os
 import socket
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import SplitResult, unquote, urljoin, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
+from yarl import URL
 
 from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
-from .guard import AddressGuard, canonical_ip, read_beneath
+from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
 from .hashing import KeyHasher, media_key
 from .media import LazyMedia, from_base64, load
 from .spec import DEFAULT_LIMITS, Limits, make_spec
@@ -33,7 +37,29 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class _RefusedAddress(OSError):
-    """Raised by the resolver when a name resolves only to addresses the guard refuses."""
+    """Raised by the resolver when a name resolves only to addresses the guard refuses, and by
+    the socket factory for a refused address."""
+
+
+# The addresses the socket factory refused during the current fetch (a list per fetch): aiohttp
+# may fold a refusal into a generic OSError when it tried several addresses.
+_REFUSED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("lazymedia_refused", default=None)
+
+
+def _guarded_socket_factory(guard: AddressGuard):
+    """aiohttp's socket factory: every connection the client opens, for a name or an IP literal
+    and on every redirect hop, first has its final address checked here."""
+
+    def open_socket(addr_info) -> socket.socket:
+        family, type_, proto, _, sockaddr = addr_info
+        if not guard.permits(str(sockaddr[0])):
+            refused = _REFUSED.get()
+            if refused is not None:
+                refused.append(str(sockaddr[0]))
+            raise _RefusedAddress(f"{sockaddr[0]} is not a public address")
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return open_socket
 
 
 class _GuardedResolver(AbstractResolver):
@@ -66,6 +92,11 @@ def _split(url) -> SplitResult:
     return parts
 
 
+def _ascii_domain(domain: str) -> str:
+    """An allow-list entry in the form the client connects with (IDNA, lower case, no end dot)."""
+    return (URL.build(scheme="http", host=domain.strip(".")).raw_host or "").lower()
+
+
 def _finish(hasher: KeyHasher | None, data: bytes) -> str | None:
     if hasher is None:
         return None
@@ -95,7 +126,7 @@ class MediaConnector:
                  allow_private_networks: bool | Iterable[str] = False, limits: Limits | None = None,
                  max_connections: int = 256, download_cache_dir: str | os.PathLike | None = None,
                  allow_subdomains: bool = True):
-        self.allowed_domains = None if allowed_domains is None else [d.lower().strip(".") for d in allowed_domains]
+        self.allowed_domains = None if allowed_domains is None else [_ascii_domain(d) for d in allowed_domains]
         self.allow_subdomains = allow_subdomains
         self.allowed_local_path = None if allowed_local_path is None else Path(allowed_local_path).resolve()
         self.max_bytes = max_bytes
@@ -206,7 +237,8 @@ class MediaConnector:
         session = self._sessions.get(loop)
         if session is None or session.closed:
             self._drop_closed_loops()
-            connector = aiohttp.TCPConnector(limit=self.max_connections, resolver=_GuardedResolver(self.guard))
+            connector = aiohttp.TCPConnector(limit=self.max_connections, resolver=_GuardedResolver(self.guard),
+                                             socket_factory=_guarded_socket_factory(self.guard))
             session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                             timeout=aiohttp.ClientTimeout(total=None))
             self._sessions[loop] = session
@@ -217,12 +249,12 @@ class MediaConnector:
         for gone in [loop for loop in self._sessions if loop.is_closed()]:
             self._sessions.pop(gone).detach()
 
-    def _check_url(self, url: str) -> str:
-        """Checks one hop (scheme, domain allow-list, literal addresses); returns its host."""
-        parts = _split(url)
-        if parts.scheme.lower() not in ("http", "https"):
+    def _check_url(self, url: URL) -> str:
+        """Checks one hop as the client reads it (scheme, domain allow-list, literal addresses);
+        returns its host."""
+        if url.scheme not in ("http", "https"):
             raise InvalidMediaError("refused a redirect to a non-http URL")
-        host = (parts.hostname or "").lower().strip(".")
+        host = (url.raw_host or "").lower().strip(".")
         if not host:
             raise InvalidMediaError("URL has no host")
         if self.allowed_domains is not None and not any(
@@ -236,7 +268,7 @@ class MediaConnector:
     async def _fetch_http(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         cached = self._cache_path(url)
         if cached is not None and cached.is_file():
-            host = self._check_url(url)  # the same checks as a fresh fetch, before serving the entry
+            host = self._check_url(read_http_url(url))  # the checks of a fresh fetch, before serving it
             if canonical_ip(host) is None:
                 await self._check_resolves(host)
             data = await asyncio.to_thread(cached.read_bytes)
@@ -266,7 +298,16 @@ class MediaConnector:
             return None
         return self.download_cache_dir / (media_key("url", b"", url.encode()) + ".bin")
 
-    async def _follow(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+    async def _follow(self, text: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+        url = read_http_url(text)
+        refused: list[str] = []
+        token = _REFUSED.set(refused)
+        try:
+            return await self._follow_hops(url, hasher, refused)
+        finally:
+            _REFUSED.reset(token)
+
+    async def _follow_hops(self, url: URL, hasher: KeyHasher | None, refused: list[str]) -> tuple[bytes, str | None]:
         for _ in range(self.max_redirects + 1):
             host = self._check_url(url)
             try:
@@ -276,7 +317,7 @@ class MediaConnector:
                         if not self.allow_redirects or not location:
                             raise MediaFetchError(f"{host} redirects ({response.status}) and redirects are off",
                                                   status_code=400)
-                        url = urljoin(url, location)
+                        url = read_http_url(location, base=url)
                         continue
                     if response.status != 200:
                         raise MediaFetchError(f"upstream {host} answered {response.status} {response.reason or ''}"
@@ -285,9 +326,11 @@ class MediaConnector:
             except MediaError:
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
-                refused = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
-                if isinstance(refused, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
-                    raise InvalidMediaError(f"refused {refused or exc.__cause__}") from None
+                if refused:
+                    raise InvalidMediaError(f"refused {host}: {refused[0]} is not a public address") from None
+                cause = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
+                if isinstance(cause, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
+                    raise InvalidMediaError(f"refused {cause or exc.__cause__}") from None
                 raise MediaFetchError(f"fetching from {host} failed: {type(exc).__name__}: {exc}",
                                       status_code=502) from None
         raise MediaFetchError(f"more than {self.max_redirects} redirects", status_code=400)
