@@ -262,6 +262,15 @@ class RedisCache:
             return token
         return None
 
+    async def arelease(self, key: str, token: str) -> None:
+        """`release` on the asyncio client, so an event loop never blocks on it."""
+        if not token or self._skip():
+            return
+        try:
+            await self._async_client().eval(_RELEASE, 1, self.prefix + key + ":lease", token)
+        except self._errors as exc:
+            self._fault(exc, "lease release")
+
     async def await_for(self, key: str) -> tuple[bool, object]:
         self._count("lease_waits")
         deadline = time.monotonic() + self.wait_s
