@@ -70,18 +70,19 @@ def read_http_url(text: str, base: URL | None = None) -> URL:
     """The URL an HTTP client request goes to, parsed by yarl (the parser aiohttp connects with),
     joined to `base` for a redirect's Location. Spellings that parsers read differently are 400s
     before anything is judged: a backslash (browsers read it as "/", others as part of the host),
-    control characters or spaces (some parsers drop them), several "@" in the authority, and a
-    host that is not plain ASCII but reads as an IP address once normalised (full-width or
-    circled digits, ideographic full stops): no legitimate client writes an address that way."""
+    control characters or spaces before the path (yarl and browsers drop some, urllib keeps
+    them), several "@" in the authority, and a host that is not plain ASCII but reads as an IP
+    address once normalised (full-width or circled digits, ideographic full stops): no
+    legitimate client writes an address that way."""
     if not isinstance(text, str):
         raise InvalidMediaError(f"a URL must be a string, got {type(text).__name__}")
-    before_query = re.split(r"[?#]", text, maxsplit=1)[0]
-    if "\\" in before_query:
+    if "\\" in re.split(r"[?#]", text, maxsplit=1)[0]:
         raise InvalidMediaError("ambiguous URL: a backslash before the query")
-    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in text):
-        raise InvalidMediaError("ambiguous URL: a control character or space")
     match = _AUTHORITY.match(text)
     authority = match.group(1) if match else None
+    head = text[:match.end()] if match else re.split(r"[/?#]", text, maxsplit=1)[0]
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in head):
+        raise InvalidMediaError("ambiguous URL: a control character or space before the path")
     if authority is not None and authority.count("@") > 1:
         raise InvalidMediaError("ambiguous URL: more than one '@' in the authority")
     try:

@@ -505,7 +505,8 @@ async def test_the_connect_layer_refuses_an_address_the_url_checks_missed(server
 
 @pytest.mark.parametrize("url", ["https://example.com\\@safe.example.org/x.jpg", "http://safe.example.org\\.evil.com/x",
                                  "http://evil.com@x@safe.example.org/x.jpg", "http://safe.example.org\t/x.jpg",
-                                 "http://safe.exa mple.org/x.jpg", "http://safe.example.org/a\\b.jpg"])
+                                 "ht\ttp://safe.example.org/x.jpg", "http://safe.exa mple.org/x.jpg",
+                                 "http://safe.example.org/a\\b.jpg"])
 async def test_ambiguous_urls_are_400_before_any_connect(url, no_network):
     async with MediaConnector(allowed_domains=["safe.example.org"], allow_private_networks=True) as c:
         with pytest.raises(InvalidMediaError, match="ambiguous URL") as info:
