@@ -416,26 +416,23 @@ def test_an_id_miss_never_fails_an_item_that_brought_its_media(engine, images):
     assert processor.apply(both) == [(64, 80, 3)] * 2
 
 
-def test_a_follower_with_media_is_not_failed_by_an_id_only_leader(monkeypatch, engine, images):
-    Spy(monkeypatch, delay=0.5)  # request A's other item keeps A's id-only key in flight
+async def test_a_follower_with_media_is_not_failed_by_an_id_only_leader(monkeypatch, engine, images):
+    gate = Gate(monkeypatch)  # request A's other item keeps A's id-only key in flight
     processor = Processor(lambda items: [tuple(t.shape) for t in items], engine=engine)
-    results = {}
 
-    def request(name, items):
+    async def request(items):
         try:
-            results[name] = processor.apply(items)
+            return await processor.apply_async(items)
         except lazymedia.MediaError as exc:
-            results[name] = type(exc).__name__
+            return type(exc).__name__
 
-    a = threading.Thread(target=request, args=("A", [lazymedia.LazyMedia.from_id("image", "Y"),
-                                                     lazymedia.load_image(images[4])]))
-    a.start()
-    time.sleep(0.2)  # A leads "Y" and waits for its slow decode
-    b = threading.Thread(target=request, args=("B", [lazymedia.load_image(images[3], item_id="Y")]))
-    b.start()
-    a.join(10)
-    b.join(10)
-    assert results == {"A": "MediaNotCachedError", "B": [(64, 80, 3)]}
+    a = asyncio.create_task(request([lazymedia.LazyMedia.from_id("image", "Y"), lazymedia.load_image(images[4])]))
+    await gate.wait_entered()  # A leads "Y" and waits for its other item's decode
+    b = asyncio.create_task(request([lazymedia.load_image(images[3], item_id="Y")]))
+    await settle()  # B follows A on "Y"
+    gate.proceed.set()
+    assert {"A": await a, "B": await b} == {"A": "MediaNotCachedError", "B": [(64, 80, 3)]}
+    assert gate.calls == 2  # A's image, then B's own decode of "Y" after A abandoned it
 
 
 def test_apply_refuses_what_is_neither_a_handle_nor_decoded_media(engine):
