@@ -335,3 +335,25 @@ def test_info_reports_a_broken_nvjpeg_and_succeeds(monkeypatch, capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "nvJPEG unusable: RuntimeError: libnvjpeg.so.13" in out and "image nvjpeg  available" in out
+
+
+def test_info_shows_why_the_hardware_backend_was_not_taken_and_the_versions(monkeypatch, capsys):
+    class NoEngines:
+        hardware, engines, cores_per_engine, upsampling_interpolated = False, 0, 0, True
+        creation_log = ("nvjpegCreateExV2(hardware, flags=36, lazymedia's allocators): implementation not supported\n"
+                        "nvjpegCreateExV2(default, flags=36, lazymedia's allocators): success")
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(lazymedia.engine, "backends",
+                        lambda: [BackendStatus("nvjpeg", "image", True, "NVIDIA H200")])
+    monkeypatch.setattr(nvjpeg, "NvjpegBatchDecoder", NoEngines)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "no nvJPEG hardware engines" in out and "chroma upsampling: interpolated" in out
+    assert "    nvjpegCreateExV2(hardware, flags=36, lazymedia's allocators): implementation not supported" in out
+    if shutil.which("nvcc") and nvjpeg.wheel_library():  # the CUDA extension is built, the wheel installed
+        versions = next(line for line in out.splitlines() if line.startswith("  versions: "))
+        assert "nvjpeg 13." in versions and "nvjpeg_built_with_cudart 13." in versions and "driver_cuda" in versions
