@@ -165,7 +165,6 @@ def cmd_info(args) -> int:
     print(f"  native core: {_C.__file__}")
     try:
         from . import _C_cuda
-
         from .engine.nvjpeg import wheel_library
 
         print(f"  CUDA extension: built for {_C_cuda.arches()}")

@@ -91,7 +91,7 @@ class Frame:
     def __dlpack_device__(self):
         return self.surface.__dlpack_device__()
 
-    def getPTS(self) -> int:  # noqa: N802 (PyNvVideoCodec's name)
+    def getPTS(self) -> int:
         return self.pts
 
 

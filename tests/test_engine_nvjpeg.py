@@ -35,11 +35,28 @@ def test_nvjpeg_routing(name, gpu, reason):
     assert not nvjpeg.route(item.header, lazymedia.ImageSpec(mode="L")).gpu
 
 
+def with_adobe_segment(jpeg: bytes, transform: int) -> bytes:
+    """`jpeg` with an Adobe APP14 segment (version 100, no flags, the colour transform) after SOI."""
+    segment = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00" + bytes([transform])
+    return jpeg[:2] + segment + jpeg[2:]
+
+
+def test_rgb_coded_jpegs_go_to_the_cpu(jpeg_bytes):
+    rgb_coded = lazymedia.load_image(with_adobe_segment(jpeg_bytes, 0))
+    assert rgb_coded.header.adobe_transform == 0
+    decision = nvjpeg.route(rgb_coded.header, rgb_coded.spec)
+    assert not decision.gpu and "Adobe transform 0" in decision.reason
+    ycbcr = lazymedia.load_image(with_adobe_segment(jpeg_bytes, 1))
+    assert ycbcr.header.adobe_transform == 1 and nvjpeg.route(ycbcr.header, ycbcr.spec).gpu
+
+
 class HostDecoder:
     """Stands in for _C_cuda.NvjpegDecoder: honours the native contract (write the oriented RGB
     pixels to the out pointer) with the CPU decoder, and refuses progressive images at run time."""
 
     hardware = True
+    upsampling_interpolated = True
+    creation_log = "stand-in"
 
     def __init__(self):
         self.calls = []
@@ -80,6 +97,7 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     resized = ops_resize_reference(items[6])
     assert torch.equal(results[6], resized)
     assert any("progressive" in r or "not supported" in r for r in backend.fallbacks)
+    assert backend.decoded == 3  # hopper_orientation_6, hopper.jpg and its resize; not 3.jpg or the corrupt one
 
 
 def ops_resize_reference(item):
@@ -236,7 +254,8 @@ def test_hardware_candidates_are_parsed_whole_and_a_cut_scan_falls_back_alone(fa
 @requires_native_toolchain
 def test_the_host_sleeps_on_the_events_it_waits_for(fakes):
     setup = fakes("hardware")[0]
-    created = dict(c.removeprefix("EventCreate ").split(" blocking_sync=") for c in setup if c.startswith("EventCreate"))
+    events = [c.removeprefix("EventCreate ") for c in setup if c.startswith("EventCreate")]
+    created = dict(e.split(" blocking_sync=") for e in events)
     assert created == {"consumer_ready": "0", "done": "0", "stream_idle": "1", "device_done": "1",
                        "pinned_free0": "1", "pinned_free1": "1"}
 
@@ -256,7 +275,8 @@ def test_without_stream_ordered_pools_nvjpeg_uses_cudamalloc(fakes):
 def test_creation_says_what_each_attempt_returned(fakes):
     setup = fakes("plain_flags")[0]
     creates = [c for c in setup if c.startswith("CreateEx")]
-    assert creates[:2] == ["CreateExV2 backend=3 strict=1 interpolation=1", "CreateExV2 backend=3 strict=1 interpolation=0"]
+    assert creates[:2] == ["CreateExV2 backend=3 strict=1 interpolation=1",
+                           "CreateExV2 backend=3 strict=1 interpolation=0"]
     log = next(c for c in setup if c.startswith("creation log: "))
     assert "flags=36, lazymedia's allocators): invalid parameter" in log
     assert "flags=4, lazymedia's allocators): success" in log and "1 engines x 4 cores" in log

@@ -55,8 +55,9 @@ class NvdecBatchDecoder:
 
     def __init__(self, device: int | str | torch.device = 0, video_codec=None):
         if video_codec is None:
-            import PyNvVideoCodec as video_codec  # raises RuntimeError, not ImportError, without a driver
+            import PyNvVideoCodec  # raises RuntimeError, not ImportError, without a driver
 
+            video_codec = PyNvVideoCodec
         self._nvc = video_codec
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         on_gpu = self.device.type == "cuda"

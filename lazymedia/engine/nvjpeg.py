@@ -2,9 +2,10 @@
 tensors, with EXIF orientation and resizing by the shared kernels.
 
 What nvJPEG cannot decode goes to the CPU decoder per image: 4-component (CMYK/YCCK),
-grayscale, lossless, arithmetic-coded and hierarchical JPEGs, non-JPEG formats, modes other than
-RGB, RGB-coded (Adobe transform 0) and draft decodes are routed to the CPU up front; any image the native decoder refuses at run
-time (its handles are strict about damaged bitstreams) falls back the same way. The CPU decoder
+grayscale, RGB-coded (Adobe transform 0), lossless, arithmetic-coded and hierarchical JPEGs,
+non-JPEG formats, modes other than RGB and draft decodes are routed to the CPU up front; any
+image the native decoder refuses at run time (its handles are strict about damaged bitstreams,
+and parse hardware candidates whole) falls back the same way. The CPU decoder
 then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG upsamples chroma
 by interpolation, as libjpeg-turbo does, where the library accepts the flag; its pixels differ
 from libjpeg-turbo's within what tests/test_gpu.py measures (40 dB).
