@@ -24,9 +24,18 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
 
 
-def clip(height: int, width: int, frames: int = 8, colorspace: int | None = None) -> bytes:
-    """H.264 with B-frames, tagged with an AVColorSpace (None: untagged)."""
-    base = samples.photo(height, width + frames * 4)
+def clip(height: int, width: int, frames: int = 8, colorspace: int | None = None, photo: bool = True) -> bytes:
+    """H.264 with B-frames, tagged with an AVColorSpace (None: untagged); panning across a
+    photo-like image, or (photo=False, cheap at 8K) a colour gradient."""
+    if photo:
+        base = samples.photo(height, width + frames * 4)
+    else:
+        rows = np.linspace(0, 255, height, dtype=np.float32)[:, None, None]
+        columns = np.linspace(0, 255, width + frames * 4, dtype=np.float32)[None, :, None]
+        base = np.concatenate([np.broadcast_to(rows, (height, width + frames * 4, 1)),
+                               np.broadcast_to(columns, (height, width + frames * 4, 1)),
+                               np.broadcast_to((rows + columns) / 2, (height, width + frames * 4, 1))], axis=2)
+        base = base.astype(np.uint8)
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as out:
         stream = out.add_stream("libx264", rate=30)

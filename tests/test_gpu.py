@@ -257,7 +257,7 @@ def test_isolated_video_frames_land_pinned_in_the_serving_process():
 def test_nvdec_after_a_clip_it_cannot_decode(nvdec_backend):
     """Last in the file: H.264 above 4096 pixels wide fails on an H200's NVDEC (vLLM #51138); the
     CPU decodes it, and the next clip decodes on NVDEC with a fresh decoder."""
-    data = clip(4320, 8192, frames=2)
+    data = clip(4320, 8192, frames=2, photo=False)
     item = lazymedia.load_video(data, num_frames=2)
     decoded, fallbacks = nvdec_backend.decoded, len(nvdec_backend.fallbacks)
     (frames,) = nvdec_backend.decode_batch([item])
