@@ -126,10 +126,13 @@ def test_nvjpeg_batches_behind_queued_work_on_the_callers_stream(nvjpeg_backend)
     """About 50 ms of work queued on the caller's stream, then writes into blocks freed at once
     (torchcodec #1634's condition), and new images in every iteration (a skipped or stale output
     cannot hold the right pixels from the previous one)."""
+    a = torch.randn((4096, 4096), device="cuda")
+    product = torch.empty_like(a)
     for iteration in range(3):
         blobs = [encode(make_image(256, 320, seed=100 * iteration + s), "JPEG", quality=90) for s in range(64)]
         expected = [pillow(b) for b in blobs]
-        torch.cuda._sleep(100_000_000)  # ~50 ms of queued kernel time
+        for _ in range(16):  # ~50 ms of queued kernel time on an H200 (137 GFLOP each)
+            torch.matmul(a, a, out=product)
         junk = [torch.empty((256, 320, 3), dtype=torch.uint8, device="cuda").fill_(7) for _ in range(16)]
         del junk
         results = decode_counted(nvjpeg_backend, [lazymedia.load_image(b) for b in blobs], on_gpu=64)
