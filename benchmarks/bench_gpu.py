@@ -75,7 +75,9 @@ def bench_jpeg(quick: bool) -> tuple[list[dict], dict]:
         reference = np.asarray(Image.open(io.BytesIO(blobs[0])).convert("RGB"))
         (ours,) = nvjpeg.decode_batch([lazymedia.load_image(blobs[0])])
         quality[f"{width}x{height}"] = {"psnr_vs_pillow_db": psnr(ours.cpu(), reference),
-                                        "hardware": nvjpeg.hardware}
+                                        "hardware": nvjpeg.hardware,
+                                        "upsampling_interpolated": nvjpeg.upsampling_interpolated,
+                                        "fallbacks": list(nvjpeg.fallbacks)}
         for batch in BATCHES:
             chunk = [blobs[i % DISTINCT] for i in range(batch)]
             for name, decode in found.items():
@@ -140,7 +142,8 @@ def bench_nvdec(quick: bool) -> dict:
         cpu = timed(lambda: lazymedia.load_video(data, **spec).decode(), 3)
         count = spec.get("num_frames", seconds * 30)
         result[label] = {"nvdec_frames_per_s": count / gpu, "pyav_frames_per_s": count / cpu, "speedup": cpu / gpu}
-    result["fallbacks"] = backend.fallbacks
+    result["fallbacks"] = list(backend.fallbacks)  # a deque is not JSON
+    result["videos_decoded_on_nvdec"] = backend.decoded
     return result
 
 
@@ -158,6 +161,7 @@ def main(argv=None) -> int:
     report["window"] = bench_window()
     report["lock"] = bench_lock()
     report["nvdec"] = bench_nvdec(args.quick)
+    write_json(report, args.json)  # first: a failure while printing loses nothing
     print(f"\nGPU decode on {report['device']} ({report['cpus']} CPUs)")
     print(f"{'decoder':22s} {'size':>10s} {'batch':>5s} {'img/s':>10s} {'GB/s out':>9s}")
     for r in report["jpeg"]:
@@ -167,7 +171,6 @@ def main(argv=None) -> int:
     print("micro-batch window:", {k: round(v, 3) for k, v in report["window"].items()})
     print("decoder lock:", {k: round(v, 1) for k, v in report["lock"].items()})
     print("NVDEC:", json.dumps(report["nvdec"]))
-    write_json(report, args.json)
     return 0
 
 

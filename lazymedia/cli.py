@@ -165,8 +165,11 @@ def cmd_info(args) -> int:
     print(f"  native core: {_C.__file__}")
     try:
         from . import _C_cuda
+        from .engine.nvjpeg import wheel_library
 
         print(f"  CUDA extension: built for {_C_cuda.arches()}")
+        versions = _C_cuda.versions(wheel_library())  # nvJPEG, its cudart, ours, the driver's CUDA
+        print("  versions: " + ", ".join(f"{name} {value}" for name, value in versions.items()))
     except ImportError:
         print("  CUDA extension: not built (no nvcc at build time, or LAZYMEDIA_CUDA=0)")
     pinned, reason = _C.pinned_memory_available()
@@ -186,6 +189,10 @@ def cmd_info(args) -> int:
         else:
             print(f"  GPU: {gpu}, nvJPEG hardware engines: {decoder.engines} ({decoder.cores_per_engine} cores each)"
                   if decoder.hardware else f"  GPU: {gpu}, no nvJPEG hardware engines (hybrid decoding)")
+            print(f"  nvJPEG chroma upsampling: {'interpolated' if decoder.upsampling_interpolated else 'replicated'}")
+            print("  nvJPEG creation:")  # why the hardware backend was or was not taken
+            for line in decoder.creation_log.splitlines():
+                print(f"    {line}")
     else:
         print(f"  GPU: none usable ({nvjpeg.reason})")
     print("backends:")

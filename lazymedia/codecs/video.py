@@ -36,7 +36,7 @@ class VideoHeader:
     total_frames: int
     has_audio: bool
     pixel_format: str = ""  # e.g. yuv420p, yuv420p10le (decides whether NVDEC can take it)
-    color_matrix: str = "bt709"  # YUV -> RGB matrix for GPU conversion: bt601 or bt709
+    color_matrix: str = "bt709"  # the CPU path's YUV -> RGB matrix: bt601, bt709 or one NVDEC leaves to the CPU
     full_range: bool = False
 
 
@@ -94,14 +94,21 @@ def _count_packets(container, stream, cap: int) -> int:
     return count
 
 
-def _color_matrix(context, height: int) -> str:
-    """The stream's YUV matrix; untagged streams follow the usual convention (HD is BT.709)."""
-    space = str(getattr(context, "colorspace", "") or "").lower()
-    if "709" in space:
-        return "bt709"
-    if "601" in space or "470" in space or "smpte170" in space:
-        return "bt601"
-    return "bt709" if height >= 720 else "bt601"
+# AVColorSpace (PyAV reports the int) -> the matrix swscale converts with on the CPU path. The
+# GPU path must convert with the same one, so it takes only these; BT.2020, FCC, SMPTE 240M, YCgCo
+# and the rest become "avcol_spc_<n>", which NVDEC routes to the CPU.
+_SWSCALE_MATRIX = {1: "bt709", 2: "bt601", 5: "bt601", 6: "bt601"}  # 2: untagged, swscale's default
+
+
+def _color_matrix(context) -> str:
+    """The YUV -> RGB matrix the CPU path converts this stream with: its tag, and BT.601 when
+    untagged (what swscale does, at any height), so both paths take one decision."""
+    space = getattr(context, "colorspace", None)
+    try:
+        value = 2 if space is None else int(space)
+    except (TypeError, ValueError):  # not the enum (another PyAV): NVDEC leaves it to the CPU
+        return str(space).lower()
+    return _SWSCALE_MATRIX.get(value) or f"avcol_spc_{value}"
 
 
 def _full_range(context) -> bool:
@@ -129,7 +136,7 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
         total = _count_packets(container, stream, limits.max_video_frames)
         context = stream.codec_context
         header = VideoHeader(container.format.name, context.name, width, height, fps, duration, int(total),
-                             bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context, height),
+                             bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context),
                              _full_range(context))
     if width <= 0 or height <= 0:
         raise UnprocessableMediaError("video stream has no frame size", modality="video")

@@ -12,6 +12,11 @@ parent maps it (the tensor's storage is that mapping) and unlinks it at once. Pi
 frames through the socket instead cost four copies (20-80 ms on 2 cores). A worker that dies
 leaves at most its own files, which are removed with it; the folder goes with the pool. Where
 /dev/shm is not writable, everything is pickled.
+
+Workers never initialise CUDA (LAZYMEDIA_NO_CUDA=1, no visible device): page-locked buffers would
+create a CUDA context, about 0.5 GiB of device memory, in every worker. The serving process
+reads a shared result into its own pinned frame buffers where it has a GPU, so frames leave the
+pool ready for an asynchronous copy to the device; GPU decoders (NVDEC) run in the serving process.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
+from ..ops import NO_CUDA_ENV
 from ..singletons import process_wide
 
 _READY = b"ready"
@@ -85,11 +91,26 @@ def _import(value, folder: Path | None) -> Any:
                 # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
                 if path.stat().st_size != count * element.element_size():
                     raise OSError(f"shared result {name} is incomplete")
-                tensor = torch.from_file(str(path), shared=True, size=count, dtype=element.dtype).view(shape)
+                pinned = result_buffers()
+                if pinned is None:
+                    tensor = torch.from_file(str(path), shared=True, size=count, dtype=element.dtype).view(shape)
+                else:  # one read into page-locked memory instead of a mapping
+                    tensor = pinned.empty(shape, element.dtype)
+                    with open(path, "rb") as f:
+                        if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != tensor.nbytes:
+                            raise OSError(f"shared result {name} is incomplete")
             finally:
                 path.unlink(missing_ok=True)
             setattr(value, field, tensor)
     return value
+
+
+def result_buffers():
+    """The serving process's pinned frame buffers where it has them (a GPU), else None."""
+    from ..codecs.video import frame_buffers
+
+    pool = frame_buffers()
+    return pool if pool.pinned else None
 
 
 def _worker_main(conn, folder: Path | None = None) -> None:
@@ -120,7 +141,8 @@ def _worker_main(conn, folder: Path | None = None) -> None:
 class _Worker:
     def __init__(self, folder: Path | None):
         parent, child = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+               NO_CUDA_ENV: "1", "CUDA_VISIBLE_DEVICES": ""}  # see the module docstring
         command = [sys.executable, "-m", "lazymedia.engine.isolation", str(child.fileno()), str(folder or "")]
         self.process = subprocess.Popen(command, pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()

@@ -1,9 +1,16 @@
 """NVDEC backend (PyNvVideoCodec): the frames a VideoSpec samples, decoded on the GPU and
 converted NV12 -> RGB (and resized) by the shared kernels into one [T, H, W, 3] device tensor.
 
-Sampling semantics are the CPU path's (codecs.sampling), so both paths return
-the same frame indices. What NVDEC cannot decode goes to the CPU path: H.264 other than 8-bit
-4:2:0 (High 10, 4:4:4), AV1 on GPUs older than Blackwell, codecs NVDEC lacks.
+Sampling semantics are the CPU path's (codecs.sampling), so both paths return the same frame
+indices, and NVDEC's frames are checked to be those: each decoded frame's PTS must be the
+container's PTS of the index asked for (B-frames, edit lists or VFR where PyNvVideoCodec's index
+disagrees go to the CPU). The NV12 -> RGB matrix is the CPU path's (the stream's tag, BT.601
+untagged). What NVDEC cannot decode goes to the CPU path: H.264 other than 8-bit 4:2:0 (High 10,
+4:4:4), AV1 on GPUs older than Blackwell, codecs NVDEC lacks, matrices other than BT.601 / BT.709,
+streams without a frame table to check the frames against.
+
+Decoding runs in the serving process (never in an isolation worker) on this thread's own CUDA
+stream, and the result is complete when decode_batch returns.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ FALLBACK_HISTORY = 256
 _NVDEC_CODECS = {"h264", "hevc", "vp9", "av1", "vp8", "mpeg2video", "mpeg4"}
 # NVDEC's NV12 path: 8-bit 4:2:0 (10-bit HEVC/VP9/AV1 come out as P016, not handled here).
 _NV12_FORMATS = {"yuv420p", "yuvj420p", "nv12"}
+_GPU_MATRICES = {"bt601", "bt709"}  # what the NV12 kernel converts with
 
 
 def route(header, compute_capability: tuple[int, int]) -> Route:
@@ -33,42 +41,52 @@ def route(header, compute_capability: tuple[int, int]) -> Route:
         return Route(False, f"{header.pixel_format} is not 8-bit 4:2:0")
     if header.codec == "av1" and compute_capability < (10, 0):
         return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)")
+    if header.color_matrix not in _GPU_MATRICES:
+        return Route(False, f"the {header.color_matrix} matrix is converted on the CPU")
     return Route(True, "nvdec")
 
 
 class NvdecBatchDecoder:
     """A BatchDecoder for DecodeEngine (batches are decoded one video after another; the
-    decoder is built once and re-pointed at each video, which is far cheaper than rebuilding)."""
+    decoder is built once and re-pointed at each video, which is far cheaper than rebuilding).
+    `video_codec` stands in for the PyNvVideoCodec module (tests)."""
 
     name = "nvdec"
 
-    def __init__(self, device: int = 0):
-        import PyNvVideoCodec as nvc  # raises RuntimeError, not ImportError, without a driver
+    def __init__(self, device: int | str | torch.device = 0, video_codec=None):
+        if video_codec is None:
+            import PyNvVideoCodec  # raises RuntimeError, not ImportError, without a driver
 
-        self._nvc = nvc
-        self.device = torch.device("cuda", device)
-        self.compute_capability = torch.cuda.get_device_capability(self.device)
+            video_codec = PyNvVideoCodec
+        self._nvc = video_codec
+        self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        self.compute_capability = torch.cuda.get_device_capability(self.device) if on_gpu else (9, 0)
         self._decoder = None
         self._lock = threading.Lock()  # one decoder; its frame buffers are reused by the next call
         # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
         self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
+        self.decoded = 0  # videos NVDEC decoded (tests check that the GPU did the work)
 
     def accepts(self, item: DecodeItem) -> bool:
         return is_root(item, "video")
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results = []
-        for item in items:
-            gpu_route = route(item.header, self.compute_capability)
-            reason = gpu_route.reason
-            try:
-                if gpu_route.gpu:
-                    results.append(self._decode(item))
-                    continue
-            except Exception as exc:  # NVDEC refused this stream: the CPU path decides
-                reason = f"nvdec failed: {type(exc).__name__}: {exc}"
-            self.fallbacks.append(reason)
-            results.append(self._decode_on_cpu(item))
+        with ops.own_stream(self.device) as handover:
+            for item in items:
+                gpu_route = route(item.header, self.compute_capability)
+                reason = gpu_route.reason
+                try:
+                    if gpu_route.gpu:
+                        results.append(self._decode(item))
+                        self.decoded += 1
+                        continue
+                except Exception as exc:  # NVDEC refused this stream: the CPU path decides
+                    reason = f"nvdec failed: {type(exc).__name__}: {exc}"
+                self.fallbacks.append(reason)
+                results.append(self._decode_on_cpu(item))
+            handover([getattr(r, "frames", None) for r in results])
         return results
 
     def _decode_on_cpu(self, item: DecodeItem):
@@ -83,6 +101,8 @@ class NvdecBatchDecoder:
         source = video.sampling_source(header)
         indices = sample_indices(source, spec)
         table = video.read_frame_table(data, header.total_frames)
+        if table is None:
+            raise RuntimeError("no frame table to check NVDEC's frames against")
         fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)  # SimpleDecoder reads a path
         try:
             os.write(fd, data)
@@ -92,10 +112,15 @@ class NvdecBatchDecoder:
                     decoded = decoder.get_batch_frames_by_index(indices)
                     if len(decoded) != len(indices):  # it drops indices it cannot reach: the CPU decides
                         raise RuntimeError(f"NVDEC returned {len(decoded)} of {len(indices)} frames")
+                    returned = [int(frame.getPTS()) for frame in decoded]
+                    wanted = [table.pts[i] for i in indices]
+                    if returned != wanted:  # its frame index is not the container's
+                        raise RuntimeError(f"NVDEC returned the frames of PTS {returned[:8]}, not {wanted[:8]}")
                     # One copy out of the decoder's surfaces (stack allocates), finished before
                     # the lock lets the next call reuse them.
                     nv12 = torch.stack([torch.from_dlpack(frame) for frame in decoded])
-                    torch.cuda.current_stream(self.device).synchronize()
+                    if self.device.type == "cuda":
+                        torch.cuda.current_stream(self.device).synchronize()
                 except Exception:
                     self._decoder = None  # a decoder that failed (a reconfigure, say) is not reused
                     raise
@@ -107,10 +132,11 @@ class NvdecBatchDecoder:
         if spec.size is not None:
             rgb = torch.stack([ops.resize(frame, spec.size, "bilinear") for frame in rgb])
         # The container's timestamps, as the CPU path reports them (frame.time = pts * time_base).
-        timestamps = [table.seconds(i) if table else i / (header.fps or 1) for i in indices]
+        timestamps = [table.seconds(i) for i in indices]
         return video.VideoFrames(rgb, indices, timestamps, header.fps, source.duration, source.total_frames,
                                  hf_metadata(source, indices, "nvdec"),
-                                 {"codec": header.codec, "container": header.container, "decoder": "nvdec"})
+                                 {"codec": header.codec, "container": header.container, "decoder": "nvdec",
+                                  "pts": returned})
 
     def _point_decoder_at(self, path: str):
         nvc = self._nvc
