@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from .codecs import codec
 from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
 from .guard import AddressGuard, canonical_ip, read_beneath
 from .hashing import KeyHasher, media_key
@@ -123,7 +124,7 @@ class MediaConnector:
         except MediaError as exc:
             exc.modality = exc.modality or modality
             raise
-        if modality == "image":  # the native probe takes microseconds
+        if modality == "image" and codec("image").probe_is_instant(data):  # Pillow's parse goes to a thread
             return load(modality, data, limits=self.limits, key=key, **spec)
         return await asyncio.to_thread(load, modality, data, limits=self.limits, key=key, **spec)
 
