@@ -361,3 +361,32 @@ def test_sample_tables_that_declare_more_than_they_hold_are_refused_before_ffmpe
     edts = struct.pack(">I4s", 8 + len(elst), b"edts") + elst
     with pytest.raises(MediaTooLargeError, match="working memory"):
         lazymedia.load_video(mp4_rewrite(plain, constant_size_tables(10_000), edts))
+
+
+def test_uncompressed_audio_beside_the_video_is_counted_by_chunk():
+    """PCM in a MOV is one constant-size sample per audio frame: FFmpeg indexes it by chunk, in
+    pieces, so 48 k samples cost a few entries, not 48 k."""
+    import io
+
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mov") as out:
+        picture = out.add_stream("mpeg4", rate=10)
+        picture.width, picture.height, picture.pix_fmt = 32, 32, "yuv420p"
+        sound = out.add_stream("pcm_s16le", rate=48000, layout="mono")
+        for i in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), i * 20, np.uint8), format="rgb24")
+            for packet in picture.encode(frame):
+                out.mux(packet)
+            chunk = av.AudioFrame.from_ndarray(np.zeros((1, 4800), np.int16), format="s16", layout="mono")
+            chunk.sample_rate, chunk.pts = 48000, i * 4800
+            for packet in sound.encode(chunk):
+                out.mux(packet)
+        for stream in (picture, sound):
+            for packet in stream.encode():
+                out.mux(packet)
+    data = buf.getvalue()
+    index_bytes = video.check_sample_tables(data, lazymedia.DEFAULT_LIMITS)
+    assert 64 * 10 < index_bytes < 64 * 1000
+    assert lazymedia.load_video(data, num_frames=4).media.frames.shape[0] == 4

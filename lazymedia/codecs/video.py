@@ -7,6 +7,7 @@ import io
 from dataclasses import dataclass, field
 
 import av
+import numpy as np
 import torch
 
 from .. import ops
@@ -119,6 +120,9 @@ _MP4_CHILDREN = {b"": {b"moov", b"moof"}, b"moov": {b"trak"}, b"trak": {b"mdia",
                  b"moof": {b"traf"}, b"traf": {b"trun"}}
 # Bytes per entry of the tables whose entry count the walk checks against the box's size.
 _MP4_ENTRY_BYTES = {b"stts": 8, b"ctts": 8, b"stsc": 12, b"stco": 4, b"co64": 8, b"stss": 4}
+# Edit-list entries, versions 0 and 1.
+_ELST_V0 = np.dtype([("duration", ">u4"), ("media_time", ">i4"), ("rate", ">i4")])
+_ELST_V1 = np.dtype([("duration", ">u8"), ("media_time", ">i8"), ("rate", ">i4")])
 # First boxes of an ISO BMFF / QuickTime file.
 _MP4_FIRST_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"styp", b"moof"}
 # Demuxer memory per index entry: FFmpeg's AVIndexEntry (24 bytes) and the per-sample tables
@@ -156,7 +160,7 @@ class _Mp4Track:
         self.samples = 0
         self.constant_size = False
         self.chunks = 0
-        self.chunk_runs: list[tuple[int, int]] = []  # (first chunk, samples per chunk)
+        self.chunk_runs = np.zeros((0, 3), np.uint32)  # stsc: first chunk, samples per chunk, description
         self.unit_durations = False  # stts is one entry of duration 1: FFmpeg's chunk path for PCM
         self.edits = 0  # edit-list entries that map media (each can copy the index)
         self.handler = b""
@@ -166,9 +170,9 @@ class _Mp4Track:
         """Index entries FFmpeg's mov_build_index and mov_fix_index make, at most."""
         if self.handler == b"soun" and self.constant_size and self.unit_durations:
             # uncompressed audio, indexed by chunk, each cut into pieces of >= 160 samples
-            entries, runs = 0, self.chunk_runs + [(self.chunks + 1, 0)]
-            for (first, per_chunk), (following, _) in zip(runs, runs[1:]):
-                entries += max(0, following - first) * (per_chunk // 160 + 1)
+            first = self.chunk_runs[:, 0].astype(np.int64)
+            chunks = np.diff(np.append(first, self.chunks + 1)).clip(0)
+            entries = int((chunks * (self.chunk_runs[:, 1].astype(np.int64) // 160 + 1)).sum())
         else:
             entries = self.samples
         return entries * max(1, self.edits)
@@ -188,14 +192,12 @@ def _read_mp4_box(data, kind: bytes, start: int, end: int, track: _Mp4Track) -> 
         if kind == b"stts":
             track.unit_durations = count == 1 and _u32(data, start + 12) == 1
         elif kind == b"stsc":
-            track.chunk_runs = [(_u32(data, at), _u32(data, at + 4))
-                                for at in range(start + 8, start + 8 + 12 * count, 12)]
+            track.chunk_runs = np.frombuffer(data, ">u4", 3 * count, start + 8).reshape(count, 3)
         elif kind in (b"stco", b"co64"):
             track.chunks = count
-        elif kind == b"elst":
-            media_time = (lambda at: int.from_bytes(data[at + 8:at + 16], "big", signed=True)) if entry == 20 else \
-                (lambda at: int.from_bytes(data[at + 4:at + 8], "big", signed=True))
-            track.edits = sum(1 for at in range(start + 8, start + 8 + entry * count, entry) if media_time(at) >= 0)
+        elif kind == b"elst":  # (duration, media time, rate) per entry; a media time of -1 is an empty edit
+            edits = np.frombuffer(data, _ELST_V1 if entry == 20 else _ELST_V0, count, start + 8)
+            track.edits = int((edits["media_time"] >= 0).sum())
     elif kind in (b"stsz", b"stz2") and body >= 12:
         count = _u32(data, start + 8)
         width = 32 if kind == b"stsz" else data[start + 7]
