@@ -178,12 +178,12 @@ def test_channel_cap_refuses_before_any_reader_allocates_per_channel(monkeypatch
         with pytest.raises(lazymedia.MediaTooLargeError, match=f"{channels} audio channels exceed the 64"):
             lazymedia.load_audio(wav_header(channels, 65535), sample_rate=16000)
     limits = lazymedia.Limits(max_audio_channels=128)
-    with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # 128 x 640 KiB of resampler: over 64 MiB
+    with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # 128 x 448 KiB of resampler: over 32 MiB
         lazymedia.load_audio(wav_header(128, 8000, frames=10), sample_rate=16000, limits=limits)
 
 
 def test_resampling_in_bounded_calls_equals_one_shot():
-    """The stream is fed so that each call yields about 4096 frames, whatever the ratio: the
+    """The stream is fed so that each call yields about 2048 frames, whatever the ratio: the
     result is soxr's one-shot result, bit for bit."""
     import soxr
 

@@ -214,10 +214,10 @@ PIL.Image.fromarray(numpy.zeros((10000, 10000, 3), numpy.uint8)).save(buf, "JPEG
 data = buf.getvalue()
 """
 
-PROGRESSIVE_JPEG_3000 = """
+PROGRESSIVE_JPEG_3300 = """
 import io as _io
 buf = _io.BytesIO()
-noise = numpy.random.default_rng(0).integers(0, 256, (3000, 3000, 3), numpy.uint8)
+noise = numpy.random.default_rng(0).integers(0, 256, (3300, 3300, 3), numpy.uint8)
 PIL.Image.fromarray(noise).save(buf, "JPEG", progressive=True, quality=90)
 data = buf.getvalue()
 """
@@ -275,8 +275,12 @@ CASES = {
     "jpeg_500_scans": (JPEG_500_SCANS, "lazymedia.load_image(data)", 413),
     # A progressive 10000 x 10000 JPEG: its coefficient buffer (300 MB) is over the working-memory limit.
     "progressive_jpeg_10000": (PROGRESSIVE_JPEG_10000, "lazymedia.load_image(data)", 413),
-    # A progressive 3000 x 3000 JPEG of noise: decodes within the goal, coefficients included.
-    "progressive_jpeg_3000": (PROGRESSIVE_JPEG_3000, "lazymedia.load_image(data)", None),
+    # A progressive 3300 x 3300 JPEG of noise, its coefficients (33 MB) just under the working-memory limit:
+    # decodes within the goal, coefficients included.
+    "progressive_jpeg_3300": (PROGRESSIVE_JPEG_3300, "lazymedia.load_image(data)", None),
+    # 4600 x 4600: coefficients of 64 MB, over the limit (decoded, it peaked at 2.0x its output, over the goal).
+    "progressive_jpeg_4600": (PROGRESSIVE_JPEG_10000.replace("10000, 10000", "4600, 4600"),
+                              "lazymedia.load_image(data)", 413),
     # A TIFF chaining 80,000 IFDs: refused from a bounded walk of the chain.
     "tiff_80k_ifds": (TIFF_80K_IFDS, "lazymedia.load_image(data)", 413),
     # A gray 10000 x 10000 TIFF asked for as RGB: widened in place (Pillow's image and the output never both held).

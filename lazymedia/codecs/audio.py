@@ -33,10 +33,10 @@ _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "FLAC", "OGG", "AIFF", "W64", "RF64", "CAF
 # libsndfile reports this many frames (2^63 - 1) for a stream that does not store its length.
 _UNKNOWN_FRAMES = 1 << 62
 _BLOCK_BYTES = 4 << 20  # float32 samples read from libsndfile at a time, all channels together
-# The resampler is fed so that one call yields about this many frames: libsoxr's buffers grow
+# The resampler is fed so that one call yields about this many frames (64 channels: 28 MiB): libsoxr's buffers grow
 # with what one call produces (about 80 bytes per output frame and channel, measured with
 # soxr 0.5 from 1 Hz to 65,535 Hz), on top of about 250 KB of state per channel at most.
-_RESAMPLE_FRAMES_PER_CALL = 4096
+_RESAMPLE_FRAMES_PER_CALL = 2048
 _RESAMPLER_BYTES_PER_CHANNEL = 256 << 10
 _RESAMPLER_BYTES_PER_OUTPUT_FRAME = 96
 
