@@ -27,6 +27,7 @@ from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
+from .codecs import codec
 from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
 from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
 from .hashing import KeyHasher, media_key
@@ -154,7 +155,7 @@ class MediaConnector:
         except MediaError as exc:
             exc.modality = exc.modality or modality
             raise
-        if modality == "image":  # the native probe takes microseconds
+        if modality == "image" and codec("image").probe_is_instant(data):  # Pillow's parse goes to a thread
             return load(modality, data, limits=self.limits, key=key, **spec)
         return await asyncio.to_thread(load, modality, data, limits=self.limits, key=key, **spec)
 

@@ -149,8 +149,19 @@ class Limits:
     max_bytes: encoded bytes of one item. max_decoded_bytes: what one item decodes to, computed
     from the header and the spec before anything is allocated (image: height x width x channels
     of the output; video: sampled frames x output height x width x 3; audio: channels x samples
-    at the output rate x 4); unlike a compression ratio, padding the file cannot move it.
-    max_pixels: area of one source image or video frame (what a decoder holds while it works).
+    at the output rate x 4), plus the decoder's working memory below; unlike a compression ratio,
+    padding the file cannot move it. max_pixels: area of one source image or video frame (what a
+    decoder holds while it works). max_working_bytes: what a decoder holds besides its output,
+    as the header declares it: a progressive or multi-scan JPEG's coefficient buffer (2 bytes
+    per sample of every component), the audio resampler's state, the demuxer's sample index of
+    a video container. 32 MiB keeps every decode within 1.25 x its output + 32 MB (a progressive
+    JPEG holds coefficients of up to twice its output's size); it refuses progressive JPEGs past
+    about 11 M pixels (4:2:0; 5.6 M at 4:4:4) and containers indexing more than 524 k samples
+    (an hour at 145 frames per second). max_jpeg_scans: scans of one JPEG (each is a pass over the whole
+    coefficient buffer; libjpeg's own progressions use at most 10, mozjpeg's a few more;
+    libjpeg-turbo's TJPARAM_SCANLIMIT exists for the same attack). max_audio_channels: channels
+    of one audio stream (64: FFmpeg's resampler takes at most 64 (SWR_CH_MAX); 22.2 sound is
+    24, seventh-order ambisonics 64).
     """
 
     max_bytes: int = 64 << 20
@@ -159,13 +170,20 @@ class Limits:
     max_video_seconds: float = 3600.0
     max_video_frames: int = 1_000_000
     max_audio_seconds: float = 3600.0
+    max_working_bytes: int = 32 << 20
+    max_jpeg_scans: int = 100
+    max_audio_channels: int = 64
 
-    def check_decoded(self, nbytes: int, modality: str, what: str) -> None:
+    def check_decoded(self, nbytes: int, modality: str, what: str, working_bytes: int = 0) -> None:
         """Refuses (413) an item whose decoded output, `what` (e.g. "8 frames of 1920x1080"),
-        would take `nbytes`."""
-        if nbytes > self.max_decoded_bytes:
-            raise MediaTooLargeError(f"{what} decode to {nbytes} bytes, over the {self.max_decoded_bytes} byte "
-                                     f"limit of one item", modality=modality)
+        would take `nbytes` while the decoder holds `working_bytes` besides it."""
+        if working_bytes > self.max_working_bytes:
+            raise MediaTooLargeError(f"decoding {what} needs {working_bytes} bytes of working memory, over the "
+                                     f"{self.max_working_bytes} byte limit of one item", modality=modality)
+        if nbytes + working_bytes > self.max_decoded_bytes:
+            raise MediaTooLargeError(f"{what} decode to {nbytes} bytes" +
+                                     (f" (+{working_bytes} working)" if working_bytes else "") +
+                                     f", over the {self.max_decoded_bytes} byte limit of one item", modality=modality)
 
 
 DEFAULT_LIMITS = Limits()

@@ -144,13 +144,56 @@ def test_vllm_style_mono_tuple_and_out_buffer():
     assert into.samples.data_ptr() == out.data_ptr() and into.samples.shape == (2, 4000)
 
 
-def test_decoded_size_budget_counts_channels_and_the_output_rate():
+def test_decoded_size_budget_counts_channels_the_output_rate_and_the_resampler():
     wav = make_tone(seconds=1.0, rate=8000, channels=4)
-    budget = lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4)
+    header = lazymedia.load_audio(wav).header
+    resampler = audio.resampler_bytes(header, lazymedia.AudioSpec(sample_rate=16000, mono=True))
+    assert resampler == audio.resampler_bytes(header, lazymedia.AudioSpec(sample_rate=16000)) // 4 > 0
+    budget = lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4 + resampler)
     assert lazymedia.load_audio(wav, limits=budget).header.channels == 4
     with pytest.raises(lazymedia.MediaTooLargeError):
-        lazymedia.load_audio(wav, limits=budget, sample_rate=16000)  # twice the samples
+        lazymedia.load_audio(wav, limits=budget, sample_rate=16000)  # twice the samples, four resampled channels
     assert lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=True).media.samples.shape == (1, 16000)
+    with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # the output fits, not with the resampler
+        lazymedia.load_audio(wav, limits=lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4), sample_rate=16000,
+                             mono=True)
+
+
+def wav_header(channels: int, rate: int, bits: int = 16, frames: int = 0) -> bytes:
+    """A PCM WAV header (and `frames` frames of silence); the block alignment wraps at 16 bits
+    as a hostile header's may."""
+    import struct
+
+    align = channels * bits // 8 & 0xFFFF
+    body = bytes(frames * channels * bits // 8)
+    return (b"RIFF" + struct.pack("<I", 36 + len(body)) + b"WAVE" + b"fmt " +
+            struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * align, align, bits) + b"data" +
+            struct.pack("<I", len(body)) + body)
+
+
+def test_channel_cap_refuses_before_any_reader_allocates_per_channel(monkeypatch):
+    assert lazymedia.load_audio(wav_header(64, 8000, frames=100), sample_rate=16000).media.samples.shape == (64, 200)
+    monkeypatch.setattr(audio.soxr, "ResampleStream", lambda *args, **kwargs: pytest.fail("resampler created"))
+    for channels in (65, 1024, 65407):  # libsndfile reads <= 1024 channels, FFmpeg the rest
+        with pytest.raises(lazymedia.MediaTooLargeError, match=f"{channels} audio channels exceed the 64"):
+            lazymedia.load_audio(wav_header(channels, 65535), sample_rate=16000)
+    limits = lazymedia.Limits(max_audio_channels=128)
+    with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # 128 x 448 KiB of resampler: over 32 MiB
+        lazymedia.load_audio(wav_header(128, 8000, frames=10), sample_rate=16000, limits=limits)
+
+
+def test_resampling_in_bounded_calls_equals_one_shot():
+    """The stream is fed so that each call yields about 2048 frames, whatever the ratio: the
+    result is soxr's one-shot result, bit for bit."""
+    import soxr
+
+    for rate, target in ((8000, 48000), (48000, 16000), (100, 16000)):
+        wav = make_tone(seconds=3.0, rate=rate, channels=2)
+        got = lazymedia.load_audio(wav, sample_rate=target).media.samples.numpy()
+        source = lazymedia.load_audio(wav).media.samples.numpy()
+        expected = soxr.resample(source.T.copy(), rate, target).T
+        assert got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_a_stream_ffmpeg_cannot_decode_is_a_422():

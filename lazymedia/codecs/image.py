@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 import warnings
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ PILLOW_FORMATS = tuple(name for name in (
     "IPTC", "JPEG", "JPEG2000", "MCIDAS", "MSP", "PCD", "PCX", "PIXAR", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER",
     "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM", "XVTHUMB") if name in Image.OPEN)
 _SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
+# Pages of a TIFF the probe walks (multi-page scans have hundreds; frame 0 is what decodes).
+_MAX_TIFF_PAGES = 1024
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,21 @@ class ImageHeader:
     max_frame_height: int
     webp_kind: str
     png_compressed_text: bool = False
+    scan_count: int = 1  # JPEG: scans the decoder runs (csrc/probe.h)
     mode: str = "RGB"
+
+    @property
+    def working_bytes(self) -> int:
+        """Memory the decoder holds besides the output: a JPEG decoded in several scans
+        (progressive, or components in separate scans) keeps every DCT coefficient of the image,
+        2 bytes per sample of each component, for the whole decode (libjpeg's whole-image
+        coefficient buffer); a single-scan JPEG and the other decoders work in rows or hold what
+        the output holds."""
+        if self.format != "jpeg" or self.scan_count <= 1:
+            return 0
+        planes = _COMPONENT_PLANES.get(self.chroma_subsampling, self.components)
+        padded = (self.width + 31) // 32 * 32 * ((self.height + 31) // 32 * 32)  # whole 4x4-sampled MCUs at most
+        return int(planes * padded * 2)
 
     @property
     def has_transparency(self) -> bool:
@@ -97,6 +114,9 @@ class ImageHeader:
         return (height, width, CHANNELS[self.target_mode(spec)])
 
 
+# Full-resolution planes a JPEG's components add up to, by chroma subsampling ("other": assume
+# every component at full resolution).
+_COMPONENT_PLANES = {"gray": 1, "444": 3, "422": 2, "440": 2, "420": 1.5, "411": 1.5, "410": 1.25}
 _NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name != "mode"]
 _PNG_MODES = {2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
@@ -145,7 +165,10 @@ def _probe_with_pillow(data, result) -> ImageHeader:
             orientation = int(image.getexif().get(0x0112, 1))
         except Exception:  # a broken EXIF block: Pillow's exif_transpose would not rotate either
             orientation = 1
-        frames = int(getattr(image, "n_frames", 1) or 1) if image.format in ("TIFF", "ICO", "MPO") else 1
+        if image.format == "TIFF":
+            frames = _tiff_pages(data)
+        else:  # ICO and MPO count their frames from one header table
+            frames = int(getattr(image, "n_frames", 1) or 1) if image.format in ("ICO", "MPO") else 1
         return ImageHeader(
             format=(image.format or "unknown").lower(), width=width, height=height, components=len(image.getbands()),
             bit_depth=8, has_alpha=transparency,
@@ -153,6 +176,38 @@ def _probe_with_pillow(data, result) -> ImageHeader:
             jpeg_encoding="", chroma_subsampling="", has_adobe=False, adobe_transform=-1, png_color_type=-1,
             png_interlaced=False, animated=frames > 1, frame_count=frames, max_frame_width=width,
             max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode)
+
+
+def _tiff_pages(data) -> int:
+    """Pages (IFDs) a TIFF chains, from a walk of the chain that reads two fields per IFD
+    (Pillow's n_frames parses every IFD and checks loops against a list: quadratic). Stops at an
+    IFD seen before (a loop) or one outside the file; a chain longer than _MAX_TIFF_PAGES is a
+    413 after that many steps."""
+    view = memoryview(data)
+    endian = "<" if bytes(view[:2]) == b"II" else ">"
+    big = struct.unpack_from(endian + "H", view, 2)[0] == 43  # BigTIFF: 8-byte counts and offsets
+    count_format, offset_format, entry_size = ("Q", "Q", 20) if big else ("H", "I", 12)
+    count_size, offset_size = struct.calcsize(count_format), struct.calcsize(offset_format)
+    offset = struct.unpack_from(endian + offset_format, view, 8 if big else 4)[0]
+    pages, seen = 0, set()
+    while 0 < offset <= len(data) - count_size and offset not in seen:
+        seen.add(offset)
+        pages += 1
+        if pages > _MAX_TIFF_PAGES:
+            raise MediaTooLargeError(f"TIFF chains more than {_MAX_TIFF_PAGES} pages", modality="image")
+        next_at = offset + count_size + struct.unpack_from(endian + count_format, view, offset)[0] * entry_size
+        if next_at > len(data) - offset_size:
+            break
+        offset = struct.unpack_from(endian + offset_format, view, next_at)[0]
+    return max(pages, 1)
+
+
+def probe_is_instant(data) -> bool:
+    """Whether probe(data) takes microseconds whatever the bytes hold, so an event loop may run
+    it inline: a JPEG or PNG (the native probe alone, linear in the size) of at most 1 MiB.
+    Every other format goes through Pillow's header parse, and belongs on a thread."""
+    head = bytes(data[:8])
+    return len(data) <= 1 << 20 and (head[:3] == b"\xff\xd8\xff" or head == b"\x89PNG\r\n\x1a\n")
 
 
 def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
@@ -184,8 +239,12 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
     """Refuses (413) what `limits` do not allow, from the header alone: the largest frame's area
     (what the decoder holds) and the output's size (what the spec asks for)."""
     check_pixels(header.max_frame_width, header.max_frame_height, limits)
+    if header.scan_count > limits.max_jpeg_scans:
+        raise MediaTooLargeError(f"JPEG has {header.scan_count} scans, over the {limits.max_jpeg_scans} scan limit "
+                                 "(each scan is a pass over the whole image)", modality="image")
     height, width, channels = header.output_shape(spec)
-    limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels")
+    limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels",
+                         header.working_bytes)
     if header.format == "jpeg" and header.bit_depth != 8:
         raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported", modality="image")
 
@@ -299,14 +358,17 @@ def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
 
 def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
     """Any format Pillow reads (frame 0), converted by vLLM's rules (transparency composited over
-    the background for RGB, Pillow's convert otherwise) and exported in slabs into one array."""
+    the background for RGB, Pillow's convert otherwise) and exported in slabs into one array.
+    Gray to RGB is exported as gray and widened in place once Pillow's image is gone, so the two
+    never coexist at the output's size."""
     with _open(data) as image:
         draft = _draft_size(header, spec)
         if draft is not None and image.format == "JPEG":
             image.draft(target if target in ("RGB", "L") else None, (draft[1], draft[0]))
         image.load()
         composite = target == "RGB" and (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info)
-        mode = "RGBA" if composite else target
+        widen = target == "RGB" and image.mode == "L" and not composite
+        mode = "RGBA" if composite else "L" if widen else target
         channels = CHANNELS[mode]
         width, height = image.size
         buffer = np.empty(width * height * channels, np.uint8)
@@ -320,6 +382,10 @@ def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarr
     if composite:
         _C.pack_alpha(buffer, width * height, 4, spec.background)
         channels = 3
+    if widen:
+        buffer = _resized(buffer, height, width, 3)
+        _C.gray_to_rgb(buffer, width * height)
+        return buffer
     return _resized(buffer, height, width, channels)
 
 

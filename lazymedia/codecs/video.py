@@ -7,6 +7,7 @@ import io
 from dataclasses import dataclass, field
 
 import av
+import numpy as np
 import torch
 
 from .. import ops
@@ -38,6 +39,7 @@ class VideoHeader:
     pixel_format: str = ""  # e.g. yuv420p, yuv420p10le (decides whether NVDEC can take it)
     color_matrix: str = "bt709"  # the CPU path's YUV -> RGB matrix: bt601, bt709 or one NVDEC leaves to the CPU
     full_range: bool = False
+    index_bytes: int = 0  # the demuxer's sample index, as the container's tables declare it (MP4/MOV)
 
 
 @dataclass
@@ -117,8 +119,159 @@ def _full_range(context) -> bool:
         (context.pix_fmt or "").startswith("yuvj")
 
 
+# -- MP4/MOV sample tables, read before FFmpeg builds its index from them ----------------------
+# ISO BMFF boxes the walk descends into, by parent ("" is the file).
+_MP4_CHILDREN = {b"": {b"moov", b"moof"}, b"moov": {b"trak"}, b"trak": {b"mdia", b"edts"},
+                 b"mdia": {b"minf", b"mdhd", b"hdlr"}, b"minf": {b"stbl"}, b"edts": {b"elst"},
+                 b"stbl": {b"stsz", b"stz2", b"stts", b"ctts", b"stsc", b"stco", b"co64", b"stss"},
+                 b"moof": {b"traf"}, b"traf": {b"trun"}}
+# Bytes per entry of the tables whose entry count the walk checks against the box's size.
+_MP4_ENTRY_BYTES = {b"stts": 8, b"ctts": 8, b"stsc": 12, b"stco": 4, b"co64": 8, b"stss": 4}
+# Edit-list entries, versions 0 and 1.
+_ELST_V0 = np.dtype([("duration", ">u4"), ("media_time", ">i4"), ("rate", ">i4")])
+_ELST_V1 = np.dtype([("duration", ">u8"), ("media_time", ">i8"), ("rate", ">i4")])
+# First boxes of an ISO BMFF / QuickTime file.
+_MP4_FIRST_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"styp", b"moof"}
+# Demuxer memory per index entry: FFmpeg's AVIndexEntry (24 bytes) and the per-sample tables
+# beside it (sizes, composition offsets, the edit-list rebuild's copy). Measured: 37 bytes per
+# sample for one constant-size track (60 M samples: +2.1 GB); counted at 64.
+_INDEX_BYTES_PER_SAMPLE = 64
+# Boxes the walk reads at most (a fragmented hour at one fragment per frame, 60 fps: 432 k).
+_MP4_MAX_BOXES = 1 << 20
+
+
+def _mp4_boxes(data, start: int, end: int):
+    """(type, payload start, payload end) of the boxes in [start, end); 64-bit and to-the-end
+    sizes as ISO 14496-12 says; a box that overruns is cut at `end` (a truncated file)."""
+    while start + 8 <= end:
+        size, kind = int.from_bytes(data[start:start + 4], "big"), bytes(data[start + 4:start + 8])
+        header = 8
+        if size == 1 and start + 16 <= end:
+            size, header = int.from_bytes(data[start + 8:start + 16], "big"), 16
+        elif size == 0:
+            size = end - start
+        if size < header:
+            return
+        yield kind, start + header, min(start + size, end)
+        start += size
+
+
+def _u32(data, at: int) -> int:
+    return int.from_bytes(data[at:at + 4], "big")
+
+
+class _Mp4Track:
+    """What one trak (or the fragments) declares: samples, chunk runs, edits, handler, length."""
+
+    def __init__(self):
+        self.samples = 0
+        self.constant_size = False
+        self.chunks = 0
+        self.chunk_runs = np.zeros((0, 3), np.uint32)  # stsc: first chunk, samples per chunk, description
+        self.unit_durations = False  # stts is one entry of duration 1: FFmpeg's chunk path for PCM
+        self.edits = 0  # edit-list entries that map media (each can copy the index)
+        self.handler = b""
+        self.seconds = 0.0
+
+    def index_entries(self) -> int:
+        """Index entries FFmpeg's mov_build_index and mov_fix_index make, at most."""
+        if self.handler == b"soun" and self.constant_size and self.unit_durations:
+            # uncompressed audio, indexed by chunk, each cut into pieces of >= 160 samples
+            first = self.chunk_runs[:, 0].astype(np.int64)
+            chunks = np.diff(np.append(first, self.chunks + 1)).clip(0)
+            entries = int((chunks * (self.chunk_runs[:, 1].astype(np.int64) // 160 + 1)).sum())
+        else:
+            entries = self.samples
+        return entries * max(1, self.edits)
+
+
+def _read_mp4_box(data, kind: bytes, start: int, end: int, track: _Mp4Track) -> None:
+    """Reads one table box into `track`; a count its bytes cannot hold is a 422."""
+    body = end - start
+    if kind in _MP4_ENTRY_BYTES or kind == b"elst":
+        if body < 8:
+            return
+        count = _u32(data, start + 4)
+        entry = _MP4_ENTRY_BYTES.get(kind) or (20 if data[start] == 1 else 12)
+        if count * entry > body - 8:
+            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} entries in {body} bytes",
+                                          modality="video")
+        if kind == b"stts":
+            track.unit_durations = count == 1 and _u32(data, start + 12) == 1
+        elif kind == b"stsc":
+            track.chunk_runs = np.frombuffer(data, ">u4", 3 * count, start + 8).reshape(count, 3)
+        elif kind in (b"stco", b"co64"):
+            track.chunks = count
+        elif kind == b"elst":  # (duration, media time, rate) per entry; a media time of -1 is an empty edit
+            edits = np.frombuffer(data, _ELST_V1 if entry == 20 else _ELST_V0, count, start + 8)
+            track.edits = int((edits["media_time"] >= 0).sum())
+    elif kind in (b"stsz", b"stz2") and body >= 12:
+        count = _u32(data, start + 8)
+        width = 32 if kind == b"stsz" else data[start + 7]
+        track.constant_size = kind == b"stsz" and _u32(data, start + 4) != 0
+        if not track.constant_size and count * width // 8 > body - 12:
+            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} sample sizes in {body} bytes",
+                                          modality="video")
+        track.samples = count
+    elif kind == b"trun" and body >= 8:
+        track.samples += _u32(data, start + 4)  # per-sample fields or not: each becomes an index entry
+    elif kind == b"hdlr" and body >= 12:
+        track.handler = bytes(data[start + 8:start + 12])
+    elif kind == b"mdhd" and body >= 20:
+        long = data[start] == 1
+        scale = _u32(data, start + (20 if long else 12))
+        duration = int.from_bytes(data[start + 24:start + 32], "big") if long else _u32(data, start + 16)
+        track.seconds = duration / scale if scale and duration != (1 << (64 if long else 32)) - 1 else 0.0
+
+
+def check_sample_tables(data, limits: Limits) -> int:
+    """For an MP4/MOV file: reads the sample tables the demuxer will index (a walk of the box
+    tree, linear in the size, nothing allocated per sample) and refuses what they declare before
+    FFmpeg allocates for it: a table whose count its bytes cannot hold (422), a video track over
+    the frame or duration limit, and an index over the working-memory budget (413). Returns the
+    index's bytes (0 for other containers)."""
+    view = memoryview(data)
+    if bytes(view[4:8]) not in _MP4_FIRST_BOXES:
+        return 0
+    tracks: list[_Mp4Track] = []
+    fragments = _Mp4Track()
+    pending: list[tuple[bytes, int, int, _Mp4Track | None]] = [(b"", 0, len(view), None)]
+    boxes = 0
+    while pending:
+        parent, start, end, track = pending.pop()
+        for kind, body_start, body_end in _mp4_boxes(view, start, end):
+            boxes += 1
+            if boxes > _MP4_MAX_BOXES:
+                raise MediaTooLargeError(f"MP4 has more than {_MP4_MAX_BOXES} boxes where its tables are",
+                                         modality="video")
+            if kind not in _MP4_CHILDREN[parent]:
+                continue
+            if kind == b"trak":
+                tracks.append(_Mp4Track())
+                pending.append((kind, body_start, body_end, tracks[-1]))
+            elif kind in _MP4_CHILDREN:
+                pending.append((kind, body_start, body_end, fragments if kind == b"moof" else track))
+            elif track is not None:
+                _read_mp4_box(view, kind, body_start, body_end, track)
+    for track in tracks:
+        if track.handler != b"vide":
+            continue
+        if track.samples > limits.max_video_frames:
+            raise MediaTooLargeError(f"the video track declares {track.samples} frames, over the "
+                                     f"{limits.max_video_frames} frame limit", modality="video")
+        if track.seconds > limits.max_video_seconds:
+            raise MediaTooLargeError(f"the video track declares {track.seconds:.0f} s, over the "
+                                     f"{limits.max_video_seconds:.0f} s limit", modality="video")
+    entries = sum(track.index_entries() for track in tracks) + fragments.samples
+    index_bytes = entries * _INDEX_BYTES_PER_SAMPLE
+    limits.check_decoded(0, "video", f"a container index of {entries} samples", index_bytes)
+    return index_bytes
+
+
 def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
-    """Container header: stream geometry, rate, duration and frame count, checked against limits."""
+    """Container header: stream geometry, rate, duration and frame count, checked against
+    limits; an MP4/MOV's sample tables are checked before FFmpeg reads them."""
+    index_bytes = check_sample_tables(data, limits)
     with _open(data) as container:
         if not container.streams:  # a container with no streams at all lost its header (truncated)
             raise UnprocessableMediaError("video container has no streams", modality="video")
@@ -137,7 +290,7 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
         context = stream.codec_context
         header = VideoHeader(container.format.name, context.name, width, height, fps, duration, int(total),
                              bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context),
-                             _full_range(context))
+                             _full_range(context), index_bytes)
     if width <= 0 or height <= 0:
         raise UnprocessableMediaError("video stream has no frame size", modality="video")
     if total <= 0:
@@ -159,7 +312,8 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
                                  modality="video")
     count = len(sample_indices(sampling_source(header), spec))
     height, width = spec.size or (header.height, header.width)
-    limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}")
+    limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}",
+                         header.index_bytes)
 
 
 @process_wide
