@@ -113,9 +113,9 @@ class RedisCache:
         return True
 
     # -- values -----------------------------------------------------------------------------------
-    def _decode_values(self, keys: list[str], raw: list) -> dict[str, tuple[Any, bytes]]:
+    def _decode_values(self, keys: list[str], raw: list) -> dict[str, tuple[Any, bytes | None]]:
         """{key: (value, its bytes)}; a bad value is a miss, counted and logged (rate-limited)."""
-        found = {}
+        found: dict[str, tuple[Any, bytes | None]] = {}
         for key, data in zip(keys, raw):
             if data is None:
                 self._count("misses")

@@ -166,16 +166,17 @@ def dumps(value, *, bfloat16: bool = False) -> bytes:
         coded = _level_code(flat.view(_BITS[flat.itemsize])) if is_float and flat.itemsize in _BITS else None
         if coded is not None:
             levels, codes = coded
-            node["k"] = place(memoryview(levels.view(np.uint8)))
+            node["k"] = place(levels.view(np.uint8).data)
             node["c"] = codes.dtype.name
             flat = codes
         elif lossy:
             import torch
 
             node["h"] = "bfloat16"
-            floats = torch.from_numpy(flat.view(f"int{flat.itemsize * 8}")).view(getattr(torch, f"float{flat.itemsize * 8}"))
+            width = flat.itemsize * 8
+            floats = torch.from_numpy(flat.view(f"int{width}")).view(getattr(torch, f"float{width}"))
             flat = floats.to(torch.bfloat16).view(torch.int16).numpy()
-        data, fields = _maybe_compress(memoryview(np.ascontiguousarray(flat).view(np.uint8)))
+        data, fields = _maybe_compress(np.ascontiguousarray(flat).view(np.uint8).data)
         node.update(fields)
         node["r"] = place(data)
         return node

@@ -146,9 +146,6 @@ class SharedChain:
             for tier in self.tiers[:upto]:
                 tier.put_encoded(key, data)
 
-    def stats(self) -> tuple[SharedCacheStats, ...]:
-        return tuple(tier.stats() for tier in self.tiers)
-
 
 class TieredCache:
     """`TieredCache(local, shared, ...)`: a ProcessorCache and one or more shared tiers, nearest
