@@ -34,6 +34,9 @@ from .redis import SharedCacheStats
 from .serialize import BadValueLog, SerializationError, dumps, loads
 
 _ENVS: dict[str, tuple[int, Any]] = {}  # real path -> (pid, lmdb.Environment): one per process
+# Environments a forked child inherited: never used, never closed (closing one would drop the
+# child's own locks on the same files).
+_INHERITED: list[Any] = []
 _ENVS_LOCK = threading.Lock()
 _USED = b"\x00used"  # meta table: value bytes stored
 _NEXT = b"\x00next"  # meta table: the next stamp
@@ -50,6 +53,8 @@ def _environment(path: str, map_size: int):
         known = _ENVS.get(real)
         if known is not None and known[0] == os.getpid():
             return known[1]
+        if known is not None:
+            _INHERITED.append(known[1])
         os.makedirs(real, exist_ok=True)
         env = lmdb.open(real, map_size=map_size, max_dbs=4, max_readers=1024, sync=False, metasync=False,
                         readahead=False, lock=True)
