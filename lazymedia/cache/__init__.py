@@ -1,12 +1,14 @@
 """Caches of processed outputs, keyed by content (`LazyMedia.key`): the in-process LRU, the
-shared Redis/Valkey tier (imported on first use: it needs the redis client), and the two tiered."""
+same-host LMDB tier (HostCache), the shared Redis/Valkey tier, and any chain of them
+(TieredCache). The shared tiers are imported on first use: they need lmdb / the redis client."""
 from __future__ import annotations
 
 import importlib
 
 from .local import CacheStats, LruCache, ProcessorCache, estimate_nbytes
 
-_LAZY = {"RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",
+_LAZY = {"HostCache": "lazymedia.cache.host", "SharedChain": "lazymedia.cache.tiered",
+         "RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",
          "TieredCache": "lazymedia.cache.tiered", "TieredStats": "lazymedia.cache.tiered"}
 
 
@@ -17,5 +19,5 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["CacheStats", "LruCache", "ProcessorCache", "RedisCache", "SharedCacheStats", "TieredCache",
-           "TieredStats", "estimate_nbytes"]
+__all__ = ["CacheStats", "HostCache", "LruCache", "ProcessorCache", "RedisCache", "SharedCacheStats", "SharedChain",
+           "TieredCache", "TieredStats", "estimate_nbytes"]
