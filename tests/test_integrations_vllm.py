@@ -96,7 +96,7 @@ def test_unsupported_options_are_refused_at_start_up():
         VllmMediaConnector(media_io_kwargs={"audio": {"audio_backend": "nope"}})
     with pytest.raises(ValueError, match="not implemented"):
         VllmMediaConnector(media_io_kwargs={"audio": {"audio_backend": "torchcodec"}})
-    assert VllmMediaConnector(media_io_kwargs={"audio": {"audio_backend": "auto"}})
+    assert VllmMediaConnector(media_io_kwargs={"audio": {"audio_backend": "pyav"}})
 
 
 def test_a_processor_sees_vllms_objects_and_hits_skip_the_decode(connector):
@@ -190,7 +190,7 @@ def test_errors_are_the_types_vllm_callers_catch_with_lazymedia_status_codes(con
         inside.fetch_image(f"file://{tmp_path}/../a.png")
     inside.close()
     broken = data_url(b"\x89PNG\r\n\x1a\n" + b"x" * 40, "image/png")
-    with pytest.raises(ValueError) as bad:
+    with pytest.raises(ValueError, match="Failed to load image") as bad:
         to_vllm(connector.fetch_image(broken))
     assert isinstance(bad.value, lazymedia.MediaError) and bad.value.status_code in (400, 422)
     assert issubclass(VllmUnprocessableMediaError, lazymedia.UnprocessableMediaError)

@@ -47,8 +47,7 @@ _VIDEO_BACKENDS = {"opencv": ("opencv", "uniform"), "pyav": ("pyav", "uniform"),
                    "opencv_dynamic": ("opencv", "dynamic")}
 # vLLM's envs.VLLM_MAX_IMAGE_PIXELS default (a Pillow decompression-bomb bound).
 VLLM_MAX_IMAGE_PIXELS = 178_956_970
-# vllm/multimodal/media/audio.py AUDIO_BACKENDS; lazymedia's audio decoder is vLLM's "auto"
-# (libsndfile for WAV/FLAC/OGG/AIFF, PyAV for the rest).
+# vllm/multimodal/media/audio.py AUDIO_BACKENDS.
 _VLLM_AUDIO_BACKENDS = ("auto", "soundfile", "pyav", "torchcodec")
 _IMAGE_KEYS = {"image_mode", "rgba_background_color"}
 # requested_fps: vLLM 0.33's loaders take it through **kwargs and never read it; accepted so a
@@ -83,18 +82,23 @@ class DataUrlEncodingError(InvalidMediaError, NotImplementedError):
     """A data: URL that is not base64 (vLLM raises NotImplementedError)."""
 
 
-def as_vllm_error(exc: MediaError) -> MediaError:
-    """`exc` as the exception type vLLM raises for the same failure, with its message, status
-    code, modality and index; errors that already are ValueErrors come back unchanged."""
-    if isinstance(exc, ValueError):
+def as_vllm_error(exc: MediaError, *, loading_image: bool = False) -> MediaError:
+    """`exc` as the exception type vLLM raises for the same failure, with its status code,
+    modality and index: fetch and decode failures become ValueErrors; an image that failed to
+    load (`loading_image`) says so in vLLM's words ("Failed to load image: ...")."""
+    message = exc.message
+    if loading_image and not isinstance(exc, MediaFetchError) and not message.startswith("Failed to load image"):
+        message = f"Failed to load image: {message}"
+    if isinstance(exc, ValueError) and message == exc.message:
         return exc
-    for base, vllm_type in ((MediaFetchError, VllmMediaFetchError),
-                            (UnprocessableMediaError, VllmUnprocessableMediaError)):
-        if isinstance(exc, base):
-            converted = vllm_type(exc.message, modality=exc.modality, index=exc.index, status_code=exc.status_code)
-            converted.__cause__ = exc.__cause__
-            return converted
-    return exc
+    vllm_type: type[MediaError] = type(exc)
+    for base, converted_type in ((MediaFetchError, VllmMediaFetchError),
+                                 (UnprocessableMediaError, VllmUnprocessableMediaError)):
+        if isinstance(exc, base) and not isinstance(exc, ValueError):
+            vllm_type = converted_type
+    converted = vllm_type(message, modality=exc.modality, index=exc.index, status_code=exc.status_code)
+    converted.__cause__ = exc.__cause__
+    return converted
 
 
 # -- media_io_kwargs as vLLM validates them -----------------------------------------------------
@@ -108,12 +112,13 @@ def _background(value) -> tuple[int, int, int]:
 
 
 def _check_audio_backend(backend) -> None:
-    if backend is None or backend == "auto":
-        return
-    if backend not in _VLLM_AUDIO_BACKENDS:
+    """vLLM's check; lazymedia's decoder is vLLM's "auto" (libsndfile, then PyAV), which vLLM's
+    tests hold equal to "soundfile" and "pyav" alone; torchcodec is not implemented."""
+    if backend is not None and backend not in _VLLM_AUDIO_BACKENDS:
         raise InvalidMediaError(f"Unknown audio_backend {backend!r}. Available backends: {list(_VLLM_AUDIO_BACKENDS)}")
-    raise InvalidMediaError(f"audio_backend {backend!r} is not implemented by lazymedia: its audio decoder is "
-                            "vLLM's 'auto' (libsndfile, then PyAV); leave audio_backend unset or 'auto'")
+    if backend == "torchcodec":
+        raise InvalidMediaError("audio_backend 'torchcodec' is not implemented by lazymedia: its audio decoder is "
+                                "vLLM's 'auto' (libsndfile, then PyAV); leave audio_backend unset")
 
 
 def _opencv_installed() -> bool:
@@ -268,6 +273,8 @@ class VllmMediaConnector:
         self._check_like_vllm(url)
         try:
             return await self.connector.fetch(modality, url, **spec)
+        except UnprocessableMediaError as exc:  # raised by the loader, never by the download
+            raise as_vllm_error(exc, loading_image=modality == "image") from None
         except MediaError as exc:
             raise as_vllm_error(exc) from None
 
@@ -277,11 +284,15 @@ class VllmMediaConnector:
         connector's loop."""
         self._check_like_vllm(url)
         try:
-            if url[:5].lower() == "data:":
-                return load(modality, from_base64(url, self.limits), limits=self.limits, **spec)
-            return self.connector.fetch_sync(modality, url, **spec)
+            data = from_base64(url, self.limits) if url[:5].lower() == "data:" else None
+            if data is None:
+                return self.connector.fetch_sync(modality, url, **spec)
         except MediaError as exc:
             raise as_vllm_error(exc) from None
+        try:
+            return load(modality, data, limits=self.limits, **spec)
+        except MediaError as exc:
+            raise as_vllm_error(exc, loading_image=modality == "image") from None
 
     def _check_like_vllm(self, url: str) -> None:
         """vLLM's URL checks, with its exception types and wording, before lazymedia's own."""
@@ -416,7 +427,7 @@ def to_vllm(decoded, image_type: str = "pil") -> Any:
         try:
             media = decoded.decode()
         except MediaError as exc:
-            raise as_vllm_error(exc) from None
+            raise as_vllm_error(exc, loading_image=decoded.modality == "image") from None
     else:
         media = decoded
     if isinstance(media, VideoFrames):
