@@ -300,10 +300,10 @@ class VllmMediaConnector:
             return  # lazymedia's connector refuses it (400)
         scheme = url[:url.find(":")].lower() if ":" in url else ""
         if scheme == "data":
-            media_type, comma, _ = url[5:].partition(",")
-            if not comma:
+            comma = url.find(",")  # no copy of a payload of megabytes
+            if comma < 0:
                 raise InvalidMediaError(f"Invalid data URL {url[:32]!r}: missing ',' separator.")
-            if not media_type.endswith(";base64"):
+            if not url[5:comma].endswith(";base64"):
                 raise DataUrlEncodingError("Only base64 data URLs are supported for now.")
         elif scheme == "file":
             if not self.allowed_local_media_path:
