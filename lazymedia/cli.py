@@ -33,7 +33,8 @@ def _settings(modality: str, args) -> dict:
     if modality == "image":
         return {"size": args.size}
     if modality == "video":
-        sampled = {} if args.all_frames else {"fps": args.fps} if args.fps else {"num_frames": args.num_frames}
+        sampled = {"num_frames": None} if args.all_frames else {"fps": args.fps} if args.fps else \
+            {"num_frames": args.num_frames}
         return {"size": args.size, **sampled}
     return {"sample_rate": args.sample_rate, "mono": args.mono}
 
