@@ -56,7 +56,8 @@ class _Source:
 
     def __getstate__(self):
         if self.data is None and self.item_id is None:
-            raise MediaReleasedError("cannot pickle a handle without its bytes: the pixels are not shipped")
+            raise MediaReleasedError("cannot pickle a handle without its bytes (the pixels are not shipped): "
+                                     "pickle it before release_bytes()")
         return {"modality": self.modality, "spec": self.spec, "limits": self.limits,
                 "data": None if self.data is None else bytes(self.data), "header": self.header, "key": self.key,
                 "item_id": self.item_id}
@@ -187,7 +188,8 @@ class LazyMedia(Generic[Decoded]):
             if source.item_id is not None:
                 raise MediaNotCachedError(f"item id {source.item_id!r} is not cached: send the media itself",
                                           modality=self.modality)
-            raise MediaReleasedError("bytes were released before the handle was decoded", modality=self.modality)
+            raise MediaReleasedError("bytes were released before the handle was decoded: call release_bytes() only "
+                                     "after decode(), or load the item again", modality=self.modality)
         return source.data
 
     @property
@@ -207,7 +209,9 @@ class LazyMedia(Generic[Decoded]):
                 with source.lock:
                     if source.key is None:
                         if source.data is None:
-                            raise MediaReleasedError("bytes were released before the key was computed")
+                            raise MediaReleasedError("bytes were released before the key was computed:"
+                                                     " read .key before "
+                                             "release_bytes(), or load the item again")
                         source.key = media_key(source.modality, source.spec.canonical(), source.data)
                 self._key = source.key
         return self._key
@@ -343,12 +347,12 @@ def read_file(path: str | os.PathLike, limits: Limits = DEFAULT_LIMITS) -> bytes
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limits.max_bytes:
-                raise MediaTooLargeError(f"the file has {size} bytes, over the {limits.max_bytes} byte limit")
+                raise MediaTooLargeError(f"the file has {size} bytes, over Limits.max_bytes ({limits.max_bytes})")
             data = f.read(limits.max_bytes + 1)
     except OSError as exc:
-        raise InvalidMediaError(f"cannot read the file: {exc.strerror}") from None
+        raise InvalidMediaError(f"cannot read the file: {exc.strerror} (check the path)") from None
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"the file grew past the {limits.max_bytes} byte limit while read")
+        raise MediaTooLargeError(f"the file grew past Limits.max_bytes ({limits.max_bytes}) while read")
     return data
 
 
@@ -360,14 +364,15 @@ def _encoded_bytes(data, limits: Limits) -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1 or not view.contiguous:
-            raise InvalidMediaError("media bytes must be a contiguous byte buffer")
+            raise InvalidMediaError("media bytes must be a contiguous byte buffer: pass bytes(buffer)")
         return bytes(view)
     if isinstance(data, os.PathLike):
         return read_file(data, limits)
     if isinstance(data, str):
         raise InvalidMediaError("media source is a str: pass the encoded bytes, a pathlib.Path, or "
                                 "lazymedia.from_base64(text) for base64 or a data: URL")
-    raise InvalidMediaError(f"media source must be bytes-like or a path, got {type(data).__name__}")
+    raise InvalidMediaError(f"media source must be bytes-like or a pathlib.Path, got {type(data).__name__}: "
+                            "pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)")
 
 
 def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
@@ -384,7 +389,8 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     spec_obj = make_spec(modality, spec)
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
+        raise MediaTooLargeError(f"{len(data)} bytes are over Limits.max_bytes ({limits.max_bytes}): send a "
+                                 "smaller file, or raise the limit", modality=modality)
     media_codec = codec(modality)
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
@@ -422,10 +428,10 @@ def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, in
                 apply_orientation=apply_orientation, size=size, resample=resample, draft=draft)
 
 
-def load_video(data, *, num_frames: int | None = DEFAULT_NUM_FRAMES, fps: float | None = None, max_frames: int | None = None,
-               max_duration: float = 300.0, sampler: str = "uniform", size: tuple[int, int] | None = None,
-               decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS, key: str | None = None,
-               item_id: str | None = None) -> LazyMedia[VideoFrames]:
+def load_video(data, *, num_frames: int | None = DEFAULT_NUM_FRAMES, fps: float | None = None,
+               max_frames: int | None = None, max_duration: float = 300.0, sampler: str = "uniform",
+               size: tuple[int, int] | None = None, decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS,
+               key: str | None = None, item_id: str | None = None) -> LazyMedia[VideoFrames]:
     """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
 
     Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
@@ -461,24 +467,27 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     if not isinstance(text, (str, bytes, bytearray, memoryview)):
         raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
     if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # before any copy; whitespace may pad a payload
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over Limits.max_bytes "
+                                 f"({limits.max_bytes}): send a smaller file, or raise the limit")
     if isinstance(text, str):
         try:
             text = text.encode("ascii")
         except UnicodeEncodeError:
-            raise InvalidMediaError("base64 media contains non-ASCII characters") from None
+            raise InvalidMediaError("base64 media contains non-ASCII characters: send plain base64 or a data:"
+                                    " URL") from None
     text = bytes(text)
     if text[:5].lower() == b"data:":
         header, comma, text = text.partition(b",")
         if not comma:
-            raise InvalidMediaError("malformed data: URL (no comma)")
+            raise InvalidMediaError("malformed data: URL (no comma): write data:<type>;base64,<payload>")
         if not header.lower().endswith(b";base64"):
-            raise InvalidMediaError("data: URL must be base64 encoded")
+            raise InvalidMediaError("data: URL must be base64 encoded: write data:<type>;base64,<payload>")
     if any(c in text for c in _BASE64_WHITESPACE):
         text = text.translate(None, _BASE64_WHITESPACE)
     if len(text) // 4 * 3 > limits.max_bytes + 3:
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over Limits.max_bytes "
+                                 f"({limits.max_bytes}): send a smaller file, or raise the limit")
     try:
         return pybase64.b64decode(text, validate=True)  # SIMD decoder; validate rejects stray characters
     except (binascii.Error, ValueError, TypeError) as exc:
-        raise InvalidMediaError(f"invalid base64: {exc}") from None
+        raise InvalidMediaError(f"invalid base64 ({exc}): send standard base64 (A-Z a-z 0-9 + /, = padding)") from None
