@@ -3,8 +3,13 @@ shared Redis/Valkey tier (imported on first use: it needs the redis client), and
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .local import CacheStats, LruCache, ProcessorCache, estimate_nbytes
+
+if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
+    from .redis import RedisCache, SharedCacheStats
+    from .tiered import TieredCache, TieredStats
 
 _LAZY = {"RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",
          "TieredCache": "lazymedia.cache.tiered", "TieredStats": "lazymedia.cache.tiered"}

@@ -54,6 +54,11 @@ class AudioSamples:
     sample_rate: int
     metadata: dict = field(default_factory=dict)
 
+    @property
+    def data(self) -> torch.Tensor:
+        """`samples` under torchcodec's name (AudioSamples.data there)."""
+        return self.samples
+
     def numpy(self) -> np.ndarray:
         """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""
         array = self.samples.numpy()
