@@ -94,7 +94,8 @@ class AddressGuard:
 # Why a file: path would not open, as its reader can act on it (the OS text names no fix).
 _OPEN_FAILURES: dict[int, str | None] = {
     errno.ELOOP: "a symbolic link on the way (file: URLs follow none): name the file itself",
-    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.ENOTDIR: "a part of the path is a symbolic link or a file, not a directory (file: URLs follow no links): "
+                   "name the file itself",
     errno.ENOENT: "no such file below allowed_local_path",
     errno.EACCES: "the server may not read it"}
 
@@ -132,10 +133,11 @@ def read_beneath(root: str | os.PathLike, relative: str, max_bytes: int) -> byte
                 from None
     finally:
         os.close(fd)
+    info = os.fstat(file_fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which raises IsADirectoryError for a directory
+        os.close(file_fd)
+        raise InvalidMediaError(f"refused {relative}: a directory or device, not a regular file: name a file")
     with os.fdopen(file_fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise InvalidMediaError(f"refused {relative}: a directory or device, not a regular file: name a file")
         if info.st_size > max_bytes:
             raise MediaTooLargeError(f"{relative}: {info.st_size} bytes, over max_bytes ({max_bytes})")
         data = f.read(max_bytes + 1)
