@@ -229,7 +229,7 @@ class MediaConnector:
             raise InvalidMediaError("URL has no host: send an absolute http(s) URL")
         if self.allowed_domains is not None and not any(
                 host == d or self.allow_subdomains and host.endswith("." + d) for d in self.allowed_domains):
-            raise InvalidMediaError(f"refused {host}: not in the connector's allowed_domains")
+            raise InvalidMediaError(f"refused {host}: not an allowed domain (the connector's allowed_domains)")
         ip = canonical_ip(host)
         if ip is not None:
             self.guard.check(ip, host)
