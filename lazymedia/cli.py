@@ -263,7 +263,8 @@ def main(argv=None) -> int:
     bench.add_argument("--chart", default=os.path.join("bench-out", "lazy_decode.png"))
     bench.set_defaults(run=cmd_bench)
     decode = sub.add_parser("decode", help="decode files or URLs; print key, shape, backend, time",
-                            epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error")
+                            epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error, 141 the output "
+                                   "pipe closed")
     decode.add_argument("sources", nargs="+", metavar="FILE_OR_URL",
                         help="files, or http(s), data: or file: URLs (fetched without the SSRF guard)")
     decode.add_argument("--backend", choices=("cpu", "nvjpeg", "dali", "auto"), default="auto",
