@@ -50,7 +50,8 @@ def _load(source: str, args, connector):
     data = _read(source, connector)
     modality = args.modality or guess_modality(data)
     if modality is None:
-        raise InvalidMediaError("not an image, video or audio file")
+        raise InvalidMediaError("not an image, video or audio file lazymedia reads (--modality says which one "
+                                "it is, if it is)")
     return load(modality, data, **_settings(modality, args))
 
 
