@@ -294,8 +294,9 @@ class MediaConnector:
                 refused = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
                 if isinstance(refused, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
                     raise InvalidMediaError(f"refused {refused or exc.__cause__}") from None
-                raise MediaFetchError(f"fetching from {host} failed: {type(exc).__name__}: {exc}",
-                                      status_code=502) from None
+                raise MediaFetchError(f"fetching from {host} failed ({type(exc).__name__}: "
+                                      f"{getattr(exc, 'strerror', None) or exc}): retry later, or check that the "
+                                      "host serves the URL", status_code=502) from None
         raise MediaFetchError(f"more than {self.max_redirects} redirects (max_redirects):"
                               " send the final URL", status_code=400)
 

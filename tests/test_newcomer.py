@@ -171,6 +171,8 @@ ERROR_TABLE = {
     "bad base64": (lambda tmp, mp: lazymedia.from_base64("not base64!"), 400, ["standard base64"]),
     "opencv missing": (lambda tmp, mp: _opencv_missing(mp), 400, ["pip install opencv-python-headless", "pyav"]),
     "private address": (lambda tmp, mp: _fetch("http://127.0.0.1:9/x.jpg"), 400, ["allow_private_networks"]),
+    "unreachable": (lambda tmp, mp: _fetch("http://127.0.0.1:9/x.jpg", allow_private_networks=True), 502,
+                    ["retry later"]),
     "metadata address": (lambda tmp, mp: _fetch("http://169.254.169.254/latest"), 400, ["allow_private_networks"]),
     "domain": (lambda tmp, mp: _fetch("https://elsewhere.example/x.jpg", allowed_domains=["cdn.example.com"]), 400,
                ["allowed_domains"]),
