@@ -57,7 +57,8 @@ def _guarded_socket_factory(guard: AddressGuard):
             refused = _REFUSED.get()
             if refused is not None:
                 refused.append(str(sockaddr[0]))
-            raise _RefusedAddress(f"{sockaddr[0]} is not a public address")
+            raise _RefusedAddress(f"{sockaddr[0]} is not a public address (pass allow_private_networks to admit "
+                                  "private networks)")
         return socket.socket(family=family, type=type_, proto=proto)
 
     return open_socket
@@ -74,7 +75,8 @@ class _GuardedResolver(AbstractResolver):
         results = await self._resolver.resolve(host, port, family)
         allowed = [r for r in results if self._guard.permits(r["host"])]
         if not allowed:
-            raise _RefusedAddress(f"{host} resolves only to non-public addresses")
+            raise _RefusedAddress(f"{host} resolves only to non-public addresses (pass allow_private_networks to "
+                                  "admit them)")
         return allowed
 
     async def close(self) -> None:
@@ -84,12 +86,12 @@ class _GuardedResolver(AbstractResolver):
 def _split(url) -> SplitResult:
     """The URL's parts; malformed URLs (bad brackets, NFKC tricks, non-strings) are 400s."""
     if not isinstance(url, str):
-        raise InvalidMediaError(f"a URL must be a string, got {type(url).__name__}")
+        raise InvalidMediaError(f"a URL must be a str, got {type(url).__name__}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError for a malformed port)
     except ValueError as exc:
-        raise InvalidMediaError(f"malformed URL: {exc}") from None
+        raise InvalidMediaError(f"malformed URL ({exc}): send an http(s), data: or file: URL") from None
     return parts
 
 
@@ -226,7 +228,8 @@ class MediaConnector:
             return await self._fetch_http(url, hasher)
         if scheme == "data":
             if len(url) // 4 * 3 > 2 * self.max_bytes + 3:  # before any copy of a huge payload
-                raise MediaTooLargeError(f"data: URL of {len(url)} characters exceeds the {self.max_bytes} byte limit")
+                raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over max_bytes ({self.max_bytes}): "
+                                         "send a smaller file, or raise MediaConnector(max_bytes=)")
             return await asyncio.to_thread(self._read_data_url, url, hasher)
         if scheme == "file":
             return await asyncio.to_thread(self._read_file_url, url, hasher)
@@ -254,13 +257,13 @@ class MediaConnector:
         """Checks one hop as the client reads it (scheme, domain allow-list, literal addresses);
         returns its host."""
         if url.scheme not in ("http", "https"):
-            raise InvalidMediaError("refused a redirect to a non-http URL")
+            raise InvalidMediaError("refused a redirect to a non-http(s) URL: send the final http(s) URL")
         host = (url.raw_host or "").lower().strip(".")
         if not host:
-            raise InvalidMediaError("URL has no host")
+            raise InvalidMediaError("URL has no host: send an absolute http(s) URL")
         if self.allowed_domains is not None and not any(
                 host == d or self.allow_subdomains and host.endswith("." + d) for d in self.allowed_domains):
-            raise InvalidMediaError(f"refused {host}: not an allowed domain")
+            raise InvalidMediaError(f"refused {host}: not an allowed domain (the connector's allowed_domains)")
         ip = canonical_ip(host)
         if ip is not None:
             self.guard.check(ip, host)
@@ -279,7 +282,8 @@ class MediaConnector:
             async with asyncio.timeout(self.timeout_s):
                 data, key = await self._follow(url, hasher)
         except TimeoutError:
-            raise MediaFetchError(f"timed out after {self.timeout_s} s", status_code=504) from None
+            raise MediaFetchError(f"timed out after {self.timeout_s} s (MediaConnector timeout_s): retry, or "
+                                  "raise timeout_s", status_code=504) from None
         if cached is not None:
             await asyncio.to_thread(_write_atomically, cached, data)
         return data, key
@@ -290,9 +294,11 @@ class MediaConnector:
             async with asyncio.timeout(self.timeout_s):
                 results = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
         except (OSError, TimeoutError) as exc:
-            raise MediaFetchError(f"cannot resolve {host}: {exc}", status_code=502) from None
+            raise MediaFetchError(f"cannot resolve {host} ({getattr(exc, 'strerror', None) or exc}): check the "
+                                  "host name", status_code=502) from None
         if not any(self.guard.permits(str(result[4][0])) for result in results):
-            raise InvalidMediaError(f"refused {host}: it resolves only to non-public addresses")
+            raise InvalidMediaError(f"refused {host}: it resolves only to non-public addresses (pass "
+                                    "allow_private_networks to admit them)")
 
     def _cache_path(self, url: str) -> Path | None:
         if self.download_cache_dir is None:
@@ -316,36 +322,42 @@ class MediaConnector:
                     if response.status in _REDIRECTS:
                         location = response.headers.get("Location")
                         if not self.allow_redirects or not location:
-                            raise MediaFetchError(f"{host} redirects ({response.status}) and redirects are off",
+                            raise MediaFetchError(f"{host} redirects ({response.status}) and allow_redirects is "
+                                                  "off: send the final URL",
                                                   status_code=400)
                         url = read_http_url(location, base=url)
                         continue
                     if response.status != 200:
                         raise MediaFetchError(f"upstream {host} answered {response.status} {response.reason or ''}"
-                                              .rstrip(), status_code=502)
+                                              .rstrip() + ": check the URL, or retry later", status_code=502)
                     return await self._read_body(response, hasher)
             except MediaError:
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
                 if refused:
-                    raise InvalidMediaError(f"refused {host}: {refused[0]} is not a public address") from None
+                    raise InvalidMediaError(f"refused {host}: {refused[0]} is not a public address (pass "
+                                            "allow_private_networks to admit private networks)") from None
                 cause = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
                 if isinstance(cause, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
                     raise InvalidMediaError(f"refused {cause or exc.__cause__}") from None
-                raise MediaFetchError(f"fetching from {host} failed: {type(exc).__name__}: {exc}",
-                                      status_code=502) from None
-        raise MediaFetchError(f"more than {self.max_redirects} redirects", status_code=400)
+                raise MediaFetchError(f"fetching from {host} failed ({type(exc).__name__}: "
+                                      f"{getattr(exc, 'strerror', None) or exc}): retry later, or check that the "
+                                      "host serves the URL", status_code=502) from None
+        raise MediaFetchError(f"more than {self.max_redirects} redirects (max_redirects):"
+                              " send the final URL", status_code=400)
 
     async def _read_body(self, response, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         declared = response.content_length
         if declared is not None and declared > self.max_bytes:
-            raise MediaTooLargeError(f"the response declares {declared} bytes, over the {self.max_bytes} byte limit")
+            raise MediaTooLargeError(f"the response declares {declared} bytes, over max_bytes ({self.max_bytes}): "
+                                     "send a smaller file, or raise MediaConnector(max_bytes=)")
         received = 0
         chunks = []
         async for chunk in response.content.iter_any():
             received += len(chunk)
             if received > self.max_bytes:
-                raise MediaTooLargeError(f"the response sent more than the {self.max_bytes} byte limit")
+                raise MediaTooLargeError(f"the response sent more than max_bytes ({self.max_bytes}): send a smaller "
+                                         "file, or raise MediaConnector(max_bytes=)")
             if hasher is not None:
                 hasher.update(chunk)
             chunks.append(chunk)
@@ -358,14 +370,15 @@ class MediaConnector:
 
     def _read_file_url(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         if self.allowed_local_path is None:
-            raise InvalidMediaError("file: URLs are refused (no allowed_local_path)")
+            raise InvalidMediaError("file: URLs are refused:"
+                                    " a server admits them with MediaConnector(allowed_local_path=)")
         parts = _split(url)
         if parts.netloc not in ("", "localhost"):
-            raise InvalidMediaError("file: URL names a remote host")
+            raise InvalidMediaError("file: URL names a remote host: use file:///path, or http(s) for a remote file")
         path = unquote(parts.path)
         root = str(self.allowed_local_path)
         if path != root and not path.startswith(root.rstrip("/") + "/"):
-            raise InvalidMediaError("refused a file: URL outside the allowed local path")
+            raise InvalidMediaError("refused a file: URL outside allowed_local_path: name a file below it")
         data = read_beneath(root, path[len(root):], self.max_bytes)
         return data, _finish(hasher, data)
 

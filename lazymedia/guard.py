@@ -5,6 +5,7 @@ socket it opens, so no refused address or escaping path is ever touched."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import ipaddress
 import os
@@ -57,7 +58,7 @@ def canonical_ip(host: str) -> _IPAddress | None:
         socket.inet_aton(literal)
     except (OSError, ValueError):
         return None
-    raise InvalidMediaError(f"refused host {host!r}: a non-canonical numeric IPv4 address")
+    raise InvalidMediaError(f"refused host {host!r}: a non-canonical numeric IPv4 address (write it as a.b.c.d)")
 
 
 # "scheme://authority" or a scheme-relative "//authority": the authority ends at the first / ? #.
@@ -147,7 +148,17 @@ class AddressGuard:
 
     def check(self, address: str | _IPAddress, what: str) -> None:
         if not self.permits(address):
-            raise InvalidMediaError(f"refused {what}: {address} is not a public address")
+            raise InvalidMediaError(f"refused {what}: {address} is not a public address (pass allow_private_networks "
+                                    "to admit private networks)")
+
+
+# Why a file: path would not open, as its reader can act on it (the OS text names no fix).
+_OPEN_FAILURES: dict[int, str | None] = {
+    errno.ELOOP: "a symbolic link on the way (file: URLs follow none): name the file itself",
+    errno.ENOTDIR: "a part of the path is a symbolic link or a file, not a directory (file: URLs follow no links): "
+                   "name the file itself",
+    errno.ENOENT: "no such file below allowed_local_path",
+    errno.EACCES: "the server may not read it"}
 
 
 def read_beneath(root: str | os.PathLike, relative: str, max_bytes: int) -> bytes:
@@ -158,26 +169,29 @@ def read_beneath(root: str | os.PathLike, relative: str, max_bytes: int) -> byte
     on the opened descriptor without blocking; the read stops at the size fstat reported."""
     parts = [p for p in relative.split("/") if p not in ("", ".")]
     if not parts or ".." in parts:
-        raise InvalidMediaError("refused path: empty or with '..'")
+        raise InvalidMediaError("refused path: it names no file below allowed_local_path, or has '..'")
     if any("\0" in p for p in parts):
-        raise InvalidMediaError("refused path: NUL byte")
+        raise InvalidMediaError("refused path: it has a NUL byte")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(root, flags | os.O_DIRECTORY)
     except OSError as exc:
-        raise InvalidMediaError(f"cannot open the allowed local path: {exc.strerror}") from None
+        raise InvalidMediaError(f"the server cannot open its allowed_local_path ({exc.strerror}): check "
+                                "MediaConnector(allowed_local_path=)") from None
     try:
         for part in parts[:-1]:
             try:
                 next_fd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
             except OSError as exc:  # ELOOP/ENOTDIR: a symlink or a file where a directory should be
-                raise InvalidMediaError(f"cannot open {relative}: {exc.strerror}") from None
+                raise InvalidMediaError(f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}") \
+                    from None
             os.close(fd)
             fd = next_fd
         try:
             file_fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
         except OSError as exc:
-            raise InvalidMediaError(f"cannot open {relative}: {exc.strerror}") from None
+            raise InvalidMediaError(f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}") \
+                from None
     finally:
         os.close(fd)
     try:
@@ -189,7 +203,7 @@ def read_beneath(root: str | os.PathLike, relative: str, max_bytes: int) -> byte
 def _read_regular(fd: int, name: str, max_bytes: int) -> bytes:
     info = os.fstat(fd)
     if stat.S_ISDIR(info.st_mode):
-        raise InvalidMediaError(f"refused {name}: a directory, not a file")
+        raise InvalidMediaError(f"refused {name}: a directory, not a file: name a file")
     if not stat.S_ISREG(info.st_mode):
         raise InvalidMediaError(f"refused {name}: not a regular file (a device, FIFO or socket)")
     pseudo = _pseudo_filesystem(fd)
@@ -198,7 +212,7 @@ def _read_regular(fd: int, name: str, max_bytes: int) -> bytes:
     if info.st_size == 0:
         raise InvalidMediaError(f"refused {name}: an empty file")
     if info.st_size > max_bytes:
-        raise MediaTooLargeError(f"{name}: {info.st_size} bytes exceed the {max_bytes} byte limit")
+        raise MediaTooLargeError(f"{name}: {info.st_size} bytes, over max_bytes ({max_bytes})")
     chunks, received = [], 0
     while received <= info.st_size:  # one byte past the size tells a file that grows while read
         try:

@@ -19,7 +19,7 @@ def h264():
 
 
 def full_decode(data):
-    return lazymedia.load_video(data).media
+    return lazymedia.load_video(data, num_frames=None).media
 
 
 @pytest.mark.parametrize("row", corpus_params("video", {"decodes"}))
@@ -40,7 +40,7 @@ def test_corpus_sampled_frames_equal_full_decode(row):
 @pytest.mark.parametrize("row", corpus_params("video", {"decodes"}))
 def test_corpus_requested_counts_come_back_in_order(row):
     data = corpus_bytes(row)
-    frames_there = lazymedia.load_video(data, size=(16, 16)).media.frames.shape[0]
+    frames_there = lazymedia.load_video(data, num_frames=None, size=(16, 16)).media.frames.shape[0]
     for requested in (1, 8, 16, 32):
         decoded = lazymedia.load_video(data, num_frames=requested, size=(16, 16)).media
         assert len(decoded.indices) == min(requested, frames_there) == decoded.frames.shape[0]
@@ -199,7 +199,7 @@ def test_edit_list_pre_roll_is_not_a_frame():
     assert item.header.total_frames == 29  # 30 samples, the first one never shown
     frames = item.media
     assert len(frames.indices) == 16 and frames.indices[-1] == 28 and frames.timestamps[0] >= 0
-    full = lazymedia.load_video(data).media
+    full = lazymedia.load_video(data, num_frames=None).media
     for slot, index in enumerate(frames.indices):
         assert torch.equal(frames.frames[slot], full.frames[index])
 
@@ -283,7 +283,7 @@ def test_hf_metadata_keys_as_vllm_fills_them(h264):
     frames = lazymedia.load_video(h264, num_frames=8).media
     assert frames.metadata == {"total_num_frames": 90, "fps": 30.0, "duration": 3.0, "video_backend": "pyav",
                                "frames_indices": frames.indices, "do_sample_frames": False}
-    every = lazymedia.load_video(h264).media
+    every = lazymedia.load_video(h264, num_frames=None).media
     assert every.metadata["do_sample_frames"] is True and every.info["codec"] == "h264"
 
 

@@ -256,13 +256,13 @@ CASES = {
     # The PNG asked for 4x its size: refused from the header, whatever the file's size.
     "zero_png_10000_upscaled": (ZERO_PNG_10000, "lazymedia.load_image(data, size=(20000, 20000))", 413),
     # 22 KB of H.264: 300 black 1080p frames, no sampling asked: 1.9 GB of frames, refused from the header.
-    "black_1080p_mp4_every_frame": (BLACK_1080P_MP4, "lazymedia.load_video(data)", 413),
+    "black_1080p_mp4_every_frame": (BLACK_1080P_MP4, "lazymedia.load_video(data, num_frames=None)", 413),
     # The same clip sampled: 8 frames decode within the goal.
     "black_1080p_mp4_8_frames": (BLACK_1080P_MP4, "lazymedia.load_video(data, num_frames=8)", None),
     # A few hundred KB of FLAC: 300 s of 8-channel silence, 423 MB decoded: within the goal.
     "silent_flac_8_channels_300s": (SILENT_FLAC_8CH, "lazymedia.load_audio(data)", None),
     # 0.9 MB of WAV: 256 channels at 1 Hz, asked for 16 kHz: 29 GB, refused before the resampler allocates.
-    "wav_256_channels_1hz_to_16khz": (WAV_256CH_1HZ, "lazymedia.load_audio(data, sample_rate=16000)", 413),
+    "wav_256_channels_1hz_to_16khz": (WAV_256CH_1HZ, "lazymedia.load_audio(data, sample_rate=16000, mono=False)", 413),
     # 879 bytes of MP4 whose sample tables declare 60 M samples: refused before FFmpeg builds its index.
     "mp4_declaring_60m_samples": (MP4_60M_SAMPLES, "lazymedia.load_video(data, num_frames=4)", 413),
     # 44 bytes of WAV declaring 65,407 channels, resampled: over the channel cap, before soxr allocates.
@@ -270,7 +270,7 @@ CASES = {
     # 1024 channels of real samples: over the channel cap (its decode peaked at 3x the output).
     "wav_1024_channels": (WAV_1024_CHANNELS, "lazymedia.load_audio(data)", 413),
     # 64 channels, the cap, resampled: decodes within the goal, the resampler's state included.
-    "wav_64_channels_to_16khz": (WAV_64_CHANNELS, "lazymedia.load_audio(data, sample_rate=16000)", None),
+    "wav_64_channels_to_16khz": (WAV_64_CHANNELS, "lazymedia.load_audio(data, sample_rate=16000, mono=False)", None),
     # A progressive JPEG with its last scan repeated 500 times: refused by the header probe's scan count.
     "jpeg_500_scans": (JPEG_500_SCANS, "lazymedia.load_image(data)", 413),
     # A progressive 10000 x 10000 JPEG: its coefficient buffer (300 MB) is over the working-memory limit.

@@ -4,8 +4,14 @@ same-host LMDB tier (HostCache), the shared Redis/Valkey tier, and any chain of 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .local import CacheStats, LruCache, ProcessorCache, estimate_nbytes
+
+if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
+    from .host import HostCache
+    from .redis import RedisCache, SharedCacheStats
+    from .tiered import SharedChain, TieredCache, TieredStats
 
 _LAZY = {"HostCache": "lazymedia.cache.host", "SharedChain": "lazymedia.cache.tiered",
          "RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",

@@ -60,6 +60,11 @@ class AudioSamples:
     sample_rate: int
     metadata: dict = field(default_factory=dict)
 
+    @property
+    def data(self) -> torch.Tensor:
+        """`samples` under torchcodec's name (AudioSamples.data there)."""
+        return self.samples
+
     def numpy(self) -> np.ndarray:
         """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""
         array = self.samples.numpy()
@@ -80,7 +85,7 @@ def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
     """Container header: reader, rate, channels and duration, checked against `limits` and the
     decoded-size budget of `spec` before anything is decoded."""
     if len(data) == 0:
-        raise UnprocessableMediaError("empty audio file", modality="audio")
+        raise UnprocessableMediaError("empty audio file: send the audio's bytes", modality="audio")
     try:
         info = soundfile.info(io.BytesIO(data))
     except Exception:  # libsndfile does not know the format: FFmpeg may
@@ -91,7 +96,8 @@ def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
     else:
         header = _probe_with_av(data)
     if header.sample_rate <= 0 or header.channels <= 0:
-        raise UnprocessableMediaError("audio stream has no sample rate or channels", modality="audio")
+        raise UnprocessableMediaError("audio stream has no sample rate or channels:"
+                                      " re-encode the file or send another", modality="audio")
     check_limits(header, limits, spec, len(data))
     return header
 
@@ -111,7 +117,8 @@ def check_limits(header: AudioHeader, limits: Limits, spec: AudioSpec, encoded_b
         raise MediaTooLargeError(f"{header.channels} audio channels exceed the {limits.max_audio_channels} channel "
                                  "limit", modality="audio")
     if header.duration > limits.max_audio_seconds:
-        raise MediaTooLargeError(f"{header.duration:.0f} s audio exceeds the {limits.max_audio_seconds:.0f} s limit",
+        raise MediaTooLargeError(f"{header.duration:.0f} s of audio is over Limits.max_audio_seconds "
+                                 f"({limits.max_audio_seconds:.0f} s): send a shorter clip, or raise the limit",
                                  modality="audio")
     channels, samples = output_shape(header, spec)
     limits.check_decoded(channels * samples * 4, "audio", f"{channels} channels x {samples} samples",
@@ -139,11 +146,12 @@ def _probe_with_av(data) -> AudioHeader:
     try:
         with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
             if not container.streams.audio:
-                raise InvalidMediaError("no audio stream", modality="audio")
+                raise InvalidMediaError("no audio stream: send a file with audio", modality="audio")
             stream = container.streams.audio[0]
             context = stream.codec_context
             if context is None:
-                raise UnprocessableMediaError("FFmpeg has no decoder for this audio stream", modality="audio")
+                raise UnprocessableMediaError("FFmpeg has no decoder for this audio stream:"
+                                              " re-encode it as WAV, FLAC or MP3", modality="audio")
             if stream.duration is not None and stream.time_base is not None:
                 duration = float(stream.duration * stream.time_base)
             else:
@@ -152,8 +160,10 @@ def _probe_with_av(data) -> AudioHeader:
                                max(duration, 0.0))
     except av.error.FFmpegError as exc:
         if looks_like_audio(data):
-            raise UnprocessableMediaError(f"corrupt audio: {exc}", modality="audio") from None
-        raise InvalidMediaError(f"not audio: {exc}", modality="audio") from None
+            raise UnprocessableMediaError(f"corrupt audio ({exc.strerror}):"
+                                          " re-encode the file or send another", modality="audio") from None
+        raise InvalidMediaError(f"not audio ({exc.strerror}): send WAV, FLAC, MP3, Ogg or another format "
+                                "libsndfile or FFmpeg reads", modality="audio") from None
 
 
 class _Output:
@@ -203,8 +213,9 @@ class _Output:
         end = self.position + count
         if end > self.array.shape[1]:
             if end > self.max_frames:
-                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over the "
-                                         "decoded-size or duration limit", modality="audio")
+                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over "
+                                         "Limits.max_decoded_bytes or Limits.max_audio_seconds: send a shorter clip, "
+                                         "pass mono=True or a lower sample_rate, or raise the limit", modality="audio")
             grown = torch.empty((self.channels, min(max(end, self.array.shape[1] * 5 // 4), self.max_frames)),
                                 dtype=torch.float32)
             grown[:, :self.position] = self.tensor[:, :self.position]
@@ -229,7 +240,8 @@ def _read_av(data, output: _Output) -> dict:
         stream = container.streams.audio[0]
         context = stream.codec_context
         if context is None:
-            raise UnprocessableMediaError("no decoder for this audio stream", modality="audio")
+            raise UnprocessableMediaError("no decoder for this audio stream:"
+                                          " re-encode it as WAV, FLAC or MP3", modality="audio")
         resampler = av.AudioResampler(format="fltp", layout=context.layout, rate=context.sample_rate)
         packets = container.demux(stream)
         while True:
@@ -254,7 +266,8 @@ def _read_av(data, output: _Output) -> dict:
         for converted in resampler.resample(None):
             output.write(converted.to_ndarray().T)
     if decoded == 0:
-        raise UnprocessableMediaError("audio has no decodable frames", modality="audio")
+        raise UnprocessableMediaError("audio has no decodable frames:"
+                                      " re-encode the file or send another", modality="audio")
     return {"reader": "av", "skipped_packets": skipped}
 
 
@@ -278,6 +291,7 @@ def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None 
     except MediaError:
         raise
     except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError, FFmpeg FFmpegError
-        raise UnprocessableMediaError(f"corrupt {header.format} audio: {type(exc).__name__}: {exc}",
+        raise UnprocessableMediaError(f"corrupt {header.format} audio ({type(exc).__name__}: "
+                                      f"{getattr(exc, 'strerror', None) or exc}): re-encode the file or send another",
                                       modality="audio") from None
     return AudioSamples(samples, output.rate, metadata)

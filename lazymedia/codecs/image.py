@@ -150,11 +150,14 @@ def _probe_with_pillow(data, result) -> ImageHeader:
     try:
         image = _open(data)
     except UnidentifiedImageError:
-        raise InvalidMediaError("not an image format this server reads", modality="image") from None
+        raise InvalidMediaError("not an image format this server reads: send JPEG, PNG, GIF, WebP, BMP, TIFF "
+                                "or another format Pillow opens", modality="image") from None
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
+        raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise Limits.max_pixels)",
+                                 modality="image") from None
     except Exception as exc:  # a recognised format whose header is broken
-        raise UnprocessableMediaError(f"broken image header: {type(exc).__name__}: {exc}", modality="image") from None
+        raise UnprocessableMediaError(f"broken image header ({type(exc).__name__}: {exc}):"
+                                      " re-encode the file or send another", modality="image") from None
     with image:
         width, height = image.size
         transparency = "A" in image.getbands() or "transparency" in image.info
@@ -217,7 +220,8 @@ def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
     if result.status == "unknown_format":
         header = _probe_with_pillow(data, None)
     elif result.status != "ok":
-        raise UnprocessableMediaError(f"{result.format} header is {result.status}: {result.error}", modality="image")
+        raise UnprocessableMediaError(f"{result.format} header is {result.status} ({result.error}):"
+                                      " re-encode the file or send another", modality="image")
     else:
         mode = _native_mode(result)
         if mode is None:
@@ -231,7 +235,8 @@ def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
 
 def check_pixels(width: int, height: int, limits: Limits) -> None:
     if width * height > limits.max_pixels:
-        raise MediaTooLargeError(f"{width}x{height} image exceeds the {limits.max_pixels} pixel limit",
+        raise MediaTooLargeError(f"an image of (height, width)=({height}, {width}) is over Limits.max_pixels "
+                                 f"({limits.max_pixels}): send a smaller image, or raise the limit",
                                  modality="image")
 
 
@@ -246,7 +251,8 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
     limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels",
                          header.working_bytes)
     if header.format == "jpeg" and header.bit_depth != 8:
-        raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported", modality="image")
+        raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported:"
+                                      " re-encode it as 8-bit JPEG or PNG", modality="image")
 
 
 # -- decoding ------------------------------------------------------------------------------------
@@ -276,7 +282,8 @@ def _jpeg(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
         array = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else target, **scale)
     except ValueError as exc:
         if "Premature end" in str(exc):  # a truncated stream is an error, as in Pillow
-            raise UnprocessableMediaError(f"corrupt jpeg: {exc}", modality="image") from None
+            raise UnprocessableMediaError(f"corrupt jpeg ({exc}):"
+                                          " re-encode the file or send another", modality="image") from None
         raise _TryPillow() from exc
     if not gray or target == "L":
         return array.reshape(array.shape[0], array.shape[1], -1)
@@ -415,17 +422,22 @@ def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None 
     except MediaError:
         raise
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
+        raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise Limits.max_pixels)",
+                                 modality="image") from None
     except ValueError as exc:
         if "Decompressed data too large" in str(exc):
-            raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
-        raise UnprocessableMediaError(f"corrupt {header.format}: {exc}", modality="image") from None
+            raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise "
+                                     "Limits.max_decoded_bytes)", modality="image") from None
+        raise UnprocessableMediaError(f"corrupt {header.format} ({exc}): re-encode the file or send another",
+                                      modality="image") from None
     except Exception as exc:  # decoders raise OSError, SyntaxError, EOFError, struct.error, ...
-        raise UnprocessableMediaError(f"corrupt {header.format}: {type(exc).__name__}: {exc}",
+        raise UnprocessableMediaError(f"corrupt {header.format} ({type(exc).__name__}: {exc}):"
+                                      " re-encode the file or send another",
                                       modality="image") from None
     if array.shape[:2] != (header.height, header.width) and _draft_size(header, spec) is None:
         raise UnprocessableMediaError(f"{header.format} decoded to {array.shape[1]}x{array.shape[0]}, "
-                                      f"not the {header.width}x{header.height} its header declares", modality="image")
+                                      f"not the {header.width}x{header.height} its header declares: re-encode the file "
+                                      "or send another", modality="image")
     if spec.apply_orientation and header.orientation != 1:
         array = ops.orient(torch.from_numpy(array), header.orientation).numpy()
     if spec.size is not None and array.shape[:2] != spec.size:

@@ -70,8 +70,10 @@ def _open(data):
         return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except av.error.FFmpegError as exc:
         if looks_like_video(data):
-            raise UnprocessableMediaError(f"corrupt video container: {exc}", modality="video") from None
-        raise InvalidMediaError(f"not a video: {exc}", modality="video") from None
+            raise UnprocessableMediaError(f"corrupt video container ({exc.strerror}):"
+                                          " re-encode the file or send another", modality="video") from None
+        raise InvalidMediaError(f"not a video ({exc.strerror}): send MP4, WebM, MKV, AVI or another container "
+                                "FFmpeg reads", modality="video") from None
 
 
 def _presented(packet) -> bool:
@@ -274,12 +276,15 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
     index_bytes = check_sample_tables(data, limits)
     with _open(data) as container:
         if not container.streams:  # a container with no streams at all lost its header (truncated)
-            raise UnprocessableMediaError("video container has no streams", modality="video")
+            raise UnprocessableMediaError("video container has no streams:"
+                                          " re-encode the file or send another", modality="video")
         if not container.streams.video:
-            raise InvalidMediaError("no video stream", modality="video")
+            raise InvalidMediaError("no video stream:"
+                                    " send a file with video (audio alone goes to load_audio)", modality="video")
         stream = container.streams.video[0]
         if stream.codec_context is None:  # FFmpeg knows the stream but has no decoder for it
-            raise UnprocessableMediaError("FFmpeg has no decoder for this video stream", modality="video")
+            raise UnprocessableMediaError("FFmpeg has no decoder for this video stream:"
+                                          " re-encode it as H.264, VP9 or AV1", modality="video")
         width, height = stream.codec_context.width, stream.codec_context.height
         fps = float(stream.average_rate or stream.guessed_rate or 0)
         if stream.duration is not None and stream.time_base is not None:
@@ -292,9 +297,11 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
                              bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context),
                              _full_range(context), index_bytes)
     if width <= 0 or height <= 0:
-        raise UnprocessableMediaError("video stream has no frame size", modality="video")
+        raise UnprocessableMediaError("video stream has no frame size:"
+                                      " re-encode the file or send another", modality="video")
     if total <= 0:
-        raise UnprocessableMediaError("video stream has no frames", modality="video")
+        raise UnprocessableMediaError("video stream has no frames:"
+                                      " re-encode the file or send another", modality="video")
     check_limits(header, limits, spec, len(data))
     return header
 
@@ -302,13 +309,16 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
 def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_bytes: int) -> None:
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
-        raise MediaTooLargeError(f"{header.width}x{header.height} frames exceed the {limits.max_pixels} pixel limit",
+        raise MediaTooLargeError(f"frames of (height, width)=({header.height}, {header.width}) are over "
+                                 f"Limits.max_pixels ({limits.max_pixels}): send a smaller video, or raise the limit",
                                  modality="video")
     if header.duration > limits.max_video_seconds:
-        raise MediaTooLargeError(f"{header.duration:.0f} s video exceeds the {limits.max_video_seconds:.0f} s limit",
+        raise MediaTooLargeError(f"a {header.duration:.0f} s video is over Limits.max_video_seconds "
+                                 f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
                                  modality="video")
     if header.total_frames > limits.max_video_frames:
-        raise MediaTooLargeError(f"{header.total_frames} frames exceed the {limits.max_video_frames} frame limit",
+        raise MediaTooLargeError(f"{header.total_frames} frames are over Limits.max_video_frames "
+                                 f"({limits.max_video_frames}): send a shorter clip, or raise the limit",
                                  modality="video")
     count = len(sample_indices(sampling_source(header), spec))
     height, width = spec.size or (header.height, header.width)
@@ -383,9 +393,11 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
     except MediaError:
         raise
     except (av.error.FFmpegError, ValueError) as exc:
-        raise UnprocessableMediaError(f"corrupt {header.codec} video: {exc}", modality="video") from None
+        raise UnprocessableMediaError(f"corrupt {header.codec} video ({getattr(exc, 'strerror', None) or exc}): "
+                                      "re-encode the file or send another", modality="video") from None
     if not got:
-        raise UnprocessableMediaError("video has no decodable frames", modality="video")
+        raise UnprocessableMediaError("video has no decodable frames:"
+                                      " re-encode the file or send another", modality="video")
     return VideoFrames(frames[:len(got)], got, timestamps, header.fps, source.duration, source.total_frames,
                        hf_metadata(source, got, "pyav"), {"codec": header.codec, "container": header.container})
 

@@ -31,7 +31,8 @@ def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> 
         os.write(fd, data)
         capture = cv2.VideoCapture(f"/proc/self/fd/{fd}", cv2.CAP_FFMPEG)
         if not capture.isOpened():
-            raise UnprocessableMediaError("OpenCV cannot open the video", modality="video")
+            raise UnprocessableMediaError("OpenCV cannot open the video:"
+                                          " re-encode the file, or use decoder='pyav'", modality="video")
         position = 0
         for index, seek_to in zip(indices, plan):
             if seek_to is not None:
@@ -50,11 +51,13 @@ def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> 
             got.append(index)
         capture.release()
     except cv2.error as exc:
-        raise UnprocessableMediaError(f"corrupt {header.codec} video: {exc}", modality="video") from None
+        raise UnprocessableMediaError(f"corrupt {header.codec} video ({exc}):"
+                                      " re-encode the file or send another", modality="video") from None
     finally:
         os.close(fd)
     if not got and indices:
-        raise UnprocessableMediaError("video has no decodable frames", modality="video")
+        raise UnprocessableMediaError("video has no decodable frames:"
+                                      " re-encode the file or send another", modality="video")
     timestamps = [table.seconds(i) if table else i / (header.fps or 1) for i in got]
     return video.VideoFrames(frames[:len(got)], got, timestamps, header.fps, source.duration, source.total_frames,
                              hf_metadata(source, got, "opencv"),
