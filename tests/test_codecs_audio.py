@@ -152,7 +152,8 @@ def test_decoded_size_budget_counts_channels_the_output_rate_and_the_resampler()
     budget = lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4 + resampler)
     assert lazymedia.load_audio(wav, limits=budget, mono=False).header.channels == 4
     with pytest.raises(lazymedia.MediaTooLargeError):
-        lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=False)  # twice the samples, four resampled channels
+        # twice the samples, four resampled channels
+        lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=False)
     assert lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=True).media.samples.shape == (1, 16000)
     with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # the output fits, not with the resampler
         lazymedia.load_audio(wav, limits=lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4), sample_rate=16000,
