@@ -208,12 +208,13 @@ class Limits:
     decoder holds while it works). max_working_bytes: what a decoder holds besides its output,
     as the header declares it: a progressive or multi-scan JPEG's coefficient buffer (2 bytes
     per sample of every component), the audio resampler's state, the demuxer's sample index of
-    a video container. 32 MiB keeps every decode within 1.25 x its output + 32 MB (a progressive
-    JPEG holds coefficients of up to twice its output's size); it refuses progressive JPEGs past
-    about 11 M pixels (4:2:0; 5.6 M at 4:4:4) and containers indexing more than 524 k samples
-    (an hour at 145 frames per second). max_jpeg_scans: scans of one JPEG (each is a pass over the whole
-    coefficient buffer; libjpeg's own progressions use at most 10, mozjpeg's a few more;
-    libjpeg-turbo's TJPARAM_SCANLIMIT exists for the same attack). max_audio_channels: channels
+    a video container. The default, 128 MiB, decodes progressive JPEGs up to about 44 M pixels
+    (4:2:0; 22 M at 4:4:4: phone and camera photos) at up to 2x their output while they hold
+    their coefficients, and refuses containers indexing more than 2 M samples; 32 MiB keeps every
+    decode within 1.25 x its output + 32 MB, refusing progressive JPEGs past about 11 M pixels.
+    max_jpeg_scans: scans of one JPEG (each is a pass over the whole coefficient buffer;
+    libjpeg's own progressions use at most 10, mozjpeg's a few more; libjpeg-turbo's
+    TJPARAM_SCANLIMIT exists for the same attack). max_audio_channels: channels
     of one audio stream (64: FFmpeg's resampler takes at most 64 (SWR_CH_MAX); 22.2 sound is
     24, seventh-order ambisonics 64).
     """
@@ -224,7 +225,7 @@ class Limits:
     max_video_seconds: float = 3600.0
     max_video_frames: int = 1_000_000
     max_audio_seconds: float = 3600.0
-    max_working_bytes: int = 32 << 20
+    max_working_bytes: int = 128 << 20
     max_jpeg_scans: int = 100
     max_audio_channels: int = 64
 

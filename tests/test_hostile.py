@@ -1,6 +1,7 @@
 """Hostile input within the limits, generated in the test: every item is refused with 413 before
 anything big is allocated, or decodes with peak memory close to its output
-(peak RSS growth <= 1.25 x output bytes + 32 MB). Each case runs in a child interpreter under an
+(peak RSS growth <= 1.25 x output bytes + 32 MB, plus the working memory its header declares and
+Limits.max_working_bytes bounds: a progressive JPEG's coefficients). Each case runs in a child interpreter under an
 address-space cap, so a regression fails the test instead of taking the machine's memory; cases
 that cost CPU where the decoder works (repeated scans, chained IFDs) are also bounded in CPU
 seconds."""
@@ -43,8 +44,10 @@ before = status("VmRSS")
 start = time.perf_counter()
 cpu_start = time.process_time()
 try:
-    media = ({load}).media
-    report = {{"outcome": "decoded", "output_bytes": output_bytes(media)}}
+    item = {load}
+    media = item.media
+    report = {{"outcome": "decoded", "output_bytes": output_bytes(media),
+               "working_bytes": getattr(item.header, "working_bytes", 0)}}
 except lazymedia.MediaError as exc:
     report = {{"outcome": "refused", "status": exc.status_code, "error": str(exc)}}
 except BaseException as exc:
@@ -73,7 +76,7 @@ def assert_bounded(report: dict, refused_status: int | None = None) -> None:
         assert report["cpu_seconds"] < REFUSED_CPU_SECONDS, report
     else:
         assert refused_status is None, report
-        assert report["peak_growth"] <= 1.25 * report["output_bytes"] + DECODE_SLACK, report
+        assert report["peak_growth"] <= 1.25 * report["output_bytes"] + report["working_bytes"] + DECODE_SLACK, report
 
 
 BLACK_1080P_MP4 = """
@@ -222,6 +225,9 @@ PIL.Image.fromarray(noise).save(buf, "JPEG", progressive=True, quality=90)
 data = buf.getvalue()
 """
 
+PROGRESSIVE_4600 = PROGRESSIVE_JPEG_10000.replace("10000, 10000", "4600, 4600")
+STRICT = "lazymedia.Limits(max_working_bytes=32 << 20)"
+
 TIFF_80K_IFDS = """
 import struct as _struct
 # IFDs of three entries each (width, height, strip offset: a 1x1 bilevel page), each pointing to
@@ -275,12 +281,13 @@ CASES = {
     "jpeg_500_scans": (JPEG_500_SCANS, "lazymedia.load_image(data)", 413),
     # A progressive 10000 x 10000 JPEG: its coefficient buffer (300 MB) is over the working-memory limit.
     "progressive_jpeg_10000": (PROGRESSIVE_JPEG_10000, "lazymedia.load_image(data)", 413),
-    # A progressive 3300 x 3300 JPEG of noise, its coefficients (33 MB) just under the working-memory limit:
-    # decodes within the goal, coefficients included.
-    "progressive_jpeg_3300": (PROGRESSIVE_JPEG_3300, "lazymedia.load_image(data)", None),
-    # 4600 x 4600: coefficients of 64 MB, over the limit (decoded, it peaked at 2.0x its output, over the goal).
-    "progressive_jpeg_4600": (PROGRESSIVE_JPEG_10000.replace("10000, 10000", "4600, 4600"),
-                              "lazymedia.load_image(data)", 413),
+    # Under the strict working limit (32 MiB: decodes within 1.25 x output + 32 MB, coefficients included),
+    # a progressive 3300 x 3300 JPEG of noise (33 MB of coefficients) decodes, a 4600 x 4600 one (64 MB) is
+    # refused (decoded, it peaked at 2.0x its output).
+    "progressive_jpeg_3300_strict": (PROGRESSIVE_JPEG_3300, f"lazymedia.load_image(data, limits={STRICT})", None),
+    "progressive_jpeg_4600_strict": (PROGRESSIVE_4600, f"lazymedia.load_image(data, limits={STRICT})", 413),
+    # Under the default (128 MiB), the 4600 x 4600 photo decodes, holding no more than its declared coefficients.
+    "progressive_jpeg_4600": (PROGRESSIVE_4600, "lazymedia.load_image(data)", None),
     # A TIFF chaining 80,000 IFDs: refused from a bounded walk of the chain.
     "tiff_80k_ifds": (TIFF_80K_IFDS, "lazymedia.load_image(data)", 413),
     # A gray 10000 x 10000 TIFF asked for as RGB: widened in place (Pillow's image and the output never both held).
