@@ -154,7 +154,7 @@ def test_dali_mixed_decoder_psnr():
 
 @requires_nvdec
 def test_nvdec_sampled_frames_match_cpu_path():
-    from lazymedia.bench import encode_video
+    from lazymedia.benchmarking.harness import encode_video
     from lazymedia.engine.nvdec import NvdecBatchDecoder
 
     data = encode_video(3, 1080, 1920)
