@@ -51,9 +51,9 @@ class HfProcessor:
     """The processor vLLM would run for Qwen2-VL, as this machine allows."""
 
     image: Any
-    video: Any  # None: no torchvision, video frames go to `image` as images
+    video: Any  # None (no torchvision or no video processor): video frames go to `image` as images
     name: str
-    note: str  # why the PIL processor ran, or ""
+    note: str  # why the PIL or no video processor ran, or ""
 
     @classmethod
     def create(cls) -> HfProcessor:
@@ -66,8 +66,10 @@ class HfProcessor:
             image_cls = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
             return cls(image_cls(), None, image_cls.__name__, note)
         image_cls = getattr(transformers, "Qwen2VLImageProcessorFast", None) or transformers.Qwen2VLImageProcessor
-        video = transformers.Qwen2VLVideoProcessor()
-        return cls(image_cls(), video, f"{image_cls.__name__} + {type(video).__name__}", "")
+        video_cls = getattr(transformers, "Qwen2VLVideoProcessor", None)  # older transformers have none
+        if video_cls is None:
+            return cls(image_cls(), None, image_cls.__name__, "no Qwen2VLVideoProcessor in this transformers")
+        return cls(image_cls(), video_cls(), f"{image_cls.__name__} + {video_cls.__name__}", "")
 
     def __call__(self, item, video: bool) -> dict:
         """One item's output: an image (PIL image or CHW tensor), or a video's frames (THWC
