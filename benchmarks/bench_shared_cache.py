@@ -24,7 +24,7 @@ import time
 
 import lazymedia
 from lazymedia import samples
-from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
+from lazymedia.bench import busy_warning, interleaved, ratio, write_json
 from lazymedia.cache import ProcessorCache, RedisCache, TieredCache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
