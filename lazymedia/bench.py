@@ -6,12 +6,13 @@ lazymedia.benchmarking.serving, shared with benchmarks/bench_frontend.py.
 
     lazymedia bench [--requests 160] [--concurrency 32] [--items] [--quick] [--json PATH] [--chart PATH]
 
-Exit status 1 when eager and lazy outputs differ.
+Exit status 1 when eager and lazy outputs differ, 2 when transformers is missing.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import os
 import platform
 import sys
@@ -61,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     from .benchmarking.harness import Progress, busy_warning, write_json
 
     scenarios = args.scenarios
+    if scenarios and importlib.util.find_spec("transformers") is None:
+        print("error: the serving scenarios run transformers' Qwen2-VL processor: pip install 'lazymedia[bench]' "
+              "(or --scenarios '' --items for the per-item tables alone)", file=sys.stderr)
+        return 2
     requests = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     warning = busy_warning()
     if warning:

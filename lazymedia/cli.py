@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="the serving win: requests through a real HF processor, vLLM 0.33's "
                                          "path vs lazymedia per scenario (table, JSON, PNG)",
-                           epilog="exit codes: 0 ok, 1 eager and lazy outputs differ")
+                           epilog="exit codes: 0 ok, 1 eager and lazy outputs differ, 2 usage (transformers missing)")
     add_bench_arguments(bench)
     bench.set_defaults(run=cmd_bench)
     decode = sub.add_parser("decode", help="decode files or URLs; print key, shape, backend, time",

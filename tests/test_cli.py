@@ -134,6 +134,16 @@ def test_bench_exits_1_when_outputs_differ(monkeypatch, tmp_path):
     assert json.loads((tmp_path / "b.json").read_text())["serving"]["identical_outputs"] is False
 
 
+def test_bench_without_transformers_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
+                        find_spec(name, *a))
+    assert main(["bench", "--scenarios", "pool_720p", "--json", "", "--chart", ""]) == 2
+    assert "pip install 'lazymedia[bench]'" in capsys.readouterr().err
+
+
 def test_bench_refuses_an_unknown_scenario(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["bench", "--scenarios", "pool_720p,nope"])
