@@ -22,7 +22,7 @@ import time
 import aiohttp
 
 from lazymedia import samples
-from lazymedia.bench import encode, serve_on_loopback, write_json
+from lazymedia.benchmarking.harness import encode, serve_on_loopback, write_json
 from lazymedia.connector import MediaConnector
 from lazymedia.hashing import KeyHasher
 from lazymedia.spec import ImageSpec

@@ -23,7 +23,7 @@ from PIL import Image
 
 import lazymedia
 from lazymedia import samples
-from lazymedia.bench import encode, encode_video, median_time, write_json
+from lazymedia.benchmarking.harness import encode, encode_video, median_time, write_json
 
 SIZES = [(512, 512), (1024, 1024), (1080, 1920), (2160, 3840)]
 BATCHES = [1, 8, 64]

@@ -36,7 +36,7 @@ from PIL import Image
 
 import lazymedia
 from lazymedia import hashing, samples
-from lazymedia.bench import busy_warning, encode, interleaved, ratio, shape_of, write_json
+from lazymedia.benchmarking.harness import busy_warning, encode, interleaved, ratio, shape_of, write_json
 
 HIT_SIZES = [(512, 512), (1024, 1024), (2048, 2048), (2160, 3840)]
 QUICK_HIT_SIZES = [(512, 512), (1024, 1024)]

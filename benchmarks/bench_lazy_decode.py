@@ -1,5 +1,6 @@
-"""Per-request frontend cost, eager vs lazy: the benchmark `lazymedia bench` runs (it lives in
-the package so the console script works from an installed wheel).
+"""Per-item cost, eager vs lazy (images by size, parallel decode, RSS, batch window, video,
+audio): `lazymedia bench --items` without the request-level scenarios; the tables live in
+lazymedia/benchmarking/items.py.
 
     python benchmarks/bench_lazy_decode.py [--quick] [--json PATH] [--chart PATH]
 """
@@ -8,4 +9,4 @@ import sys
 from lazymedia.bench import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["--items", "--scenarios", "", "--json", "", "--chart", "", *sys.argv[1:]]))

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from lazymedia import _C, ops, samples
-from lazymedia.bench import encode, per_call, write_json
+from lazymedia.benchmarking.harness import encode, per_call, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ import time
 
 import lazymedia
 from lazymedia import samples
-from lazymedia.bench import busy_warning, interleaved, ratio, write_json
+from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
 from lazymedia.cache.serialize import dumps
 

@@ -31,7 +31,7 @@ import numpy as np
 
 import lazymedia
 from lazymedia import samples
-from lazymedia.bench import busy_warning, interleaved, ratio, write_json
+from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.integrations.vllm import VllmMediaConnector, to_vllm
 
 CORPUS = Path(os.environ.get("LAZYMEDIA_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus"))

@@ -8,13 +8,13 @@ reported on one `error:` line; 2 a usage error (bad options, an unavailable back
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from . import __version__
+from .bench import add_arguments as add_bench_arguments
 from .errors import InvalidMediaError, MediaError
 
 EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE, EXIT_CLOSED_PIPE = 0, 1, 2, 141
@@ -255,20 +255,19 @@ def cmd_hash_threads(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import main as bench_main
+    from .bench import run
 
-    argv = (["--quick"] if args.quick else []) + ["--json", args.json, "--chart", args.chart]
-    return bench_main(argv)
+    return run(args)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="lazymedia", description="Lazy, cache-aware media decoding.")
     parser.add_argument("--version", action="version", version=f"lazymedia {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="eager vs lazy per-request cost on generated media (tables, JSON, PNG)")
-    bench.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    bench.add_argument("--json", default=os.path.join("bench-out", "lazy_decode.json"))
-    bench.add_argument("--chart", default=os.path.join("bench-out", "lazy_decode.png"))
+    bench = sub.add_parser("bench", help="the serving win: requests through a real HF processor, vLLM 0.33's "
+                                         "path vs lazymedia per scenario (table, JSON, PNG)",
+                           epilog="exit codes: 0 ok, 1 eager and lazy outputs differ, 2 usage (transformers missing)")
+    add_bench_arguments(bench)
     bench.set_defaults(run=cmd_bench)
     decode = sub.add_parser("decode", help="decode files or URLs; print key, shape, backend, time",
                             epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error, 141 the output "

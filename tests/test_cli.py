@@ -9,6 +9,7 @@ from PIL import Image
 
 import lazymedia
 from lazymedia import bench, samples
+from lazymedia.benchmarking.harness import busy_warning
 from lazymedia.cli import main
 
 from conftest import encode, make_image, without_gpu
@@ -85,28 +86,77 @@ def test_module_entry_point_and_usage_errors():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
-def test_bench_quick_writes_json_and_chart(tmp_path):
+def test_bench_serving_scenarios_and_items_write_json_and_charts(tmp_path, capsys):
+    pytest.importorskip("transformers")
     json_path, chart_path = tmp_path / "b.json", tmp_path / "b.png"
-    assert bench.main(["--quick", "--json", str(json_path), "--chart", str(chart_path)]) == 0
+    argv = ["--quick", "--items", "--requests", "12", "--concurrency", "4", "--scenarios", "pool_720p,video_pool",
+            "--json", str(json_path), "--chart", str(chart_path)]
+    assert bench.main(argv) == 0
     report = json.loads(json_path.read_text())
-    assert {r["format"] for r in report["sizes"]} == {"jpeg", "png"}
-    for row in report["sizes"]:
+    serving = report["serving"]
+    assert serving["identical_outputs"] is True and serving["processor"].startswith("Qwen2VLImageProcessor")
+    assert list(serving["results"]) == ["pool_720p", "video_pool"]
+    for scenario, pool in (("pool_720p", 8), ("video_pool", 4)):
+        figures = serving["results"][scenario]
+        assert figures["identical_outputs"] is True
+        for mode in ("eager", "lazy"):
+            assert figures[mode]["requests"] == 12 and figures[mode]["req_per_s"] > 0
+        # lazy processes each pool item once (single flight); eager at least once (no single flight)
+        assert figures["lazy"]["processed"] == pool <= figures["eager"]["processed"]
+    out = capsys.readouterr().out
+    assert f"processor: {serving['processor']}" in out and "outputs identical: True" in out
+    items = report["items"]
+    assert {r["format"] for r in items["sizes"]} == {"jpeg", "png"}
+    for row in items["sizes"]:
         assert row["eager_ms"] > 0 and row["lazy_hit_ms"] > 0 and row["lazy_miss_ms"] > 0
-    assert report["video"]["lazy_miss_8_s"] > 0 and report["audio"]
-    for row in report["sizes"]:  # each ratio comes with the spread of its per-round values
-        spread = row["hit_vs_blake3"]
+        spread = row["hit_vs_blake3"]  # each ratio comes with the spread of its per-round values
         assert 0 < spread["low"] <= spread["median"] <= spread["high"]
+    assert items["video"]["lazy_miss_8_s"] > 0 and items["audio"]
     assert "load_1min_before" in report and "busy_warning" in report
-    assert chart_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for chart in (chart_path, tmp_path / "b_items.png"):
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_exits_1_when_outputs_differ(monkeypatch, tmp_path):
+    """The identical-outputs check bites: a lazy frontend whose processor sees other pixels fails the job."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from lazymedia.benchmarking import serving
+
+    process = serving.LazyFrontend.process
+    monkeypatch.setattr(serving.LazyFrontend, "process",
+                        lambda self, decoded: process(self, [item.flip(0) if isinstance(item, torch.Tensor) else item
+                                                             for item in decoded]))
+    argv = ["--requests", "2", "--concurrency", "2", "--scenarios", "pool_720p", "--json", str(tmp_path / "b.json"),
+            "--chart", ""]
+    assert bench.main(argv) == 1
+    assert json.loads((tmp_path / "b.json").read_text())["serving"]["identical_outputs"] is False
+
+
+def test_bench_without_transformers_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
+                        find_spec(name, *a))
+    assert main(["bench", "--scenarios", "pool_720p", "--json", "", "--chart", ""]) == 2
+    assert "pip install 'lazymedia[bench]'" in capsys.readouterr().err
+
+
+def test_bench_refuses_an_unknown_scenario(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--scenarios", "pool_720p,nope"])
+    assert exited.value.code == 2 and "unknown scenarios ['nope']" in capsys.readouterr().err
 
 
 def test_bench_warns_when_the_machine_is_busy(monkeypatch):
     import os
 
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
-    assert "busy" in bench.busy_warning()
+    assert "busy" in busy_warning()
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert bench.busy_warning() is None
+    assert busy_warning() is None
 
 
 def test_decode_through_the_dali_backend(files, tmp_path, capsys):

@@ -233,7 +233,7 @@ def nvdec_backend():
 
 @requires_nvdec
 def test_nvdec_sampled_frames_match_cpu_path(nvdec_backend):
-    from lazymedia.bench import encode_video
+    from lazymedia.benchmarking.harness import encode_video
 
     nvdec_matches_cpu(nvdec_backend, encode_video(3, 1080, 1920), "1080p untagged")
     nvdec_matches_cpu(nvdec_backend, clip(1080, 1920, frames=30, colorspace=1), "1080p BT.709")
