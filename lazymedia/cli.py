@@ -8,6 +8,7 @@ reported on one `error:` line; 2 a usage error (bad options, an unavailable back
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
