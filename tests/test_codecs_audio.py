@@ -173,7 +173,8 @@ def wav_header(channels: int, rate: int, bits: int = 16, frames: int = 0) -> byt
 
 
 def test_channel_cap_refuses_before_any_reader_allocates_per_channel(monkeypatch):
-    assert lazymedia.load_audio(wav_header(64, 8000, frames=100), sample_rate=16000).media.samples.shape == (64, 200)
+    assert lazymedia.load_audio(wav_header(64, 8000, frames=100), sample_rate=16000,
+                                mono=False).media.samples.shape == (64, 200)
     monkeypatch.setattr(audio.soxr, "ResampleStream", lambda *args, **kwargs: pytest.fail("resampler created"))
     for channels in (65, 1024, 65407):  # libsndfile reads <= 1024 channels, FFmpeg the rest
         with pytest.raises(lazymedia.MediaTooLargeError, match=f"{channels} audio channels exceed the 64"):

@@ -534,7 +534,7 @@ def not_regular_files(tmp_path):
     return [(tmp_path, f"file://{tmp_path}/dir", "a directory"), (tmp_path, f"file://{tmp_path}/dir/", "a directory"),
             (tmp_path, f"file://{tmp_path}/fifo", "not a regular file"),
             (tmp_path, f"file://{tmp_path}/empty.jpg", "an empty file"),
-            (tmp_path, f"file://{tmp_path}/missing.jpg", "No such file"),
+            (tmp_path, f"file://{tmp_path}/missing.jpg", "(?i)no such file"),
             ("/dev", "file:///dev/null", "not a regular file"), ("/dev", "file:///dev/zero", "not a regular file"),
             (proc, f"file://{proc}/mem", "proc filesystem"), (proc, f"file://{proc}/status", "proc filesystem")]
 

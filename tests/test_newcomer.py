@@ -181,7 +181,7 @@ ERROR_TABLE = {
     "file: outside": (lambda tmp, mp: _fetch("file:///etc/hostname", allowed_local_path=tmp), 400,
                       ["allowed_local_path"]),
     "file: directory": (lambda tmp, mp: _fetch(f"file://{tmp}/folder", allowed_local_path=tmp), 400,
-                        ["not a regular file", "name a file"]),
+                        ["a directory, not a file", "name a file"]),
     "file: symlink": (lambda tmp, mp: _fetch(f"file://{tmp}/link/x.jpg", allowed_local_path=tmp), 400,
                       ["symbolic link", "name the file itself"]),
     "file: missing": (lambda tmp, mp: _fetch(f"file://{tmp}/absent.jpg", allowed_local_path=tmp), 400,

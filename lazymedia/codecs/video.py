@@ -196,8 +196,8 @@ def _read_mp4_box(data, kind: bytes, start: int, end: int, track: _Mp4Track) -> 
         count = _u32(data, start + 4)
         entry = _MP4_ENTRY_BYTES.get(kind) or (20 if data[start] == 1 else 12)
         if count * entry > body - 8:
-            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} entries in {body} bytes",
-                                          modality="video")
+            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} entries in {body} bytes: the "
+                                          "file is damaged; re-encode the file or send another", modality="video")
         if kind == b"stts":
             track.unit_durations = count == 1 and _u32(data, start + 12) == 1
         elif kind == b"stsc":
@@ -212,7 +212,8 @@ def _read_mp4_box(data, kind: bytes, start: int, end: int, track: _Mp4Track) -> 
         width = 32 if kind == b"stsz" else data[start + 7]
         track.constant_size = kind == b"stsz" and _u32(data, start + 4) != 0
         if not track.constant_size and count * width // 8 > body - 12:
-            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} sample sizes in {body} bytes",
+            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} sample sizes in {body} "
+                                          "bytes: the file is damaged; re-encode the file or send another",
                                           modality="video")
         track.samples = count
     elif kind == b"trun" and body >= 8:
@@ -259,11 +260,13 @@ def check_sample_tables(data, limits: Limits) -> int:
         if track.handler != b"vide":
             continue
         if track.samples > limits.max_video_frames:
-            raise MediaTooLargeError(f"the video track declares {track.samples} frames, over the "
-                                     f"{limits.max_video_frames} frame limit", modality="video")
+            raise MediaTooLargeError(f"the video track declares {track.samples} frames, over "
+                                     f"Limits.max_video_frames ({limits.max_video_frames}): send a shorter clip, "
+                                     "or raise the limit", modality="video")
         if track.seconds > limits.max_video_seconds:
-            raise MediaTooLargeError(f"the video track declares {track.seconds:.0f} s, over the "
-                                     f"{limits.max_video_seconds:.0f} s limit", modality="video")
+            raise MediaTooLargeError(f"the video track declares {track.seconds:.0f} s, over "
+                                     f"Limits.max_video_seconds ({limits.max_video_seconds:.0f} s): send a shorter "
+                                     "clip, or raise the limit", modality="video")
     entries = sum(track.index_entries() for track in tracks) + fragments.samples
     index_bytes = entries * _INDEX_BYTES_PER_SAMPLE
     limits.check_decoded(0, "video", f"a container index of {entries} samples", index_bytes)
