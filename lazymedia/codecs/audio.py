@@ -35,35 +35,6 @@ _UNKNOWN_FRAMES = 1 << 62
 _BLOCK_FRAMES = 1 << 16
 
 
-@dataclass(frozen=True)
-class AudioHeader:
-    reader: str  # "soundfile" or "av"
-    format: str
-    sample_rate: int
-    channels: int
-    duration: float  # seconds; 0.0 when the container does not say (decoding then enforces the limits)
-    frames: int = 0  # source frames when the container stores them exactly, else 0
-
-
-@dataclass
-class AudioSamples:
-    """Decoded audio: float32 `samples` [channels, samples] at `sample_rate`. `metadata` says
-    which reader decoded it and how many damaged packets it skipped."""
-
-    samples: torch.Tensor
-    sample_rate: int
-    metadata: dict = field(default_factory=dict)
-
-    def numpy(self) -> np.ndarray:
-        """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""
-        array = self.samples.numpy()
-        return array[0] if array.shape[0] == 1 else array
-
-    def as_tuple(self) -> tuple[np.ndarray, int]:
-        """(samples, rate) as vLLM's audio items are: mono audio is a 1-D array."""
-        return self.numpy(), self.sample_rate
-
-
 def looks_like_audio(data) -> bool:
     """Whether the bytes start like an audio container (so a decoder failure means corrupt)."""
     head = bytes(data[:16])

@@ -27,7 +27,6 @@ from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
 
-CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}
 _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 # What Pillow may open: vLLM 0.33's allow-list (vllm/multimodal/image.py), the still-image readers
 # that decode in-process. Denied there and here: EPS (runs Ghostscript), WMF, the BUFR/GRIB/HDF5
@@ -38,63 +37,6 @@ PILLOW_FORMATS = tuple(name for name in (
     "IPTC", "JPEG", "JPEG2000", "MCIDAS", "MSP", "PCD", "PCX", "PIXAR", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER",
     "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM", "XVTHUMB") if name in Image.OPEN)
 _SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
-
-
-@dataclass(frozen=True)
-class ImageHeader:
-    """What the probe read from the encoded bytes (csrc/probe.h for JPEG/PNG/GIF/WebP; Pillow's
-    header parse for the rest). `mode` is the mode Pillow opens the image in, which decides how
-    it converts (vLLM's loaders convert from it)."""
-
-    format: str
-    width: int
-    height: int
-    components: int
-    bit_depth: int
-    has_alpha: bool
-    orientation: int
-    has_icc: bool
-    jpeg_encoding: str
-    chroma_subsampling: str
-    has_adobe: bool
-    adobe_transform: int
-    png_color_type: int
-    png_interlaced: bool
-    animated: bool
-    frame_count: int
-    max_frame_width: int
-    max_frame_height: int
-    webp_kind: str
-    png_compressed_text: bool = False
-    mode: str = "RGB"
-
-    @property
-    def has_transparency(self) -> bool:
-        """An alpha channel or a transparent colour (PNG tRNS, GIF transparency)."""
-        return self.has_alpha
-
-    def target_mode(self, spec: ImageSpec) -> str:
-        """The output mode: spec.mode, or for mode=None the source's own: L, LA, RGB or RGBA
-        (palette images widen to RGB, or RGBA when they have a transparent colour)."""
-        if spec.mode is not None:
-            return spec.mode
-        if self.mode in ("1", "L", "I", "I;16", "I;16B", "I;16L", "F"):
-            return "L"
-        if self.mode in ("LA", "La"):
-            return "LA"
-        if self.mode in ("RGBA", "RGBa", "PA") or self.mode == "P" and self.has_transparency:
-            return "RGBA"
-        return "RGB"
-
-    def output_shape(self, spec: ImageSpec) -> tuple[int, int, int]:
-        """(H, W, C) of the decoded tensor under `spec`, known before decoding."""
-        if spec.size is not None:
-            height, width = spec.size
-        elif spec.apply_orientation and self.orientation >= 5:
-            height, width = self.width, self.height
-        else:
-            height, width = self.height, self.width
-        return (height, width, CHANNELS[self.target_mode(spec)])
 
 
 _NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name != "mode"]

@@ -22,41 +22,6 @@ REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 _SIGNATURES = ((0, b"\x1a\x45\xdf\xa3"), (4, b"ftyp"), (0, b"RIFF"), (0, b"OggS"), (0, b"\x00\x00\x01\xba"))
 
 
-@dataclass(frozen=True)
-class VideoHeader:
-    """The container's header, with `total_frames` counted from the packets the decoder will
-    present (edit-list pre-roll excluded, fragments included)."""
-
-    container: str
-    codec: str
-    width: int
-    height: int
-    fps: float
-    duration: float
-    total_frames: int
-    has_audio: bool
-    pixel_format: str = ""  # e.g. yuv420p, yuv420p10le (decides whether NVDEC can take it)
-    color_matrix: str = "bt709"  # YUV -> RGB matrix for GPU conversion: bt601 or bt709
-    full_range: bool = False
-
-
-@dataclass
-class VideoFrames:
-    """Sampled frames `[T, H, W, 3]` uint8 with the indices and timestamps (s) they came from.
-    `metadata` holds exactly the transformers VideoMetadata keys (total_num_frames, fps,
-    duration, frames_indices, video_backend, do_sample_frames), as vLLM hands them to a model's
-    processor; `info` says what decoded them."""
-
-    frames: torch.Tensor
-    indices: list[int]
-    timestamps: list[float]
-    fps: float
-    duration: float
-    total_frames: int
-    metadata: dict = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
-
-
 def looks_like_video(data) -> bool:
     """Whether the bytes start like a video container (so an FFmpeg failure means corrupt)."""
     head = bytes(data[:16])
