@@ -31,8 +31,8 @@ __version__ = "0.1.0"
 
 # Names whose modules pull in heavy dependencies (torch, FFmpeg, aiohttp): imported on first use.
 _LAZY = {
-    "AudioSamples": "lazymedia.codecs.audio",
-    "VideoFrames": "lazymedia.codecs.video",
+    "AudioSamples": "lazymedia.codecs.types",
+    "VideoFrames": "lazymedia.codecs.types",
     "MediaConnector": "lazymedia.connector",
 }
 

@@ -18,7 +18,7 @@ def frame_count(frames):
 
 def _frames_of(tensor):
     """What a worker returns for a video, around any tensor (module-level: it pickles)."""
-    from lazymedia.codecs.video import VideoFrames
+    from lazymedia.codecs.types import VideoFrames
 
     return VideoFrames(tensor, [], [], 0.0, 0.0, 0)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass, field
 
 import av
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
+from .types import AudioHeader, AudioSamples
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
 

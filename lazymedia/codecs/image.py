@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import simplejpeg
@@ -26,6 +25,7 @@ from PIL import Image, UnidentifiedImageError
 from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
+from .types import CHANNELS, ImageHeader
 
 _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 # What Pillow may open: vLLM 0.33's allow-list (vllm/multimodal/image.py), the still-image readers

@@ -10,7 +10,6 @@ import torch
 
 from ..spec import ImageSpec
 
-
 CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}
 
 

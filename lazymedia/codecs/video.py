@@ -4,7 +4,6 @@ tensor."""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
 
 import av
 import torch
@@ -14,6 +13,7 @@ from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, Unproces
 from ..singletons import process_wide
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
 from .sampling import FrameTable, SamplingSource, decode_plan, hf_metadata, sample_indices
+from .types import VideoFrames, VideoHeader
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 
