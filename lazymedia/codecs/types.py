@@ -4,11 +4,13 @@ decodes to a plain uint8 tensor [H, W, C] with `CHANNELS[mode]` channels)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..spec import ImageSpec
+
+if TYPE_CHECKING:  # annotations only: importing the types loads neither torch nor numpy
+    import numpy as np
+    import torch
 
 CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}
 
@@ -104,6 +106,17 @@ class VideoFrames:
     metadata: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        if self.frames.ndim != 4:
+            raise ValueError(f"frames must be [T, H, W, C], got {self.frames.ndim} dimensions")
+        if not len(self.indices) == len(self.timestamps) == self.frames.shape[0]:
+            raise ValueError(f"{self.frames.shape[0]} frames need as many indices and timestamps, got "
+                             f"{len(self.indices)} and {len(self.timestamps)}")
+
+    def __repr__(self) -> str:
+        return _repr(self, frames=self.frames, fps=self.fps, duration=self.duration,
+                     total_frames=self.total_frames, indices=self.indices, info=self.info)
+
 
 @dataclass(frozen=True)
 class AudioHeader:
@@ -113,6 +126,10 @@ class AudioHeader:
     channels: int
     duration: float  # seconds; 0.0 when the container does not say (decoding then enforces the limits)
     frames: int = 0  # source frames when the container stores them exactly, else 0
+
+    def __post_init__(self):
+        if self.reader not in ("soundfile", "av"):
+            raise ValueError(f"unknown audio reader {self.reader!r}")
 
 
 @dataclass
@@ -124,6 +141,13 @@ class AudioSamples:
     sample_rate: int
     metadata: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        if self.samples.ndim != 2:
+            raise ValueError(f"samples must be [channels, samples], got {self.samples.ndim} dimensions")
+
+    def __repr__(self) -> str:
+        return _repr(self, samples=self.samples, sample_rate=self.sample_rate, metadata=self.metadata)
+
     def numpy(self) -> np.ndarray:
         """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""
         array = self.samples.numpy()
@@ -132,3 +156,19 @@ class AudioSamples:
     def as_tuple(self) -> tuple[np.ndarray, int]:
         """(samples, rate) as vLLM's audio items are: mono audio is a 1-D array."""
         return self.numpy(), self.sample_rate
+
+
+def _short(values: list) -> str:
+    """A list as its first and last few items: a long clip's indices fill no screen."""
+    return repr(values) if len(values) <= 6 else f"[{', '.join(map(repr, values[:3]))}, ..., " \
+        f"{', '.join(map(repr, values[-3:]))}] ({len(values)})"
+
+
+def _repr(value: Any, **fields: Any) -> str:
+    """`Name(field=...)` with each tensor as its shape, dtype and device, never its elements."""
+    def shown(item: Any) -> str:
+        if hasattr(item, "shape") and hasattr(item, "dtype"):
+            device = getattr(item, "device", "cpu")
+            return f"<{tuple(item.shape)} {str(item.dtype).removeprefix('torch.')} on {device}>"
+        return _short(item) if isinstance(item, list) else repr(item)
+    return f"{type(value).__name__}({', '.join(f'{name}={shown(item)}' for name, item in fields.items())})"
