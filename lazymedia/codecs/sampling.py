@@ -154,3 +154,7 @@ def decode_plan(indices: list[int], table: FrameTable | None) -> list[int | None
             plan.append(None)
             position = max(position, index + 1)
     return plan
+
+
+def sampling_source(header: VideoHeader) -> SamplingSource:
+    return SamplingSource.of(header.total_frames, header.fps, header.duration)

@@ -120,14 +120,6 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
     limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}")
 
 
-@process_wide
-def frame_buffers() -> ops.HostBufferPool:
-    """Frame tensors come from a pool: a reused buffer is already mapped (a fresh 250 MB one
-    page-faults on every first write, which costs more than the copy) and pinned where a GPU
-    is, so a later .to("cuda") can be asynchronous."""
-    return ops.HostBufferPool(max_cached_bytes=512 << 20)
-
-
 def read_frame_table(data, total_frames: int) -> FrameTable | None:
     """The presentation-order frame table from one demux pass (packets only, no decode); None
     when the stream's timestamps cannot identify frames (then decode straight through)."""
@@ -150,10 +142,6 @@ def read_frame_table(data, total_frames: int) -> FrameTable | None:
     if len(pts) != total_frames or len(set(pts)) != len(pts) or not key_pts:
         return None
     return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
-
-
-def sampling_source(header: VideoHeader) -> SamplingSource:
-    return SamplingSource.of(header.total_frames, header.fps, header.duration)
 
 
 def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
