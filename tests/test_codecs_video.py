@@ -28,7 +28,7 @@ def test_corpus_sampled_frames_equal_full_decode(row):
     item = lazymedia.load_video(data, num_frames=8)
     frames = item.media
     header = item.header
-    assert frames.indices == sampling.sample_indices(video.sampling_source(header), item.spec)
+    assert frames.indices == sampling.sample_indices(sampling.sampling_source(header), item.spec)
     assert tuple(frames.frames.shape) == (len(frames.indices), header.height, header.width, 3)
     full = full_decode(data)
     assert len(full.indices) == header.total_frames  # the header's frame count is exact

@@ -20,11 +20,15 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import InvalidMediaError
 from ..spec import VideoSpec
+
+if TYPE_CHECKING:
+    from .types import VideoHeader
 
 # Decoding this many frames costs about as much as a seek (decoder flush + container seek).
 SEEK_COST_FRAMES = 4

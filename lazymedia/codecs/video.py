@@ -8,12 +8,11 @@ import io
 import av
 import torch
 
-from .. import ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
-from ..singletons import process_wide
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
-from .sampling import FrameTable, SamplingSource, decode_plan, hf_metadata, sample_indices
+from .sampling import FrameTable, SamplingSource, decode_plan, hf_metadata, sample_indices, sampling_source
 from .types import VideoFrames, VideoHeader
+from .video_common import frame_buffers
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 

@@ -10,16 +10,17 @@ import torch
 
 from ..errors import UnprocessableMediaError
 from . import video
-from .sampling import decode_plan, hf_metadata, sample_indices
+from .sampling import decode_plan, hf_metadata, sample_indices, sampling_source
+from .video_common import frame_buffers
 
 
 def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> video.VideoFrames:
     import cv2
 
-    source = video.sampling_source(header)
+    source = sampling_source(header)
     indices = sample_indices(source, spec)
     height, width = spec.size or (header.height, header.width)
-    frames = out if out is not None else video.frame_buffers().empty((len(indices), height, width, 3))
+    frames = out if out is not None else frame_buffers().empty((len(indices), height, width, 3))
     if tuple(frames.shape) != (len(indices), height, width, 3):
         raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
     table = video.read_frame_table(data, header.total_frames)

@@ -16,7 +16,7 @@ import torch
 
 from .. import ops
 from ..codecs import video
-from ..codecs.sampling import hf_metadata, sample_indices
+from ..codecs.sampling import hf_metadata, sample_indices, sampling_source
 from .protocol import DecodeItem, Route, decode_on_host, is_root
 
 FALLBACK_HISTORY = 256
@@ -80,7 +80,7 @@ class NvdecBatchDecoder:
     def _decode(self, item: DecodeItem) -> video.VideoFrames:
         header, spec = item.header, item.spec
         data = item.encoded()
-        source = video.sampling_source(header)
+        source = sampling_source(header)
         indices = sample_indices(source, spec)
         table = video.read_frame_table(data, header.total_frames)
         fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)  # SimpleDecoder reads a path
