@@ -372,7 +372,7 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
-    media_codec = codec(modality)
+    media_codec = codec(modality, spec_obj)
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)

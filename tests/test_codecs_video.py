@@ -285,3 +285,11 @@ def test_hf_metadata_keys_as_vllm_fills_them(h264):
                                "frames_indices": frames.indices, "do_sample_frames": False}
     every = lazymedia.load_video(h264).media
     assert every.metadata["do_sample_frames"] is True and every.info["codec"] == "h264"
+
+
+def test_the_registry_chooses_the_video_reader():
+    from lazymedia.codecs import codec, video_opencv
+
+    assert codec("video") is video and codec("video", lazymedia.VideoSpec()) is video
+    assert codec("video", lazymedia.VideoSpec(decoder="opencv")) is video_opencv
+    assert video_opencv.probe is video.probe  # one header, whichever reader decodes

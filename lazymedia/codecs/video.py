@@ -152,10 +152,6 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
     A stream that presents fewer frames than its packets promise (hidden frames, a damaged
     tail) is counted by decoding it, and sampled again over the frames that really exist, so the
     requested count comes back whenever the clip has that many frames."""
-    if spec.decoder == "opencv":
-        from . import video_opencv
-
-        return video_opencv.decode(data, header, spec, out, limits)
     source = sampling_source(header)
     indices = sample_indices(source, spec)
     height, width = spec.size or (header.height, header.width)

@@ -1,7 +1,8 @@
 """OpenCV video reader (VideoSpec(decoder="opencv")): the same frame sampling as the PyAV path
 (codecs.sampling), through cv2.VideoCapture's FFmpeg reader.
 Frames between sampled ones are grabbed (decoded, not converted); a seek goes straight to the
-sampled frame. OpenCV reads from a path, so the bytes are handed over as a memfd."""
+sampled frame. OpenCV reads from a path, so the bytes are handed over as a memfd. Probing is
+PyAV's (the header is the container's, whichever reader decodes)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,10 @@ import torch
 from ..errors import UnprocessableMediaError
 from . import video
 from .sampling import decode_plan, hf_metadata, sample_indices, sampling_source
+from .video import REMEMBER_HEADERS, check_limits, probe
 from .video_common import frame_buffers
+
+__all__ = ["REMEMBER_HEADERS", "check_limits", "decode", "probe"]
 
 
 def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> video.VideoFrames:
