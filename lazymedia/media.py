@@ -21,10 +21,6 @@ from .errors import InvalidMediaError, MediaNotCachedError, MediaReleasedError, 
 from .hashing import derived_key, id_key, media_key, object_key
 from .spec import DEFAULT_LIMITS, Limits, Spec, make_spec
 
-# Container probes (FFmpeg, libsndfile) cost milliseconds, the native image probe a microsecond:
-# headers the codec says are worth it are remembered by content key, so a repeated item costs
-# its hash (limits are re-checked on every load).
-_headers = LruCache(capacity=4096)
 
 
 class _Source:

@@ -111,3 +111,9 @@ def guess_modality(data) -> str | None:
     if looks_like_video(data):
         return "video"
     return "audio" if looks_like_audio(data) else None
+
+
+# Container probes (FFmpeg, libsndfile) cost milliseconds, the native image probe a microsecond:
+# headers the codec says are worth it are remembered by content key, so a repeated item costs
+# its hash (limits are re-checked on every load).
+_headers = LruCache(capacity=4096)
