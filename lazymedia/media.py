@@ -15,12 +15,10 @@ from typing import Any
 import numpy as np
 import pybase64
 
-from .cache import LruCache
-from .codecs import codec, decode
+from .codecs import codec, decode, probe
 from .errors import InvalidMediaError, MediaNotCachedError, MediaReleasedError, MediaTooLargeError
 from .hashing import derived_key, id_key, media_key, object_key
 from .spec import DEFAULT_LIMITS, Limits, Spec, make_spec
-
 
 
 class _Source:
@@ -368,22 +366,15 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
-    media_codec = codec(modality, spec_obj)
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
         key = id_key(modality, spec_obj.canonical(), item_id)
-        header = media_codec.probe(data, limits, spec_obj)
-    elif not media_codec.REMEMBER_HEADERS:
-        header = media_codec.probe(data, limits, spec_obj)
+        header = probe(modality, data, limits, spec_obj)
     else:
-        key = key or media_key(modality, spec_obj.canonical(), data)
-        header = _headers.get(key)
-        if header is None:
-            header = media_codec.probe(data, limits, spec_obj)
-            _headers.put(key, header)
-        else:
-            media_codec.check_limits(header, limits, spec_obj, len(data))
+        if codec(modality, spec_obj).REMEMBER_HEADERS:  # the memo's key: computed now, not on first use
+            key = key or media_key(modality, spec_obj.canonical(), data)
+        header = probe(modality, data, limits, spec_obj, key=key)
     return LazyMedia(_Source(modality, spec_obj, limits, data, header, key))
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-from .local import CacheStats, LruCache, ProcessorCache, estimate_nbytes
+from ..lru import CacheStats, LruCache
+from .local import ProcessorCache, estimate_nbytes
 
 _LAZY = {"RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",
          "TieredCache": "lazymedia.cache.tiered", "TieredStats": "lazymedia.cache.tiered"}

@@ -1,14 +1,12 @@
-"""In-process LRU caches: `ProcessorCache` holds processed outputs bounded in bytes; `LruCache`
-is the same structure bounded by any weight (one per entry for the header memo)."""
+"""The in-process output cache: `ProcessorCache` holds processed outputs bounded in bytes, an
+`LruCache` (lazymedia.lru) weighed by the buffers of each output."""
 from __future__ import annotations
 
 import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ..lru import LruCache
 
 
 def estimate_nbytes(value: Any) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .local import CacheStats, ProcessorCache
+from ..lru import CacheStats
+from .local import ProcessorCache
 from .redis import RedisCache, SharedCacheStats
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..errors import MediaCapacityError
+from ..lru import LruCache
 from ..spec import DEFAULT_LIMITS, Limits, Spec, spec_type
 
 MODALITIES = ("image", "video", "audio")
@@ -117,3 +118,19 @@ def guess_modality(data) -> str | None:
 # headers the codec says are worth it are remembered by content key, so a repeated item costs
 # its hash (limits are re-checked on every load).
 _headers = LruCache(capacity=4096)
+
+
+def probe(modality: str, data: Any, limits: Limits, spec: Spec, key: str | None = None) -> Any:
+    """The header of `data` under `limits`, remembered under `key` (the caller's content key of
+    these bytes; None: not remembered) where the codec says a probe is worth it. A remembered
+    header is checked against `limits` again."""
+    media_codec = codec(modality, spec)
+    if key is None or not media_codec.REMEMBER_HEADERS:
+        return media_codec.probe(data, limits, spec)
+    header = _headers.get(key)
+    if header is None:
+        header = media_codec.probe(data, limits, spec)
+        _headers.put(key, header)
+    else:
+        media_codec.check_limits(header, limits, spec, len(data))
+    return header
