@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 from dataclasses import dataclass
 
@@ -107,8 +106,6 @@ class VideoSpec(Spec):
     def __post_init__(self):
         if self.decoder not in VIDEO_DECODERS:
             raise InvalidMediaError(f"decoder must be one of {VIDEO_DECODERS}, got {self.decoder!r}")
-        if self.decoder == "opencv" and importlib.util.find_spec("cv2") is None:
-            raise InvalidMediaError("decoder='opencv' needs opencv-python-headless")
         if self.num_frames is not None and int(self.num_frames) <= 0:
             raise InvalidMediaError("num_frames must be positive")
         if self.fps is not None and not float(self.fps) > 0:

@@ -293,3 +293,16 @@ def test_the_registry_chooses_the_video_reader():
     assert codec("video") is video and codec("video", lazymedia.VideoSpec()) is video
     assert codec("video", lazymedia.VideoSpec(decoder="opencv")) is video_opencv
     assert video_opencv.probe is video.probe  # one header, whichever reader decodes
+
+
+def test_without_opencv_only_the_opencv_reader_refuses(h264, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "cv2" else
+                        find_spec(name, *args))
+    hit_by_id = lazymedia.LazyMedia.from_id("video", "clip-1", decoder="opencv")  # a cache hit needs no OpenCV
+    assert hit_by_id.spec.decoder == "opencv"
+    with pytest.raises(InvalidMediaError, match="lazymedia\\[opencv\\]") as refused:
+        lazymedia.load_video(h264, decoder="opencv")
+    assert refused.value.status_code == 400

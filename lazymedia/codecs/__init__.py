@@ -55,6 +55,7 @@ def codec(modality: str, spec: Spec | None = None) -> Codec:
     if getattr(spec, "decoder", None) == "opencv":
         from . import video_opencv
 
+        video_opencv.check_available()
         return video_opencv
     from . import video
 

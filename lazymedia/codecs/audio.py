@@ -19,6 +19,7 @@ import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
+from .ffmpeg import DecodedFrames
 from .types import AudioHeader, AudioSamples
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
@@ -162,38 +163,23 @@ def _read_soundfile(data, output: _Output) -> dict:
 def _read_av(data, output: _Output) -> dict:
     """Decodes packet by packet: a damaged packet is skipped and counted (FFmpeg's own tools
     keep going), so a file damaged past its first frames keeps what decoded."""
-    skipped = decoded = 0
+    decoded = 0
     with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
         stream = container.streams.audio[0]
         context = stream.codec_context
         if context is None:
             raise UnprocessableMediaError("no decoder for this audio stream", modality="audio")
         resampler = av.AudioResampler(format="fltp", layout=context.layout, rate=context.sample_rate)
-        packets = container.demux(stream)
-        while True:
-            try:
-                packet = next(packets)
-            except StopIteration:
-                packet = None
-            except av.error.FFmpegError:  # the container broke off: keep what decoded
-                skipped += 1
-                packet = None
-            try:
-                frames = context.decode(packet)
-            except av.error.FFmpegError:
-                skipped += 1
-                frames = []
-            for frame in frames:
-                for converted in resampler.resample(frame):
-                    output.write(converted.to_ndarray().T)
-                    decoded += 1
-            if packet is None:
-                break
+        frames = DecodedFrames(container, stream)
+        for frame in frames:
+            for converted in resampler.resample(frame):
+                output.write(converted.to_ndarray().T)
+                decoded += 1
         for converted in resampler.resample(None):
             output.write(converted.to_ndarray().T)
     if decoded == 0:
         raise UnprocessableMediaError("audio has no decodable frames", modality="audio")
-    return {"reader": "av", "skipped_packets": skipped}
+    return {"reader": "av", "skipped_packets": frames.skipped}
 
 
 def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None,

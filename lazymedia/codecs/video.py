@@ -10,9 +10,10 @@ import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
-from .sampling import FrameTable, SamplingSource, decode_plan, hf_metadata, sample_indices, sampling_source
+from .ffmpeg import DecodedFrames
+from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
 from .types import VideoFrames, VideoHeader
-from .video_common import frame_buffers
+from .video_common import sampled_output, video_frames
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 
@@ -155,9 +156,7 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
     source = sampling_source(header)
     indices = sample_indices(source, spec)
     height, width = spec.size or (header.height, header.width)
-    frames = out if out is not None else frame_buffers().empty((len(indices), height, width, 3))
-    if tuple(frames.shape) != (len(indices), height, width, 3):
-        raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
+    frames = sampled_output(out, len(indices), height, width)
     buffer = frames.numpy()
     try:
         sparse = len(indices) * 2 < header.total_frames
@@ -173,8 +172,7 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
         raise UnprocessableMediaError(f"corrupt {header.codec} video: {exc}", modality="video") from None
     if not got:
         raise UnprocessableMediaError("video has no decodable frames", modality="video")
-    return VideoFrames(frames[:len(got)], got, timestamps, header.fps, source.duration, source.total_frames,
-                       hf_metadata(source, got, "pyav"), {"codec": header.codec, "container": header.container})
+    return video_frames(frames, got, timestamps, header, source, "pyav")
 
 
 def _decode_into(data, header: VideoHeader, indices: list[int], plan: list[int | None], table: FrameTable | None,
@@ -207,27 +205,7 @@ def _count_decoded(data) -> int:
     with _open(data) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        return sum(1 for _ in _decoded_frames(container, stream))
-
-
-def _decoded_frames(container, stream):
-    """The frames the decoder presents from here on, packet by packet: a packet it cannot decode
-    is stepped over, as FFmpeg's own tools do, and so is a container that breaks off."""
-    context = stream.codec_context
-    packets = container.demux(stream)
-    while True:
-        try:
-            packet = next(packets)
-        except StopIteration:
-            packet = None
-        except av.error.FFmpegError:
-            packet = None  # the container broke off: flush what the decoder holds
-        try:
-            yield from context.decode(packet)
-        except av.error.FFmpegError:
-            pass  # a damaged packet
-        if packet is None:
-            return
+        return sum(1 for _ in DecodedFrames(container, stream))
 
 
 class _PositionedFrames:
@@ -236,13 +214,13 @@ class _PositionedFrames:
     def __init__(self, container, stream, table: FrameTable | None):
         self._container, self._stream, self._table = container, stream, table
         self._index_of_pts = {p: i for i, p in enumerate(table.pts)} if table is not None else None
-        self._frames = _decoded_frames(container, stream)
+        self._frames = iter(DecodedFrames(container, stream))
         self._next = 0  # index of the next frame the decoder yields (sequential mode)
 
     def seek(self, keyframe_index: int) -> None:
         assert self._table is not None, "seeking needs a frame table"
         self._container.seek(self._table.pts[keyframe_index], stream=self._stream, backward=True, any_frame=False)
-        self._frames = _decoded_frames(self._container, self._stream)
+        self._frames = iter(DecodedFrames(self._container, self._stream))
 
     def advance_to(self, index: int):
         for frame in self._frames:

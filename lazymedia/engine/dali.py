@@ -59,7 +59,7 @@ class DaliBatchDecoder:
             try:
                 results += self._run(chunk)
             except RuntimeError:  # DALI fails the whole batch for one bad image: decide per item
-                results += [self._decode_on_cpu(item) for item in chunk]
+                results += [decode_on_host(item, device=self.torch_device) for item in chunk]
         return results
 
     def _run(self, items: Sequence) -> list:
@@ -82,7 +82,3 @@ class DaliBatchDecoder:
         out = torch.empty(tuple(sample.shape()), dtype=torch.uint8, device=self.torch_device)
         feed_ndarray(sample, out, cuda_stream=torch.cuda.current_stream(self.torch_device))
         return out
-
-    def _decode_on_cpu(self, item: DecodeItem):
-        tensor = decode_on_host(item)
-        return tensor if isinstance(tensor, Exception) else tensor.to(self.torch_device)
