@@ -200,7 +200,7 @@ def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
               target == "RGBA" and decoded == 4) or transparent_colour and target != "L":
         raise _TryPillow()
     try:
-        import imagecodecs  # 28 MB of codecs, loaded by the first PNG; absent, Pillow decodes
+        import imagecodecs  # a large library, loaded by the first PNG; absent, Pillow decodes
 
         array = imagecodecs.spng_decode(data)
     except Exception as exc:  # libspng refuses (odd chunks, truncation): Pillow decides

@@ -8,8 +8,8 @@ multiprocessing's spawn and forkserver would do.
 
 Decoded frames and samples of a MiB or more come back through shared memory: the worker writes
 the tensor once into a file of the pool's folder in /dev/shm and replies with its name; the
-parent maps it (the tensor's storage is that mapping) and unlinks it at once. Pickling 22 MB of
-frames through the socket instead cost four copies (20-80 ms on 2 cores). A worker that dies
+parent maps it (the tensor's storage is that mapping) and unlinks it at once, where pickling
+through the socket costs four copies (figures: docs/benchmarks.md). A worker that dies
 leaves at most its own files, which are removed with it; the folder goes with the pool. Where
 /dev/shm is not writable, everything is pickled.
 """
