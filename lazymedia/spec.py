@@ -23,14 +23,14 @@ class Spec:
 
     modality = ""
 
-    @functools.cached_property
-    def canonical_bytes(self) -> bytes:
-        fields = dataclasses.asdict(self)  # type: ignore[call-overload]  # every Spec is a dataclass
-        return json.dumps({"kind": self.modality, **fields}, sort_keys=True, separators=(",", ":")).encode()
-
     def canonical(self) -> bytes:
         """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
-        return self.canonical_bytes
+        return self._canonical
+
+    @functools.cached_property
+    def _canonical(self) -> bytes:
+        fields = dataclasses.asdict(self)  # type: ignore[call-overload]  # every Spec is a dataclass
+        return json.dumps({"kind": self.modality, **fields}, sort_keys=True, separators=(",", ":")).encode()
 
 
 # Largest output side a spec may ask for (the decoded-size budget bounds the area further).

@@ -29,8 +29,4 @@ class ProcessorCache(LruCache):
     buffers of the tensors and arrays inside each output)."""
 
     def __init__(self, capacity_bytes: int = 1 << 30, sizeof: Callable[[Any], int] = estimate_nbytes):
-        super().__init__(capacity_bytes, sizeof)
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.capacity
+        super().__init__(capacity_bytes, sizeof)  # read back as .capacity, like every LruCache
