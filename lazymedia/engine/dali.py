@@ -49,8 +49,10 @@ class DaliBatchDecoder:
     def accepts(self, item: DecodeItem) -> bool:
         if not is_root(item, "image"):
             return False
-        spec = item.spec
-        return item.header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
+        spec, header = item.spec, item.header
+        if header.format == "png" and (header.bit_depth > 8 or header.png_color_type == 3 and header.has_transparency):
+            return False  # Pillow's rules DALI does not follow: 16-bit clamps, a palette's tRNS composites
+        return header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results: list = []
