@@ -1,5 +1,6 @@
 """Image codec: the header first (the native probe for JPEG/PNG/GIF/WebP, Pillow's lazy open for
-every other format it reads), then the pixels, written once into the output buffer:
+every other format it reads), then the pixels, written once into the output buffer on the plain
+path (EXIF rotation, `size=` and `out=` each add a copy):
 
 - JPEG through libjpeg-turbo (simplejpeg), PNG and WebP through libspng/libwebp (imagecodecs),
   each into one array that becomes the output; alpha composited or gray widened in place by the
