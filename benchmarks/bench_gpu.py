@@ -75,7 +75,9 @@ def bench_jpeg(quick: bool) -> tuple[list[dict], dict]:
         reference = np.asarray(Image.open(io.BytesIO(blobs[0])).convert("RGB"))
         (ours,) = nvjpeg.decode_batch([lazymedia.load_image(blobs[0])])
         quality[f"{width}x{height}"] = {"psnr_vs_pillow_db": psnr(ours.cpu(), reference),
-                                        "hardware": nvjpeg.hardware}
+                                        "hardware": nvjpeg.hardware,
+                                        "upsampling_interpolated": nvjpeg.upsampling_interpolated,
+                                        "fallbacks": list(nvjpeg.fallbacks)}
         for batch in BATCHES:
             chunk = [blobs[i % DISTINCT] for i in range(batch)]
             for name, decode in found.items():
@@ -135,12 +137,14 @@ def bench_nvdec(quick: bool) -> dict:
     seconds = 3 if quick else 10
     data = encode_video(seconds, 1080, 1920)
     result = {"clip_seconds": seconds, "frames": seconds * 30}
-    for label, spec in (("sampled_8", {"num_frames": 8}), ("sampled_32", {"num_frames": 32}), ("all", {})):
+    specs = (("sampled_8", {"num_frames": 8}), ("sampled_32", {"num_frames": 32}), ("all", {"num_frames": None}))
+    for label, spec in specs:
         gpu = timed(lambda: backend.decode_batch([lazymedia.load_video(data, **spec)]), 3)
         cpu = timed(lambda: lazymedia.load_video(data, **spec).decode(), 3)
         count = spec.get("num_frames", seconds * 30)
         result[label] = {"nvdec_frames_per_s": count / gpu, "pyav_frames_per_s": count / cpu, "speedup": cpu / gpu}
-    result["fallbacks"] = backend.fallbacks
+    result["fallbacks"] = list(backend.fallbacks)  # a deque is not JSON
+    result["videos_decoded_on_nvdec"] = backend.decoded
     return result
 
 
@@ -158,6 +162,7 @@ def main(argv=None) -> int:
     report["window"] = bench_window()
     report["lock"] = bench_lock()
     report["nvdec"] = bench_nvdec(args.quick)
+    write_json(report, args.json)  # first: a failure while printing loses nothing
     print(f"\nGPU decode on {report['device']} ({report['cpus']} CPUs)")
     print(f"{'decoder':22s} {'size':>10s} {'batch':>5s} {'img/s':>10s} {'GB/s out':>9s}")
     for r in report["jpeg"]:
@@ -167,7 +172,6 @@ def main(argv=None) -> int:
     print("micro-batch window:", {k: round(v, 3) for k, v in report["window"].items()})
     print("decoder lock:", {k: round(v, 1) for k, v in report["lock"].items()})
     print("NVDEC:", json.dumps(report["nvdec"]))
-    write_json(report, args.json)
     return 0
 
 

@@ -10,26 +10,60 @@
 # install, build (all cores), the GPU tests (per-test and overall time-outs, junit XML), and the
 # quick GPU benchmark. Each step's log goes to $OUT (8 files at most); summary.txt has each
 # step's exit status and seconds. The whole stays under 8 minutes.
+#
+# Before the steps, the driver's video libraries (libnvcuvid.so.1 for NVDEC and nvJPEG's hardware
+# engines, libnvidia-encode.so.1 for importing PyNvVideoCodec) are put on the loader path
+# (LD_LIBRARY_PATH) when the loader does not find them; probe.txt says where they came from.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out/gpu-check}
 site=/tmp/lazymedia-site
 STEPS=(probe install build tests bench)
-declare -A BUDGET=([probe]=15 [install]=45 [build]=90 [tests]=180 [bench]=120)
+declare -A BUDGET=([probe]=15 [install]=45 [build]=110 [tests]=180 [bench]=110)
 declare -A WHAT=(
   [probe]="nvidia-smi, the driver's video libraries (libnvcuvid), libcuda, nvcc, torch's view of the GPU"
   [install]="wheels from .gpu/wheels and the slimmed PyNvVideoCodec into $site (no network)"
-  [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_90, sm_100), then lazymedia info"
-  [tests]="pytest tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test, junit XML"
+  [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_90, sm_100), both extensions imported (else a serial rebuild), lazymedia info"
+  [tests]="pytest -p no:asyncio tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test, junit XML"
   [bench]="benchmarks/bench_gpu.py --quick: nvJPEG vs DALI vs torchvision, NVDEC vs PyAV, PSNR"
 )
 
 total=0
 for step in "${STEPS[@]}"; do total=$((total + BUDGET[$step])); done
 
+# Finds the driver's video libraries; exports LD_LIBRARY_PATH where the loader misses them. Prints
+# one line a library: where it is found (the loader path, or a folder added here), or that it is not.
+video_libraries() {
+  local links=/tmp/lazymedia-driver-libs lib found dir
+  for lib in libnvcuvid.so.1 libnvidia-encode.so.1; do
+    if ldconfig -p 2>/dev/null | grep -q "$lib "; then
+      echo "$lib: on the loader path ($(ldconfig -p | grep "$lib " | head -n 1 | sed 's/.*=> //'))"
+      continue
+    fi
+    found=$(find /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/nvidia \
+              /run/nvidia/driver/usr /usr/local/cuda/compat /usr/lib/wsl -maxdepth 4 \
+              \( -name "$lib" -o -name "${lib%.1}.[0-9]*" \) 2>/dev/null | head -n 1)
+    if [ -z "$found" ]; then
+      echo "$lib: NOT FOUND (the driver lacks its video capability: no NVDEC, no PyNvVideoCodec import, no nvJPEG engines)"
+      continue
+    fi
+    dir=$(dirname "$found")
+    if [ "$(basename "$found")" != "$lib" ]; then  # only the versioned file: give it its soname
+      mkdir -p "$links" && ln -sf "$found" "$links/$lib" && dir=$links
+    fi
+    case ":${LD_LIBRARY_PATH:-}:" in
+      *":$dir:"*) ;;
+      *) export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
+    esac
+    echo "$lib: not on the loader path; using $found (LD_LIBRARY_PATH += $dir)"
+  done
+}
+
 if [ "${1:-}" = "--dry-run" ]; then
+  echo "driver video libraries here:"
+  video_libraries | sed 's/^/  /'
   if [ -d .gpu ]; then
-    echo ".gpu/ to carry: $(du -sh .gpu | cut -f1) ($(find .gpu -type f | wc -l) files; limit 60 MiB)"
+    echo ".gpu/ to carry: $(du -sh .gpu | cut -f1) ($(find .gpu -type f | wc -l) files; limit 60 MiB), built for $(cat .gpu/PLATFORM 2>/dev/null || echo "an unrecorded platform")"
   else
     echo ".gpu/ missing: run bash benchmarks/fetch_gpu_wheels.sh here first"
   fi
@@ -46,6 +80,7 @@ export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [ -d .gpu/corpus ] && export LAZYMEDIA_CORPUS="$PWD/.gpu/corpus"
 started=$(date +%s)
 : > "$out/summary.txt"
+video_libraries | tee "$out/probe.txt"  # in this shell, before any step: its exports reach them all
 
 run_step() {  # run_step NAME LOG COMMAND...: time-limited, logged, never fatal
   local name=$1 log=$2
@@ -62,8 +97,8 @@ run_step() {  # run_step NAME LOG COMMAND...: time-limited, logged, never fatal
 
 run_step probe "$out/probe.txt" '
   nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader
-  echo "-- driver libraries"; ldconfig -p | grep -E "libcuda\.so|libnvcuvid|libnvidia-encode" || echo "none on the loader path"
-  find /usr/local/nvidia /usr/lib/x86_64-linux-gnu -maxdepth 3 -name "libnvcuvid*" 2>/dev/null | head
+  echo "-- driver libraries (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"; ldconfig -p | grep -E "libcuda\.so|libnvcuvid|libnvidia-encode" || echo "none on the loader path"
+  echo "-- platform $(uname -m); .gpu/ built for $(cat .gpu/PLATFORM 2>/dev/null || echo "an unrecorded platform")"
   echo "-- toolchain"; nvcc --version | tail -n 2; g++ --version | head -n 1
   python3 -c "import sys, torch; print(sys.version.split()[0], \"torch\", torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(0))"
   python3 -c "import numpy, PIL, aiohttp, pytest, pytest_timeout; print(\"numpy\", numpy.__version__, \"Pillow\", PIL.__version__, \"pytest\", pytest.__version__)" || echo "MISSING: a package lazymedia or its tests need is not in the image"
@@ -81,11 +116,16 @@ run_step build "$out/build.txt" '
   set -eo pipefail
   rm -f lazymedia/_C*.so  # a stale build must not pass for this one
   LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace --parallel "$(nproc)" 2>&1 | { grep -E "lazymedia:|gencode|error|warning: " || true; } | cut -c1-300
-  ls lazymedia/_C_cuda*.so
+  if ! python3 -c "import lazymedia._C, lazymedia._C_cuda"; then
+    echo "build: an extension does not import after the parallel build: rebuilding serially"
+    rm -rf build lazymedia/_C*.so
+    LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace 2>&1 | { grep -E "error|warning: " || true; } | cut -c1-300
+  fi
+  python3 -c "import lazymedia._C, lazymedia._C_cuda; print(\"build: lazymedia._C and lazymedia._C_cuda both import\")"
   python3 -m lazymedia info'
 
 run_step tests "$out/pytest.txt" "
-  python3 -m pytest -p no:cacheprovider -rA -s --timeout=60 --junitxml='$out/junit.xml' \
+  python3 -m pytest -p no:cacheprovider -p no:asyncio -rA -s --timeout=60 --junitxml='$out/junit.xml' \
     tests/test_gpu.py tests/test_cuda_build.py"
 
 run_step bench "$out/bench.txt" "python3 benchmarks/bench_gpu.py --quick --json '$out/bench_gpu.json'"

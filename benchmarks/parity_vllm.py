@@ -3,8 +3,13 @@
 1. Parity: every corpus image and video that decodes (plus generated JPEG, transparent PNG, GIF,
    WebP, MP4) through vLLM's MediaConnector.fetch_image / fetch_video and through
    VllmMediaConnector + to_vllm: equal pixels, frame indices and metadata, or both refusing.
-2. Speed, interleaved rounds: vLLM's fetch (download + eager decode) vs lazymedia's fetch +
+2. Fetch speed, interleaved rounds: vLLM's fetch (download + eager decode) vs lazymedia's fetch +
    Processor.apply on a hit (hash + lookup) and on a miss (+ decode), per item.
+3. Processor speed, interleaved rounds: a vLLM miss (fetch_image + MultiModalHasher + the Qwen2-VL
+   image processor given its PIL image) vs the adapter's miss (fetch_image + Processor.apply
+   handing the same processor `to_vllm(decoded, "numpy")`), and the adapter's hit vs lazymedia's
+   own hit on the same data: URL (from_base64 + load_image + Processor.apply). The processor is
+   transformers' torchvision one where torchvision imports, else its PIL one; the script says which.
 
 vLLM is not a dependency. Its media code imports with these, in a separate folder:
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -123,6 +129,61 @@ def speed(vllm_connector, ours: VllmMediaConnector, rounds: int) -> list[dict]:
     return rows
 
 
+def qwen2_vl_processor():
+    """transformers' Qwen2-VL image processor (Qwen2.5-VL uses the same): the torchvision one where
+    torchvision imports, else the PIL one."""
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLImageProcessorPil
+    if importlib.util.find_spec("torchvision") is not None:
+        try:
+            import torchvision  # noqa: F401
+            return Qwen2VLImageProcessor(), "torchvision"
+        except (ImportError, RuntimeError):  # a torchvision built for another torch
+            pass
+    return Qwen2VLImageProcessorPil(), "PIL"
+
+
+def processor_speed(vllm_connector, ours: VllmMediaConnector, rounds: int) -> tuple[str, list[dict]]:
+    from vllm.multimodal.hasher import MultiModalHasher
+    hf, kind = qwen2_vl_processor()
+    cases = [("JPEG 512x512", samples.jpeg(512, 512), "image/jpeg"),
+             ("JPEG 2048x2048", samples.jpeg(2048, 2048), "image/jpeg"),
+             ("JPEG 3840x2160", samples.jpeg(2160, 3840), "image/jpeg"),
+             ("PNG 1024x1024", samples.encode_image(samples.photo(1024, 1024), "PNG"), "image/png")]
+    rows = []
+    for label, data, media_type in cases:
+        url = data_url(data, media_type)
+
+        def vllm_miss():
+            image = vllm_fetch(vllm_connector, "image", url)
+            MultiModalHasher.hash_kwargs("blake3", image=image)
+            return hf(images=[image], return_tensors="pt")
+
+        def adapter_miss():
+            processor = lazymedia.Processor(lambda decoded: [hf(images=[to_vllm(d, "numpy")], return_tensors="pt")
+                                                             for d in decoded])
+            out = processor.apply([ours.fetch_image(url)])
+            processor.close()
+            return out[0]
+
+        theirs, mine = vllm_miss(), adapter_miss()
+        equal = all(bool((theirs[k] == mine[k]).all()) for k in ("pixel_values", "image_grid_thw"))
+        warm = lazymedia.Processor(lambda decoded: [hf(images=[to_vllm(d, "numpy")], return_tensors="pt")
+                                                    for d in decoded])
+        warm.apply([ours.fetch_image(url)])
+        times = interleaved({"vllm": (vllm_miss, 1), "miss": (adapter_miss, 1)}, rounds)
+        # hits on their own, many a batch: after a miss the first read of the URL pays cold caches
+        times.update(interleaved({"hit": (lambda: warm.apply([ours.fetch_image(url)]), 20),
+                                  "own_hit": (lambda: warm.apply([lazymedia.load_image(lazymedia.from_base64(url))]),
+                                              20)}, rounds))
+        warm.close()
+        rows.append({"item": label, "equal_outputs": equal, "vllm_ms": float(np.median(times["vllm"])) * 1e3,
+                     "miss_vs_vllm": ratio(times["miss"], times["vllm"]),
+                     "hit_us": float(np.median(times["hit"])) * 1e6,
+                     "own_hit_us": float(np.median(times["own_hit"])) * 1e6,
+                     "hit_minus_own_us": float(np.median(np.subtract(times["hit"], times["own_hit"]))) * 1e6})
+    return kind, rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20 corpus items, 3 rounds")
@@ -149,8 +210,16 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['item']:16s} {r['vllm_ms']:9.2f}ms {r['hit_ms']:7.3f}ms {r['miss_ms']:7.2f}ms "
               f"{r['hit_speedup']['median']:11.1f}x {r['miss_vs_vllm']['median']:10.2f}")
-    write_json({"vllm": vllm.__version__, "lazymedia": lazymedia.__version__, "parity": results, "speed": rows},
-               args.json)
+    kind, processed = processor_speed(vllm_connector, ours, rounds=3 if args.quick else 9)
+    print(f"\nthrough the Qwen2-VL image processor ({kind}); adapter hands it to_vllm(decoded, 'numpy')")
+    print(f"{'item':16s} {'vLLM miss':>10s} {'miss/vLLM':>10s} {'outputs':>8s} {'adapter hit':>12s} "
+          f"{'own hit':>9s} {'hit - own':>10s}")
+    for r in processed:
+        print(f"{r['item']:16s} {r['vllm_ms']:8.2f}ms {r['miss_vs_vllm']['median']:10.2f} "
+              f"{'equal' if r['equal_outputs'] else 'DIFFER':>8s} {r['hit_us']:10.0f}us {r['own_hit_us']:7.0f}us "
+              f"{r['hit_minus_own_us']:8.0f}us")
+    write_json({"vllm": vllm.__version__, "lazymedia": lazymedia.__version__, "parity": results, "speed": rows,
+                "processor": kind, "processor_speed": processed}, args.json)
     ours.close()
     return 0
 

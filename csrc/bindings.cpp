@@ -215,6 +215,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("chroma_subsampling", [](const ProbeResult& r) { return r.chroma_subsampling; })
       .def_readonly("has_adobe", &ProbeResult::has_adobe)
       .def_readonly("adobe_transform", &ProbeResult::adobe_transform)
+      .def_readonly("scan_count", &ProbeResult::scan_count)
       .def_readonly("png_color_type", &ProbeResult::png_color_type)
       .def_readonly("png_interlaced", &ProbeResult::png_interlaced)
       .def_readonly("png_compressed_text", &ProbeResult::png_compressed_text)

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <thread>
+#include <vector>
 
 #include "kernels/layout.h"
 #include "kernels/orientation.h"
@@ -10,27 +12,31 @@
 namespace lazymedia {
 namespace {
 
-// Runs fn(row) for rows [0, rows) on up to `threads` threads, in contiguous blocks.
+// Runs fn(row) for rows [0, rows) on up to `threads` threads, in contiguous blocks; the calling
+// thread runs the last block. A thread that cannot start (EAGAIN: no address space for its stack,
+// a process thread limit; or no memory for the handle) is not an error: the calling thread runs
+// the blocks no thread took, so the result is the same and nothing unwinds past a joinable thread.
 // Blocks smaller than this many rows are not worth a thread start (~20 us).
 constexpr int kMinRowsPerThread = 32;
 
 template <typename Fn>
-void parallel_rows(int rows, int threads, Fn fn) {
+void parallel_rows(int rows, int threads, Fn fn) noexcept {
   threads = std::max(1, std::min(threads, rows / kMinRowsPerThread));
-  if (threads == 1) {
-    for (int r = 0; r < rows; ++r) fn(r);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(threads);
   const int block = (rows + threads - 1) / threads;
-  for (int t = 0; t < threads; ++t) {
-    const int begin = t * block, end = std::min(rows, begin + block);
-    if (begin >= end) break;
-    pool.emplace_back([=] {
-      for (int r = begin; r < end; ++r) fn(r);
-    });
+  const int blocks = (rows + block - 1) / block;
+  auto run_block = [&](int t) {
+    const int end = std::min(rows, (t + 1) * block);
+    for (int r = t * block; r < end; ++r) fn(r);
+  };
+  std::vector<std::thread> pool;
+  int started = 0;
+  try {
+    pool.reserve(size_t(blocks - 1));
+    for (; started < blocks - 1; ++started) pool.emplace_back(run_block, started);
+  } catch (const std::exception&) {
+    // std::system_error or std::bad_alloc: the vector is unchanged, the started threads run on
   }
+  for (int t = started; t < blocks; ++t) run_block(t);
   for (auto& th : pool) th.join();
 }
 

@@ -162,11 +162,14 @@ ProbeResult probe_jpeg(View v) {
   ProbeResult r;
   r.format = ImageFormat::Jpeg;
   int exif = kNoOrientation, xmp = kNoOrientation;
-  bool seen_exif = false, found_sof = false, ran_out = true;
+  bool seen_exif = false, found_sof = false, ran_out = true, in_scans = false;
   size_t pos = 2;
   while (pos < v.n) {
-    // Like libjpeg, skip garbage before a marker and any 0xFF fill bytes; FF00 is garbage too.
-    while (pos < v.n && v.p[pos] != 0xFF) ++pos;
+    // Like libjpeg, skip garbage before a marker and any 0xFF fill bytes; FF00 (a stuffed byte
+    // in entropy-coded data) and RSTn are skipped too, so one loop walks headers and scans.
+    const void* ff = std::memchr(v.p + pos, 0xFF, v.n - pos);
+    if (ff == nullptr) break;
+    pos = size_t(static_cast<const uint8_t*>(ff) - v.p);
     while (pos < v.n && v.p[pos] == 0xFF) ++pos;
     if (pos >= v.n) break;
     uint8_t m = v.p[pos++];
@@ -177,8 +180,16 @@ ProbeResult probe_jpeg(View v) {
     }
     if (!v.has(pos, 2)) break;
     size_t len = v.be16(pos);
-    if (len < 2) return fail(r, ProbeStatus::Malformed, "JPEG segment length below 2");
+    if (len < 2) {
+      if (in_scans) break;  // after the first scan the decoder reports it
+      return fail(r, ProbeStatus::Malformed, "JPEG segment length below 2");
+    }
     size_t seg = pos + 2, seg_len = len - 2;
+    pos = seg + seg_len;
+    if (in_scans) {  // only scans count now; Pillow reads no marker after the first scan either
+      if (m == 0xDA) ++r.scan_count;
+      continue;
+    }
     JpegEncoding enc = sof_encoding(m);
     if (enc != JpegEncoding::None) {
       if (!found_sof) {
@@ -212,7 +223,12 @@ ProbeResult probe_jpeg(View v) {
     } else if (m == 0xDA) {
       if (!found_sof) return fail(r, ProbeStatus::Malformed, "JPEG scan before frame header");
       ran_out = false;
-      break;
+      r.scan_count = 1;
+      const bool progressive =
+          r.jpeg_encoding == JpegEncoding::Progressive || r.jpeg_encoding == JpegEncoding::ArithmeticProgressive;
+      const bool all_components = v.has(seg, 1) && v.p[seg] == r.components;
+      if (!progressive && all_components) break;  // one scan decodes the whole image
+      in_scans = true;
     } else if (v.has(seg, seg_len)) {
       const uint8_t* s = v.p + seg;
       View sv{s, seg_len};
@@ -228,7 +244,6 @@ ProbeResult probe_jpeg(View v) {
         r.adobe_transform = seg_len >= 12 ? s[11] : -1;
       }
     }
-    pos = seg + seg_len;
   }
   if (!found_sof) {
     return fail(r, ran_out ? ProbeStatus::Truncated : ProbeStatus::Malformed, "JPEG has no frame header (SOF)");

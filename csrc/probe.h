@@ -1,8 +1,8 @@
 // Header probe: reads format, geometry and orientation from encoded bytes without decoding.
 //
 // Plain C++ with no Python or CUDA dependency, so the fuzz harness and the bindings share it.
-// Every read is bounds-checked; memory use is constant apart from a capped EXIF scratch buffer
-// for PNG "Raw profile type exif" text chunks (hex encoded).
+// Every read is bounds-checked; work is linear in the size; memory use is constant apart from a
+// capped EXIF scratch buffer for PNG "Raw profile type exif" text chunks (hex encoded).
 #pragma once
 
 #include <cstddef>
@@ -49,6 +49,10 @@ struct ProbeResult {
   const char* chroma_subsampling = "";  // "444", "422", "420", "440", "411", "410", "gray", "other"
   bool has_adobe = false;
   int adobe_transform = -1;  // 0 = none (RGB/CMYK), 1 = YCbCr, 2 = YCCK, -1 = absent/truncated
+  // Scans the decoder runs: 1 for a sequential file whose first scan holds every component;
+  // otherwise (progressive, or components in separate scans) the SOS markers counted by walking
+  // the marker segments through the entropy-coded data, once, to the end (linear in the size).
+  int scan_count = 0;
   // PNG
   int png_color_type = -1;
   bool png_interlaced = false;

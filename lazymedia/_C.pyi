@@ -22,6 +22,7 @@ class ProbeResult:
     def chroma_subsampling(self) -> str: ...
     has_adobe: bool
     adobe_transform: int
+    scan_count: int
     png_color_type: int
     png_interlaced: bool
     png_compressed_text: bool

@@ -9,6 +9,7 @@ Importing the package loads neither torch nor FFmpeg: codecs are imported on fir
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .cache import CacheStats, LruCache, ProcessorCache
 from .codecs.sampling import register_sampler
@@ -28,6 +29,10 @@ from .processor import Processor
 from .spec import DEFAULT_LIMITS, AudioSpec, ImageSpec, Limits, VideoSpec
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
+    from .codecs.types import AudioSamples, VideoFrames
+    from .connector import MediaConnector
 
 # Names whose modules pull in heavy dependencies (torch, FFmpeg, aiohttp): imported on first use.
 _LAZY = {

@@ -310,7 +310,7 @@ def bench_video(quick: bool, engine) -> dict:
         "lazy_hit_s": (lambda: processor.apply([lazymedia.load_video(data, num_frames=8)]), 5),
         "lazy_miss_8_s": (miss(num_frames=8), 1),
         "lazy_miss_32_s": (miss(num_frames=32), 1),
-        "lazy_decode_all_s": (lambda: lazymedia.load_video(data).decode(), 1),
+        "lazy_decode_all_s": (lambda: lazymedia.load_video(data, num_frames=None).decode(), 1),
         "resize_in_scaler_8_s": (lambda: lazymedia.load_video(data, num_frames=8, size=(224, 224)).decode(), 1),
         "decode_then_resize_8_s": (decode_then_resize, 1),
     }

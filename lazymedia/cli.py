@@ -1,7 +1,9 @@
 """The `lazymedia` command: bench (the main job), decode, info, hash-threads.
 
 Exit codes: 0 everything worked; 1 some input was bad media (or could not be fetched), each
-reported on one `error:` line; 2 a usage error (bad options, an unavailable backend).
+reported on one `error:` line; 2 a usage error (bad options, an unavailable backend); 141
+(128 + SIGPIPE, as shell tools report it) when the reader of the output went away
+(`lazymedia info | head -1`), which ends the command quietly.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from urllib.parse import urlsplit
 from . import __version__
 from .errors import InvalidMediaError, MediaError
 
-EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE, EXIT_CLOSED_PIPE = 0, 1, 2, 141
 _URL_SCHEMES = ("http", "https", "data", "file")
 
 
@@ -33,7 +35,8 @@ def _settings(modality: str, args) -> dict:
     if modality == "image":
         return {"size": args.size}
     if modality == "video":
-        sampled = {} if args.all_frames else {"fps": args.fps} if args.fps else {"num_frames": args.num_frames}
+        sampled = {"num_frames": None} if args.all_frames else {"fps": args.fps} if args.fps else \
+            {"num_frames": args.num_frames}
         return {"size": args.size, **sampled}
     return {"sample_rate": args.sample_rate, "mono": args.mono}
 
@@ -47,7 +50,8 @@ def _load(source: str, args, connector):
     data = _read(source, connector)
     modality = args.modality or guess_modality(data)
     if modality is None:
-        raise InvalidMediaError("not an image, video or audio file")
+        raise InvalidMediaError("not an image, video or audio file lazymedia reads (--modality says which one "
+                                "it is, if it is)")
     return load(modality, data, **_settings(modality, args))
 
 
@@ -150,11 +154,44 @@ def cmd_decode(args) -> int:
 
 
 def _size(text: str) -> tuple[int, int]:
+    from .spec import MAX_SIDE
+
     try:
         height, width = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"size must be HEIGHTxWIDTH, got {text!r}") from None
+    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE):
+        raise argparse.ArgumentTypeError(f"size sides must be in 1..{MAX_SIDE}, got {text!r}")
     return height, width
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r} (--all-frames decodes "
+                                         "every frame)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _opencv_line() -> str:
+    try:
+        import cv2
+    except ImportError:
+        return "  OpenCV: not installed (decoder='opencv' needs pip install opencv-python-headless)"
+    return f"  OpenCV: {cv2.__version__} (decoder='opencv' available)"
 
 
 def cmd_info(args) -> int:
@@ -165,10 +202,14 @@ def cmd_info(args) -> int:
     print(f"  native core: {_C.__file__}")
     try:
         from . import _C_cuda
+        from .engine.nvjpeg import wheel_library
 
         print(f"  CUDA extension: built for {_C_cuda.arches()}")
+        versions = _C_cuda.versions(wheel_library())  # nvJPEG, its cudart, ours, the driver's CUDA
+        print("  versions: " + ", ".join(f"{name} {value}" for name, value in versions.items()))
     except ImportError:
         print("  CUDA extension: not built (no nvcc at build time, or LAZYMEDIA_CUDA=0)")
+    print(_opencv_line())
     pinned, reason = _C.pinned_memory_available()
     print(f"  pinned host buffers: {'yes' if pinned else 'no (' + reason + ')'}")
     found = backends()
@@ -186,6 +227,10 @@ def cmd_info(args) -> int:
         else:
             print(f"  GPU: {gpu}, nvJPEG hardware engines: {decoder.engines} ({decoder.cores_per_engine} cores each)"
                   if decoder.hardware else f"  GPU: {gpu}, no nvJPEG hardware engines (hybrid decoding)")
+            print(f"  nvJPEG chroma upsampling: {'interpolated' if decoder.upsampling_interpolated else 'replicated'}")
+            print("  nvJPEG creation:")  # why the hardware backend was or was not taken
+            for line in decoder.creation_log.splitlines():
+                print(f"    {line}")
     else:
         print(f"  GPU: none usable ({nvjpeg.reason})")
     print("backends:")
@@ -226,17 +271,22 @@ def main(argv=None) -> int:
     bench.add_argument("--chart", default=os.path.join("bench-out", "lazy_decode.png"))
     bench.set_defaults(run=cmd_bench)
     decode = sub.add_parser("decode", help="decode files or URLs; print key, shape, backend, time",
-                            epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error")
-    decode.add_argument("sources", nargs="+", metavar="FILE_OR_URL")
-    decode.add_argument("--backend", choices=("cpu", "nvjpeg", "dali", "auto"), default="auto")
+                            epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error, 141 the output "
+                                   "pipe closed")
+    decode.add_argument("sources", nargs="+", metavar="FILE_OR_URL",
+                        help="files, or http(s), data: or file: URLs (fetched without the SSRF guard)")
+    decode.add_argument("--backend", choices=("cpu", "nvjpeg", "dali", "auto"), default="auto",
+                        help="image decoder: auto (nvJPEG where a GPU is usable, else the CPU), or one by name")
     decode.add_argument("--modality", choices=("image", "video", "audio"), help="default: told by the content")
     decode.add_argument("--out", help="directory for the decoded output (PNG, NPZ of frames, WAV)")
     decode.add_argument("--size", type=_size, metavar="HxW", help="resize images and video frames")
     frames = decode.add_mutually_exclusive_group()
-    frames.add_argument("--num-frames", type=int, default=8, help="video: sample this many frames (default 8)")
-    frames.add_argument("--fps", type=float, help="video: sample at this rate instead")
+    frames.add_argument("--num-frames", type=_positive_int, default=8,
+                        help="video: sample this many frames (default 8)")
+    frames.add_argument("--fps", type=_positive_float,
+                        help="video: sample at this rate instead (at most 32 frames, vLLM's rule)")
     frames.add_argument("--all-frames", action="store_true", help="video: decode every frame")
-    decode.add_argument("--sample-rate", type=int, help="audio: resample to this rate")
+    decode.add_argument("--sample-rate", type=_positive_int, help="audio: resample to this rate (Hz)")
     decode.add_argument("--mono", action="store_true", help="audio: average the channels")
     decode.set_defaults(run=cmd_decode)
     hash_threads = sub.add_parser("hash-threads", help="measure from which size hashing on all cores pays here")
@@ -244,4 +294,14 @@ def main(argv=None) -> int:
     info = sub.add_parser("info", help="version, build, backends and devices")
     info.set_defaults(run=cmd_info)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        code = args.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader closed the pipe: send what is left to /dev/null so that the interpreter's
+        # final flush does not fail again, and end quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_CLOSED_PIPE
+    return code

@@ -2,38 +2,65 @@
 
 Downloads stream through aiohttp (one connection pool per connector and live event loop): the key
 is hashed chunk by chunk as the body arrives, and the download stops as soon as it passes
-`max_bytes`. Every hop of a redirect chain is checked against the domain allow-list and the
-SSRF guard (lazymedia.guard), and the guard also filters the addresses the resolver hands to the
-connection, so a name that re-resolves to a private address between check and connect is still
-refused. data: payloads are size-checked before any copy and decoded off the event loop; file:
-URLs open component by component beneath the allowed root.
+`max_bytes`. Every hop of a redirect chain is read by the client's own URL parser (yarl) and that
+one reading is what the domain allow-list and the SSRF guard (lazymedia.guard) judge and what the
+client requests. The guard also filters the addresses the resolver returns, and it checks the
+address of every socket the client opens (IP literals skip the resolver), so no spelling of a
+host and no re-resolution reaches a refused address. data: payloads are size-checked before any
+copy and decoded off the event loop; file: URLs open component by component beneath the allowed
+root.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import os
 import socket
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import SplitResult, unquote, urljoin, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
+from yarl import URL
 
 from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
-from .guard import AddressGuard, canonical_ip, read_beneath
+from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
 from .hashing import KeyHasher, media_key
-from .media import LazyMedia, from_base64, load
+from .media import LazyMedia, from_base64, load, probe_is_instant
 from .spec import DEFAULT_LIMITS, Limits, make_spec
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class _RefusedAddress(OSError):
-    """Raised by the resolver when a name resolves only to addresses the guard refuses."""
+    """Raised by the resolver when a name resolves only to addresses the guard refuses, and by
+    the socket factory for a refused address."""
+
+
+# The addresses the socket factory refused during the current fetch (a list per fetch): aiohttp
+# may fold a refusal into a generic OSError when it tried several addresses.
+_REFUSED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("lazymedia_refused", default=None)
+
+
+def _guarded_socket_factory(guard: AddressGuard):
+    """aiohttp's socket factory: every connection the client opens, for a name or an IP literal
+    and on every redirect hop, first has its final address checked here."""
+
+    def open_socket(addr_info) -> socket.socket:
+        family, type_, proto, _, sockaddr = addr_info
+        if not guard.permits(str(sockaddr[0])):
+            refused = _REFUSED.get()
+            if refused is not None:
+                refused.append(str(sockaddr[0]))
+            raise _RefusedAddress(f"{sockaddr[0]} is not a public address (pass allow_private_networks to admit "
+                                  "private networks)")
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return open_socket
 
 
 class _GuardedResolver(AbstractResolver):
@@ -47,7 +74,8 @@ class _GuardedResolver(AbstractResolver):
         results = await self._resolver.resolve(host, port, family)
         allowed = [r for r in results if self._guard.permits(r["host"])]
         if not allowed:
-            raise _RefusedAddress(f"{host} resolves only to non-public addresses")
+            raise _RefusedAddress(f"{host} resolves only to non-public addresses (pass allow_private_networks to "
+                                  "admit them)")
         return allowed
 
     async def close(self) -> None:
@@ -57,13 +85,18 @@ class _GuardedResolver(AbstractResolver):
 def _split(url) -> SplitResult:
     """The URL's parts; malformed URLs (bad brackets, NFKC tricks, non-strings) are 400s."""
     if not isinstance(url, str):
-        raise InvalidMediaError(f"a URL must be a string, got {type(url).__name__}")
+        raise InvalidMediaError(f"a URL must be a str, got {type(url).__name__}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError for a malformed port)
     except ValueError as exc:
-        raise InvalidMediaError(f"malformed URL: {exc}") from None
+        raise InvalidMediaError(f"malformed URL ({exc}): send an http(s), data: or file: URL") from None
     return parts
+
+
+def _ascii_domain(domain: str) -> str:
+    """An allow-list entry in the form the client connects with (IDNA, lower case, no end dot)."""
+    return (URL.build(scheme="http", host=domain.strip(".")).raw_host or "").lower()
 
 
 def _finish(hasher: KeyHasher | None, data: bytes) -> str | None:
@@ -95,7 +128,7 @@ class MediaConnector:
                  allow_private_networks: bool | Iterable[str] = False, limits: Limits | None = None,
                  max_connections: int = 256, download_cache_dir: str | os.PathLike | None = None,
                  allow_subdomains: bool = True):
-        self.allowed_domains = None if allowed_domains is None else [d.lower().strip(".") for d in allowed_domains]
+        self.allowed_domains = None if allowed_domains is None else [_ascii_domain(d) for d in allowed_domains]
         self.allow_subdomains = allow_subdomains
         self.allowed_local_path = None if allowed_local_path is None else Path(allowed_local_path).resolve()
         self.max_bytes = max_bytes
@@ -123,7 +156,7 @@ class MediaConnector:
         except MediaError as exc:
             exc.modality = exc.modality or modality
             raise
-        if modality == "image":  # the native probe takes microseconds
+        if probe_is_instant(modality, data):  # Pillow's parse goes to a thread
             return load(modality, data, limits=self.limits, key=key, **spec)
         return await asyncio.to_thread(load, modality, data, limits=self.limits, key=key, **spec)
 
@@ -194,7 +227,8 @@ class MediaConnector:
             return await self._fetch_http(url, hasher)
         if scheme == "data":
             if len(url) // 4 * 3 > 2 * self.max_bytes + 3:  # before any copy of a huge payload
-                raise MediaTooLargeError(f"data: URL of {len(url)} characters exceeds the {self.max_bytes} byte limit")
+                raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over max_bytes ({self.max_bytes}): "
+                                         "send a smaller file, or raise MediaConnector(max_bytes=)")
             return await asyncio.to_thread(self._read_data_url, url, hasher)
         if scheme == "file":
             return await asyncio.to_thread(self._read_file_url, url, hasher)
@@ -206,7 +240,8 @@ class MediaConnector:
         session = self._sessions.get(loop)
         if session is None or session.closed:
             self._drop_closed_loops()
-            connector = aiohttp.TCPConnector(limit=self.max_connections, resolver=_GuardedResolver(self.guard))
+            connector = aiohttp.TCPConnector(limit=self.max_connections, resolver=_GuardedResolver(self.guard),
+                                             socket_factory=_guarded_socket_factory(self.guard))
             session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                             timeout=aiohttp.ClientTimeout(total=None))
             self._sessions[loop] = session
@@ -217,17 +252,17 @@ class MediaConnector:
         for gone in [loop for loop in self._sessions if loop.is_closed()]:
             self._sessions.pop(gone).detach()
 
-    def _check_url(self, url: str) -> str:
-        """Checks one hop (scheme, domain allow-list, literal addresses); returns its host."""
-        parts = _split(url)
-        if parts.scheme.lower() not in ("http", "https"):
-            raise InvalidMediaError("refused a redirect to a non-http URL")
-        host = (parts.hostname or "").lower().strip(".")
+    def _check_url(self, url: URL) -> str:
+        """Checks one hop as the client reads it (scheme, domain allow-list, literal addresses);
+        returns its host."""
+        if url.scheme not in ("http", "https"):
+            raise InvalidMediaError("refused a redirect to a non-http(s) URL: send the final http(s) URL")
+        host = (url.raw_host or "").lower().strip(".")
         if not host:
-            raise InvalidMediaError("URL has no host")
+            raise InvalidMediaError("URL has no host: send an absolute http(s) URL")
         if self.allowed_domains is not None and not any(
                 host == d or self.allow_subdomains and host.endswith("." + d) for d in self.allowed_domains):
-            raise InvalidMediaError(f"refused {host}: not an allowed domain")
+            raise InvalidMediaError(f"refused {host}: not an allowed domain (the connector's allowed_domains)")
         ip = canonical_ip(host)
         if ip is not None:
             self.guard.check(ip, host)
@@ -236,7 +271,7 @@ class MediaConnector:
     async def _fetch_http(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         cached = self._cache_path(url)
         if cached is not None and cached.is_file():
-            host = self._check_url(url)  # the same checks as a fresh fetch, before serving the entry
+            host = self._check_url(read_http_url(url))  # the checks of a fresh fetch, before serving it
             if canonical_ip(host) is None:
                 await self._check_resolves(host)
             data = await asyncio.to_thread(cached.read_bytes)
@@ -246,7 +281,8 @@ class MediaConnector:
             async with asyncio.timeout(self.timeout_s):
                 data, key = await self._follow(url, hasher)
         except TimeoutError:
-            raise MediaFetchError(f"timed out after {self.timeout_s} s", status_code=504) from None
+            raise MediaFetchError(f"timed out after {self.timeout_s} s (MediaConnector timeout_s): retry, or "
+                                  "raise timeout_s", status_code=504) from None
         if cached is not None:
             await asyncio.to_thread(_write_atomically, cached, data)
         return data, key
@@ -257,16 +293,27 @@ class MediaConnector:
             async with asyncio.timeout(self.timeout_s):
                 results = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
         except (OSError, TimeoutError) as exc:
-            raise MediaFetchError(f"cannot resolve {host}: {exc}", status_code=502) from None
+            raise MediaFetchError(f"cannot resolve {host} ({getattr(exc, 'strerror', None) or exc}): check the "
+                                  "host name", status_code=502) from None
         if not any(self.guard.permits(str(result[4][0])) for result in results):
-            raise InvalidMediaError(f"refused {host}: it resolves only to non-public addresses")
+            raise InvalidMediaError(f"refused {host}: it resolves only to non-public addresses (pass "
+                                    "allow_private_networks to admit them)")
 
     def _cache_path(self, url: str) -> Path | None:
         if self.download_cache_dir is None:
             return None
         return self.download_cache_dir / (media_key("url", b"", url.encode()) + ".bin")
 
-    async def _follow(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+    async def _follow(self, text: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+        url = read_http_url(text)
+        refused: list[str] = []
+        token = _REFUSED.set(refused)
+        try:
+            return await self._follow_hops(url, hasher, refused)
+        finally:
+            _REFUSED.reset(token)
+
+    async def _follow_hops(self, url: URL, hasher: KeyHasher | None, refused: list[str]) -> tuple[bytes, str | None]:
         for _ in range(self.max_redirects + 1):
             host = self._check_url(url)
             try:
@@ -274,34 +321,42 @@ class MediaConnector:
                     if response.status in _REDIRECTS:
                         location = response.headers.get("Location")
                         if not self.allow_redirects or not location:
-                            raise MediaFetchError(f"{host} redirects ({response.status}) and redirects are off",
+                            raise MediaFetchError(f"{host} redirects ({response.status}) and allow_redirects is "
+                                                  "off: send the final URL",
                                                   status_code=400)
-                        url = urljoin(url, location)
+                        url = read_http_url(location, base=url)
                         continue
                     if response.status != 200:
                         raise MediaFetchError(f"upstream {host} answered {response.status} {response.reason or ''}"
-                                              .rstrip(), status_code=502)
+                                              .rstrip() + ": check the URL, or retry later", status_code=502)
                     return await self._read_body(response, hasher)
             except MediaError:
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
-                refused = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
-                if isinstance(refused, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
-                    raise InvalidMediaError(f"refused {refused or exc.__cause__}") from None
-                raise MediaFetchError(f"fetching from {host} failed: {type(exc).__name__}: {exc}",
-                                      status_code=502) from None
-        raise MediaFetchError(f"more than {self.max_redirects} redirects", status_code=400)
+                if refused:
+                    raise InvalidMediaError(f"refused {host}: {refused[0]} is not a public address (pass "
+                                            "allow_private_networks to admit private networks)") from None
+                cause = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
+                if isinstance(cause, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
+                    raise InvalidMediaError(f"refused {cause or exc.__cause__}") from None
+                raise MediaFetchError(f"fetching from {host} failed ({type(exc).__name__}: "
+                                      f"{getattr(exc, 'strerror', None) or exc}): retry later, or check that the "
+                                      "host serves the URL", status_code=502) from None
+        raise MediaFetchError(f"more than {self.max_redirects} redirects (max_redirects):"
+                              " send the final URL", status_code=400)
 
     async def _read_body(self, response, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         declared = response.content_length
         if declared is not None and declared > self.max_bytes:
-            raise MediaTooLargeError(f"the response declares {declared} bytes, over the {self.max_bytes} byte limit")
+            raise MediaTooLargeError(f"the response declares {declared} bytes, over max_bytes ({self.max_bytes}): "
+                                     "send a smaller file, or raise MediaConnector(max_bytes=)")
         received = 0
         chunks = []
         async for chunk in response.content.iter_any():
             received += len(chunk)
             if received > self.max_bytes:
-                raise MediaTooLargeError(f"the response sent more than the {self.max_bytes} byte limit")
+                raise MediaTooLargeError(f"the response sent more than max_bytes ({self.max_bytes}): send a smaller "
+                                         "file, or raise MediaConnector(max_bytes=)")
             if hasher is not None:
                 hasher.update(chunk)
             chunks.append(chunk)
@@ -314,14 +369,15 @@ class MediaConnector:
 
     def _read_file_url(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         if self.allowed_local_path is None:
-            raise InvalidMediaError("file: URLs are refused (no allowed_local_path)")
+            raise InvalidMediaError("file: URLs are refused:"
+                                    " a server admits them with MediaConnector(allowed_local_path=)")
         parts = _split(url)
         if parts.netloc not in ("", "localhost"):
-            raise InvalidMediaError("file: URL names a remote host")
+            raise InvalidMediaError("file: URL names a remote host: use file:///path, or http(s) for a remote file")
         path = unquote(parts.path)
         root = str(self.allowed_local_path)
         if path != root and not path.startswith(root.rstrip("/") + "/"):
-            raise InvalidMediaError("refused a file: URL outside the allowed local path")
+            raise InvalidMediaError("refused a file: URL outside allowed_local_path: name a file below it")
         data = read_beneath(root, path[len(root):], self.max_bytes)
         return data, _finish(hasher, data)
 

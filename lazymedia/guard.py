@@ -1,15 +1,24 @@
-"""What a URL may reach: the SSRF guard for addresses and the beneath-the-root open for local
-files. The connector asks these before any connection or open, and again for what a name
-resolves to, so no refused address or escaping path is ever touched."""
+"""What a URL may reach: how an http(s) URL is read (the HTTP client's own parser, nothing else),
+the SSRF guard for addresses and the beneath-the-root open for local files. The connector asks
+these before any connection or open, for what a name resolves to, and for the address of every
+socket it opens, so no refused address or escaping path is ever touched."""
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import ipaddress
 import os
+import re
 import socket
 import stat
+import sys
+import unicodedata
 from collections.abc import Iterable
 
-from .errors import InvalidMediaError
+from yarl import URL
+
+from .errors import InvalidMediaError, MediaTooLargeError
 
 _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -49,7 +58,60 @@ def canonical_ip(host: str) -> _IPAddress | None:
         socket.inet_aton(literal)
     except (OSError, ValueError):
         return None
-    raise InvalidMediaError(f"refused host {host!r}: a non-canonical numeric IPv4 address")
+    raise InvalidMediaError(f"refused host {host!r}: a non-canonical numeric IPv4 address (write it as a.b.c.d)")
+
+
+# "scheme://authority" or a scheme-relative "//authority": the authority ends at the first / ? #.
+_AUTHORITY = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:)?//([^/?#]*)")
+# The dots IDNA (UTS-46) maps to "." besides NFKC's: ideographic, full-width, half-width ideographic.
+_IDNA_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
+
+
+def read_http_url(text: str, base: URL | None = None) -> URL:
+    """The URL an HTTP client request goes to, parsed by yarl (the parser aiohttp connects with),
+    joined to `base` for a redirect's Location. Spellings that parsers read differently are 400s
+    before anything is judged: a backslash (browsers read it as "/", others as part of the host),
+    control characters or spaces before the path (yarl and browsers drop some, urllib keeps
+    them), several "@" in the authority, and a host that is not plain ASCII but reads as an IP
+    address once normalised (full-width or circled digits, ideographic full stops): no
+    legitimate client writes an address that way."""
+    if not isinstance(text, str):
+        raise InvalidMediaError(f"a URL must be a string, got {type(text).__name__}")
+    if "\\" in re.split(r"[?#]", text, maxsplit=1)[0]:
+        raise InvalidMediaError("ambiguous URL: a backslash before the query")
+    match = _AUTHORITY.match(text)
+    authority = match.group(1) if match else None
+    head = text[:match.end()] if match else re.split(r"[/?#]", text, maxsplit=1)[0]
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in head):
+        raise InvalidMediaError("ambiguous URL: a control character or space before the path")
+    if authority is not None and authority.count("@") > 1:
+        raise InvalidMediaError("ambiguous URL: more than one '@' in the authority")
+    try:
+        url = URL(text)
+        if base is not None:
+            url = base.join(url)
+        url.port  # noqa: B018  (raises ValueError for a malformed port)
+    except (ValueError, TypeError, UnicodeError) as exc:
+        raise InvalidMediaError(f"malformed URL: {exc}") from None
+    if authority is not None and not authority.isascii():
+        host = authority.rpartition("@")[2]
+        spelled = unicodedata.normalize("NFKC", host.translate(_IDNA_DOTS)).lower()
+        if _reads_as_address(spelled.rsplit(":", 1)[0] if spelled.count(":") == 1 else spelled) \
+                or _reads_as_address(url.raw_host or ""):
+            raise InvalidMediaError("refused host: a non-ASCII spelling of an IP address")
+    return url
+
+
+def _reads_as_address(host: str) -> bool:
+    """Whether `host` names an address rather than a name, in any spelling a resolver accepts."""
+    literal = host.strip("[]").split("%", 1)[0].rstrip(".")
+    if ":" in literal:
+        return True  # only an IPv6 literal holds a ":" inside a host
+    try:
+        socket.inet_aton(literal)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 class AddressGuard:
@@ -86,46 +148,108 @@ class AddressGuard:
 
     def check(self, address: str | _IPAddress, what: str) -> None:
         if not self.permits(address):
-            raise InvalidMediaError(f"refused {what}: {address} is not a public address")
+            raise InvalidMediaError(f"refused {what}: {address} is not a public address (pass allow_private_networks "
+                                    "to admit private networks)")
+
+
+# Why a file: path would not open, as its reader can act on it (the OS text names no fix).
+_OPEN_FAILURES: dict[int, str | None] = {
+    errno.ELOOP: "a symbolic link on the way (file: URLs follow none): name the file itself",
+    errno.ENOTDIR: "a part of the path is a symbolic link or a file, not a directory (file: URLs follow no links): "
+                   "name the file itself",
+    errno.ENOENT: "no such file below allowed_local_path",
+    errno.EACCES: "the server may not read it"}
 
 
 def read_beneath(root: str | os.PathLike, relative: str, max_bytes: int) -> bytes:
     """The bytes of the regular file at `relative` below `root`, opened one component at a time
     from a directory descriptor with O_NOFOLLOW, so no symlink (swapped in at any moment) and no
-    `..` can lead outside `root`. FIFOs and devices are refused without blocking."""
-    from .errors import MediaTooLargeError
-
+    `..` can lead outside `root`. Directories, FIFOs, devices, sockets and the files of kernel
+    pseudo-filesystems (/proc, /sys: no size, reads with side effects) are 400s, found by fstat
+    on the opened descriptor without blocking; the read stops at the size fstat reported."""
     parts = [p for p in relative.split("/") if p not in ("", ".")]
     if not parts or ".." in parts:
-        raise InvalidMediaError("refused path: empty or with '..'")
+        raise InvalidMediaError("refused path: it names no file below allowed_local_path, or has '..'")
     if any("\0" in p for p in parts):
-        raise InvalidMediaError("refused path: NUL byte")
+        raise InvalidMediaError("refused path: it has a NUL byte")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(root, flags | os.O_DIRECTORY)
     except OSError as exc:
-        raise InvalidMediaError(f"cannot open the allowed local path: {exc.strerror}") from None
+        raise InvalidMediaError(f"the server cannot open its allowed_local_path ({exc.strerror}): check "
+                                "MediaConnector(allowed_local_path=)") from None
     try:
         for part in parts[:-1]:
             try:
                 next_fd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
             except OSError as exc:  # ELOOP/ENOTDIR: a symlink or a file where a directory should be
-                raise InvalidMediaError(f"cannot open {relative}: {exc.strerror}") from None
+                raise InvalidMediaError(f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}") \
+                    from None
             os.close(fd)
             fd = next_fd
         try:
             file_fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
         except OSError as exc:
-            raise InvalidMediaError(f"cannot open {relative}: {exc.strerror}") from None
+            raise InvalidMediaError(f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}") \
+                from None
     finally:
         os.close(fd)
-    with os.fdopen(file_fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise InvalidMediaError(f"refused {relative}: not a regular file")
-        if info.st_size > max_bytes:
-            raise MediaTooLargeError(f"{relative}: {info.st_size} bytes exceed the {max_bytes} byte limit")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise MediaTooLargeError(f"{relative} grew past the {max_bytes} byte limit while read")
-    return data
+    try:
+        return _read_regular(file_fd, relative, max_bytes)
+    finally:
+        os.close(file_fd)
+
+
+def _read_regular(fd: int, name: str, max_bytes: int) -> bytes:
+    info = os.fstat(fd)
+    if stat.S_ISDIR(info.st_mode):
+        raise InvalidMediaError(f"refused {name}: a directory, not a file: name a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidMediaError(f"refused {name}: not a regular file (a device, FIFO or socket)")
+    pseudo = _pseudo_filesystem(fd)
+    if pseudo is not None:
+        raise InvalidMediaError(f"refused {name}: a file of the kernel's {pseudo} filesystem")
+    if info.st_size == 0:
+        raise InvalidMediaError(f"refused {name}: an empty file")
+    if info.st_size > max_bytes:
+        raise MediaTooLargeError(f"{name}: {info.st_size} bytes, over max_bytes ({max_bytes})")
+    chunks, received = [], 0
+    while received <= info.st_size:  # one byte past the size tells a file that grows while read
+        try:
+            chunk = os.read(fd, info.st_size + 1 - received)
+        except OSError as exc:
+            raise InvalidMediaError(f"cannot read {name}: {exc.strerror}") from None
+        if not chunk:
+            break
+        chunks.append(chunk)
+        received += len(chunk)
+    if received != info.st_size:
+        raise InvalidMediaError(f"refused {name}: it changed size while read")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+# f_type of the kernel pseudo-filesystems whose files report no size or change on read.
+_PSEUDO_FILESYSTEMS = {0x9FA0: "proc", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
+                       0x73636673: "securityfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2",
+                       0xDE5E81E4: "efivarfs", 0xCAFE4A11: "bpf", 0x62656570: "configfs"}
+
+
+def _pseudo_filesystem(fd: int) -> str | None:
+    """The name of the kernel pseudo-filesystem `fd` lives on, None elsewhere (or off Linux)."""
+    libc = _libc()
+    if libc is None:
+        return None
+    buffer = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first field, a long
+    if libc.fstatfs(fd, buffer) != 0:
+        return None
+    return _PSEUDO_FILESYSTEMS.get(ctypes.c_ulong.from_buffer(buffer).value & 0xFFFFFFFF)
+
+
+@functools.cache
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None

@@ -10,15 +10,23 @@ import binascii
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import pybase64
 
 from .codecs import codec, decode, probe
+from .codecs.types import AudioSamples, VideoFrames  # what handles decode to (loads neither torch nor FFmpeg)
 from .errors import InvalidMediaError, MediaNotCachedError, MediaReleasedError, MediaTooLargeError
 from .hashing import derived_key, id_key, media_key, object_key
-from .spec import DEFAULT_LIMITS, Limits, Spec, make_spec
+from .spec import DEFAULT_LIMITS, DEFAULT_NUM_FRAMES, Limits, Spec, make_spec
+
+if TYPE_CHECKING:  # importing torch at run time would load it with the package
+    import torch
+
+# What a handle decodes to: torch.Tensor (an image), VideoFrames, AudioSamples, or a map()'s result.
+Decoded = TypeVar("Decoded")
+Mapped = TypeVar("Mapped")
 
 
 class _Source:
@@ -40,7 +48,8 @@ class _Source:
 
     def __getstate__(self):
         if self.data is None and self.item_id is None:
-            raise MediaReleasedError("cannot pickle a handle without its bytes: the pixels are not shipped")
+            raise MediaReleasedError("cannot pickle a handle without its bytes (the pixels are not shipped): "
+                                     "pickle it before release_bytes()")
         return {"modality": self.modality, "spec": self.spec, "limits": self.limits,
                 "data": None if self.data is None else bytes(self.data), "header": self.header, "key": self.key,
                 "item_id": self.item_id}
@@ -85,12 +94,14 @@ def _transform_label(fn: Callable, key: str | None) -> str:
     return f"{fn.__module__}.{qualname}"
 
 
-class LazyMedia:
-    """Encoded bytes plus the spec they decode under. Build one with `load_image` and friends."""
+class LazyMedia(Generic[Decoded]):
+    """Encoded bytes plus the spec they decode under. Build one with `load_image` and friends;
+    for type checkers, `LazyMedia[torch.Tensor]` (an image), `LazyMedia[VideoFrames]` or
+    `LazyMedia[AudioSamples]` says what it decodes to."""
 
     __slots__ = ("_source", "_parent", "_fn", "_label", "_key", "_decoded", "__weakref__")
 
-    def __init__(self, source: _Source, parent: LazyMedia | None = None, fn: Callable | None = None,
+    def __init__(self, source: _Source, parent: LazyMedia[Any] | None = None, fn: Callable | None = None,
                  label: str = ""):
         self._source = source
         self._parent = parent
@@ -100,7 +111,7 @@ class LazyMedia:
         self._decoded = _Once()
 
     @classmethod
-    def from_id(cls, modality: str, item_id: str, **spec) -> LazyMedia:
+    def from_id(cls, modality: str, item_id: str, **spec) -> LazyMedia[Any]:
         """A handle known only by a caller-supplied id (vLLM's multi_modal_uuids): no bytes and
         no header, so it can only hit the cache; a miss raises MediaNotCachedError (400). The key
         comes from the id and the spec settings `spec` (the same as `load_*` take), in a domain
@@ -113,7 +124,7 @@ class LazyMedia:
         return cls(_Source(modality, spec_obj, DEFAULT_LIMITS, None, None, key, item_id=item_id))
 
     @classmethod
-    def from_decoded(cls, media, modality: str = "image") -> LazyMedia:
+    def from_decoded(cls, media, modality: str = "image") -> LazyMedia[Any]:
         """A handle over an input that arrived decoded (a PIL image, a numpy array, a torch tensor
         such as precomputed embeddings): already decoded, handed to the processor untouched, and
         keyed by its content as vLLM keys such inputs (EXIF ImageID UUID first; `object_key`).
@@ -152,7 +163,7 @@ class LazyMedia:
         return self._source.data is not None
 
     @property
-    def root(self) -> LazyMedia:
+    def root(self) -> LazyMedia[Any]:
         """The handle whose encoded bytes this one decodes: itself, or the start of a map() chain."""
         return self if self._parent is None else self._parent.root
 
@@ -169,7 +180,8 @@ class LazyMedia:
             if source.item_id is not None:
                 raise MediaNotCachedError(f"item id {source.item_id!r} is not cached: send the media itself",
                                           modality=self.modality)
-            raise MediaReleasedError("bytes were released before the handle was decoded", modality=self.modality)
+            raise MediaReleasedError("bytes were released before the handle was decoded: call release_bytes() only "
+                                     "after decode(), or load the item again", modality=self.modality)
         return source.data
 
     @property
@@ -189,7 +201,9 @@ class LazyMedia:
                 with source.lock:
                     if source.key is None:
                         if source.data is None:
-                            raise MediaReleasedError("bytes were released before the key was computed")
+                            raise MediaReleasedError("bytes were released before the key was computed:"
+                                                     " read .key before "
+                                             "release_bytes(), or load the item again")
                         source.key = media_key(source.modality, source.spec.canonical(), source.data)
                 self._key = source.key
         return self._key
@@ -200,11 +214,11 @@ class LazyMedia:
         return self._decoded.done and self._decoded.error is None
 
     @property
-    def media(self):
+    def media(self) -> Decoded:
         """The decoded media (decoding now if needed)."""
         return self.decode()
 
-    def decode(self, out=None):
+    def decode(self, out=None) -> Decoded:
         """Decodes once; concurrent callers wait for the one decode and get the same object.
         `out` is a preallocated tensor to decode into (used only by the first decode)."""
         return self._decoded.get(lambda: self._compute(out))
@@ -224,10 +238,11 @@ class LazyMedia:
             cell.value, cell.error, cell.done = value, error, True
             return True
 
-    def map(self, fn: Callable, *, key: str | None = None) -> LazyMedia:
+    def map(self, fn: Callable[[Decoded], Mapped], *, key: str | None = None) -> LazyMedia[Mapped]:
         """A new handle whose media is `fn(self.media)`, sharing these bytes and this decode.
         `key` names the transform in the derived cache key (default: fn's qualified name)."""
-        return LazyMedia(self._source, parent=self, fn=fn, label=_transform_label(fn, key))
+        derived: LazyMedia[Mapped] = LazyMedia(self._source, parent=self, fn=fn, label=_transform_label(fn, key))
+        return derived
 
     def release_bytes(self) -> None:
         """Drops the encoded bytes (shared with mapped handles). The key and any decoded result
@@ -263,10 +278,10 @@ class LazyMedia:
         if header is None:
             item_id = self._source.item_id
             what = f"id {item_id!r}" if item_id is not None else "arrived decoded"
-        elif self.modality == "image":
-            what = f"{header.format} {header.width}x{header.height}"
+        elif self.modality == "image":  # (height, width): the order size= takes and tensors have
+            what = f"{header.format} (height, width)=({header.height}, {header.width})"
         elif self.modality == "video":
-            what = f"{header.codec} {header.width}x{header.height} {header.duration:.2f}s"
+            what = f"{header.codec} (height, width)=({header.height}, {header.width}) {header.duration:.2f}s"
         else:
             what = f"{header.format} {header.sample_rate}Hz {header.duration:.2f}s"
         key = self.key if self.is_hashed else None
@@ -310,7 +325,7 @@ def unhashed_bytes(item) -> int:
     return 0
 
 
-def as_handle(item) -> LazyMedia:
+def as_handle(item) -> LazyMedia[Any]:
     """`item` itself if it is a handle; a PIL image, numpy array or torch tensor as an image that
     arrived decoded (`LazyMedia.from_decoded`); anything else is a TypeError (a server bug)."""
     if isinstance(item, LazyMedia):
@@ -324,12 +339,12 @@ def read_file(path: str | os.PathLike, limits: Limits = DEFAULT_LIMITS) -> bytes
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limits.max_bytes:
-                raise MediaTooLargeError(f"the file has {size} bytes, over the {limits.max_bytes} byte limit")
+                raise MediaTooLargeError(f"the file has {size} bytes, over Limits.max_bytes ({limits.max_bytes})")
             data = f.read(limits.max_bytes + 1)
     except OSError as exc:
-        raise InvalidMediaError(f"cannot read the file: {exc.strerror}") from None
+        raise InvalidMediaError(f"cannot read the file: {exc.strerror} (check the path)") from None
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"the file grew past the {limits.max_bytes} byte limit while read")
+        raise MediaTooLargeError(f"the file grew past Limits.max_bytes ({limits.max_bytes}) while read")
     return data
 
 
@@ -341,18 +356,30 @@ def _encoded_bytes(data, limits: Limits) -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1 or not view.contiguous:
-            raise InvalidMediaError("media bytes must be a contiguous byte buffer")
+            raise InvalidMediaError("media bytes must be a contiguous byte buffer: pass bytes(buffer)")
         return bytes(view)
     if isinstance(data, os.PathLike):
         return read_file(data, limits)
     if isinstance(data, str):
         raise InvalidMediaError("media source is a str: pass the encoded bytes, a pathlib.Path, or "
                                 "lazymedia.from_base64(text) for base64 or a data: URL")
-    raise InvalidMediaError(f"media source must be bytes-like or a path, got {type(data).__name__}")
+    raise InvalidMediaError(f"media source must be bytes-like or a pathlib.Path, got {type(data).__name__}: "
+                            "pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)")
+
+
+def probe_is_instant(modality: str, data) -> bool:
+    """Whether load(modality, data) probes in microseconds whatever the bytes hold, so an event
+    loop may run it inline: small JPEGs and PNGs (codecs.image.probe_is_instant). Container
+    probes (FFmpeg, libsndfile) and Pillow's header parse belong on a thread."""
+    if modality != "image":
+        return False
+    from .codecs import image
+
+    return image.probe_is_instant(data)
 
 
 def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
-         item_id: str | None = None, **spec) -> LazyMedia:
+         item_id: str | None = None, **spec) -> LazyMedia[Any]:
     """An undecoded handle over `data` (encoded bytes, or a pathlib.Path to read) as `modality`
     ('image', 'video' or 'audio'), decoded under the spec settings `spec`.
 
@@ -365,7 +392,8 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     spec_obj = make_spec(modality, spec)
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"{len(data)} bytes exceed the {limits.max_bytes} byte limit", modality=modality)
+        raise MediaTooLargeError(f"{len(data)} bytes are over Limits.max_bytes ({limits.max_bytes}): send a "
+                                 "smaller file, or raise the limit", modality=modality)
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
@@ -381,7 +409,7 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
 def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, int] = (255, 255, 255),
                apply_orientation: bool = True, size: tuple[int, int] | None = None, resample: str = "bicubic",
                draft: bool = False, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
-               item_id: str | None = None) -> LazyMedia:
+               item_id: str | None = None) -> LazyMedia[torch.Tensor]:
     """An undecoded image (JPEG, PNG, GIF, WebP, and BMP, TIFF, ICO, PPM, ... as Pillow reads
     them) from encoded bytes or a pathlib.Path.
 
@@ -396,16 +424,16 @@ def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, in
                 apply_orientation=apply_orientation, size=size, resample=resample, draft=draft)
 
 
-def load_video(data, *, num_frames: int | None = None, fps: float | None = None, max_frames: int | None = None,
-               max_duration: float = 300.0, sampler: str = "uniform", size: tuple[int, int] | None = None,
-               decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS, key: str | None = None,
-               item_id: str | None = None) -> LazyMedia:
+def load_video(data, *, num_frames: int | None = DEFAULT_NUM_FRAMES, fps: float | None = None,
+               max_frames: int | None = None, max_duration: float = 300.0, sampler: str = "uniform",
+               size: tuple[int, int] | None = None, decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS,
+               key: str | None = None, item_id: str | None = None) -> LazyMedia[VideoFrames]:
     """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
 
     Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
     and transformers-style metadata they came from. Frames are chosen as vLLM's loaders choose
-    them: num_frames spread over the clip (np.linspace, truncated), capped by duration x fps
-    when fps is given too; neither means every frame. sampler: "uniform" (that rule),
+    them: num_frames (default 32, vLLM's; None for every frame) spread over the clip
+    (np.linspace, truncated), capped by duration x fps when fps is given too. sampler: "uniform" (that rule),
     "dynamic" (vLLM's: every 1/fps s up to max_duration seconds), "rounded", or one added with
     lazymedia.register_sampler. max_frames: thin to at most this many. size: (height, width)
     to scale to while decoding. decoder: "pyav" or "opencv".
@@ -414,12 +442,13 @@ def load_video(data, *, num_frames: int | None = None, fps: float | None = None,
                 max_frames=max_frames, max_duration=max_duration, sampler=sampler, size=size, decoder=decoder)
 
 
-def load_audio(data, *, sample_rate: int | None = None, mono: bool = False, limits: Limits = DEFAULT_LIMITS,
-               key: str | None = None, item_id: str | None = None) -> LazyMedia:
+def load_audio(data, *, sample_rate: int | None = None, mono: bool = True, limits: Limits = DEFAULT_LIMITS,
+               key: str | None = None, item_id: str | None = None) -> LazyMedia[AudioSamples]:
     """An undecoded audio file (WAV, FLAC, MP3, Ogg, ...) from encoded bytes or a pathlib.Path.
 
     Decodes to `AudioSamples`: samples float32 [channels, samples] and the sample rate.
-    sample_rate: resample to this rate (None keeps the source's); mono: average the channels.
+    sample_rate: resample to this rate (None keeps the source's); mono: average the channels
+    (the default, as vLLM's loaders do; mono=False keeps them).
     """
     return load("audio", data, limits=limits, key=key, item_id=item_id, sample_rate=sample_rate, mono=mono)
 
@@ -434,24 +463,27 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     if not isinstance(text, (str, bytes, bytearray, memoryview)):
         raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
     if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # before any copy; whitespace may pad a payload
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over Limits.max_bytes "
+                                 f"({limits.max_bytes}): send a smaller file, or raise the limit")
     if isinstance(text, str):
         try:
             text = text.encode("ascii")
         except UnicodeEncodeError:
-            raise InvalidMediaError("base64 media contains non-ASCII characters") from None
+            raise InvalidMediaError("base64 media contains non-ASCII characters: send plain base64 or a data:"
+                                    " URL") from None
     text = bytes(text)
     if text[:5].lower() == b"data:":
         header, comma, text = text.partition(b",")
         if not comma:
-            raise InvalidMediaError("malformed data: URL (no comma)")
+            raise InvalidMediaError("malformed data: URL (no comma): write data:<type>;base64,<payload>")
         if not header.lower().endswith(b";base64"):
-            raise InvalidMediaError("data: URL must be base64 encoded")
+            raise InvalidMediaError("data: URL must be base64 encoded: write data:<type>;base64,<payload>")
     if any(c in text for c in _BASE64_WHITESPACE):
         text = text.translate(None, _BASE64_WHITESPACE)
     if len(text) // 4 * 3 > limits.max_bytes + 3:
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters exceeds the {limits.max_bytes} byte limit")
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over Limits.max_bytes "
+                                 f"({limits.max_bytes}): send a smaller file, or raise the limit")
     try:
         return pybase64.b64decode(text, validate=True)  # SIMD decoder; validate rejects stray characters
     except (binascii.Error, ValueError, TypeError) as exc:
-        raise InvalidMediaError(f"invalid base64: {exc}") from None
+        raise InvalidMediaError(f"invalid base64 ({exc}): send standard base64 (A-Z a-z 0-9 + /, = padding)") from None

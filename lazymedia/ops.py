@@ -7,8 +7,10 @@ uint8 HWC images, uint8 2-D YUV planes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -17,6 +19,9 @@ from . import _C
 
 _ALL_CORES = len(os.sched_getaffinity(0))
 _thread_settings = threading.local()
+# Set in isolation workers: the process never initialises CUDA (no pinned buffers, which would
+# create a CUDA context, about 0.5 GiB of device memory, in every worker).
+NO_CUDA_ENV = "LAZYMEDIA_NO_CUDA"
 
 
 def use_one_kernel_thread() -> None:
@@ -28,6 +33,37 @@ def use_one_kernel_thread() -> None:
 def kernel_threads() -> int:
     """Threads a kernel called from this thread splits its rows across (default: every core)."""
     return getattr(_thread_settings, "threads", _ALL_CORES)
+
+
+def cuda_forbidden() -> bool:
+    """Whether this process must not touch CUDA (an isolation worker)."""
+    return os.environ.get(NO_CUDA_ENV) == "1"
+
+
+@contextlib.contextmanager
+def own_stream(device: torch.device) -> Iterator[Callable[[list], None]]:
+    """Runs the block on this thread's own CUDA stream of `device`, not the caller's: a decode
+    then never waits for a model's queued work (nvJPEG's hardware path waits for everything on
+    the stream it is given). Yields `handover(tensors)`, to call at the end: it waits for the
+    stream and marks the tensors as used by the caller's stream, so the caching allocator does
+    not give their memory to this stream's next decode while the caller still reads them."""
+    if device.type != "cuda":
+        yield lambda tensors: None
+        return
+    caller = torch.cuda.current_stream(device)
+    streams = _thread_settings.__dict__.setdefault("streams", {})
+    if device.index not in streams:
+        streams[device.index] = torch.cuda.Stream(device)
+    stream = streams[device.index]
+
+    def handover(tensors: list) -> None:
+        stream.synchronize()
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                tensor.record_stream(caller)
+
+    with torch.cuda.stream(stream):
+        yield handover
 
 
 def _on_gpu(tensor) -> bool:
@@ -163,7 +199,7 @@ class HostBufferPool:
     the pool when the last tensor viewing it is freed."""
 
     def __init__(self, max_cached_bytes: int = 1 << 30, pinned: bool = True):
-        self._pool = _C.HostBufferPool(max_cached_bytes, pinned)
+        self._pool = _C.HostBufferPool(max_cached_bytes, pinned and not cuda_forbidden())
 
     @property
     def pinned(self) -> bool:
@@ -184,4 +220,6 @@ class HostBufferPool:
 
 def pinned_memory_available() -> tuple[bool, str]:
     """(available, reason): whether page-locked host memory can be allocated in this process."""
+    if cuda_forbidden():
+        return False, f"{NO_CUDA_ENV}=1 (an isolation worker: no CUDA context)"
     return _C.pinned_memory_available()

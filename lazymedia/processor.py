@@ -1,14 +1,17 @@
 """Processor: two-phase, cache-aware application of a model's media processor.
 
 Phase 1 (CPU, cheap): key every item, look it up, and submit decodes of the misses only; hits
-release their bytes at once and are never decoded. Phase 2: run `process_fn` on the decoded
-misses, write the cache, and merge with the hits in request order. A request whose items all
-hit finishes in phase 1, on the caller.
+are never decoded. Phase 2: run `process_fn` on the decoded misses, write the cache, and merge
+with the hits in request order. A request whose items all hit finishes in phase 1, on the caller.
+A handle's encoded bytes are dropped only once its decode stands in for them: a hit keeps them,
+so the same handle can still miss in another Processor (another namespace or cache) and decode.
 
 Single-flight: the first request to miss on a key leads it (decodes and processes); concurrent
-requests missing on the same key follow, waiting on the leader's future. A leader that fails
-for a reason other than the item itself (cancellation, a failure in its batch) abandons the key
-and its followers retry.
+requests missing on the same key follow, waiting on the leader's future. A leader whose item is
+bad (a 4xx) publishes the error to its followers; a leader that fails for any other reason
+(cancellation before phase 2, a failure in its batch, a 5xx such as no memory right now) abandons
+the key and its followers retry. A leader cancelled during phase 2 still finishes it (on the
+phase-2 thread) and publishes, so `process_fn` never runs twice for one miss.
 
 With a shared tier (cache=TieredCache(local, RedisCache(...))) single-flight spans processes:
 a leader first reads the shared tier, then takes the key's lease before decoding; a key another
@@ -46,11 +49,10 @@ class _Plan:
     decodes: dict[str, Future] = field(default_factory=dict)
     leases: dict[str, str] = field(default_factory=dict)  # key -> shared-tier lease token ("" = none)
     remote: list[str] = field(default_factory=list)  # keys another process is decoding
-    settled: list[int] = field(default_factory=list)  # indices the shared tier answered
 
 
 # The asyncio twins of the shared tier's calls (see Processor._shared_steps).
-_ASYNC_CALLS = {"get_many": "aget_many", "try_lease": "atry_lease", "wait_for": "await_for"}
+_ASYNC_CALLS = {"get_many": "aget_many", "try_lease": "atry_lease", "wait_for": "await_for", "release": "arelease"}
 
 
 class Processor:
@@ -119,6 +121,7 @@ class Processor:
         else:
             plan = self._plan(items)
         if plan.leaders:
+            phase2 = None
             try:
                 if self._shared is not None:
                     await self._run_shared_async(self._shared_steps(plan))
@@ -127,16 +130,22 @@ class Processor:
                     await self._run_shared_async(self._remote_steps(plan))
                     self._submit_decodes(plan)
                 await _wait_all(list(plan.decodes.values()))
-                # Shielded: if this request is cancelled now, phase 2 still publishes for followers.
                 if plan.leaders:
-                    await _shielded(self._phase2().submit(self._finish, plan))
+                    # Phase 2 and its cleanup run to their end on the phase-2 thread even if this
+                    # request is cancelled now: followers get the result, process_fn runs once.
+                    phase2 = self._phase2().submit(self._finish_and_clean_up, plan)
+                    await _shielded(phase2)
             except BaseException:
-                for future in plan.decodes.values():
-                    future.cancel()
-                await _drain(list(plan.decodes.values()))
+                if phase2 is None:
+                    for future in plan.decodes.values():
+                        future.cancel()
+                    await _drain(list(plan.decodes.values()))
                 raise
             finally:
-                self._drain_and_abandon(plan)  # every decode has finished here, so this never blocks
+                if phase2 is None:  # every decode has finished here, so this never blocks
+                    self._abandon(plan)
+                    if plan.leases:  # on the asyncio client, to its end even if cancelled again
+                        await asyncio.shield(self._run_shared_async(self._lease_releases(plan)))
         try:
             if plan.followers:
                 await _wait_all([future for future, _ in plan.followers.values()])
@@ -159,7 +168,6 @@ class Processor:
         with nvtx_range("lazymedia.hash"):
             keys = [self.cache_key(item) for item in items]
         plan = _Plan(items, [None] * len(items))
-        hits: list[int] = []
         with nvtx_range("lazymedia.lookup"):
             for index, key in enumerate(keys):
                 if key in plan.leaders:
@@ -177,19 +185,11 @@ class Processor:
                         self._inflight[key] = led
                 if found:
                     plan.results[index] = value
-                    hits.append(index)
                 elif joined is None:
                     plan.leaders[key] = [index]
                     plan.leader_futures[key] = led
                 else:
                     plan.followers[key] = (joined, [index])
-        # Hits never decode, so their bytes go now, unless a miss in this request shares them
-        # (a handle and a map() of it).
-        misses = list(plan.leaders.values()) + [indices for _, indices in plan.followers.values()]
-        needed = {id(items[indices[0]].root) for indices in misses}
-        for index in hits:
-            if id(items[index].root) not in needed:
-                items[index].release_bytes()
         return plan
 
     def _submit_decodes(self, plan: _Plan) -> None:
@@ -239,7 +239,6 @@ class Processor:
                 continue
             self._publish(plan, key, value=value)
             self._fill(plan, indices, value)
-            plan.settled.extend(indices)
 
     def _run_shared(self, steps) -> None:
         result = None
@@ -270,9 +269,11 @@ class Processor:
                 failures.append((self._decoding_index(plan, key), key, error))
         if failures:
             for _, key, exc in failures:
-                # The item itself is bad: followers get the error too. An id this request could
-                # not resolve is abandoned instead: a follower may hold the media itself.
-                if isinstance(exc, MediaError) and not isinstance(exc, MediaNotCachedError):
+                # The item itself is bad (a 4xx): followers get the error too. A 5xx (no memory
+                # right now, a handle this request's server code released) is not the item's
+                # fault, and an id this request could not resolve may be held by a follower:
+                # those keys are abandoned and the followers retry.
+                if isinstance(exc, MediaError) and exc.status_code < 500 and not isinstance(exc, MediaNotCachedError):
                     self._publish(plan, key, error=exc)
                     self._release_lease(plan, key)
             index, _, exc = min(failures, key=lambda failure: failure[0])
@@ -307,18 +308,38 @@ class Processor:
             else:
                 future.set_exception(error)
 
+    def _finish_and_clean_up(self, plan: _Plan) -> None:
+        """apply_async's phase 2 on the phase-2 thread: its cleanup (a blocking lease release
+        included) happens there too, after phase 2, whether or not the request still waits."""
+        try:
+            self._finish(plan)
+        finally:
+            self._drain_and_abandon(plan)
+
     def _drain_and_abandon(self, plan: _Plan) -> None:
-        """Cleanup on every path: cancels queued decodes, waits for running ones, hands unresolved
-        keys back to their followers and frees the leaders' bytes."""
+        """Cleanup on every path of apply: `_abandon`, then the leases go (another process may
+        take the keys over at once)."""
+        self._abandon(plan)
+        for key in list(plan.leases):
+            self._release_lease(plan, key)
+
+    def _abandon(self, plan: _Plan) -> None:
+        """Cancels queued decodes, waits for running ones, hands unresolved keys back to their
+        followers and frees the bytes of the leaders that decoded."""
         for future in plan.decodes.values():
             future.cancel()
         wait_futures(plan.decodes.values())
         for key, future in plan.leader_futures.items():
             if not future.done():
                 self._publish(plan, key, error=_Abandoned(key))
-        for key in list(plan.leases):
-            self._release_lease(plan, key)  # another process may take the key over at once
-        self._release(plan, [index for indices in plan.leaders.values() for index in indices] + plan.settled)
+        self._release(plan, [index for indices in plan.leaders.values() for index in indices])
+
+    def _lease_releases(self, plan: _Plan):
+        """The leases' releases as shared-tier calls, for apply_async's asyncio client."""
+        while plan.leases:
+            key, token = plan.leases.popitem()
+            if token and self._shared is not None:
+                yield ("release", key, token)
 
     def _release_lease(self, plan: _Plan, key: str) -> None:
         token = plan.leases.pop(key, "")
@@ -347,8 +368,12 @@ class Processor:
 
     @staticmethod
     def _release(plan: _Plan, indices: list[int]) -> None:
+        """Drops the bytes of the handles whose decode now stands in for them; the others (not
+        decoded here, or failed) keep theirs for whichever processor meets them next."""
         for index in indices:
-            plan.items[index].release_bytes()
+            item = plan.items[index]
+            if item.root.is_decoded:
+                item.release_bytes()
 
     @staticmethod
     def _decodable(plan: _Plan, indices: list[int]) -> int | None:
@@ -404,6 +429,7 @@ def _all_done(futures: list[Future]) -> Future:
     Awaiting it instead of each wrapped future leaves no asyncio future whose exception nobody
     retrieves, so corrupt items log nothing."""
     done: Future = Future()
+    done.set_running_or_notify_cancel()  # a cancelled waiter must not cancel it: set_result would raise
     remaining = [len(futures)]
     lock = threading.Lock()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
+import numbers
 from dataclasses import dataclass
 
 from .errors import InvalidMediaError, MediaTooLargeError
@@ -37,16 +39,60 @@ class Spec:
 MAX_SIDE = 1 << 16
 
 
-def _check_size(size):
+def _refuse(option: str, accepted: str, value, modality: str, hint: str = "") -> InvalidMediaError:
+    return InvalidMediaError(f"{option} must be {accepted}, got {value!r}{hint}", modality=modality)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _flag(option: str, value, modality: str) -> bool:
+    """A bool option: True or False only ('no', 0 or None would be coerced silently)."""
+    if not isinstance(value, bool):
+        raise _refuse(option, "True or False", value, modality)
+    return value
+
+
+def _choice(option: str, value, choices: tuple, modality: str):
+    if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
+        raise _refuse(option, f"one of {choices}", value, modality)
+    return value
+
+
+def _count(option: str, value, modality: str, none_means: str) -> int | None:
+    """A positive int or None (`none_means`); -1, vLLM's spelling of "all", is pointed to None."""
+    if value is None:
+        return None
+    if not _is_int(value) or value <= 0:
+        hint = f" (vLLM's -1 for {none_means} is None here)" if _is_int(value) and value < 0 else ""
+        raise _refuse(option, f"a positive int, or None for {none_means}", value, modality, hint)
+    return int(value)
+
+
+def _positive(option: str, value, modality: str, none_means: str | None = None) -> float | None:
+    if value is None and none_means is not None:
+        return None
+    if not _is_real(value) or not value > 0:
+        accepted = "a positive number" + (f", or None for {none_means}" if none_means else "")
+        raise _refuse(option, accepted, value, modality)
+    return float(value)
+
+
+def _check_size(size, modality: str):
     if size is None:
         return None
-    try:
-        height, width = (int(v) for v in size)
-    except (TypeError, ValueError):
-        raise InvalidMediaError(f"size must be (height, width), got {size!r}") from None
-    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE):
-        raise InvalidMediaError(f"size sides must be in 1..{MAX_SIDE}, got {size!r}")
-    return (height, width)
+    accepted = f"(height, width), two ints in 1..{MAX_SIDE}, or None for the source's size"
+    if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
+        raise _refuse("size", accepted, size, modality)
+    height, width = size
+    if not (_is_int(height) and _is_int(width) and 0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE):
+        raise _refuse("size", accepted, size, modality)
+    return (int(height), int(width))
 
 
 @dataclass(frozen=True)
@@ -68,34 +114,34 @@ class ImageSpec(Spec):
     draft: bool = False
 
     def __post_init__(self):
-        if self.mode not in IMAGE_MODES:
-            raise InvalidMediaError(f"mode must be one of {IMAGE_MODES}, got {self.mode!r}")
-        if self.resample not in RESAMPLE_FILTERS:
-            raise InvalidMediaError(f"resample must be one of {RESAMPLE_FILTERS}, got {self.resample!r}")
-        try:
-            background = tuple(int(v) for v in self.background)
-        except (TypeError, ValueError):
-            background = ()
-        if len(background) != 3 or not all(0 <= v <= 255 for v in background):
-            raise InvalidMediaError(f"background must be three values in 0..255, got {self.background!r}")
-        object.__setattr__(self, "background", background)
-        object.__setattr__(self, "apply_orientation", bool(self.apply_orientation))
-        object.__setattr__(self, "size", _check_size(self.size))
-        object.__setattr__(self, "draft", bool(self.draft))
+        _choice("mode", self.mode, IMAGE_MODES, "image")
+        _choice("resample", self.resample, RESAMPLE_FILTERS, "image")
+        background = self.background
+        if (isinstance(background, (str, bytes)) or not hasattr(background, "__len__") or len(background) != 3
+                or not all(_is_int(v) and 0 <= v <= 255 for v in background)):
+            raise _refuse("background", "three ints in 0..255 (an RGB colour)", background, "image")
+        object.__setattr__(self, "background", tuple(int(v) for v in background))
+        _flag("apply_orientation", self.apply_orientation, "image")
+        object.__setattr__(self, "size", _check_size(self.size, "image"))
+        _flag("draft", self.draft, "image")
+
+
+# vLLM's VideoMediaIO default: 32 frames spread over the clip (fewer when the clip is shorter).
+DEFAULT_NUM_FRAMES = 32
 
 
 @dataclass(frozen=True)
 class VideoSpec(Spec):
     """Which frames come back, chosen by the named `sampler` (codecs.sampling; the default,
-    "uniform", is vLLM's): `num_frames` spread over the clip, capped by duration x `fps` when fps
-    is given too; "dynamic" samples at `fps` up to `max_duration` seconds. `max_frames` thins
-    any choice further. `size` resizes each frame to (height, width) while decoding. `decoder`
-    picks the CPU reader, "pyav" or "opencv" (their YUV conversions and scalers differ
-    slightly, so it is part of the key)."""
+    "uniform", is vLLM's): `num_frames` (default 32, vLLM's; None for every frame) spread over
+    the clip, capped by duration x `fps` when fps is given too; "dynamic" samples at `fps` up to
+    `max_duration` seconds. `max_frames` thins any choice further. `size` resizes each frame to
+    (height, width) while decoding. `decoder` picks the CPU reader, "pyav" or "opencv" (their
+    YUV conversions and scalers differ slightly, so it is part of the key)."""
 
     modality = "video"
 
-    num_frames: int | None = None
+    num_frames: int | None = DEFAULT_NUM_FRAMES
     fps: float | None = None
     max_frames: int | None = None
     max_duration: float = 300.0
@@ -104,39 +150,46 @@ class VideoSpec(Spec):
     decoder: str = "pyav"
 
     def __post_init__(self):
-        if self.decoder not in VIDEO_DECODERS:
-            raise InvalidMediaError(f"decoder must be one of {VIDEO_DECODERS}, got {self.decoder!r}")
-        if self.num_frames is not None and int(self.num_frames) <= 0:
-            raise InvalidMediaError("num_frames must be positive")
-        if self.fps is not None and not float(self.fps) > 0:
-            raise InvalidMediaError("fps must be positive")
-        if self.max_frames is not None and int(self.max_frames) <= 0:
-            raise InvalidMediaError("max_frames must be positive")
-        if not float(self.max_duration) > 0:
-            raise InvalidMediaError("max_duration must be positive")
+        _choice("decoder", self.decoder, VIDEO_DECODERS, "video")
+        object.__setattr__(self, "num_frames", _count("num_frames", self.num_frames, "video", "every frame"))
+        object.__setattr__(self, "fps", _positive("fps", self.fps, "video", "no rate cap"))
+        object.__setattr__(self, "max_frames", _count("max_frames", self.max_frames, "video", "no cap"))
+        object.__setattr__(self, "max_duration", _positive("max_duration", self.max_duration, "video"))
         if not isinstance(self.sampler, str) or not self.sampler:
-            raise InvalidMediaError("sampler must be the name of a registered sampler")
-        object.__setattr__(self, "num_frames", None if self.num_frames is None else int(self.num_frames))
-        object.__setattr__(self, "fps", None if self.fps is None else float(self.fps))
-        object.__setattr__(self, "max_frames", None if self.max_frames is None else int(self.max_frames))
-        object.__setattr__(self, "max_duration", float(self.max_duration))
-        object.__setattr__(self, "size", _check_size(self.size))
+            raise _refuse("sampler", "the name of a registered sampler (\"uniform\", \"dynamic\", \"rounded\", or "
+                          "one added with lazymedia.register_sampler)", self.sampler, "video")
+        object.__setattr__(self, "size", _check_size(self.size, "video"))
 
 
 @dataclass(frozen=True)
 class AudioSpec(Spec):
-    """sample_rate: resample to this rate (None keeps the source rate); mono: average channels."""
+    """sample_rate: resample to this rate (None keeps the source rate, as vLLM does); mono:
+    average the channels (default True, as vLLM's loaders do; False keeps every channel)."""
 
     modality = "audio"
 
     sample_rate: int | None = None
-    mono: bool = False
+    mono: bool = True
 
     def __post_init__(self):
-        if self.sample_rate is not None and int(self.sample_rate) <= 0:
-            raise InvalidMediaError("sample_rate must be positive")
-        object.__setattr__(self, "sample_rate", None if self.sample_rate is None else int(self.sample_rate))
-        object.__setattr__(self, "mono", bool(self.mono))
+        object.__setattr__(self, "sample_rate",
+                           _count("sample_rate", self.sample_rate, "audio", "the source's rate"))
+        _flag("mono", self.mono, "audio")
+
+
+def format_bytes(nbytes: float) -> str:
+    """A byte count as people read it (1.5 GiB), for error messages."""
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+# What lowers an item's decoded size, per modality (named in a 413 for Limits.max_decoded_bytes).
+_SMALLER_OUTPUT = {"image": "pass size=(height, width)",
+                   "video": "ask for fewer frames (num_frames, fps, max_frames) or smaller ones (size)",
+                   "audio": "pass mono=True or a lower sample_rate"}
 
 
 @dataclass(frozen=True)
@@ -146,8 +199,19 @@ class Limits:
     max_bytes: encoded bytes of one item. max_decoded_bytes: what one item decodes to, computed
     from the header and the spec before anything is allocated (image: height x width x channels
     of the output; video: sampled frames x output height x width x 3; audio: channels x samples
-    at the output rate x 4); unlike a compression ratio, padding the file cannot move it.
-    max_pixels: area of one source image or video frame (what a decoder holds while it works).
+    at the output rate x 4), plus the decoder's working memory below; unlike a compression ratio,
+    padding the file cannot move it. max_pixels: area of one source image or video frame (what a
+    decoder holds while it works). max_working_bytes: what a decoder holds besides its output,
+    as the header declares it: a progressive or multi-scan JPEG's coefficient buffer (2 bytes
+    per sample of every component), the audio resampler's state, the demuxer's sample index of
+    a video container. 32 MiB keeps every decode within 1.25 x its output + 32 MB (a progressive
+    JPEG holds coefficients of up to twice its output's size); it refuses progressive JPEGs past
+    about 11 M pixels (4:2:0; 5.6 M at 4:4:4) and containers indexing more than 524 k samples
+    (an hour at 145 frames per second). max_jpeg_scans: scans of one JPEG (each is a pass over the whole
+    coefficient buffer; libjpeg's own progressions use at most 10, mozjpeg's a few more;
+    libjpeg-turbo's TJPARAM_SCANLIMIT exists for the same attack). max_audio_channels: channels
+    of one audio stream (64: FFmpeg's resampler takes at most 64 (SWR_CH_MAX); 22.2 sound is
+    24, seventh-order ambisonics 64).
     """
 
     max_bytes: int = 64 << 20
@@ -156,13 +220,22 @@ class Limits:
     max_video_seconds: float = 3600.0
     max_video_frames: int = 1_000_000
     max_audio_seconds: float = 3600.0
+    max_working_bytes: int = 32 << 20
+    max_jpeg_scans: int = 100
+    max_audio_channels: int = 64
 
-    def check_decoded(self, nbytes: int, modality: str, what: str) -> None:
+    def check_decoded(self, nbytes: int, modality: str, what: str, working_bytes: int = 0) -> None:
         """Refuses (413) an item whose decoded output, `what` (e.g. "8 frames of 1920x1080"),
-        would take `nbytes`."""
-        if nbytes > self.max_decoded_bytes:
-            raise MediaTooLargeError(f"{what} decode to {nbytes} bytes, over the {self.max_decoded_bytes} byte "
-                                     f"limit of one item", modality=modality)
+        would take `nbytes` while the decoder holds `working_bytes` besides it."""
+        if working_bytes > self.max_working_bytes:
+            raise MediaTooLargeError(f"decoding {what} needs {format_bytes(working_bytes)} of working memory, over "
+                                     f"Limits.max_working_bytes ({format_bytes(self.max_working_bytes)}): "
+                                     f"{_SMALLER_OUTPUT[modality]}, or raise the limit", modality=modality)
+        if nbytes + working_bytes > self.max_decoded_bytes:
+            raise MediaTooLargeError(f"{what} decode to {format_bytes(nbytes)}" +
+                                     (f" (+{format_bytes(working_bytes)} working)" if working_bytes else "") +
+                                     f", over Limits.max_decoded_bytes ({format_bytes(self.max_decoded_bytes)}): "
+                                     f"{_SMALLER_OUTPUT[modality]}, or raise the limit", modality=modality)
 
 
 DEFAULT_LIMITS = Limits()
@@ -170,7 +243,7 @@ DEFAULT_LIMITS = Limits()
 
 @functools.lru_cache(maxsize=512)
 def _cached_spec(spec_cls, items: tuple):
-    return spec_cls(**dict(items))
+    return spec_cls(**{name: value for name, value, _ in items})
 
 
 SPEC_TYPES = {"image": ImageSpec, "video": VideoSpec, "audio": AudioSpec}
@@ -187,16 +260,18 @@ def spec_type(modality: str) -> type:
 def make_spec(modality: str, settings: dict) -> Spec:
     """A spec from keyword settings; repeated settings share one validated instance, so the
     per-request cost of a spec is a dictionary lookup. Unknown or malformed settings are
-    rejected input (InvalidMediaError, 400)."""
+    rejected input (InvalidMediaError, 400) naming the setting and what it accepts."""
     spec_cls = spec_type(modality)
+    known = [field.name for field in dataclasses.fields(spec_cls)]
+    unknown = sorted(str(name) for name in settings if name not in known)
+    if unknown:
+        raise InvalidMediaError(f"unknown {modality} setting {unknown[0]!r}: the settings are {', '.join(known)}",
+                                modality=modality)
+    # The value's type is part of the cache key: 1 == 1.0 == True would otherwise share one spec.
+    items = tuple(sorted((name, value, type(value)) for name, value in settings.items()))
     try:
-        try:
-            return _cached_spec(spec_cls, tuple(sorted(settings.items())))
-        except TypeError as exc:
-            if "unhashable" not in str(exc):
-                raise
-            return spec_cls(**settings)  # unhashable values (a list for size): validate and build a fresh one
-    except InvalidMediaError:
-        raise
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidMediaError(f"invalid {modality} spec: {exc}", modality=modality) from None
+        return _cached_spec(spec_cls, items)
+    except TypeError as exc:
+        if "unhashable" not in str(exc):
+            raise
+        return spec_cls(**settings)  # unhashable values (a list for size): validate and build a fresh one

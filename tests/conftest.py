@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU with a driver")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # not `in keywords`: a folder named gpu is a keyword
             item.add_marker(skip)
 
 

@@ -86,7 +86,7 @@ def test_values_round_trip_with_ttl_size_cap_and_namespace(server):
     assert found["k1"]["meta"] == ("x", 3, None) and found["k1"]["grid"].tolist() == [[1, 2, 2]]
     assert 0 < server.client().pttl("lazymedia:model-a:k1") <= 60_000
     assert RedisCache(server.url, namespace="model-b").get_many(["k1"]) == {}  # namespaces stay apart
-    assert not cache.put("big", torch.zeros(1 << 20))  # over max_entry_bytes: not written
+    assert not cache.put("big", torch.randn(1 << 20))  # over max_entry_bytes: not written
     assert not cache.put("odd", object())  # a type the tier cannot hold: kept local
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.writes, stats.oversized, stats.unserializable) == (1, 1, 1, 1, 1)
@@ -144,6 +144,79 @@ async def test_two_processors_share_decodes_sync_and_async(server):
     engine.shutdown()
 
 
+@requires_redis_server
+async def test_apply_async_never_calls_the_blocking_client_on_the_event_loop(server, monkeypatch):
+    """Every path that ends a lease (processed, corrupt, cancelled mid-decode, settled by a value
+    that landed after the lease) releases it without a blocking call on the loop thread, and
+    leaves no lease behind."""
+    import asyncio
+    import threading
+
+    from lazymedia.cache import RedisCache, TieredCache
+    from lazymedia.codecs import image as image_codec
+
+    loop_thread = threading.current_thread()
+    shared = RedisCache(server.url, timeout_s=10.0)
+    on_loop = []
+
+    def recorded(name):
+        real = getattr(shared, name)
+
+        def recording(*args):
+            if threading.current_thread() is loop_thread:
+                on_loop.append(name)
+            return real(*args)
+        return recording
+
+    for name in ("get_many", "put", "try_lease", "release", "wait_for", "delete"):
+        monkeypatch.setattr(shared, name, recorded(name))
+    entered, proceed = threading.Event(), threading.Event()
+    decode = image_codec.decode
+
+    def gated(*args, **kwargs):
+        if gated.hold:
+            entered.set()
+            assert proceed.wait(60)
+        return decode(*args, **kwargs)
+
+    gated.hold = False
+    monkeypatch.setattr(image_codec, "decode", gated)
+    engine = lazymedia.DecodeEngine(max_workers=2, isolate=())
+    processor = lazymedia.Processor(mean_pixels, cache=TieredCache(ProcessorCache(), shared), engine=engine)
+    images = [jpeg(32, 48, seed=s) for s in range(4)]
+    client = server.client()
+    try:
+        await processor.apply_async([lazymedia.load_image(images[0])])  # processed: phase 2 releases
+        with pytest.raises(lazymedia.UnprocessableMediaError):
+            await processor.apply_async([lazymedia.load_image(images[1][:300])])  # corrupt
+        gated.hold = True
+        task = asyncio.create_task(processor.apply_async([lazymedia.load_image(images[2])]))
+        assert await asyncio.to_thread(entered.wait, 60)
+        assert client.keys("lazymedia::*:lease")  # held while it decodes
+        task.cancel()
+        proceed.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gated.hold = False
+        # A value that lands between the first read and the lease: the re-read settles the key.
+        other = RedisCache(server.url)
+        real_lease = shared.atry_lease
+
+        async def lease_then_land(key):
+            token = await real_lease(key)
+            other.put(key, {"mean": torch.zeros(3), "shape": torch.tensor([32, 48, 3])})
+            return token
+
+        monkeypatch.setattr(shared, "atry_lease", lease_then_land)
+        settled = await processor.apply_async([lazymedia.load_image(images[3])])
+        assert settled[0]["mean"].tolist() == [0, 0, 0]
+    finally:
+        proceed.set()
+        engine.shutdown()
+    assert on_loop == [] and client.keys("lazymedia::*:lease") == []
+    assert shared.stats().leases == 4 and shared.stats().fallbacks == 0
+
+
 WORKER = textwrap.dedent("""
     import asyncio, json, sys, time
     import torch
@@ -160,7 +233,9 @@ WORKER = textwrap.dedent("""
         time.sleep(delay)  # a slow processor: the others must wait for it, not redo it
         return [{"mean": t.float().mean(dim=(0, 1))} for t in decoded]
 
-    processor = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), RedisCache(url, lease_s=lease_s)),
+    # timeout_s: generous, so a loaded machine cannot turn slow calls into faults (and local decodes)
+    shared = RedisCache(url, lease_s=lease_s, timeout_s=10.0)
+    processor = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), shared),
                                     engine=lazymedia.DecodeEngine(max_workers=2))
     images = [jpeg(32, 48, seed=s) for s in range(count)]
     counter.incr("test:ready")
@@ -200,6 +275,7 @@ def test_four_processes_decode_each_item_once(server):
         out, err = worker.communicate(timeout=180)
         assert worker.returncode == 0, err[-3000:]
         reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(report["stats"]["fallbacks"] for report in reports) == 0
     assert int(server.client().get("test:processed")) == 16
     assert all(report["means"] == reports[0]["means"] for report in reports)
     # Every key leased at least once; a process whose first read missed can still take a lease

@@ -162,7 +162,8 @@ def test_a_bomb_is_a_413_not_a_guessed_video(tmp_path, capsys):
 def test_non_media_is_one_plain_line(files, capsys):
     assert main(["decode", str(files[2])]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.endswith("not an image, video or audio file (HTTP 400)") and "errno" not in err.lower()
+    assert err.endswith("not an image, video or audio file lazymedia reads (--modality says which one it is, "
+                        "if it is) (HTTP 400)") and "errno" not in err.lower()
     assert len(err.splitlines()) == 1
 
 

@@ -16,7 +16,7 @@ from conftest import corpus_bytes, corpus_params
 
 @pytest.mark.parametrize("row", corpus_params("audio", {"decodes"}))
 def test_corpus_audio_decodes(row):
-    item = lazymedia.load_audio(corpus_bytes(row))
+    item = lazymedia.load_audio(corpus_bytes(row), mono=False)
     samples = item.media
     assert samples.samples.dtype.is_floating_point and samples.samples.ndim == 2
     assert samples.samples.shape[0] == item.header.channels
@@ -37,7 +37,7 @@ def test_corpus_bad_audio_fails_typed_or_decodes(row):
 
 def test_resample_and_mono_are_spec_settings():
     wav = make_tone(seconds=1.0, rate=16000, channels=2)
-    native = lazymedia.load_audio(wav)
+    native = lazymedia.load_audio(wav, mono=False)
     resampled = lazymedia.load_audio(wav, sample_rate=8000, mono=True)
     assert native.key != resampled.key
     assert tuple(native.media.samples.shape) == (2, 16000)
@@ -100,10 +100,10 @@ def _flac_without_total_samples(seconds=1.0, rate=16000):
 def test_flac_without_a_stored_length_decodes():
     data = _flac_without_total_samples(seconds=1.0, rate=16000)
     assert soundfile.info(io.BytesIO(data)).frames >= 1 << 62  # libsndfile: "unknown" as 2^63 - 1
-    item = lazymedia.load_audio(data)
+    item = lazymedia.load_audio(data, mono=False)
     decoded = item.media
     assert tuple(decoded.samples.shape) == (2, 16000) and decoded.sample_rate == 16000
-    expected = lazymedia.load_audio(make_tone(seconds=1.0, rate=16000, channels=2, fmt="flac")).media
+    expected = lazymedia.load_audio(make_tone(seconds=1.0, rate=16000, channels=2, fmt="flac"), mono=False).media
     np.testing.assert_allclose(decoded.samples.numpy(), expected.samples.numpy(), atol=1e-4)
     with pytest.raises(lazymedia.MediaTooLargeError):  # unknown length is not unlimited: decoding stops at the limit
         lazymedia.load_audio(data, limits=lazymedia.Limits(max_audio_seconds=0.5)).media
@@ -138,19 +138,64 @@ def test_vllm_style_mono_tuple_and_out_buffer():
     mono = lazymedia.load_audio(wav, mono=True).media
     array, rate = mono.as_tuple()
     assert array.ndim == 1 and array.shape == (4000,) and rate == 8000
-    assert lazymedia.load_audio(wav).media.numpy().shape == (2, 4000)
+    assert lazymedia.load_audio(wav, mono=False).media.numpy().shape == (2, 4000)
     out = torch.empty((2, 5000), dtype=torch.float32)
-    into = lazymedia.load_audio(wav).decode(out=out)
+    into = lazymedia.load_audio(wav, mono=False).decode(out=out)
     assert into.samples.data_ptr() == out.data_ptr() and into.samples.shape == (2, 4000)
 
 
-def test_decoded_size_budget_counts_channels_and_the_output_rate():
+def test_decoded_size_budget_counts_channels_the_output_rate_and_the_resampler():
     wav = make_tone(seconds=1.0, rate=8000, channels=4)
-    budget = lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4)
-    assert lazymedia.load_audio(wav, limits=budget).header.channels == 4
+    header = lazymedia.load_audio(wav).header
+    resampler = audio.resampler_bytes(header, lazymedia.AudioSpec(sample_rate=16000, mono=True))
+    assert resampler == audio.resampler_bytes(header, lazymedia.AudioSpec(sample_rate=16000, mono=False)) // 4 > 0
+    budget = lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4 + resampler)
+    assert lazymedia.load_audio(wav, limits=budget, mono=False).header.channels == 4
     with pytest.raises(lazymedia.MediaTooLargeError):
-        lazymedia.load_audio(wav, limits=budget, sample_rate=16000)  # twice the samples
+        # twice the samples, four resampled channels
+        lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=False)
     assert lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=True).media.samples.shape == (1, 16000)
+    with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # the output fits, not with the resampler
+        lazymedia.load_audio(wav, limits=lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4), sample_rate=16000,
+                             mono=True)
+
+
+def wav_header(channels: int, rate: int, bits: int = 16, frames: int = 0) -> bytes:
+    """A PCM WAV header (and `frames` frames of silence); the block alignment wraps at 16 bits
+    as a hostile header's may."""
+    import struct
+
+    align = channels * bits // 8 & 0xFFFF
+    body = bytes(frames * channels * bits // 8)
+    return (b"RIFF" + struct.pack("<I", 36 + len(body)) + b"WAVE" + b"fmt " +
+            struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * align, align, bits) + b"data" +
+            struct.pack("<I", len(body)) + body)
+
+
+def test_channel_cap_refuses_before_any_reader_allocates_per_channel(monkeypatch):
+    every_channel = lazymedia.load_audio(wav_header(64, 8000, frames=100), sample_rate=16000, mono=False)
+    assert every_channel.media.samples.shape == (64, 200)
+    monkeypatch.setattr(audio.soxr, "ResampleStream", lambda *args, **kwargs: pytest.fail("resampler created"))
+    for channels in (65, 1024, 65407):  # libsndfile reads <= 1024 channels, FFmpeg the rest
+        with pytest.raises(lazymedia.MediaTooLargeError, match=f"{channels} audio channels exceed the 64"):
+            lazymedia.load_audio(wav_header(channels, 65535), sample_rate=16000)
+    limits = lazymedia.Limits(max_audio_channels=128)
+    with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # 128 x 448 KiB of resampler: over 32 MiB
+        lazymedia.load_audio(wav_header(128, 8000, frames=10), sample_rate=16000, mono=False, limits=limits)
+
+
+def test_resampling_in_bounded_calls_equals_one_shot():
+    """The stream is fed so that each call yields about 2048 frames, whatever the ratio: the
+    result is soxr's one-shot result, bit for bit."""
+    import soxr
+
+    for rate, target in ((8000, 48000), (48000, 16000), (100, 16000)):
+        wav = make_tone(seconds=3.0, rate=rate, channels=2)
+        got = lazymedia.load_audio(wav, sample_rate=target).media.samples.numpy()
+        source = lazymedia.load_audio(wav).media.samples.numpy()
+        expected = soxr.resample(source.T.copy(), rate, target).T
+        assert got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_a_stream_ffmpeg_cannot_decode_is_a_422():

@@ -158,7 +158,7 @@ def test_byte_limit():
 def test_decoded_size_budget_from_the_spec():
     data = encode(np.zeros((2000, 2000, 3), dtype=np.uint8), "PNG")
     limits = lazymedia.Limits(max_decoded_bytes=2000 * 2000 * 3 - 1)
-    with pytest.raises(MediaTooLargeError, match="limit of one item"):
+    with pytest.raises(MediaTooLargeError, match="over Limits.max_decoded_bytes"):
         lazymedia.load_image(data, limits=limits)
     assert lazymedia.load_image(data, limits=limits, size=(1000, 1000)).header.width == 2000  # the output fits
     with pytest.raises(MediaTooLargeError):
@@ -275,3 +275,66 @@ def test_to_pil_shares_memory_for_l_and_rgba(jpeg_bytes):
     assert np.asarray(image)[0, 0, 0] == rgba.numpy()[0, 0, 0]  # one buffer
     rgb = lazymedia.load_image(jpeg_bytes)
     assert rgb.to_pil().mode == "RGB" and np.array_equal(np.asarray(rgb.to_pil()), rgb.numpy())
+
+
+def tiff_chain(pages: int, loop_to: int | None = None, big: bool = False) -> bytes:
+    """A TIFF of `pages` 1x1 bilevel IFDs, each pointing to the next; the last to IFD `loop_to`
+    (a loop) or nowhere. BigTIFF with `big`."""
+    count_format, entry_format, offset_format = ("<Q", "<HHQQ", "<Q") if big else ("<H", "<HHII", "<I")
+    header = b"II+\x00" + struct.pack("<HHQ", 8, 0, 16) if big else b"II*\x00" + struct.pack("<I", 8)
+    entries = b"".join(struct.pack(entry_format, tag, 4, 1, value) for tag, value in ((256, 1), (257, 1), (273, 0)))
+    size = struct.calcsize(count_format) + len(entries) + struct.calcsize(offset_format)
+    ifds = []
+    for page in range(pages):
+        following = page + 1 if page + 1 < pages else loop_to
+        ifds.append(struct.pack(count_format, 3) + entries +
+                    struct.pack(offset_format, 0 if following is None else len(header) + size * following))
+    return header + b"".join(ifds)
+
+
+def test_tiff_pages_are_counted_by_a_bounded_walk(monkeypatch):
+    """Pillow's n_frames parses every IFD and checks loops against a list (28 CPU-s for 80 k
+    pages); the probe walks the chain itself: counted, loop-safe, refused past 1024 pages."""
+    from PIL import TiffImagePlugin
+
+    multipage = encode(make_image(16, 16), "TIFF", save_all=True, append_images=[Image.new("RGB", (8, 8))] * 2)
+    monkeypatch.setattr(TiffImagePlugin.TiffImageFile, "n_frames", property(lambda self: pytest.fail("n_frames")))
+    for big in (False, True):
+        assert image_codec.probe(tiff_chain(3, big=big), lazymedia.DEFAULT_LIMITS,
+                                 lazymedia.ImageSpec()).frame_count == 3
+        assert image_codec.probe(tiff_chain(5, loop_to=1, big=big), lazymedia.DEFAULT_LIMITS,
+                                 lazymedia.ImageSpec()).frame_count == 5
+        assert image_codec.probe(tiff_chain(1024, big=big), lazymedia.DEFAULT_LIMITS,
+                                 lazymedia.ImageSpec()).frame_count == 1024
+        with pytest.raises(MediaTooLargeError, match="more than 1024 pages"):
+            lazymedia.load_image(tiff_chain(1025, big=big))
+    assert lazymedia.load_image(multipage).header.frame_count == 3
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "BMP", "PNG"])
+def test_gray_widened_to_rgb_in_place_equals_pillow(fmt):
+    data = encode(make_image(70, 90)[:, :, 0], fmt)
+    np.testing.assert_array_equal(lazymedia.load_image(data).numpy(), pillow_reference(data, "RGB"))
+
+
+def test_jpeg_scans_and_coefficients_are_limited_from_the_header(monkeypatch):
+    image = make_image(600, 800)
+    progressive = encode(image, "JPEG", quality=90, progressive=True)
+    header = lazymedia.load_image(progressive).header
+    assert header.scan_count == 10 and header.working_bytes == 1.5 * 608 * 800 * 2  # 4:2:0, whole 32-pixel MCUs
+    assert lazymedia.load_image(encode(image, "JPEG", quality=90)).header.working_bytes == 0  # one scan: rows only
+    monkeypatch.setattr(image_codec, "decode", lambda *a, **k: pytest.fail("decoded past the header"))
+    eoi = progressive.rindex(b"\xff\xd9")
+    repeated = progressive[:eoi] + progressive[progressive.rindex(b"\xff\xda"):eoi] * 91 + b"\xff\xd9"
+    with pytest.raises(MediaTooLargeError, match="101 scans, over the 100 scan limit"):
+        lazymedia.load_image(repeated)
+    with pytest.raises(MediaTooLargeError, match="working memory"):
+        lazymedia.load_image(progressive, limits=lazymedia.Limits(max_working_bytes=header.working_bytes - 1))
+
+
+def test_only_small_jpeg_and_png_probe_on_the_event_loop():
+    jpeg, png = encode(make_image(8, 8), "JPEG"), encode(make_image(8, 8), "PNG")
+    assert image_codec.probe_is_instant(jpeg) and image_codec.probe_is_instant(png)
+    assert not image_codec.probe_is_instant(jpeg + bytes(1 << 20))
+    for fmt in ("TIFF", "BMP", "GIF", "WEBP"):
+        assert not image_codec.probe_is_instant(encode(make_image(8, 8), fmt))

@@ -19,7 +19,7 @@ def h264():
 
 
 def full_decode(data):
-    return lazymedia.load_video(data).media
+    return lazymedia.load_video(data, num_frames=None).media
 
 
 @pytest.mark.parametrize("row", corpus_params("video", {"decodes"}))
@@ -40,7 +40,7 @@ def test_corpus_sampled_frames_equal_full_decode(row):
 @pytest.mark.parametrize("row", corpus_params("video", {"decodes"}))
 def test_corpus_requested_counts_come_back_in_order(row):
     data = corpus_bytes(row)
-    frames_there = lazymedia.load_video(data, size=(16, 16)).media.frames.shape[0]
+    frames_there = lazymedia.load_video(data, num_frames=None, size=(16, 16)).media.frames.shape[0]
     for requested in (1, 8, 16, 32):
         decoded = lazymedia.load_video(data, num_frames=requested, size=(16, 16)).media
         assert len(decoded.indices) == min(requested, frames_there) == decoded.frames.shape[0]
@@ -199,7 +199,7 @@ def test_edit_list_pre_roll_is_not_a_frame():
     assert item.header.total_frames == 29  # 30 samples, the first one never shown
     frames = item.media
     assert len(frames.indices) == 16 and frames.indices[-1] == 28 and frames.timestamps[0] >= 0
-    full = lazymedia.load_video(data).media
+    full = lazymedia.load_video(data, num_frames=None).media
     for slot, index in enumerate(frames.indices):
         assert torch.equal(frames.frames[slot], full.frames[index])
 
@@ -283,7 +283,7 @@ def test_hf_metadata_keys_as_vllm_fills_them(h264):
     frames = lazymedia.load_video(h264, num_frames=8).media
     assert frames.metadata == {"total_num_frames": 90, "fps": 30.0, "duration": 3.0, "video_backend": "pyav",
                                "frames_indices": frames.indices, "do_sample_frames": False}
-    every = lazymedia.load_video(h264).media
+    every = lazymedia.load_video(h264, num_frames=None).media
     assert every.metadata["do_sample_frames"] is True and every.info["codec"] == "h264"
 
 
@@ -306,3 +306,108 @@ def test_without_opencv_only_the_opencv_reader_refuses(h264, monkeypatch):
     with pytest.raises(InvalidMediaError, match="lazymedia\\[opencv\\]") as refused:
         lazymedia.load_video(h264, decoder="opencv")
     assert refused.value.status_code == 400
+
+
+def mp4_boxes(data):
+    import struct
+
+    at, boxes = 0, []
+    while at + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at:at + 8])
+        boxes.append((kind, data[at + 8:at + size]))
+        at += size
+    return boxes
+
+
+def mp4_rewrite(data, edit, trak_extra=b""):
+    """`data` with each sample-table box replaced by edit(kind, payload) (None drops it) and
+    `trak_extra` (whole boxes) appended to each trak."""
+    import struct
+
+    out = b""
+    for kind, payload in mp4_boxes(data):
+        if kind in (b"moov", b"trak", b"mdia", b"minf", b"stbl"):
+            payload = mp4_rewrite(payload, edit, trak_extra) + (trak_extra if kind == b"trak" else b"")
+        else:
+            payload = edit(kind, payload)
+        if payload is not None:
+            out += struct.pack(">I4s", 8 + len(payload), kind) + payload
+    return out
+
+
+def constant_size_tables(samples):
+    """One chunk of `samples` samples of one byte each, one tick apart; no sync or edit table."""
+    import struct
+
+    tables = {b"stsz": struct.pack(">III", 0, 1, samples), b"stts": struct.pack(">IIII", 0, 1, samples, 1),
+              b"stsc": struct.pack(">IIIII", 0, 1, 1, samples, 1), b"stss": None, b"ctts": None, b"edts": None}
+    return lambda kind, payload: tables.get(kind, payload)
+
+
+@pytest.mark.parametrize("row", [param for param in corpus_params("video", {"decodes"})
+                                 if param.values[0] is None or param.values[0]["format"] == "mp4"])
+def test_corpus_mp4_sample_tables_declare_their_frames(row):
+    """The walk reads what FFmpeg indexes: at least every frame, within the working budget."""
+    data = corpus_bytes(row)
+    header = lazymedia.load_video(data).header
+    index_bytes = video.check_sample_tables(data, lazymedia.DEFAULT_LIMITS)
+    assert header.index_bytes == index_bytes >= 64 * header.total_frames
+    assert index_bytes <= lazymedia.DEFAULT_LIMITS.max_working_bytes
+
+
+def test_pre_roll_and_fragments_are_counted_by_the_table_walk():
+    pre_roll = _clip_with_pre_roll(30)
+    assert video.check_sample_tables(pre_roll, lazymedia.DEFAULT_LIMITS) == 64 * 30  # one edit over 30 samples
+    plain = make_video(codec="libx264", frames=30, gop=4)
+    for flags in ("frag_keyframe", "frag_keyframe+empty_moov"):
+        assert video.check_sample_tables(io_remux(plain, {"movflags": flags}), lazymedia.DEFAULT_LIMITS) == 64 * 30
+
+
+def test_sample_tables_that_declare_more_than_they_hold_are_refused_before_ffmpeg(monkeypatch):
+    import struct
+
+    plain = make_video(codec="libx264", frames=30, gop=4)
+    monkeypatch.setattr(video, "_open", lambda data: pytest.fail("FFmpeg opened a refused file"))
+    # an stts declaring a million entries in 16 bytes
+    lying = mp4_rewrite(plain, lambda kind, payload: struct.pack(">III", 0, 1 << 20, 30) + payload[12:16]
+                        if kind == b"stts" else payload)
+    with pytest.raises(UnprocessableMediaError, match="stts declares 1048576 entries"):
+        lazymedia.load_video(lying)
+    # one byte-sized sample declared 2 M times: over the frame limit
+    with pytest.raises(MediaTooLargeError, match="declares 2000000 frames"):
+        lazymedia.load_video(mp4_rewrite(plain, constant_size_tables(2_000_000)))
+    # 10 k samples, within the frame limit, replayed by 1000 edits: an index over the working budget
+    edits = struct.pack(">II", 0, 1000) + struct.pack(">IiHH", 10_000, 0, 1, 0) * 1000
+    elst = struct.pack(">I4s", 8 + len(edits), b"elst") + edits
+    edts = struct.pack(">I4s", 8 + len(elst), b"edts") + elst
+    with pytest.raises(MediaTooLargeError, match="working memory"):
+        lazymedia.load_video(mp4_rewrite(plain, constant_size_tables(10_000), edts))
+
+
+def test_uncompressed_audio_beside_the_video_is_counted_by_chunk():
+    """PCM in a MOV is one constant-size sample per audio frame: FFmpeg indexes it by chunk, in
+    pieces, so 48 k samples cost a few entries, not 48 k."""
+    import io
+
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mov") as out:
+        picture = out.add_stream("mpeg4", rate=10)
+        picture.width, picture.height, picture.pix_fmt = 32, 32, "yuv420p"
+        sound = out.add_stream("pcm_s16le", rate=48000, layout="mono")
+        for i in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), i * 20, np.uint8), format="rgb24")
+            for packet in picture.encode(frame):
+                out.mux(packet)
+            chunk = av.AudioFrame.from_ndarray(np.zeros((1, 4800), np.int16), format="s16", layout="mono")
+            chunk.sample_rate, chunk.pts = 48000, i * 4800
+            for packet in sound.encode(chunk):
+                out.mux(packet)
+        for stream in (picture, sound):
+            for packet in stream.encode():
+                out.mux(packet)
+    data = buf.getvalue()
+    index_bytes = video.check_sample_tables(data, lazymedia.DEFAULT_LIMITS)
+    assert 64 * 10 < index_bytes < 64 * 1000
+    assert lazymedia.load_video(data, num_frames=4).media.frames.shape[0] == 4

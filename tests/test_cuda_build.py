@@ -1,5 +1,6 @@
 """The CUDA extension: built for sm_90 and sm_100 (+ PTX) whenever nvcc is present, importable
 and failing with typed errors on a machine without a GPU, driver or libnvjpeg."""
+import ast
 import os
 import shutil
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 
 import lazymedia
 
-from conftest import without_gpu
+from conftest import REPO, without_gpu
 
 nvcc = shutil.which("nvcc")
 requires_build = pytest.mark.skipif(nvcc is None, reason="nvcc not installed: the CUDA part is not built")
@@ -47,3 +48,17 @@ def test_import_needs_no_gpu_stack():
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_no_translation_unit_is_shared_between_the_extensions():
+    """Both extensions compiling one source share its object file under build/temp, and a
+    parallel build could link one while the other rewrites it (undefined symbols)."""
+    lists = {}
+    for node in ast.parse((REPO / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id.endswith("_SOURCES"):
+            lists[node.targets[0].id] = ast.literal_eval(node.value)
+    cpu, cuda = set(lists["CPU_SOURCES"]), set(lists["CUDA_HOST_SOURCES"]) | set(lists["CUDA_DEVICE_SOURCES"])
+    assert cpu and cuda and not cpu & cuda
+    objects = [str(Path(source).with_suffix(".o")) for source in cpu | cuda]
+    assert len(objects) == len(set(objects))

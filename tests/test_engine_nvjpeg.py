@@ -35,11 +35,28 @@ def test_nvjpeg_routing(name, gpu, reason):
     assert not nvjpeg.route(item.header, lazymedia.ImageSpec(mode="L")).gpu
 
 
+def with_adobe_segment(jpeg: bytes, transform: int) -> bytes:
+    """`jpeg` with an Adobe APP14 segment (version 100, no flags, the colour transform) after SOI."""
+    segment = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00" + bytes([transform])
+    return jpeg[:2] + segment + jpeg[2:]
+
+
+def test_rgb_coded_jpegs_go_to_the_cpu(jpeg_bytes):
+    rgb_coded = lazymedia.load_image(with_adobe_segment(jpeg_bytes, 0))
+    assert rgb_coded.header.adobe_transform == 0
+    decision = nvjpeg.route(rgb_coded.header, rgb_coded.spec)
+    assert not decision.gpu and "Adobe transform 0" in decision.reason
+    ycbcr = lazymedia.load_image(with_adobe_segment(jpeg_bytes, 1))
+    assert ycbcr.header.adobe_transform == 1 and nvjpeg.route(ycbcr.header, ycbcr.spec).gpu
+
+
 class HostDecoder:
     """Stands in for _C_cuda.NvjpegDecoder: honours the native contract (write the oriented RGB
     pixels to the out pointer) with the CPU decoder, and refuses progressive images at run time."""
 
     hardware = True
+    upsampling_interpolated = True
+    creation_log = "stand-in"
 
     def __init__(self):
         self.calls = []
@@ -80,6 +97,7 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     resized = ops_resize_reference(items[6])
     assert torch.equal(results[6], resized)
     assert any("progressive" in r or "not supported" in r for r in backend.fallbacks)
+    assert backend.decoded == 3  # hopper_orientation_6, hopper.jpg and its resize; not 3.jpg or the corrupt one
 
 
 def ops_resize_reference(item):
@@ -182,7 +200,8 @@ def test_every_handle_is_strict_and_nvjpeg_allocates_from_a_private_pool(fakes):
     for scenario in ("hardware", "decoupled"):
         setup = fakes(scenario)[0]
         creates = [c for c in setup if c.startswith("CreateEx")]
-        assert creates and all(c.endswith("strict=1") for c in creates), setup  # bug 9: damaged data fails
+        assert creates and all("strict=1" in c for c in creates), setup  # bug 9: damaged data fails
+        assert creates[0].endswith("interpolation=1")  # libjpeg's chroma upsampling where accepted
         threshold = [c for c in setup if c.startswith("MemPoolSetAttribute release_threshold=")]
         assert threshold and int(threshold[0].split("=")[1]) >= 64 << 20
         assert setup.index(threshold[0]) < setup.index(creates[0])  # the allocators point at the pool
@@ -194,12 +213,13 @@ def test_batched_initialize_only_after_the_previous_batch_finished(fakes):
     for calls in batches:
         wait = _index(calls, "EventSynchronize stream_idle")
         assert _index(calls, "EventRecord stream_idle private") < wait  # everything queued before it
-        decode = _index(calls, "DecodeBatched")
+        decode = _index(calls, "DecodeBatched 0 1 2")
         assert wait < decode
         if "DecodeBatchedInitialize 3" in calls:
             assert wait < _index(calls, "DecodeBatchedInitialize 3") < decode
         assert _index(calls, "EventRecord done private") > decode
-        assert calls[-1] == "StreamWaitEvent consumer done"  # the caller's stream orders after the outputs
+        made = [c for c in calls if not c.startswith("result ")]  # the scenario logs batch 2's results
+        assert made[-1] == "StreamWaitEvent consumer done"  # the caller's stream orders after the outputs
     assert ["DecodeBatchedInitialize 3" in calls for calls in batches] == [True, False, False]  # same size: once
 
 
@@ -209,8 +229,60 @@ def test_a_failed_batch_is_reinitialised_and_retried_per_image(fakes):
     assert "DecodeBatchedInitialize 3" in first
     assert "DecodeBatched failed" in failed and "DecodeBatchedInitialize 3" not in failed
     assert failed.count("DecodeJpegDevice") == 3  # each image of the failed batch retried alone
+    # whatever the engines started writing finishes before the retry writes the same outputs
+    synchronised = _index(failed, "StreamSynchronize private", _index(failed, "DecodeBatched failed"))
+    assert synchronised < _index(failed, "DecodeJpegHost") < _index(failed, "DecodeJpegTransferToDevice")
     assert _index(after, "EventSynchronize stream_idle") < _index(after, "DecodeBatchedInitialize 3") \
-        < _index(after, "DecodeBatched")
+        < _index(after, "DecodeBatched 0 1 2")
+
+
+@requires_native_toolchain
+def test_hardware_candidates_are_parsed_whole_and_a_cut_scan_falls_back_alone(fakes):
+    _, first, cut, after = fakes("truncated_scan")
+    for calls in (first, cut, after):  # every candidate parsed whole before the engines see the batch
+        parses = [i for i, c in enumerate(calls) if c.startswith("JpegStreamParse")]
+        assert len(parses) == 3 and max(parses) < _index(calls, "EventSynchronize stream_idle")
+    assert "JpegStreamParse 1 failed" in cut
+    batch = [c for c in cut if c.startswith("DecodeBatched ")]
+    assert batch == ["DecodeBatched 0 2"], cut  # the good images still go to the engines, together
+    assert "DecodeJpegHost" not in cut  # no retry: the cut image alone goes to the CPU (which answers 422)
+    assert [c for c in cut if c.startswith("result")] == [
+        "result 0 decoded", "result 1 fallback parse: incomplete bitstream", "result 2 decoded"]
+    assert "DecodeBatchedInitialize 3" in after and "DecodeBatched 0 1 2" in after
+
+
+@requires_native_toolchain
+def test_the_host_sleeps_on_the_events_it_waits_for(fakes):
+    setup = fakes("hardware")[0]
+    events = [c.removeprefix("EventCreate ") for c in setup if c.startswith("EventCreate")]
+    created = dict(e.split(" blocking_sync=") for e in events)
+    assert created == {"consumer_ready": "0", "done": "0", "stream_idle": "1", "device_done": "1",
+                       "pinned_free0": "1", "pinned_free1": "1"}
+
+
+@requires_native_toolchain
+def test_without_stream_ordered_pools_nvjpeg_uses_cudamalloc(fakes):
+    setup, *batches = fakes("no_pools")
+    assert "MemPoolCreate" not in setup and "MallocFromPoolAsync" not in sum(batches, [])
+    log = next(c for c in setup if c.startswith("creation log: "))
+    assert "no stream-ordered memory pools" in log
+    oriented = batches[2]  # orientation 6: scratch buffers, freed only once the stream is idle
+    assert oriented.count("Malloc") == 3 and oriented.count("Free") == 3
+    assert _index(oriented, "Orient 6") < _index(oriented, "StreamSynchronize private") < _index(oriented, "Free")
+
+
+@requires_native_toolchain
+def test_creation_says_what_each_attempt_returned(fakes):
+    setup = fakes("plain_flags")[0]
+    creates = [c for c in setup if c.startswith("CreateEx")]
+    assert creates[:2] == ["CreateExV2 backend=3 strict=1 interpolation=1",
+                           "CreateExV2 backend=3 strict=1 interpolation=0"]
+    log = next(c for c in setup if c.startswith("creation log: "))
+    assert "flags=36, lazymedia's allocators): invalid parameter" in log
+    assert "flags=4, lazymedia's allocators): success" in log and "1 engines x 4 cores" in log
+    assert log.endswith("(plain)")
+    assert "DecodeBatchedPreAllocate 16" in setup  # the hardware batch's buffers reserved up front
+    assert fakes("hardware")[0][-1].endswith("(interpolated)")
 
 
 @requires_native_toolchain
@@ -283,3 +355,25 @@ def test_info_reports_a_broken_nvjpeg_and_succeeds(monkeypatch, capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "nvJPEG unusable: RuntimeError: libnvjpeg.so.13" in out and "image nvjpeg  available" in out
+
+
+def test_info_shows_why_the_hardware_backend_was_not_taken_and_the_versions(monkeypatch, capsys):
+    class NoEngines:
+        hardware, engines, cores_per_engine, upsampling_interpolated = False, 0, 0, True
+        creation_log = ("nvjpegCreateExV2(hardware, flags=36, lazymedia's allocators): implementation not supported\n"
+                        "nvjpegCreateExV2(default, flags=36, lazymedia's allocators): success")
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(lazymedia.engine, "backends",
+                        lambda: [BackendStatus("nvjpeg", "image", True, "NVIDIA H200")])
+    monkeypatch.setattr(nvjpeg, "NvjpegBatchDecoder", NoEngines)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "no nvJPEG hardware engines" in out and "chroma upsampling: interpolated" in out
+    assert "    nvjpegCreateExV2(hardware, flags=36, lazymedia's allocators): implementation not supported" in out
+    if shutil.which("nvcc") and nvjpeg.wheel_library():  # the CUDA extension is built, the wheel installed
+        versions = next(line for line in out.splitlines() if line.startswith("  versions: "))
+        assert "nvjpeg 13." in versions and "nvjpeg_built_with_cudart 13." in versions and "driver_cuda" in versions

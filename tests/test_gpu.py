@@ -1,17 +1,22 @@
 """GPU paths (run with -m gpu on a machine with an NVIDIA GPU; skipped elsewhere). Each check
-would fail on wrong pixels: exact equality with the host kernels, PSNR vs Pillow (40 dB for 4:4:4;
-35 dB for subsampled chroma, which nvJPEG upsamples differently from libjpeg's fancy upsampling;
-every measured PSNR is printed), exact shapes and orientation."""
+would fail on wrong pixels: exact equality with the host kernels, PSNR vs Pillow and vs the CPU
+video path (40 dB: nvJPEG upsamples chroma by interpolation as libjpeg does; an off-by-one video
+frame scores 30-31 dB; every measured PSNR is printed), exact shapes and orientation. Each also
+fails when the GPU did not do the work: it counts the images nvJPEG decoded and the videos NVDEC
+decoded (a silent CPU fallback would pass every pixel check), and checks NVDEC's frames by the
+PTS they carry."""
 import io
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
+from test_engine_nvdec import clip
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ops
 from lazymedia.codecs import video
+from lazymedia.engine import nvjpeg as nvjpeg_engine
 
 from conftest import CORPUS, encode, make_image, requires_corpus
 
@@ -23,20 +28,27 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255 ** 2 / mse)
 
 
-def psnr_floor(data: bytes) -> float:
-    """The PSNR an nvJPEG decode must reach against Pillow's: 40 dB where chroma is full
-    resolution (4:4:4 or grayscale), 35 dB where it is subsampled."""
-    with Image.open(io.BytesIO(data)) as image:
-        layers = getattr(image, "layer", None) or []
-    sampling = {(h, v) for _, h, v, _ in layers}
-    return 40.0 if len(sampling) <= 1 else 35.0
+FLOOR_DB = 40.0
+
+
+def assert_close(out: torch.Tensor, reference: np.ndarray, label: str) -> None:
+    measured = psnr(out.cpu().numpy(), reference)
+    print(f"PSNR {label}: {measured:.2f} dB (floor {FLOOR_DB:.0f})")
+    assert measured > FLOOR_DB, f"{label}: {measured:.2f} dB"
 
 
 def assert_close_to_pillow(out: torch.Tensor, data: bytes, label: str) -> None:
-    measured = psnr(out.cpu().numpy(), pillow(data))
-    floor = psnr_floor(data)
-    print(f"PSNR {label}: {measured:.2f} dB (floor {floor:.0f})")
-    assert measured > floor, f"{label}: {measured:.2f} dB"
+    assert_close(out, pillow(data), label)
+
+
+def decode_counted(backend, items, on_gpu: int) -> list:
+    """backend.decode_batch(items), checking that nvJPEG itself decoded `on_gpu` of them and
+    that nothing fell back to the CPU at run time."""
+    decoded, fallbacks = backend.decoded, list(backend.fallbacks)
+    results = backend.decode_batch(items)
+    assert list(backend.fallbacks) == fallbacks, list(backend.fallbacks)[len(fallbacks):]
+    assert backend.decoded - decoded == on_gpu
+    return results
 
 
 # PyNvVideoCodec raises RuntimeError on import without the driver's video libraries (libnvcuvid):
@@ -82,15 +94,17 @@ def test_gpu_nv12_equals_host_within_one_lsb():
 
 def test_nvjpeg_reports_its_engines(nvjpeg_backend):
     name = torch.cuda.get_device_name(0)
+    print(f"nvJPEG creation on {name}:\n{nvjpeg_backend.creation_log}")
     if "H100" in name or "H200" in name or "A100" in name or "B200" in name or "GB200" in name:
-        assert nvjpeg_backend.hardware, f"{name} has NVJPG engines"
+        assert nvjpeg_backend.hardware, f"{name} has NVJPG engines:\n{nvjpeg_backend.creation_log}"
+    assert nvjpeg_backend.upsampling_interpolated, nvjpeg_backend.creation_log
 
 
 @pytest.mark.parametrize("size", [(512, 512), (1024, 1024), (2160, 3840)])
 @pytest.mark.parametrize("subsampling", [0, 2])  # 4:4:4, 4:2:0
 def test_nvjpeg_psnr_vs_pillow(nvjpeg_backend, size, subsampling):
     data = encode(make_image(*size), "JPEG", quality=90, subsampling=subsampling)
-    (out,) = nvjpeg_backend.decode_batch([lazymedia.load_image(data)])
+    (out,) = decode_counted(nvjpeg_backend, [lazymedia.load_image(data)], on_gpu=1)
     assert out.is_cuda and out.dtype == torch.uint8 and tuple(out.shape) == (*size, 3)
     assert_close_to_pillow(out, data, f"{size} subsampling={subsampling}")
 
@@ -100,22 +114,63 @@ def test_nvjpeg_corpus_orientation_and_fallbacks(nvjpeg_backend):
     names = [f"hopper_orientation_{i}.jpg" for i in range(2, 9)] + ["orientation_rectangle.jpg", "3.jpg", "cat.jpg",
                                                                      "pil_sample_cmyk.jpg", "hopper_gray.jpg"]
     items = [lazymedia.load_image((CORPUS / "images" / n).read_bytes()) for n in names]
-    results = nvjpeg_backend.decode_batch(items)
+    routed = sum(nvjpeg_engine.route(item.header, item.spec).gpu for item in items)
+    assert routed == len(names) - 2  # CMYK and gray are routed to the CPU, not fallbacks
+    results = decode_counted(nvjpeg_backend, items, on_gpu=routed)
     for name, item, out in zip(names, items, results):
         assert tuple(out.shape) == pillow(item.encoded()).shape, name
         assert_close_to_pillow(out, item.encoded(), name)
 
 
-def test_nvjpeg_batch_of_64_in_caller_stream_order(nvjpeg_backend):
-    blobs = [encode(make_image(256, 320, seed=s), "JPEG", quality=90, subsampling=0) for s in range(64)]
-    expected = [pillow(b) for b in blobs]
-    for _ in range(3):  # churn the caching allocator between batches: outputs reuse freed blocks
+def test_nvjpeg_batches_behind_queued_work_on_the_callers_stream(nvjpeg_backend):
+    """About 50 ms of work queued on the caller's stream, then writes into blocks freed at once
+    (torchcodec #1634's condition), and new images in every iteration (a skipped or stale output
+    cannot hold the right pixels from the previous one)."""
+    a = torch.randn((4096, 4096), device="cuda")
+    product = torch.empty_like(a)
+    for iteration in range(3):
+        blobs = [encode(make_image(256, 320, seed=100 * iteration + s), "JPEG", quality=90) for s in range(64)]
+        expected = [pillow(b) for b in blobs]
+        for _ in range(16):  # ~50 ms of queued kernel time on an H200 (137 GFLOP each)
+            torch.matmul(a, a, out=product)
         junk = [torch.empty((256, 320, 3), dtype=torch.uint8, device="cuda").fill_(7) for _ in range(16)]
         del junk
-        results = nvjpeg_backend.decode_batch([lazymedia.load_image(b) for b in blobs])
-        torch.cuda.current_stream().synchronize()
-        for out, ref in zip(results, expected):
-            assert psnr(out.cpu().numpy(), ref) > 40
+        results = decode_counted(nvjpeg_backend, [lazymedia.load_image(b) for b in blobs], on_gpu=64)
+        for k, (out, ref) in enumerate(zip(results, expected)):
+            assert_close(out, ref, f"iteration {iteration} image {k}")
+
+
+def test_a_scan_cut_short_is_a_422_and_the_rest_of_its_batch_decodes_on_the_gpu(nvjpeg_backend):
+    blobs = [encode(make_image(256, 320, seed=s), "JPEG", quality=90) for s in range(4)]
+    sos = blobs[2].index(b"\xff\xda")
+    scan = sos + 2 + int.from_bytes(blobs[2][sos + 2:sos + 4], "big")
+    cut = blobs[2][:scan + (blobs[2].rindex(b"\xff\xd9") - scan) // 2]  # half the entropy-coded data
+    items = [lazymedia.load_image(b) for b in blobs[:2]] + [lazymedia.load_image(cut), lazymedia.load_image(blobs[3])]
+    decoded, fallbacks = nvjpeg_backend.decoded, len(nvjpeg_backend.fallbacks)
+    results = nvjpeg_backend.decode_batch(items)
+    print("cut scan:", list(nvjpeg_backend.fallbacks)[fallbacks:])
+    assert isinstance(results[2], lazymedia.UnprocessableMediaError)
+    assert nvjpeg_backend.decoded - decoded == 3 and len(nvjpeg_backend.fallbacks) - fallbacks == 1
+    for k in (0, 1, 3):
+        assert_close_to_pillow(results[k], blobs[k], f"batch with a cut scan, image {k}")
+
+
+def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
+    streams = []
+
+    class Recording:  # refuses every image after noting the stream it was given
+        hardware, upsampling_interpolated, creation_log = True, True, ""
+
+        def decode(self, requests, stream):
+            streams.append(stream)
+            return [(False, "stand-in")] * len(requests)
+
+    backend = nvjpeg_engine.NvjpegBatchDecoder(device=0, decoder=Recording())
+    caller = torch.cuda.Stream()
+    with torch.cuda.stream(caller):
+        (out,) = backend.decode_batch([lazymedia.load_image(encode(make_image(64, 64), "JPEG"))])
+    assert streams and streams[0] not in (0, caller.cuda_stream, torch.cuda.default_stream().cuda_stream)
+    assert out.is_cuda
 
 
 def test_nvjpeg_pinned_output():
@@ -123,7 +178,7 @@ def test_nvjpeg_pinned_output():
 
     backend = NvjpegBatchDecoder(device=0, output="pinned")
     data = encode(make_image(300, 400), "JPEG")
-    (out,) = backend.decode_batch([lazymedia.load_image(data)])
+    (out,) = decode_counted(backend, [lazymedia.load_image(data)], on_gpu=1)
     assert out.device.type == "cpu" and out.is_pinned()
     assert_close_to_pillow(out, data, "pinned")
 
@@ -133,8 +188,9 @@ def test_processor_on_the_nvjpeg_engine(nvjpeg_backend):
     processor = Processor(lambda items: [t.float().mean().item() for t in items], engine=engine)
     blobs = [encode(make_image(128, 128, seed=s), "JPEG") for s in range(8)]
     corrupt = blobs[3][:200]
+    decoded = nvjpeg_backend.decoded
     out = processor.apply([lazymedia.load_image(b) for b in blobs])
-    assert len(out) == 8 and engine.batch_sizes["nvjpeg"]
+    assert len(out) == 8 and engine.batch_sizes["nvjpeg"] and nvjpeg_backend.decoded - decoded == 8
     with pytest.raises(lazymedia.UnprocessableMediaError) as info:
         processor.apply([lazymedia.load_image(blobs[0], size=(9, 9)), lazymedia.load_image(corrupt)])
     assert info.value.index == 1
@@ -152,19 +208,63 @@ def test_dali_mixed_decoder_psnr():
     assert_close_to_pillow(out, data, "DALI mixed")
 
 
-@requires_nvdec
-def test_nvdec_sampled_frames_match_cpu_path():
-    from lazymedia.bench import encode_video
+def nvdec_matches_cpu(backend, data: bytes, label: str, num_frames: int = 8) -> None:
+    """One clip through `backend`: decoded by NVDEC (no fallback), the frames the CPU path
+    samples by the PTS NVDEC returned, each within the floor of the CPU frame."""
+    item = lazymedia.load_video(data, num_frames=num_frames)
+    decoded = backend.decoded
+    (frames,) = backend.decode_batch([item])
+    assert backend.decoded - decoded == 1, list(backend.fallbacks)
+    reference = video.decode(data, item.header, item.spec)
+    table = video.read_frame_table(data, item.header.total_frames)
+    assert frames.info["pts"] == [table.pts[i] for i in reference.indices]
+    assert frames.frames.is_cuda and tuple(frames.frames.shape) == tuple(reference.frames.shape)
+    for k in range(len(reference.indices)):
+        assert_close(frames.frames[k], reference.frames[k].numpy(), f"{label} frame {k}")
+    assert frames.timestamps == pytest.approx(reference.timestamps, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def nvdec_backend():
     from lazymedia.engine.nvdec import NvdecBatchDecoder
 
-    data = encode_video(3, 1080, 1920)
-    item = lazymedia.load_video(data, num_frames=8)
-    backend = NvdecBatchDecoder(device=0)
-    (frames,) = backend.decode_batch([item])
-    assert not backend.fallbacks, backend.fallbacks
+    return NvdecBatchDecoder(device=0)
+
+
+@requires_nvdec
+def test_nvdec_sampled_frames_match_cpu_path(nvdec_backend):
+    from lazymedia.bench import encode_video
+
+    nvdec_matches_cpu(nvdec_backend, encode_video(3, 1080, 1920), "1080p untagged")
+    nvdec_matches_cpu(nvdec_backend, clip(1080, 1920, frames=30, colorspace=1), "1080p BT.709")
+
+
+@requires_nvdec
+def test_nvdec_reconfigured_across_sizes_and_a_crop_only_change(nvdec_backend):
+    for height, width in ((532, 1280), (530, 1280), (360, 640)):  # 532 -> 530: one coded size, another crop
+        nvdec_matches_cpu(nvdec_backend, clip(height, width, frames=30), f"{width}x{height}")
+
+
+def test_isolated_video_frames_land_pinned_in_the_serving_process():
+    from lazymedia.engine.isolation import IsolatedPool
+
+    pool = IsolatedPool(workers=1, timeout_s=60)
+    engine = DecodeEngine(max_workers=1, isolation_pool=pool)
+    (frames,) = engine.decode_all([lazymedia.load_video(clip(360, 640, frames=8))])  # above 1 MiB: shared
+    engine.shutdown()
+    pool.close()
+    assert frames.frames.is_pinned()
+
+
+@requires_nvdec
+def test_nvdec_after_a_clip_it_cannot_decode(nvdec_backend):
+    """Last in the file: H.264 above 4096 pixels wide fails on an H200's NVDEC (vLLM #51138); the
+    CPU decodes it, and the next clip decodes on NVDEC with a fresh decoder."""
+    data = clip(4320, 8192, frames=2, photo=False)
+    item = lazymedia.load_video(data, num_frames=2)
+    decoded, fallbacks = nvdec_backend.decoded, len(nvdec_backend.fallbacks)
+    (frames,) = nvdec_backend.decode_batch([item])
+    print("8K:", list(nvdec_backend.fallbacks)[fallbacks:], "decoded on NVDEC:", nvdec_backend.decoded - decoded)
     reference = video.decode(data, item.header, item.spec)
-    assert frames.indices == reference.indices
-    assert frames.frames.is_cuda and tuple(frames.frames.shape) == tuple(reference.frames.shape)
-    # NVDEC + our BT.709 kernel vs FFmpeg's scaler: chroma upsampling differs, the picture does not
-    assert psnr(frames.frames.cpu().numpy(), reference.frames.numpy()) > 30
-    assert frames.timestamps == pytest.approx(reference.timestamps, abs=1e-6)
+    assert_close(frames.frames[0], reference.frames[0].numpy(), "8K frame 0")
+    nvdec_matches_cpu(nvdec_backend, clip(360, 640, frames=30), "after 8K")

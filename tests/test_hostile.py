@@ -1,7 +1,9 @@
 """Hostile input within the limits, generated in the test: every item is refused with 413 before
 anything big is allocated, or decodes with peak memory close to its output
 (peak RSS growth <= 1.25 x output bytes + 32 MB). Each case runs in a child interpreter under an
-address-space cap, so a regression fails the test instead of taking the machine's memory."""
+address-space cap, so a regression fails the test instead of taking the machine's memory; cases
+that cost CPU where the decoder works (repeated scans, chained IFDs) are also bounded in CPU
+seconds."""
 import json
 import subprocess
 import sys
@@ -11,12 +13,14 @@ import pytest
 
 REFUSED_GROWTH = 64 << 20
 DECODE_SLACK = 32 << 20
+REFUSED_CPU_SECONDS = 0.1  # a refusal reads headers only (the bombs below cost 28-63 s where they were decoded)
 CAP_BYTES = 6 << 30  # address space the child may add after its imports
 
 CHILD = """
 import json, resource, sys, time
 import numpy, torch, av, soundfile, PIL.Image
 import lazymedia
+import lazymedia.codecs.audio, lazymedia.codecs.image, lazymedia.codecs.video  # imports are not the item's cost
 from lazymedia import samples
 
 def status(name):
@@ -37,6 +41,7 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # peak RSS (VmHWM) restarts from the current RSS
 before = status("VmRSS")
 start = time.perf_counter()
+cpu_start = time.process_time()
 try:
     media = ({load}).media
     report = {{"outcome": "decoded", "output_bytes": output_bytes(media)}}
@@ -45,6 +50,7 @@ except lazymedia.MediaError as exc:
 except BaseException as exc:
     report = {{"outcome": "untyped", "error": f"{{type(exc).__name__}}: {{exc}}"}}
 report["seconds"] = time.perf_counter() - start
+report["cpu_seconds"] = time.process_time() - cpu_start
 report["peak_growth"] = status("VmHWM") - before
 print(json.dumps(report))
 """
@@ -64,6 +70,7 @@ def assert_bounded(report: dict, refused_status: int | None = None) -> None:
     if report["outcome"] == "refused":
         assert refused_status is not None and report["status"] == refused_status, report
         assert report["peak_growth"] < REFUSED_GROWTH, report
+        assert report["cpu_seconds"] < REFUSED_CPU_SECONDS, report
     else:
         assert refused_status is None, report
         assert report["peak_growth"] <= 1.25 * report["output_bytes"] + DECODE_SLACK, report
@@ -121,6 +128,119 @@ data = samples.encode_image(numpy.zeros((6000, 6000), numpy.uint8), "GIF")
 assert len(data) < 1 << 20, len(data)
 """
 
+# -- bombs the output size does not show: the cost is in the decoder's own work -----------------
+MP4_60M_SAMPLES = """
+import io as _io, struct as _struct
+def boxes(data):
+    at, out = 0, []
+    while at + 8 <= len(data):
+        size, kind = _struct.unpack(">I4s", data[at:at + 8])
+        out.append((kind, data[at + 8:at + size]))
+        at += size
+    return out
+def rewrite(data, edit):
+    out = b""
+    for kind, payload in boxes(data):
+        nested = kind in (b"moov", b"trak", b"mdia", b"minf", b"stbl")
+        payload = rewrite(payload, edit) if nested else edit(kind, payload)
+        if payload is not None:
+            out += _struct.pack(">I4s", 8 + len(payload), kind) + payload
+    return out
+buf = _io.BytesIO()
+with av.open(buf, mode="w", format="mp4") as out:
+    stream = out.add_stream("mpeg4", rate=25)
+    stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv420p"
+    frame = av.VideoFrame.from_ndarray(numpy.zeros((16, 16, 3), numpy.uint8), format="rgb24")
+    for packet in [*stream.encode(frame), *stream.encode()]:
+        out.mux(packet)
+SAMPLES = 60_000_000  # one constant-size sample, declared 60 M times
+TABLES = {b"stsz": _struct.pack(">IIII", 0, 1, SAMPLES, 0)[:12], b"stts": _struct.pack(">IIII", 0, 1, SAMPLES, 1),
+          b"stsc": _struct.pack(">IIIII", 0, 1, 1, SAMPLES, 1), b"stss": None, b"ctts": None}
+data = rewrite(buf.getvalue(), lambda kind, payload: TABLES.get(kind, payload))
+assert len(data) < 2048 and av.open(_io.BytesIO(data)).streams.video[0].frames == SAMPLES
+"""
+
+WAV_65407_CHANNELS = """
+import struct as _struct
+channels, rate = 65407, 65535  # libsndfile refuses over 1024 channels; FFmpeg reads the header
+align = channels * 2 & 0xFFFF  # 16-bit samples: the block alignment overflows its field, FFmpeg does not mind
+data = (b"RIFF" + _struct.pack("<I", 36) + b"WAVE" + b"fmt " + _struct.pack("<IHHIIHH", 16, 1, channels, rate,
+        rate * align, align, 16) + b"data" + _struct.pack("<I", 0))
+assert len(data) == 44
+"""
+
+WAV_1024_CHANNELS = """
+import io as _io
+buf = _io.BytesIO()
+soundfile.write(buf, numpy.zeros((16000, 1024), numpy.int16), 16000, format="WAV", subtype="PCM_16")
+data = buf.getvalue()
+"""
+
+WAV_64_CHANNELS = """
+import io as _io
+buf = _io.BytesIO()
+soundfile.write(buf, (numpy.arange(48000 * 64) % 2000 - 1000).astype(numpy.int16).reshape(48000, 64), 48000,
+                format="WAV", subtype="PCM_16")
+data = buf.getvalue()
+"""
+
+JPEG_500_SCANS = """
+import io as _io
+def segments(jpeg):
+    # (start, end) of each marker segment, a scan's entropy-coded data included
+    at, out = 2, []
+    while at < len(jpeg):
+        marker, start = jpeg[at + 1], at
+        at += 2 if marker == 0xD9 else 2 + int.from_bytes(jpeg[at + 2:at + 4], "big")
+        if marker == 0xDA:
+            while not (jpeg[at] == 0xFF and jpeg[at + 1] not in (0, *range(0xD0, 0xD8))):
+                at += 1
+        out.append((marker, start, at))
+    return out
+buf = _io.BytesIO()
+PIL.Image.fromarray(numpy.zeros((4096, 4096), numpy.uint8)).save(buf, "JPEG", progressive=True, quality=90)
+jpeg = buf.getvalue()
+parts = segments(jpeg)
+last_scan = max(i for i, (marker, _, _) in enumerate(parts) if marker == 0xDA)
+table = parts[last_scan - 1] if parts[last_scan - 1][0] == 0xC4 else parts[last_scan]
+repeat = jpeg[table[1]:parts[last_scan][2]]  # the last scan with its Huffman table
+data = jpeg[:parts[-1][1]] + repeat * 500 + b"\\xff\\xd9"
+"""
+
+PROGRESSIVE_JPEG_10000 = """
+import io as _io
+buf = _io.BytesIO()
+PIL.Image.fromarray(numpy.zeros((10000, 10000, 3), numpy.uint8)).save(buf, "JPEG", progressive=True, quality=90)
+data = buf.getvalue()
+"""
+
+PROGRESSIVE_JPEG_3300 = """
+import io as _io
+buf = _io.BytesIO()
+noise = numpy.random.default_rng(0).integers(0, 256, (3300, 3300, 3), numpy.uint8)
+PIL.Image.fromarray(noise).save(buf, "JPEG", progressive=True, quality=90)
+data = buf.getvalue()
+"""
+
+TIFF_80K_IFDS = """
+import struct as _struct
+# IFDs of three entries each (width, height, strip offset: a 1x1 bilevel page), each pointing to
+# the next; the last points nowhere.
+count, header = 80_000, 8
+def ifd(at, last):
+    entries = b"".join(_struct.pack("<HHII", tag, 4, 1, value) for tag, value in ((256, 1), (257, 1), (273, 0)))
+    return _struct.pack("<H", 3) + entries + _struct.pack("<I", 0 if last else at + 42)
+data = b"II*\\x00" + _struct.pack("<I", header) + b"".join(ifd(header + 42 * i, i == count - 1) for i in range(count))
+"""
+
+TIFF_GRAY_10000 = """
+import io as _io
+buf = _io.BytesIO()
+PIL.Image.fromarray(numpy.zeros((10000, 10000), numpy.uint8)).save(buf, "TIFF", compression="tiff_deflate")
+data = buf.getvalue()
+assert len(data) < 1 << 20, len(data)
+"""
+
 CASES = {
     # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
     "gif_canvas_bomb": ("data = bytearray(samples.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
@@ -136,13 +256,35 @@ CASES = {
     # The PNG asked for 4x its size: refused from the header, whatever the file's size.
     "zero_png_10000_upscaled": (ZERO_PNG_10000, "lazymedia.load_image(data, size=(20000, 20000))", 413),
     # 22 KB of H.264: 300 black 1080p frames, no sampling asked: 1.9 GB of frames, refused from the header.
-    "black_1080p_mp4_every_frame": (BLACK_1080P_MP4, "lazymedia.load_video(data)", 413),
+    "black_1080p_mp4_every_frame": (BLACK_1080P_MP4, "lazymedia.load_video(data, num_frames=None)", 413),
     # The same clip sampled: 8 frames decode within the goal.
     "black_1080p_mp4_8_frames": (BLACK_1080P_MP4, "lazymedia.load_video(data, num_frames=8)", None),
     # A few hundred KB of FLAC: 300 s of 8-channel silence, 423 MB decoded: within the goal.
     "silent_flac_8_channels_300s": (SILENT_FLAC_8CH, "lazymedia.load_audio(data)", None),
     # 0.9 MB of WAV: 256 channels at 1 Hz, asked for 16 kHz: 29 GB, refused before the resampler allocates.
-    "wav_256_channels_1hz_to_16khz": (WAV_256CH_1HZ, "lazymedia.load_audio(data, sample_rate=16000)", 413),
+    "wav_256_channels_1hz_to_16khz": (WAV_256CH_1HZ, "lazymedia.load_audio(data, sample_rate=16000, mono=False)", 413),
+    # 879 bytes of MP4 whose sample tables declare 60 M samples: refused before FFmpeg builds its index.
+    "mp4_declaring_60m_samples": (MP4_60M_SAMPLES, "lazymedia.load_video(data, num_frames=4)", 413),
+    # 44 bytes of WAV declaring 65,407 channels, resampled: over the channel cap, before soxr allocates.
+    "wav_65407_channels_to_16khz": (WAV_65407_CHANNELS, "lazymedia.load_audio(data, sample_rate=16000)", 413),
+    # 1024 channels of real samples: over the channel cap (its decode peaked at 3x the output).
+    "wav_1024_channels": (WAV_1024_CHANNELS, "lazymedia.load_audio(data)", 413),
+    # 64 channels, the cap, resampled: decodes within the goal, the resampler's state included.
+    "wav_64_channels_to_16khz": (WAV_64_CHANNELS, "lazymedia.load_audio(data, sample_rate=16000, mono=False)", None),
+    # A progressive JPEG with its last scan repeated 500 times: refused by the header probe's scan count.
+    "jpeg_500_scans": (JPEG_500_SCANS, "lazymedia.load_image(data)", 413),
+    # A progressive 10000 x 10000 JPEG: its coefficient buffer (300 MB) is over the working-memory limit.
+    "progressive_jpeg_10000": (PROGRESSIVE_JPEG_10000, "lazymedia.load_image(data)", 413),
+    # A progressive 3300 x 3300 JPEG of noise, its coefficients (33 MB) just under the working-memory limit:
+    # decodes within the goal, coefficients included.
+    "progressive_jpeg_3300": (PROGRESSIVE_JPEG_3300, "lazymedia.load_image(data)", None),
+    # 4600 x 4600: coefficients of 64 MB, over the limit (decoded, it peaked at 2.0x its output, over the goal).
+    "progressive_jpeg_4600": (PROGRESSIVE_JPEG_10000.replace("10000, 10000", "4600, 4600"),
+                              "lazymedia.load_image(data)", 413),
+    # A TIFF chaining 80,000 IFDs: refused from a bounded walk of the chain.
+    "tiff_80k_ifds": (TIFF_80K_IFDS, "lazymedia.load_image(data)", 413),
+    # A gray 10000 x 10000 TIFF asked for as RGB: widened in place (Pillow's image and the output never both held).
+    "tiff_gray_10000_to_rgb": (TIFF_GRAY_10000, "lazymedia.load_image(data)", None),
 }
 
 

@@ -6,11 +6,19 @@ import io
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import lazymedia
 from lazymedia import samples
-from lazymedia.integrations.vllm import VllmMediaConnector, to_vllm
+from lazymedia.integrations.vllm import (
+    DataUrlEncodingError,
+    LocalFilesRefusedError,
+    VllmMediaConnector,
+    VllmUnprocessableMediaError,
+    image_type_for,
+    to_vllm,
+)
 
 
 def data_url(data: bytes, media_type: str) -> str:
@@ -81,6 +89,14 @@ def test_unsupported_options_are_refused_at_start_up():
         VllmMediaConnector(media_io_kwargs={"video": {"frame_recovery": True}})
     with pytest.raises(ValueError, match="video_backend"):
         VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "torchcodec"}})
+    with pytest.raises(ValueError, match="3 integers"):  # vLLM refuses a string; it was split into characters
+        VllmMediaConnector(media_io_kwargs={"image": {"rgba_background_color": "255,255,255"}})
+    assert VllmMediaConnector(media_io_kwargs={"image": {"rgba_background_color": [1, 2, 3]}}).background == (1, 2, 3)
+    with pytest.raises(ValueError, match="Unknown audio_backend 'nope'"):
+        VllmMediaConnector(media_io_kwargs={"audio": {"audio_backend": "nope"}})
+    with pytest.raises(ValueError, match="not implemented"):
+        VllmMediaConnector(media_io_kwargs={"audio": {"audio_backend": "torchcodec"}})
+    assert VllmMediaConnector(media_io_kwargs={"audio": {"audio_backend": "pyav"}})
 
 
 def test_a_processor_sees_vllms_objects_and_hits_skip_the_decode(connector):
@@ -103,7 +119,7 @@ def test_a_processor_sees_vllms_objects_and_hits_skip_the_decode(connector):
 
 def test_allowed_media_domains_match_exactly_as_in_vllm():
     connector = VllmMediaConnector(allowed_media_domains=["s3.amazonaws.com"])
-    with pytest.raises(lazymedia.InvalidMediaError, match="not an allowed domain"):
+    with pytest.raises(lazymedia.InvalidMediaError, match="allowed domains"):
         connector.fetch_image("https://attacker-bucket.s3.amazonaws.com/cat.jpg")
     connector.close()
     wide = lazymedia.MediaConnector(allowed_domains=["example.com"])  # lazymedia's own default: subdomains too
@@ -126,3 +142,126 @@ def test_vllm_call_signatures_and_decoded_inputs(connector):
     pil = Image.fromarray(samples.photo(8, 8)).convert("P")
     embeds = np.zeros((5, 16), np.float32)
     assert to_vllm(pil) is pil and to_vllm(embeds) is embeds  # passed on as vLLM passes them
+
+
+def test_video_backend_none_is_unset_and_the_environment_decides(monkeypatch):
+    monkeypatch.setenv("VLLM_VIDEO_LOADER_BACKEND", "pyav")
+    connector = VllmMediaConnector(media_io_kwargs={"video": {"video_backend": None}})
+    assert connector.video_backend == "pyav" and connector.video_spec()["decoder"] == "pyav"
+    monkeypatch.setenv("VLLM_VIDEO_LOADER_BACKEND", "decord")
+    with pytest.raises(ValueError, match="VLLM_VIDEO_LOADER_BACKEND='decord'"):  # at construction, not per request
+        VllmMediaConnector()
+
+
+def test_without_opencv_the_default_decodes_with_pyav_and_a_named_opencv_is_refused(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cv2" else real(name, *a))
+    monkeypatch.delenv("VLLM_VIDEO_LOADER_BACKEND", raising=False)
+    connector = VllmMediaConnector()
+    assert connector.video_backend == "pyav"
+    frames, metadata = to_vllm(connector.fetch_video(data_url(samples.video(frames=40, height=32, width=48),
+                                                              "video/mp4")))
+    assert metadata["video_backend"] == "pyav" and frames.shape == (32, 32, 48, 3)
+    with pytest.raises(ValueError, match="opencv-python-headless"):
+        VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "opencv"}})
+
+
+def test_dynamic_loader_names_itself_as_vllm_does(connector):
+    dynamic = VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "opencv_dynamic", "requested_fps": 2,
+                                                            "max_duration": 60}})
+    clip = samples.video(frames=90)
+    frames, metadata = to_vllm(dynamic.fetch_video(data_url(clip, "video/mp4")))
+    assert metadata["video_backend"] == "opencv_dynamic" and len(metadata["frames_indices"]) == frames.shape[0]
+    dynamic.close()
+
+
+def test_errors_are_the_types_vllm_callers_catch_with_lazymedia_status_codes(connector, tmp_path):
+    with pytest.raises(ValueError, match="missing ','"):
+        connector.fetch_image("data:image/png;base64")
+    with pytest.raises(DataUrlEncodingError, match="base64") as refused:
+        connector.fetch_image("data:text/plain,hello")
+    assert isinstance(refused.value, NotImplementedError) and refused.value.status_code == 400
+    with pytest.raises(LocalFilesRefusedError, match="Cannot load local files") as local:
+        connector.fetch_image(f"file://{tmp_path}/a.png")
+    assert isinstance(local.value, RuntimeError) and isinstance(local.value, lazymedia.MediaError)
+    inside = VllmMediaConnector(allowed_local_media_path=str(tmp_path))
+    with pytest.raises(ValueError, match="must be a subpath"):
+        inside.fetch_image(f"file://{tmp_path}/../a.png")
+    inside.close()
+    broken = data_url(b"\x89PNG\r\n\x1a\n" + b"x" * 40, "image/png")
+    with pytest.raises(ValueError, match="Failed to load image") as bad:
+        to_vllm(connector.fetch_image(broken))
+    assert isinstance(bad.value, lazymedia.MediaError) and bad.value.status_code in (400, 422)
+    assert issubclass(VllmUnprocessableMediaError, lazymedia.UnprocessableMediaError)
+
+
+def test_the_allow_list_judges_the_host_the_client_connects_to():
+    connector = VllmMediaConnector(allowed_media_domains=["safe.example.org"])
+    # urllib reads safe.example.org here, the HTTP client (yarl) refuses the authority: ambiguous, refused
+    # before any request.
+    with pytest.raises(ValueError, match="allowed domains"):
+        connector.fetch_image("https://example.com\\@safe.example.org/image.png")
+    with pytest.raises(ValueError, match="allowed domains"):
+        connector.fetch_image("https://safe.example.org.evil.test/image.png")
+    connector.close()
+
+
+def test_vllm_max_image_pixels_bounds_images(monkeypatch):
+    monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", str(63 * 64))
+    connector = VllmMediaConnector()
+    with pytest.raises(lazymedia.MediaTooLargeError):
+        to_vllm(connector.fetch_image(data_url(samples.jpeg(64, 64), "image/jpeg")))
+    assert connector.limits.max_pixels == 63 * 64
+    monkeypatch.delenv("VLLM_MAX_IMAGE_PIXELS")
+    assert VllmMediaConnector().limits.max_pixels == 178_956_970  # vLLM's default
+
+
+def test_jpeg_frame_sequences_as_vllm_decodes_them():
+    frames = [samples.jpeg(24, 32, seed=s) for s in range(5)]
+    url = "data:video/jpeg;base64," + ",".join(base64.b64encode(f).decode() for f in frames)
+    connector = VllmMediaConnector(media_io_kwargs={"video": {"num_frames": 3, "fps": 2}})
+    video, metadata = to_vllm(connector.fetch_video(url))
+    expected = np.stack([np.asarray(Image.open(io.BytesIO(f)).convert("RGB")) for f in frames[:3]])
+    assert np.array_equal(video, expected)
+    assert metadata == {"total_num_frames": 3, "fps": 2.0, "duration": 1.5, "video_backend": "jpeg_sequence",
+                        "frames_indices": [0, 1, 2], "do_sample_frames": False}
+    processor = lazymedia.Processor(lambda decoded: [to_vllm(d)[0].shape for d in decoded])
+    assert processor.apply([connector.fetch_video(url)]) == [(3, 24, 32, 3)]
+    processor.close()
+    with pytest.raises(ValueError, match="num_frames must be greater than 0"):
+        VllmMediaConnector(media_io_kwargs={"video": {"num_frames": 0}}).fetch_video(url)
+
+
+def test_numpy_images_share_the_decoded_tensor_and_qwen2_vl_sees_identical_inputs(connector):
+    """The tensor path: a uint8 HWC numpy view (what vLLM's parser accepts as an image; a 3-D
+    torch tensor would be read as embeddings) gives Qwen2-VL's image processor (Qwen2.5-VL uses
+    the same one) exactly what vLLM's own path (Pillow decode + convert) gives it."""
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+    jpeg = samples.jpeg(300, 420)
+    handle = connector.fetch_image(data_url(jpeg, "image/jpeg"))
+    array = to_vllm(handle, image_type_for("Qwen2VLImageProcessor"))
+    assert isinstance(array, np.ndarray) and array.dtype == np.uint8 and array.shape == (300, 420, 3)
+    assert np.shares_memory(array, handle.decode().numpy())  # no copy, no PIL round trip
+    hf = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=448 * 448)
+    ours = hf(images=[array], return_tensors="np")
+    theirs = hf(images=[Image.open(io.BytesIO(jpeg)).convert("RGB")], return_tensors="np")
+    assert np.array_equal(ours["image_grid_thw"], theirs["image_grid_thw"])
+    assert np.array_equal(ours["pixel_values"], theirs["pixel_values"])
+    assert image_type_for("InternVLChatProcessor") == "pil"  # calls PIL's resize / crop on each image
+
+
+def test_a_pil_only_processor_sees_identical_inputs():
+    """OpenVLA's image processor is PIL code only (it converts an array with Image.fromarray and
+    resizes with Pillow): given the numpy view it produces what vLLM's own path gives it."""
+    openvla = pytest.importorskip("vllm.transformers_utils.processors.openvla")
+    from vllm.multimodal.media import MediaConnector
+    url = data_url(samples.jpeg(200, 330), "image/jpeg")
+    ours = VllmMediaConnector()
+    array = to_vllm(ours.fetch_image(url), image_type_for(openvla.OpenVLAImageProcessor))
+    theirs = MediaConnector().fetch_image(url)
+    hf = openvla.OpenVLAImageProcessor(image_size=224)
+    assert isinstance(array, np.ndarray)
+    theirs = getattr(theirs, "media", theirs)
+    assert torch.equal(hf(images=[array])["pixel_values"], hf(images=[theirs])["pixel_values"])
+    ours.close()

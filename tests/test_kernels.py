@@ -1,4 +1,7 @@
 """The shared host/device kernels, host build, against numpy / Pillow references."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -185,3 +188,51 @@ def test_alpha_dropped_and_gray_widened_in_place():
         _C.gray_to_rgb(buffer[::2], 10)  # not contiguous
     with pytest.raises(ValueError):
         _C.pack_alpha(np.zeros(10, np.uint8), 100, 4)  # too small for the pixels
+
+
+NO_THREADS_CHILD = """
+import resource, threading
+import numpy as np
+from lazymedia import _C
+
+rng = np.random.default_rng(0)
+src = rng.integers(0, 256, (1536, 1024, 3), np.uint8)
+mean, std = np.full(3, 0.5, np.float32), np.full(3, 0.25, np.float32)
+outputs = {"resize": np.empty((700, 900, 3), np.uint8), "orient": np.empty((1024, 1536, 3), np.uint8),
+           "to_chw": np.empty((3, 1536, 1024), np.uint8), "to_chw_normalized": np.empty((3, 1536, 1024), np.float32)}
+
+def run(threads):
+    _C.resize(src, outputs["resize"], "bicubic", threads)
+    _C.orient(src, outputs["orient"], 6, threads)
+    _C.to_chw(src, outputs["to_chw"], threads)
+    _C.to_chw_normalized(src, outputs["to_chw_normalized"], mean, std, threads)
+
+run(1)
+expected = {name: out.copy() for name, out in outputs.items()}
+for out in outputs.values():
+    out.fill(0)
+size = next(int(line.split()[1]) << 10 for line in open("/proc/self/status") if line.startswith("VmSize:"))
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+resource.setrlimit(resource.RLIMIT_NPROC, (1, resource.getrlimit(resource.RLIMIT_NPROC)[1]))  # root ignores it
+for room in (4, 12, 20):  # MB of address space: no 8 MB thread stack, then one, then two (the rest fail)
+    resource.setrlimit(resource.RLIMIT_AS, (size + (room << 20), hard))
+    if room == 4:
+        try:
+            threading.Thread(target=print).start()
+            print("a thread started")
+        except RuntimeError:
+            print("no thread can start")
+    run(8)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    print("equal" if all(np.array_equal(outputs[name], expected[name]) for name in expected) else "different")
+    for out in outputs.values():
+        out.fill(0)
+"""
+
+
+def test_kernels_finish_on_the_calling_thread_when_no_thread_can_start():
+    """parallel_rows under RLIMIT_AS (and RLIMIT_NPROC): a thread that cannot start used to
+    unwind past joinable threads into std::terminate; now the calling thread runs its rows."""
+    result = subprocess.run([sys.executable, "-c", NO_THREADS_CHILD], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["no", "thread", "can", "start", "equal", "equal", "equal"], result.stdout

@@ -35,7 +35,7 @@ def test_load_is_lazy_and_header_is_eager(jpeg_bytes, decode_calls):
     assert (item.header.format, item.header.width, item.header.height) == ("jpeg", 320, 240)
     assert item.key and not item.is_decoded
     text = repr(item)
-    assert "not decoded" in text and "jpeg 320x240" in text
+    assert "not decoded" in text and "jpeg (height, width)=(240, 320)" in text
     assert decode_calls == []
 
 

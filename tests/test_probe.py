@@ -100,3 +100,39 @@ def test_probe_rejects_non_contiguous_buffers():
 
     with pytest.raises(ValueError):
         _C.probe(np.zeros(20, dtype=np.uint8)[::2])
+
+
+def jpeg_scans(data: bytes) -> int:
+    """SOS markers counted by decoding the file's structure with Pillow's reference: libjpeg
+    reports the scan count of a progressive file through its own walk (PIL keeps none), so the
+    count comes from Python: markers after the first SOS, walked through entropy-coded data."""
+    count, at = 0, 2
+    while at + 1 < len(data):
+        if data[at] != 0xFF or data[at + 1] in (0x00, 0xFF, *range(0xD0, 0xD8)):
+            at += 1
+            continue
+        marker = data[at + 1]
+        if marker == 0xD9:
+            break
+        count += marker == 0xDA
+        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return count
+
+
+def test_jpeg_scan_count():
+    """Baseline: one scan, and the walk stops there; progressive: every scan, walked through the
+    entropy-coded data (stuffed FF00 bytes and RSTn markers included) to EOI."""
+    image = make_image(300, 400)
+    assert _C.probe(encode(image, "JPEG", quality=90)).scan_count == 1
+    progressive = encode(image, "JPEG", quality=95, progressive=True)
+    assert _C.probe(progressive).scan_count == jpeg_scans(progressive) == 10  # libjpeg's colour progression
+    gray = encode(image[:, :, 0], "JPEG", quality=95, progressive=True)
+    assert _C.probe(gray).scan_count == jpeg_scans(gray) == 6
+    with_restarts = encode(image, "JPEG", progressive=True, restart_marker_blocks=1)
+    assert _C.probe(with_restarts).scan_count == 10
+    eoi = progressive.rindex(b"\xff\xd9")
+    scan = progressive.rindex(b"\xff\xda")
+    repeated = progressive[:eoi] + progressive[scan:eoi] * 40 + b"\xff\xd9"
+    assert _C.probe(repeated).scan_count == 50
+    for cut in range(progressive.index(b"\xff\xda") + 16, len(progressive), 97):  # a cut file: what it holds
+        assert 1 <= _C.probe(progressive[:cut]).scan_count <= 10

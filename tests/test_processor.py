@@ -57,7 +57,7 @@ def test_hits_never_decode(monkeypatch, images, engine):
     again = [lazymedia.load_image(b) for b in images]
     assert processor.apply(again) == first
     assert spy.calls == len(images)
-    assert all(not item.is_decoded and not item.has_bytes for item in again)
+    assert all(not item.is_decoded and item.has_bytes for item in again)  # kept for another processor
     stats = processor.cache.stats()
     assert (stats.hits, stats.misses) == (len(images), len(images))
 
@@ -98,7 +98,7 @@ def test_corrupt_item_index_and_nothing_leaked(monkeypatch, images, engine):
     assert info.value.index == 2 and info.value.status_code == 422 and info.value.modality == "image"
     assert engine.in_flight == 0
     assert processor.in_flight == 0
-    assert all(not item.has_bytes for item in items)
+    assert not items[0].has_bytes and not items[1].has_bytes  # decoded: the decode stands in for them
     assert spy.calls == 3
 
 
@@ -150,40 +150,148 @@ async def test_decodes_of_different_requests_overlap(monkeypatch, images, engine
     assert a != b
 
 
+class Gate:
+    """Patches the image decoder to signal `entered` and then wait for `proceed` (a generous cap),
+    so tests order events by what happened, not by sleeping."""
+
+    def __init__(self, monkeypatch):
+        self.entered, self.proceed = threading.Event(), threading.Event()
+        self.calls = 0
+        lock = threading.Lock()
+        decode = image_codec.decode
+
+        def gated(*args, **kwargs):
+            with lock:
+                self.calls += 1
+            self.entered.set()
+            assert self.proceed.wait(60), "the test never opened the gate"
+            return decode(*args, **kwargs)
+
+        monkeypatch.setattr(image_codec, "decode", gated)
+
+    async def wait_entered(self):
+        assert await asyncio.to_thread(self.entered.wait, 60)
+
+
+async def settle():
+    """Lets every task that is ready run up to its next real wait."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
 async def test_event_loop_stays_responsive_during_decode(monkeypatch, images, engine):
-    Spy(monkeypatch, delay=0.3)
+    """The decode holds until the loop has ticked 10 times: counted, not timed."""
+    gate = Gate(monkeypatch)
     processor = Processor(mean_pixel, engine=engine)
-    ticks = 0
 
     async def ticker():
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
+        await gate.wait_entered()
+        for _ in range(10):
+            await asyncio.sleep(0.001)
+        gate.proceed.set()
 
     task = asyncio.create_task(ticker())
     await processor.apply_async([lazymedia.load_image(images[0])])
-    task.cancel()
-    assert ticks >= 10
+    await task
+    assert gate.calls == 1
 
 
-async def test_cancellation_drains_and_followers_retry(monkeypatch, images, engine):
-    spy = Spy(monkeypatch, delay=0.3)
+async def test_cancellation_drains_and_followers_retry(monkeypatch, images, engine, caplog):
+    """A leader cancelled mid-decode: its running decodes finish before the cancel returns, its
+    key is abandoned, the follower decodes it again, and nothing is logged (no InvalidStateError
+    from a callback on a cancelled future)."""
+    import gc
+    import logging
+
+    gate = Gate(monkeypatch)
     processor = Processor(mean_pixel, engine=engine)
     leader_items = [lazymedia.load_image(images[0]), lazymedia.load_image(images[1])]
-    leader = asyncio.create_task(processor.apply_async(leader_items))
-    await asyncio.sleep(0.05)
+    with caplog.at_level(logging.DEBUG):
+        leader = asyncio.create_task(processor.apply_async(leader_items))
+        await gate.wait_entered()
+        follower = asyncio.create_task(processor.apply_async([lazymedia.load_image(images[0])]))
+        await settle()
+        leader.cancel()
+        await settle()
+        gate.proceed.set()
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        assert engine.in_flight == 0  # the running decodes finished before the cancel returned
+        result = await follower
+        gc.collect()
+        await settle()
+    assert gate.calls == 3  # the follower decoded again after the leader abandoned the key
+    assert result == mean_pixel([lazymedia.load_image(images[0]).media])
+    assert processor.in_flight == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or "InvalidStateError" in r.getMessage()]
+
+
+async def test_a_leader_cancelled_during_process_fn_never_makes_a_follower_run_it_again(images, engine):
+    """architecture-review.md §5 item 9: the leader is cancelled while process_fn runs, with a
+    follower waiting; phase 2 finishes on its thread and the follower gets its result."""
+    entered, proceed = threading.Event(), threading.Event()
+    calls = []
+
+    def slow(decoded):
+        calls.append(len(decoded))
+        entered.set()
+        assert proceed.wait(60)
+        return [tuple(t.shape) for t in decoded]
+
+    processor = Processor(slow, engine=engine)
+    leader = asyncio.create_task(processor.apply_async([lazymedia.load_image(images[0])]))
+    assert await asyncio.to_thread(entered.wait, 60)
     follower = asyncio.create_task(processor.apply_async([lazymedia.load_image(images[0])]))
-    await asyncio.sleep(0.05)
+    await settle()
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
+        await leader  # returns at once: the request is gone, its phase 2 is not
+    await settle()  # a follower told to retry would lead the key again now, before phase 2 ends
+    proceed.set()
+    assert await follower == [(64, 80, 3)]
+    assert calls == [1] and processor.in_flight == 0
+    assert processor.apply([lazymedia.load_image(images[0])]) == [(64, 80, 3)] and calls == [1]  # cached
+
+
+async def test_a_leaders_5xx_is_abandoned_and_its_followers_retry(monkeypatch, images, engine):
+    """MediaCapacityError (503) says "not now", not "bad item": the follower decodes itself."""
+    entered, proceed = threading.Event(), threading.Event()
+    decode = image_codec.decode
+    calls = []
+
+    def no_memory_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            entered.set()
+            assert proceed.wait(60)
+            raise lazymedia.MediaCapacityError("no memory for this item right now")
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(image_codec, "decode", no_memory_once)
+    processor = Processor(lambda items: [tuple(t.shape) for t in items], engine=engine)
+    leader = asyncio.create_task(processor.apply_async([lazymedia.load_image(images[0])]))
+    assert await asyncio.to_thread(entered.wait, 60)
+    follower = asyncio.create_task(processor.apply_async([lazymedia.load_image(images[0])]))
+    await settle()
+    proceed.set()
+    with pytest.raises(lazymedia.MediaCapacityError) as info:
         await leader
-    assert engine.in_flight == 0  # the running decodes finished before the cancel returned
-    assert all(not item.has_bytes for item in leader_items)
-    result = await follower
-    assert result == mean_pixel([lazymedia.load_image(images[0]).media])
-    assert spy.calls >= 3  # the follower decoded again after the leader abandoned the key
-    assert processor.in_flight == 0
+    assert info.value.status_code == 503
+    assert await follower == [(64, 80, 3)] and len(calls) == 2
+
+
+def test_a_hit_keeps_the_bytes_for_another_processor_that_misses(images, engine):
+    """Processors with different caches or namespaces meet the same handle: a hit in one must not
+    leave the other unable to decode it (no MediaReleasedError)."""
+    first = Processor(mean_pixel, engine=engine)
+    second = Processor(lambda items: [tuple(t.shape) for t in items], engine=engine, namespace="shapes")
+    first.apply([lazymedia.load_image(images[0])])
+    item = lazymedia.load_image(images[0])
+    assert first.apply([item]) == mean_pixel([lazymedia.load_image(images[0]).media])  # a hit
+    assert item.has_bytes and not item.is_decoded
+    assert second.apply([item]) == [(64, 80, 3)]  # a miss there: it decodes
+    assert item.is_decoded and not item.has_bytes  # the decode now stands in for the bytes
+    assert first.apply([item]) and second.apply([item]) == [(64, 80, 3)]  # hits on a decoded handle
 
 
 def test_corrupt_error_reaches_followers_with_their_index(monkeypatch, images, engine):
@@ -308,26 +416,23 @@ def test_an_id_miss_never_fails_an_item_that_brought_its_media(engine, images):
     assert processor.apply(both) == [(64, 80, 3)] * 2
 
 
-def test_a_follower_with_media_is_not_failed_by_an_id_only_leader(monkeypatch, engine, images):
-    Spy(monkeypatch, delay=0.5)  # request A's other item keeps A's id-only key in flight
+async def test_a_follower_with_media_is_not_failed_by_an_id_only_leader(monkeypatch, engine, images):
+    gate = Gate(monkeypatch)  # request A's other item keeps A's id-only key in flight
     processor = Processor(lambda items: [tuple(t.shape) for t in items], engine=engine)
-    results = {}
 
-    def request(name, items):
+    async def request(items):
         try:
-            results[name] = processor.apply(items)
+            return await processor.apply_async(items)
         except lazymedia.MediaError as exc:
-            results[name] = type(exc).__name__
+            return type(exc).__name__
 
-    a = threading.Thread(target=request, args=("A", [lazymedia.LazyMedia.from_id("image", "Y"),
-                                                     lazymedia.load_image(images[4])]))
-    a.start()
-    time.sleep(0.2)  # A leads "Y" and waits for its slow decode
-    b = threading.Thread(target=request, args=("B", [lazymedia.load_image(images[3], item_id="Y")]))
-    b.start()
-    a.join(10)
-    b.join(10)
-    assert results == {"A": "MediaNotCachedError", "B": [(64, 80, 3)]}
+    a = asyncio.create_task(request([lazymedia.LazyMedia.from_id("image", "Y"), lazymedia.load_image(images[4])]))
+    await gate.wait_entered()  # A leads "Y" and waits for its other item's decode
+    b = asyncio.create_task(request([lazymedia.load_image(images[3], item_id="Y")]))
+    await settle()  # B follows A on "Y"
+    gate.proceed.set()
+    assert {"A": await a, "B": await b} == {"A": "MediaNotCachedError", "B": [(64, 80, 3)]}
+    assert gate.calls == 2  # A's image, then B's own decode of "Y" after A abandoned it
 
 
 def test_apply_refuses_what_is_neither_a_handle_nor_decoded_media(engine):

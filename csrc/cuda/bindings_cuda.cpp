@@ -187,7 +187,8 @@ std::vector<std::pair<bool, std::string>> decode_jpegs(cuda::NvjpegDecoder& deco
     if (t.size() != 5) throw py::value_error("decode items are (data, width, height, orientation, out_ptr)");
     keep.push_back(py::reinterpret_borrow<py::buffer>(t[0]).request());
     const py::buffer_info& info = keep.back();
-    if (info.ndim != 1 || info.itemsize != 1) throw py::value_error("JPEG data must be a contiguous byte buffer");
+    if (info.ndim != 1 || info.itemsize != 1 || (info.size > 1 && info.strides[0] != 1))
+      throw py::value_error("JPEG data must be a contiguous byte buffer");
     requests.push_back({static_cast<const uint8_t*>(info.ptr), size_t(info.size), t[1].cast<int>(), t[2].cast<int>(),
                         t[3].cast<int>(), ptr<uint8_t>(t[4].cast<uintptr_t>())});
   }
@@ -202,12 +203,43 @@ std::vector<std::pair<bool, std::string>> decode_jpegs(cuda::NvjpegDecoder& deco
   return out;
 }
 
+std::string version_text(int version) {  // CUDA's 1000 * major + 10 * minor
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+// The versions `lazymedia info` reports: libnvjpeg's own and the cudart it was built with, this
+// extension's (static) cudart, and what the driver supports; a part that cannot be read says why.
+py::dict versions(const std::string& library_path) {
+  py::dict out;
+  int runtime = 0, driver = 0;
+  out["cudart_static"] = cudaRuntimeGetVersion(&runtime) == cudaSuccess ? version_text(runtime) : "unknown";
+  cudaError_t status = cudaDriverGetVersion(&driver);
+  out["driver_cuda"] = status == cudaSuccess && driver ? version_text(driver) : "no driver";
+  std::string error;
+  const cuda::NvjpegApi* api = cuda::load_nvjpeg(library_path, &error);
+  if (!api) {
+    out["nvjpeg"] = error;
+    return out;
+  }
+  auto property = [](decltype(api->GetProperty) get, libraryPropertyType type) {
+    int value = -1;
+    return get(type, &value) == NVJPEG_STATUS_SUCCESS ? std::to_string(value) : std::string("?");
+  };
+  out["nvjpeg"] = property(api->GetProperty, MAJOR_VERSION) + "." + property(api->GetProperty, MINOR_VERSION) + "." +
+                  property(api->GetProperty, PATCH_LEVEL);
+  out["nvjpeg_built_with_cudart"] =
+      property(api->GetCudartProperty, MAJOR_VERSION) + "." + property(api->GetCudartProperty, MINOR_VERSION);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C_cuda, m) {
   m.doc() = "lazymedia CUDA part: shared pixel kernels on the GPU and the batched nvJPEG decoder";
   m.def("arches", [] { return std::string(LAZYMEDIA_CUDA_ARCHES); }, "Architectures this module was compiled for.");
   m.def("device_count", &device_count, "(count, error): CUDA devices visible, or 0 and why.");
+  m.def("versions", &versions, py::arg("library_path") = "",
+        "nvJPEG, the cudart it was built with, this module's cudart and the driver's CUDA version.");
   m.def("resize", &py_resize, py::arg("src"), py::arg("h"), py::arg("w"), py::arg("c"), py::arg("dst"), py::arg("oh"),
         py::arg("ow"), py::arg("filter"), py::arg("stream"));
   m.def("orient", &py_orient, py::arg("src"), py::arg("dst"), py::arg("h"), py::arg("w"), py::arg("c"),
@@ -224,6 +256,9 @@ PYBIND11_MODULE(_C_cuda, m) {
       .def_property_readonly("engines", &cuda::NvjpegDecoder::engines)
       .def_property_readonly("cores_per_engine", &cuda::NvjpegDecoder::cores_per_engine)
       .def_property_readonly("device", &cuda::NvjpegDecoder::device)
+      .def_property_readonly("upsampling_interpolated", &cuda::NvjpegDecoder::upsampling_interpolated)
+      .def_property_readonly("stream_ordered_pool", &cuda::NvjpegDecoder::stream_ordered_pool)
+      .def_property_readonly("creation_log", &cuda::NvjpegDecoder::creation_log)
       .def("decode", &decode_jpegs, py::arg("items"), py::arg("consumer_stream"),
            "Decode JPEGs into device buffers; one (decoded, fallback_reason) per item.");
 }

@@ -44,7 +44,15 @@ bool bind_all(void* lib, NvjpegApi* api, std::string* missing) {
          bind(lib, "nvjpegDecodeParamsSetOutputFormat", &api->DecodeParamsSetOutputFormat, missing) &&
          bind(lib, "nvjpegDecodeJpegHost", &api->DecodeJpegHost, missing) &&
          bind(lib, "nvjpegDecodeJpegTransferToDevice", &api->DecodeJpegTransferToDevice, missing) &&
-         bind(lib, "nvjpegDecodeJpegDevice", &api->DecodeJpegDevice, missing);
+         bind(lib, "nvjpegDecodeJpegDevice", &api->DecodeJpegDevice, missing) &&
+         bind(lib, "nvjpegGetProperty", &api->GetProperty, missing) &&
+         bind(lib, "nvjpegGetCudartProperty", &api->GetCudartProperty, missing);
+}
+
+// Entry points a decoder works without.
+void bind_optional(void* lib, NvjpegApi* api) {
+  api->DecodeBatchedPreAllocate =
+      reinterpret_cast<decltype(api->DecodeBatchedPreAllocate)>(dlsym(lib, "nvjpegDecodeBatchedPreAllocate"));
 }
 
 }  // namespace
@@ -70,6 +78,7 @@ const NvjpegApi* load_nvjpeg(const std::string& library_path, std::string* error
       dlclose(lib);
       continue;
     }
+    bind_optional(lib, &api);
     loaded = true;
     return &api;
   }

@@ -40,6 +40,10 @@ struct NvjpegApi {
   decltype(&nvjpegDecodeJpegHost) DecodeJpegHost;
   decltype(&nvjpegDecodeJpegTransferToDevice) DecodeJpegTransferToDevice;
   decltype(&nvjpegDecodeJpegDevice) DecodeJpegDevice;
+  decltype(&nvjpegGetProperty) GetProperty;
+  decltype(&nvjpegGetCudartProperty) GetCudartProperty;
+  // Optional (nullptr where the library lacks it): reserves the hardware batch's buffers up front.
+  decltype(&nvjpegDecodeBatchedPreAllocate) DecodeBatchedPreAllocate;
 };
 
 // The loaded API, or nullptr with `error` set. `library_path` (may be empty) is tried before the

@@ -12,6 +12,13 @@ void check_nvjpeg(nvjpegStatus_t status, const char* what) {
 
 // Strict: a damaged bitstream is an error (the CPU decoder then decides, as without a GPU).
 constexpr unsigned kFlags = NVJPEG_FLAGS_BITSTREAM_STRICT;
+// Chroma upsampled by interpolation, as libjpeg-turbo and Pillow do (nvJPEG >= 12.1); tried
+// first, dropped where a backend refuses it.
+constexpr unsigned kInterpolated = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
+// The hardware batch's buffers reserved at creation (a hint: larger batches grow them).
+constexpr int kPreallocateBatch = 16, kPreallocateSide = 1024;
+// Events the host waits on: it sleeps instead of spinning a core while it holds the mutex.
+constexpr unsigned kHostWaitedEvent = cudaEventDisableTiming | cudaEventBlockingSync;
 // nvJPEG's pool keeps up to this much freed memory instead of returning it at every sync.
 constexpr uint64_t kPoolReleaseThreshold = 256ull << 20;
 
@@ -30,16 +37,17 @@ class DeviceGuard {
 };
 
 // Stream-ordered scratch buffers from the decoder's pool, freed on the stream on every exit
-// path (errors included).
+// path (errors included). Without a pool: cudaMalloc, freed once the stream is idle.
 class Scratch {
  public:
   Scratch(const CudaApi& cuda, cudaMemPool_t pool, cudaStream_t stream) : cuda_(cuda), pool_(pool), stream_(stream) {}
   ~Scratch() {
-    for (void* p : buffers_) cuda_.FreeAsync(p, stream_);
+    if (!pool_ && !buffers_.empty()) cuda_.StreamSynchronize(stream_);
+    for (void* p : buffers_) pool_ ? cuda_.FreeAsync(p, stream_) : cuda_.Free(p);
   }
   uint8_t* allocate(size_t bytes) {
     void* p = nullptr;
-    cudaError_t status = cuda_.MallocFromPoolAsync(&p, bytes, pool_, stream_);
+    cudaError_t status = pool_ ? cuda_.MallocFromPoolAsync(&p, bytes, pool_, stream_) : cuda_.Malloc(&p, bytes);
     if (status != cudaSuccess) throw std::runtime_error(std::string("scratch allocation: ") + cuda_.GetErrorString(status));
     buffers_.push_back(p);
     return static_cast<uint8_t*>(p);
@@ -60,10 +68,13 @@ void NvjpegDecoder::check_cuda(cudaError_t status, const char* what) const {
 
 int NvjpegDecoder::device_malloc(void* self, void** ptr, size_t size, cudaStream_t stream) {
   auto* decoder = static_cast<NvjpegDecoder*>(self);
+  if (!decoder->pool_) return int(decoder->cuda_->Malloc(ptr, size));
   return int(decoder->cuda_->MallocFromPoolAsync(ptr, size, decoder->pool_, stream));
 }
 int NvjpegDecoder::device_free(void* self, void* ptr, size_t, cudaStream_t stream) {
-  return int(static_cast<NvjpegDecoder*>(self)->cuda_->FreeAsync(ptr, stream));
+  auto* decoder = static_cast<NvjpegDecoder*>(self);
+  if (!decoder->pool_) return int(decoder->cuda_->Free(ptr));  // cudaFree waits for the device
+  return int(decoder->cuda_->FreeAsync(ptr, stream));
 }
 int NvjpegDecoder::pinned_malloc(void* self, void** ptr, size_t size, cudaStream_t) {
   return int(static_cast<NvjpegDecoder*>(self)->cuda_->HostAlloc(ptr, size, 0));
@@ -94,43 +105,74 @@ NvjpegDecoder::NvjpegDecoder(const NvjpegApi* api, const CudaApi* cuda, int devi
   }
 }
 
+void NvjpegDecoder::note(const std::string& line) {
+  creation_log_ += (creation_log_.empty() ? "" : "\n") + line;
+}
+
+bool NvjpegDecoder::create_handle(nvjpegBackend_t backend, bool v2_allocators) {
+  const char* name = backend == NVJPEG_BACKEND_HARDWARE ? "hardware" : "default";
+  for (unsigned flags : {kFlags | kInterpolated, kFlags}) {
+    nvjpegStatus_t status =
+        v2_allocators ? api_->CreateExV2(backend, &device_allocator_, &pinned_allocator_, flags, &handle_)
+                      : api_->CreateEx(backend, nullptr, nullptr, flags, &handle_);
+    note(std::string(v2_allocators ? "nvjpegCreateExV2(" : "nvjpegCreateEx(") + name + ", flags=" +
+         std::to_string(flags) + (v2_allocators ? ", lazymedia's allocators" : ", nvJPEG's allocators") +
+         "): " + nvjpeg_status_name(status));
+    if (status == NVJPEG_STATUS_SUCCESS) {
+      interpolated_ = (flags & kInterpolated) != 0;
+      return true;
+    }
+    handle_ = nullptr;
+  }
+  return false;
+}
+
 void NvjpegDecoder::create(bool allow_hardware) {
   DeviceGuard guard(*cuda_, device_);
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = device_;
-  check_cuda(cuda_->MemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
-  uint64_t threshold = kPoolReleaseThreshold;
-  check_cuda(cuda_->MemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold), "pool threshold");
+  int pools_supported = 0;
+  if (cuda_->DeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, device_) != cudaSuccess)
+    pools_supported = 0;
+  if (pools_supported) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    check_cuda(cuda_->MemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+    uint64_t threshold = kPoolReleaseThreshold;
+    check_cuda(cuda_->MemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold), "pool threshold");
+    note("device memory: a private stream-ordered pool");
+  } else {
+    note("device memory: cudaMalloc (the device has no stream-ordered memory pools)");
+  }
   device_allocator_ = nvjpegDevAllocatorV2_t{&NvjpegDecoder::device_malloc, &NvjpegDecoder::device_free, this};
   pinned_allocator_ = nvjpegPinnedAllocatorV2_t{&NvjpegDecoder::pinned_malloc, &NvjpegDecoder::pinned_free, this};
-  // Stream-ordered allocators where the backend takes them; the hardware backend may insist on
-  // its defaults, so it is tried both ways before giving up on the engines.
+  // Our allocators where the backend takes them; the hardware backend may insist on its
+  // defaults, so it is tried both ways before giving up on the engines.
   if (allow_hardware) {
-    if (api_->CreateExV2(NVJPEG_BACKEND_HARDWARE, &device_allocator_, &pinned_allocator_, kFlags, &handle_) !=
-        NVJPEG_STATUS_SUCCESS) {
-      handle_ = nullptr;
-      if (api_->CreateEx(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, kFlags, &handle_) != NVJPEG_STATUS_SUCCESS)
+    if (create_handle(NVJPEG_BACKEND_HARDWARE, true) || create_handle(NVJPEG_BACKEND_HARDWARE, false)) {
+      nvjpegStatus_t status = api_->GetHardwareDecoderInfo(handle_, &engines_, &cores_);
+      note(std::string("nvjpegGetHardwareDecoderInfo: ") + nvjpeg_status_name(status) + ", " +
+           std::to_string(engines_) + " engines x " + std::to_string(cores_) + " cores");
+      if (status == NVJPEG_STATUS_SUCCESS && engines_ > 0) {
+        hardware_ = true;
+      } else {
+        api_->Destroy(handle_);
         handle_ = nullptr;
+        engines_ = cores_ = 0;
+      }
     }
-    if (handle_ && api_->GetHardwareDecoderInfo(handle_, &engines_, &cores_) == NVJPEG_STATUS_SUCCESS &&
-        engines_ > 0) {
-      hardware_ = true;
-    } else if (handle_) {
-      api_->Destroy(handle_);
-      handle_ = nullptr;
-      engines_ = cores_ = 0;
-    }
+  } else {
+    note("hardware backend not asked for");
   }
-  if (!handle_) {
-    if (api_->CreateExV2(NVJPEG_BACKEND_DEFAULT, &device_allocator_, &pinned_allocator_, kFlags, &handle_) !=
-        NVJPEG_STATUS_SUCCESS) {
-      handle_ = nullptr;
-      throw std::runtime_error("nvjpegCreateExV2 failed");
-    }
-  }
+  if (!handle_ && !create_handle(NVJPEG_BACKEND_DEFAULT, true))
+    throw std::runtime_error("nvjpegCreateExV2 failed:\n" + creation_log_);
   check_nvjpeg(api_->JpegStateCreate(handle_, &batched_state_), "nvjpegJpegStateCreate");
+  if (hardware_ && api_->DecodeBatchedPreAllocate) {
+    nvjpegStatus_t status = api_->DecodeBatchedPreAllocate(handle_, batched_state_, kPreallocateBatch,
+                                                           kPreallocateSide, kPreallocateSide, NVJPEG_CSS_444,
+                                                           NVJPEG_OUTPUT_RGBI);
+    note(std::string("nvjpegDecodeBatchedPreAllocate: ") + nvjpeg_status_name(status));  // a hint: never fatal
+  }
   check_nvjpeg(api_->DecoderCreate(handle_, NVJPEG_BACKEND_DEFAULT, &decoder_), "nvjpegDecoderCreate");
   check_nvjpeg(api_->DecoderStateCreate(handle_, decoder_, &decoupled_state_), "nvjpegDecoderStateCreate");
   for (auto& pinned : pinned_)
@@ -140,9 +182,10 @@ void NvjpegDecoder::create(bool allow_hardware) {
   check_nvjpeg(api_->DecodeParamsCreate(handle_, &params_), "nvjpegDecodeParamsCreate");
   check_nvjpeg(api_->DecodeParamsSetOutputFormat(params_, NVJPEG_OUTPUT_RGBI), "set output format");
   check_cuda(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  for (cudaEvent_t* event :
-       {&consumer_ready_, &stream_idle_, &done_, &device_done_, &pinned_free_[0], &pinned_free_[1]})
+  for (cudaEvent_t* event : {&consumer_ready_, &done_})  // only streams wait on these
     check_cuda(cuda_->EventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate");
+  for (cudaEvent_t* event : {&stream_idle_, &device_done_, &pinned_free_[0], &pinned_free_[1]})
+    check_cuda(cuda_->EventCreateWithFlags(event, kHostWaitedEvent), "cudaEventCreate");
 }
 
 NvjpegDecoder::~NvjpegDecoder() { release(); }
@@ -224,6 +267,13 @@ void NvjpegDecoder::decode_ordered(const std::vector<JpegRequest>& requests, std
     int unsupported = 1;
     if (hardware_ && api_->DecodeBatchedSupported(handle_, streams_[i], &unsupported) == NVJPEG_STATUS_SUCCESS &&
         unsupported == 0) {  // 0 means supported
+      // The engines get only streams that parse whole: one cut inside its scan would fail the
+      // batch, or decode to pixels where the CPU answers 422 (DALI #3113 does the same).
+      status = api_->JpegStreamParse(handle_, r.data, r.size, 0, 0, streams_[i]);
+      if (status != NVJPEG_STATUS_SUCCESS) {
+        results[i] = {JpegOutcome::Fallback, std::string("parse: ") + nvjpeg_status_name(status)};
+        continue;
+      }
       hardware_items.push_back(i);
     } else {
       decoupled_items.push_back(i);
@@ -278,7 +328,9 @@ void NvjpegDecoder::decode_hardware(const std::vector<JpegRequest>& requests, co
     status = api_->DecodeBatched(handle_, batched_state_, data.data(), lengths.data(), destinations.data(), stream_);
   if (status != NVJPEG_STATUS_SUCCESS) {
     batched_size_ = 0;
-    // The whole batch failed (one bad bitstream fails it): the decoupled path retries each.
+    // The whole batch failed: the decoupled path retries each image, once whatever the engines
+    // had started writing into the same outputs has finished.
+    check_cuda(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
     std::string reason = std::string("hardware batch: ") + nvjpeg_status_name(status);
     decode_decoupled(requests, items, targets, results);
     for (size_t i : items)

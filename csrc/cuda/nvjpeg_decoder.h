@@ -7,15 +7,25 @@
 // private stream; the caller's stream waits on an event at the end (no device-wide sync).
 //
 // Ordering rules (held by tests/test_engine_nvjpeg.py against recording fakes of both APIs):
+// - a hardware candidate is parsed whole (nvjpegJpegStreamParse, not only its header) before it
+//   joins the batch: a stream cut inside its scan data falls back to the CPU (which answers 422)
+//   instead of failing the batch, or decoding to pixels on the engines;
 // - the hardware batch is (re)initialised only after the host has waited for everything queued
 //   before it, and again after any failed batch, not only when its size changes;
+// - after a failed hardware batch the private stream is synchronised before the decoupled retry
+//   writes the same outputs (the engines do not order themselves by stream);
 // - the decoupled transfer of image k+1 waits for the device phase of image k (they share the
 //   decoder state and device buffer); a pinned buffer is refilled only after the device phase
 //   of the image that last used it; host phases may overlap earlier device phases;
 // - handles are created with NVJPEG_FLAGS_BITSTREAM_STRICT, so a damaged stream is refused
-//   (and falls back to the CPU decoder, which answers 422) instead of decoding to pixels.
+//   (and falls back to the CPU decoder, which answers 422) instead of decoding to pixels, and
+//   with NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION (libjpeg's chroma upsampling) where the
+//   library accepts it.
 // nvJPEG's device buffers come from a private stream-ordered pool that keeps what it freed
-// (a release threshold), not from the device's default pool, which trims at every sync.
+// (a release threshold), not from the device's default pool, which trims at every sync; a
+// device without stream-ordered pools gets cudaMalloc/cudaFree instead. The host waits on
+// blocking-sync events (it sleeps instead of spinning a core under the decoder's mutex).
+// creation_log() says what each creation attempt returned (`lazymedia info` prints it).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -67,6 +77,10 @@ class NvjpegDecoder {
   unsigned engines() const { return engines_; }
   unsigned cores_per_engine() const { return cores_; }
   int device() const { return device_; }
+  bool upsampling_interpolated() const { return interpolated_; }
+  bool stream_ordered_pool() const { return pool_ != nullptr; }
+  // One line per creation attempt: the backend, flags and allocators tried, and the status.
+  const std::string& creation_log() const { return creation_log_; }
 
  private:
   // Parses, routes and decodes every request on the private stream (decode() wraps it).
@@ -77,6 +91,9 @@ class NvjpegDecoder {
                         const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results);
 
   void create(bool allow_hardware);
+  // nvjpegCreateExV2 with `backend`, first with the interpolating upsampling flag, then without.
+  bool create_handle(nvjpegBackend_t backend, bool v2_allocators);
+  void note(const std::string& line);
   void release();
   void check_cuda(cudaError_t status, const char* what) const;
   static int device_malloc(void* self, void** ptr, size_t size, cudaStream_t stream);
@@ -93,6 +110,8 @@ class NvjpegDecoder {
   nvjpegPinnedAllocatorV2_t pinned_allocator_{};
   nvjpegHandle_t handle_ = nullptr;
   bool hardware_ = false;
+  bool interpolated_ = false;
+  std::string creation_log_;
   unsigned engines_ = 0, cores_ = 0;
   nvjpegJpegState_t batched_state_ = nullptr;
   int batched_size_ = 0;

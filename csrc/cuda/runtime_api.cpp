@@ -11,7 +11,8 @@ const CudaApi& cuda_runtime() {
       &cudaStreamDestroy,    &cudaStreamSynchronize,   &cudaStreamWaitEvent,     &cudaEventCreateWithFlags,
       &cudaEventDestroy,     &cudaEventRecord,         &cudaEventSynchronize,    &cudaMemPoolCreate,
       &cudaMemPoolDestroy,   &cudaMemPoolSetAttribute, &cudaMallocFromPoolAsync, &cudaFreeAsync,
-      &cudaHostAlloc,        &cudaFreeHost,            &launch_orient,
+      &cudaHostAlloc,        &cudaFreeHost,            &cudaMalloc,              &cudaFree,
+      &cudaDeviceGetAttribute, &launch_orient,
   };
   return api;
 }

@@ -29,6 +29,9 @@ struct CudaApi {
   decltype(&cudaFreeAsync) FreeAsync;
   decltype(&cudaHostAlloc) HostAlloc;
   decltype(&cudaFreeHost) FreeHost;
+  decltype(&cudaMalloc) Malloc;  // where the device has no stream-ordered pools
+  decltype(&cudaFree) Free;
+  decltype(&cudaDeviceGetAttribute) DeviceGetAttribute;
   // EXIF orientation of an h x w x c image from src to dst, enqueued on `stream` (device_ops.h).
   cudaError_t (*Orient)(const uint8_t* src, uint8_t* dst, int h, int w, int c, int orientation,
                         cudaStream_t stream);

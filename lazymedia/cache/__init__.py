@@ -1,13 +1,21 @@
 """Caches of processed outputs, keyed by content (`LazyMedia.key`): the in-process LRU, the
-shared Redis/Valkey tier (imported on first use: it needs the redis client), and the two tiered."""
+same-host LMDB tier (HostCache), the shared Redis/Valkey tier, and any chain of them
+(TieredCache). The shared tiers are imported on first use: they need lmdb / the redis client."""
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ..lru import CacheStats, LruCache
 from .local import ProcessorCache, estimate_nbytes
 
-_LAZY = {"RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",
+if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
+    from .host import HostCache
+    from .redis import RedisCache, SharedCacheStats
+    from .tiered import SharedChain, TieredCache, TieredStats
+
+_LAZY = {"HostCache": "lazymedia.cache.host", "SharedChain": "lazymedia.cache.tiered",
+         "RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",
          "TieredCache": "lazymedia.cache.tiered", "TieredStats": "lazymedia.cache.tiered"}
 
 
@@ -18,5 +26,5 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["CacheStats", "LruCache", "ProcessorCache", "RedisCache", "SharedCacheStats", "TieredCache",
-           "TieredStats", "estimate_nbytes"]
+__all__ = ["CacheStats", "HostCache", "LruCache", "ProcessorCache", "RedisCache", "SharedCacheStats", "SharedChain",
+           "TieredCache", "TieredStats", "estimate_nbytes"]

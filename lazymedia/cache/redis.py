@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .serialize import SerializationError, dumps, loads
+from .serialize import BadValueLog, SerializationError, dumps, loads
 
 logger = logging.getLogger("lazymedia.cache")
 
@@ -43,6 +43,7 @@ class SharedCacheStats:
     corrupt: int  # values that did not read back (treated as misses)
     oversized: int  # values over max_entry_bytes (not written)
     unserializable: int  # values of types the shared tier cannot hold (kept local)
+    evictions: int = 0  # entries this process removed to make room (HostCache; Redis evicts by itself)
 
 
 class RedisCache:
@@ -52,7 +53,7 @@ class RedisCache:
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
                  max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 30.0,
                  wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
-                 client=None, async_client=None):
+                 bfloat16: bool = False, client=None, async_client=None):
         try:
             import redis
             import redis.asyncio
@@ -67,6 +68,8 @@ class RedisCache:
         self.wait_s = lease_s if wait_s is None else wait_s
         self.retry_after_s = retry_after_s
         self.log_every_s = log_every_s
+        self.bfloat16 = bfloat16
+        self._bad_values = BadValueLog(log_every_s, logger)
         options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         self._client = client if client is not None else redis.Redis.from_url(url, **options)
         self._url, self._options = url, options
@@ -113,35 +116,34 @@ class RedisCache:
         return True
 
     # -- values -----------------------------------------------------------------------------------
-    def _decode_values(self, keys: list[str], raw: list) -> dict:
-        found = {}
+    def _decode_values(self, keys: list[str], raw: list) -> dict[str, tuple[Any, bytes | None]]:
+        """{key: (value, its bytes)}; a bad value is a miss, counted and logged (rate-limited)."""
+        found: dict[str, tuple[Any, bytes | None]] = {}
         for key, data in zip(keys, raw):
             if data is None:
                 self._count("misses")
                 continue
             self._count("bytes_in", len(data))
             try:
-                found[key] = loads(data)
-            except SerializationError:
+                found[key] = (loads(data), data)
+            except SerializationError as exc:
                 self._count("corrupt")
                 self._count("misses")
+                self._bad_values.report("shared", exc)
                 continue
             self._count("hits")
         return found
 
-    def _encode(self, value) -> bytes | None:
+    def encode(self, value) -> bytes | None:
+        """`value` as stored bytes; None (counted) for a type no shared tier can hold."""
         try:
-            data = dumps(value)
+            return dumps(value, bfloat16=self.bfloat16)
         except SerializationError:
             self._count("unserializable")
             return None
-        if len(data) > self.max_entry_bytes:
-            self._count("oversized")
-            return None
-        return data
 
-    def get_many(self, keys: list[str]) -> dict:
-        """{key: value} for the keys the server holds (one round trip)."""
+    def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+        """{key: (value, its stored bytes)} for the keys the server holds (one round trip)."""
         if not keys or self._skip():
             return {}
         try:
@@ -151,9 +153,21 @@ class RedisCache:
             return {}
         return self._decode_values(keys, raw)
 
+    def get_many(self, keys: list[str]) -> dict:
+        """{key: value} for the keys the server holds (one round trip)."""
+        return {key: value for key, (value, _) in self.read_many(keys).items()}
+
     def put(self, key: str, value) -> bool:
-        data = self._encode(value)
-        if data is None or self._skip():
+        data = self.encode(value)
+        return data is not None and self.put_encoded(key, data)
+
+    def put_encoded(self, key: str, data: bytes) -> bool:
+        """Stores `serialize.dumps` bytes with the TTL; False when over `max_entry_bytes` or the
+        server is unavailable."""
+        if len(data) > self.max_entry_bytes:
+            self._count("oversized")
+            return False
+        if self._skip():
             return False
         try:
             self._client.set(self.prefix + key, data, px=self.ttl_ms)
@@ -204,30 +218,35 @@ class RedisCache:
         self._count("lease_waits")
         deadline = time.monotonic() + self.wait_s
         delay = 0.002
-        while time.monotonic() < deadline and not self._skip():
-            try:
-                with self._client.pipeline(transaction=False) as pipe:
-                    pipe.get(self.prefix + key)
-                    pipe.exists(self.prefix + key + ":lease")
-                    data, lease = pipe.execute()
-            except self._errors as exc:
-                self._fault(exc, "wait")
-                break
-            outcome = self._waited(key, data, lease)
-            if outcome is not None:
-                return outcome
+        while time.monotonic() < deadline and self.available:
+            state, value = self.probe(key)
+            if state != "leased":
+                return state == "found", value
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         self._count("lease_timeouts")
         return False, None
 
-    def _waited(self, key: str, data, lease) -> tuple[bool, object] | None:
-        """What one poll means: the value (found), the holder gone without one (decode it
-        yourself), or None (keep waiting)."""
+    def probe(self, key: str) -> tuple[str, Any]:
+        """One poll of `key` (one round trip): ("found", value), ("leased", None) while another
+        process holds its lease, or ("free", None) (also when the server is unavailable)."""
+        if self._skip():
+            return "free", None
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                pipe.get(self.prefix + key)
+                pipe.exists(self.prefix + key + ":lease")
+                data, lease = pipe.execute()
+        except self._errors as exc:
+            self._fault(exc, "wait")
+            return "free", None
+        return self._polled(key, data, lease)
+
+    def _polled(self, key: str, data, lease) -> tuple[str, Any]:
         if data is not None:
             found = self._decode_values([key], [data])
-            return (True, found[key]) if key in found else (False, None)
-        return None if lease else (False, None)
+            return ("found", found[key][0]) if key in found else ("free", None)
+        return ("leased" if lease else "free"), None
 
     # -- asyncio twins (the same protocol on redis.asyncio, one client per event loop) ---------
     def _async_client(self):
@@ -240,7 +259,7 @@ class RedisCache:
             self._async_clients[loop] = client
         return client
 
-    async def aget_many(self, keys: list[str]) -> dict:
+    async def aread_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         if not keys or self._skip():
             return {}
         try:
@@ -250,6 +269,9 @@ class RedisCache:
             self._fault(exc, "read")
             return {}
         return self._decode_values(keys, raw)
+
+    async def aget_many(self, keys: list[str]) -> dict:
+        return {key: value for key, (value, _) in (await self.aread_many(keys)).items()}
 
     async def atry_lease(self, key: str) -> str | None:
         if self._skip():
@@ -265,26 +287,40 @@ class RedisCache:
             return token
         return None
 
+    async def arelease(self, key: str, token: str) -> None:
+        """`release` on the asyncio client, so an event loop never blocks on it."""
+        if not token or self._skip():
+            return
+        try:
+            await self._async_client().eval(_RELEASE, 1, self.prefix + key + ":lease", token)
+        except self._errors as exc:
+            self._fault(exc, "lease release")
+
     async def await_for(self, key: str) -> tuple[bool, object]:
         self._count("lease_waits")
         deadline = time.monotonic() + self.wait_s
         delay = 0.002
-        while time.monotonic() < deadline and not self._skip():
-            try:
-                async with self._async_client().pipeline(transaction=False) as pipe:
-                    pipe.get(self.prefix + key)
-                    pipe.exists(self.prefix + key + ":lease")
-                    data, lease = await pipe.execute()
-            except self._errors as exc:
-                self._fault(exc, "wait")
-                break
-            outcome = self._waited(key, data, lease)
-            if outcome is not None:
-                return outcome
+        while time.monotonic() < deadline and self.available:
+            state, value = await self.aprobe(key)
+            if state != "leased":
+                return state == "found", value
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
         self._count("lease_timeouts")
         return False, None
+
+    async def aprobe(self, key: str) -> tuple[str, Any]:
+        if self._skip():
+            return "free", None
+        try:
+            async with self._async_client().pipeline(transaction=False) as pipe:
+                pipe.get(self.prefix + key)
+                pipe.exists(self.prefix + key + ":lease")
+                data, lease = await pipe.execute()
+        except self._errors as exc:
+            self._fault(exc, "wait")
+            return "free", None
+        return self._polled(key, data, lease)
 
     async def aclose(self) -> None:
         """Closes the calling event loop's connection pool."""

@@ -1,34 +1,155 @@
-"""Processed outputs as bytes for a shared cache tier, without pickle: whoever can write to the
-cache must not get code execution in every frontend that reads it.
+"""Processed outputs as compact bytes for a shared cache tier, without pickle: whoever can write
+to the cache must not get code execution in every frontend that reads it.
 
-Layout: b"LMV1", a 4-byte little-endian header length, a JSON header describing the value's
-structure, then the raw buffers of its tensors, arrays and bytes, each at a 64-byte aligned
-offset. The header holds plain values (None, bool, int, float, str) inline; containers
-(dict, list, tuple; any Mapping comes back as a dict) recursively; tensors and arrays as dtype,
-shape and a byte range. Reading checks every range, dtype and shape against the bytes, so a
-corrupt or foreign value is a SerializationError (a cache miss), never a crash.
+Layout (version 2): b"LMV2", a 4-byte little-endian header length, a 16-byte BLAKE3 digest of
+header and payload, a JSON header describing the value's structure, then the payload: the
+buffers of its tensors, arrays and bytes, each at a 64-byte aligned offset. The header holds
+plain values (None, bool, int, float, str) inline; containers (dict, list, tuple; any Mapping
+comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
+stored, one encoding per tensor, exact unless asked otherwise:
+
+- levels: a float tensor whose values take few distinct levels (a model's normalized pixels: at
+  most 256 per channel) as uint8/uint16 codes plus a table of the levels' bit patterns. The
+  levels are found on a strided sample, every element is coded through a perfect hash of its
+  bits, and the round trip is verified bit for bit before the encoding is used.
+- lz4: the bytes (raw elements or codes) LZ4-compressed, where a trial on one slice says it pays.
+- raw: the elements as they are.
+- bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
+  levels stored as bfloat16 and widened back to their dtype when read.
+
+Reading checks the digest, every range, dtype, shape and size against the bytes and a bound on
+what the value may expand to, so a corrupt, truncated, foreign or other-version value is a
+SerializationError (a cache miss), never a crash or an unbounded allocation.
 """
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from collections.abc import Mapping
 
+import blake3
+import lz4.block
 import numpy as np
 
-MAGIC = b"LMV1"
+MAGIC = b"LMV2"
+_PREFIX = 4 + 4 + 16  # magic, header length, digest
 _ALIGN = 64
 MAX_DEPTH = 32
+# What one value may expand to when read, unless the reader says otherwise.
+MAX_VALUE_BYTES = 4 << 30
 _NUMPY_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex64",
                  "complex128", "uint16", "uint32", "uint64")
 _TORCH_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}  # element size -> the integer type of its bit pattern
+# Level coding: tensors smaller than this stay raw; a sample of about SAMPLE elements finds the
+# levels; at most MAX_LEVELS of them ("a few thousand"), else the tensor is not level-like.
+_LEVEL_MIN_ELEMENTS = 1 << 14
+_LEVEL_SAMPLE = 1 << 16
+MAX_LEVELS = 4096
+_HASH_TRIES = 16
+_MULTIPLIERS = tuple(int(m) | 1 for m in np.random.default_rng(20261203).integers(1, 1 << 63, _HASH_TRIES))
+# Compression: tried on buffers of at least _COMPRESS_MIN bytes, kept if a _TRIAL_BYTES slice
+# shrinks below _COMPRESS_GAIN of its size. LZ4 takes at most 0x7E000000 bytes in one block.
+_COMPRESS_MIN = 64 << 10
+_TRIAL_BYTES = 256 << 10
+_COMPRESS_GAIN = 0.8
+_LZ4_MAX = 0x7E000000
 
 
 class SerializationError(ValueError):
     """A value that cannot be written (an unsupported type) or read (corrupt, foreign)."""
 
 
-def dumps(value) -> bytes:
-    """The value as bytes; SerializationError for a type outside the layout above."""
+class BadValueLog:
+    """Logs bad values read from a tier at most once per `every_s` (with how many were not
+    logged), so a flood of garbage cannot flood the log."""
+
+    def __init__(self, every_s: float = 10.0, logger: logging.Logger | None = None):
+        self.every_s = every_s
+        self._logger = logger or logging.getLogger("lazymedia.cache")
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._quiet = 0
+
+    def report(self, tier: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.every_s:
+                self._quiet += 1
+                return
+            self._last, quiet, self._quiet = now, self._quiet, 0
+        self._logger.warning("%s cache: unreadable value treated as a miss (%s)%s", tier, exc,
+                             f"; {quiet} more since the last report" if quiet else "")
+
+
+# -- writing --------------------------------------------------------------------------------------
+def _perfect_hash(levels: np.ndarray) -> tuple[int, int, np.ndarray] | None:
+    """(multiplier, shift, table) such that table[(bits * multiplier) >> shift] numbers the
+    `levels` (sorted bit patterns) without collisions; None if no multiplier tried separates them."""
+    width = levels.dtype.itemsize * 8
+    if width == 16:  # small enough to index directly
+        table = np.zeros(1 << 16, np.uint16)
+        table[levels] = np.arange(len(levels), dtype=np.uint16)
+        return 1, 0, table
+    hash_bits = min(22, max(16, (len(levels) ** 2).bit_length() + 1))  # few expected collisions
+    for multiplier in _MULTIPLIERS:
+        m = levels.dtype.type(multiplier & ((1 << width) - 1))
+        slots = (levels * m) >> levels.dtype.type(width - hash_bits)
+        if len(np.unique(slots)) == len(levels):
+            table = np.zeros(1 << hash_bits, np.uint16)
+            table[slots] = np.arange(len(levels), dtype=np.uint16)
+            return int(m), width - hash_bits, table
+    return None
+
+
+def _level_code(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(levels, codes) with levels[codes] == bits exactly, or None when the tensor has more than
+    MAX_LEVELS levels or coding would not make it smaller. Costs two passes over the elements
+    plus a verifying one; a tensor that is not level-like is usually rejected on the sample."""
+    if bits.size < _LEVEL_MIN_ELEMENTS:
+        return None
+    levels = np.unique(bits[:: max(1, bits.size // _LEVEL_SAMPLE)])
+    for _ in range(2):  # the sample may miss rare levels: add them once
+        if len(levels) > MAX_LEVELS or (bits.itemsize == 2 and len(levels) > 256):
+            return None
+        found = _perfect_hash(levels)
+        if found is None:
+            return None
+        multiplier, shift, table = found
+        slots = bits if shift == 0 else (bits * bits.dtype.type(multiplier)) >> bits.dtype.type(shift)
+        codes = table[slots]
+        missed = levels[codes] != bits
+        count = int(np.count_nonzero(missed))
+        if count == 0:
+            return levels, codes.astype(np.uint8) if len(levels) <= 256 else codes
+        if count > bits.size // 64:
+            return None
+        levels = np.union1d(levels, bits[missed])
+    return None
+
+
+def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
+    """The buffer LZ4-compressed with the header fields that say so, where a trial slice says it
+    pays; else the buffer as it is."""
+    size = buffer.nbytes
+    if size < _COMPRESS_MIN or size > _LZ4_MAX:
+        return buffer, {}
+    middle = (size - min(size, _TRIAL_BYTES)) // 2
+    trial = buffer[middle:middle + _TRIAL_BYTES]
+    if len(lz4.block.compress(trial, store_size=False)) > _COMPRESS_GAIN * trial.nbytes:
+        return buffer, {}
+    packed = lz4.block.compress(buffer, store_size=False)
+    if len(packed) > _COMPRESS_GAIN * size:
+        return buffer, {}
+    return memoryview(packed), {"z": "lz4", "n": size}
+
+
+def dumps(value, *, bfloat16: bool = False) -> bytes:
+    """The value as bytes; SerializationError for a type outside the layout above. Exact unless
+    `bfloat16` (float32/float64 tensors that are not level-coded lose precision)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -39,6 +160,26 @@ def dumps(value) -> bytes:
         buffers.append(buffer)
         size[0] = start + buffer.nbytes
         return [start, buffer.nbytes]
+
+    def elements(node: dict, flat: np.ndarray, is_float: bool, lossy: bool) -> dict:
+        """Fills the node's storage fields for a contiguous 1-d array of the elements."""
+        coded = _level_code(flat.view(_BITS[flat.itemsize])) if is_float and flat.itemsize in _BITS else None
+        if coded is not None:
+            levels, codes = coded
+            node["k"] = place(levels.view(np.uint8).data)
+            node["c"] = codes.dtype.name
+            flat = codes
+        elif lossy:
+            import torch
+
+            node["h"] = "bfloat16"
+            width = flat.itemsize * 8
+            floats = torch.from_numpy(flat.view(f"int{width}")).view(getattr(torch, f"float{width}"))
+            flat = floats.to(torch.bfloat16).view(torch.int16).numpy()
+        data, fields = _maybe_compress(np.ascontiguousarray(flat).view(np.uint8).data)
+        node.update(fields)
+        node["r"] = place(data)
+        return node
 
     def encode(item, depth: int):
         if depth > MAX_DEPTH:
@@ -51,16 +192,20 @@ def dumps(value) -> bytes:
             if item.dtype.name not in _NUMPY_DTYPES:
                 raise SerializationError(f"numpy dtype {item.dtype} is not supported")
             array = np.ascontiguousarray(item)
-            return {"a": array.dtype.name, "s": list(array.shape), "r": place(array.reshape(-1).view(np.uint8).data)}
+            return elements({"a": array.dtype.name, "s": list(array.shape)}, array.reshape(-1),
+                            array.dtype.name in _FLOATS, False)
         if type(item).__module__.startswith("torch") and hasattr(item, "untyped_storage"):
             import torch
 
             dtype = str(item.dtype).removeprefix("torch.")
             if dtype not in _TORCH_DTYPES:
                 raise SerializationError(f"torch dtype {item.dtype} is not supported")
-            tensor = item.detach().to("cpu").contiguous()
-            raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
-            return {"t": dtype, "s": list(tensor.shape), "r": place(raw.data)}
+            tensor = item.detach().to("cpu").contiguous().reshape(-1)
+            flat = tensor.view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
+            if tensor.element_size() in _BITS:
+                flat = flat.view(_BITS[tensor.element_size()])
+            return elements({"t": dtype, "s": list(item.shape)}, flat, dtype in _FLOATS,
+                            bfloat16 and dtype in ("float32", "float64"))
         if isinstance(item, Mapping):
             if all(isinstance(k, str) for k in item):
                 return {"d": {k: encode(v, depth + 1) for k, v in item.items()}}
@@ -72,55 +217,107 @@ def dumps(value) -> bytes:
         raise SerializationError(f"{type(item).__name__} values cannot be stored in the shared cache")
 
     header = json.dumps(encode(value, 0), separators=(",", ":")).encode()
-    return b"".join([MAGIC, len(header).to_bytes(4, "little"), header, *buffers])
+    header += b" " * (-(_PREFIX + len(header)) % _ALIGN)  # the payload starts aligned where the value does
+    hasher = blake3.blake3(header)
+    for buffer in buffers:
+        hasher.update(buffer)
+    return b"".join([MAGIC, len(header).to_bytes(4, "little"), hasher.digest(16), header, *buffers])
 
 
-def loads(data: bytes | bytearray | memoryview):
-    """The value back; SerializationError for anything that is not a well-formed value."""
+# -- reading --------------------------------------------------------------------------------------
+def loads(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_VALUE_BYTES):
+    """The value back; SerializationError for anything that is not a well-formed value of this
+    version, or one that would expand past `max_bytes`. Tensors and arrays own their memory: the
+    input may be a view that dies after this call (a memory map's page)."""
     view = memoryview(data).cast("B")
-    if view.nbytes < 8 or bytes(view[:4]) != MAGIC:
-        raise SerializationError("not a lazymedia cache value")
+    if view.nbytes < _PREFIX or bytes(view[:4]) != MAGIC:
+        raise SerializationError("not a lazymedia cache value of this version")
     header_length = int.from_bytes(view[4:8], "little")
-    if header_length > view.nbytes - 8:
+    if header_length > view.nbytes - _PREFIX:
         raise SerializationError("header runs past the value")
+    if blake3.blake3(view[_PREFIX:]).digest(16) != bytes(view[8:_PREFIX]):
+        raise SerializationError("checksum mismatch (truncated or damaged)")
     try:
-        tree = json.loads(bytes(view[8:8 + header_length]))
+        tree = json.loads(bytes(view[_PREFIX:_PREFIX + header_length]))
     except (ValueError, RecursionError) as exc:
         raise SerializationError(f"unreadable header: {type(exc).__name__}") from None
-    payload = bytearray(view[8 + header_length:])  # one writable copy: tensors view it without copies
+    payload = view[_PREFIX + header_length:]
+    budget = [max_bytes]
 
-    def region(entry) -> tuple[int, int]:
+    def spend(nbytes: int) -> None:
+        budget[0] -= nbytes
+        if budget[0] < 0:
+            raise SerializationError("value expands past the reader's bound")
+
+    def region(entry) -> memoryview:
         if not (isinstance(entry, list) and len(entry) == 2 and all(type(v) is int and v >= 0 for v in entry)):
             raise SerializationError("bad byte range")
         start, length = entry
-        if start + length > len(payload):
+        if start + length > payload.nbytes:
             raise SerializationError("byte range runs past the value")
-        return start, length
+        return payload[start:start + length]
 
-    def shape_of(entry, itemsize: int, length: int) -> tuple[int, ...]:
+    def count_of(entry) -> int:
         if not (isinstance(entry, list) and all(type(v) is int and v >= 0 for v in entry)) or len(entry) > 32:
             raise SerializationError("bad shape")
-        if int(np.prod(entry, dtype=object)) * itemsize != length:
-            raise SerializationError("shape does not match the bytes")
-        return tuple(entry)
+        return int(np.prod(entry, dtype=object))
+
+    def stored(node: dict, key: str, nbytes: int) -> bytearray:
+        """A writable copy of exactly `nbytes` stored under node[key], decompressed if need be."""
+        spend(nbytes)
+        raw = region(node.get(key))
+        if node.get("z") is None or key != "r":
+            if raw.nbytes != nbytes:
+                raise SerializationError("shape does not match the bytes")
+            return bytearray(raw)
+        if node["z"] != "lz4" or node.get("n") != nbytes or nbytes > _LZ4_MAX:
+            raise SerializationError("bad compression fields")
+        try:
+            unpacked = lz4.block.decompress(raw, uncompressed_size=nbytes, return_bytearray=True)
+        except lz4.block.LZ4BlockError:
+            raise SerializationError("corrupt compressed data") from None
+        if len(unpacked) != nbytes:
+            raise SerializationError("compressed data has the wrong size")
+        return unpacked
+
+    def elements(node: dict, itemsize: int) -> tuple[np.ndarray, bool]:
+        """(the elements as a 1-d uint8 array or bit-pattern array, whether widened from bfloat16)."""
+        count = count_of(node.get("s"))
+        if "k" in node:
+            if node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS:
+                raise SerializationError("bad level coding")
+            code_type = np.dtype(node["c"])
+            codes = np.frombuffer(stored(node, "r", count * code_type.itemsize), code_type)
+            table_bytes = region(node["k"])
+            if count and (table_bytes.nbytes == 0 or table_bytes.nbytes % itemsize
+                          or table_bytes.nbytes // itemsize > 1 << 16):
+                raise SerializationError("bad level table")
+            spend(count * itemsize)
+            table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
+            return (np.take(table, codes, mode="clip") if count else table), False
+        if node.get("h") == "bfloat16":
+            spend(count * itemsize)  # the widened copy
+            return np.frombuffer(stored(node, "r", count * 2), np.uint16), True
+        if "h" in node:
+            raise SerializationError("bad lossy encoding")
+        return np.frombuffer(stored(node, "r", count * itemsize), np.uint8), False
 
     def decode(node, depth: int):
-        if depth > MAX_DEPTH or not isinstance(node, dict) or len(node) not in (1, 3):
+        if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 7:
             raise SerializationError("malformed value")
         if "v" in node:
             if node["v"] is not None and not isinstance(node["v"], (bool, int, float, str)):
                 raise SerializationError("malformed plain value")
             return node["v"]
         if "b" in node:
-            start, length = region(node["b"])
-            return bytes(payload[start:start + length])
+            spend(len(region(node["b"])))
+            return bytes(region(node["b"]))
         if "a" in node:
-            if node["a"] not in _NUMPY_DTYPES:
+            if node["a"] not in _NUMPY_DTYPES or "h" in node:
                 raise SerializationError("bad numpy dtype")
             dtype = np.dtype(node["a"])
-            start, length = region(node.get("r"))
-            shape = shape_of(node.get("s"), dtype.itemsize, length)
-            return np.frombuffer(payload, dtype=dtype, count=length // dtype.itemsize, offset=start).reshape(shape)
+            flat, _ = elements(node, dtype.itemsize)
+            return flat.view(dtype).reshape(tuple(node["s"]))
         if "t" in node:
             import torch
 
@@ -128,11 +325,16 @@ def loads(data: bytes | bytearray | memoryview):
                 raise SerializationError("bad torch dtype")
             dtype = getattr(torch, node["t"])
             itemsize = torch.empty((), dtype=dtype).element_size()
-            start, length = region(node.get("r"))
-            shape = shape_of(node.get("s"), itemsize, length)
-            if length == 0:
+            flat, widen = elements(node, itemsize)
+            shape = tuple(node["s"])
+            if widen:
+                if node["t"] not in ("float32", "float64"):
+                    raise SerializationError("bad lossy encoding")
+                return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).to(dtype).reshape(shape)
+            if flat.size == 0:
                 return torch.empty(shape, dtype=dtype)
-            return torch.frombuffer(payload, dtype=dtype, count=length // itemsize, offset=start).reshape(shape)
+            signed = flat.view(np.uint8) if flat.dtype == np.uint8 else flat.view(f"int{itemsize * 8}")
+            return torch.from_numpy(signed).view(dtype).reshape(shape)
         if "d" in node and isinstance(node["d"], dict):
             return {k: decode(v, depth + 1) for k, v in node["d"].items()}
         if "m" in node and isinstance(node["m"], list):
@@ -151,4 +353,9 @@ def loads(data: bytes | bytearray | memoryview):
             return tuple(decode(v, depth + 1) for v in node["u"])
         raise SerializationError("malformed value")
 
-    return decode(tree, 0)
+    try:
+        return decode(tree, 0)
+    except (TypeError, ValueError, OverflowError, KeyError, IndexError, RuntimeError) as exc:
+        if isinstance(exc, SerializationError):
+            raise
+        raise SerializationError(f"malformed value: {type(exc).__name__}") from None

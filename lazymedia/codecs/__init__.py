@@ -68,12 +68,13 @@ def decode(modality: str, data, header, spec, out=None, limits: Limits = DEFAULT
     try:
         return codec(modality, spec).decode(data, header, spec, out, limits)
     except MemoryError as exc:
-        raise MediaCapacityError(f"not enough memory to decode this item now: {exc}", modality=modality) from None
+        raise MediaCapacityError(f"not enough memory to decode this item now ({exc}):"
+                                 " retry later", modality=modality) from None
     except RuntimeError as exc:
         text = str(exc)
         if "allocate memory" not in text and "out of memory" not in text:
             raise
-        raise MediaCapacityError(f"not enough memory to decode this item now: {text[:200]}",
+        raise MediaCapacityError(f"not enough memory to decode this item now ({text[:200]}): retry later",
                                  modality=modality) from None
 
 

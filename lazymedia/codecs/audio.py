@@ -33,7 +33,13 @@ _SIGNATURES = ((0, b"RIFF"), (0, b"fLaC"), (0, b"OggS"), (0, b"ID3"), (0, b"\xff
 _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "FLAC", "OGG", "AIFF", "W64", "RF64", "CAF"}
 # libsndfile reports this many frames (2^63 - 1) for a stream that does not store its length.
 _UNKNOWN_FRAMES = 1 << 62
-_BLOCK_FRAMES = 1 << 16
+_BLOCK_BYTES = 4 << 20  # float32 samples read from libsndfile at a time, all channels together
+# The resampler is fed so that one call yields about this many frames (64 channels: 28 MiB): libsoxr's buffers grow
+# with what one call produces (about 80 bytes per output frame and channel, measured with
+# soxr 0.5 from 1 Hz to 65,535 Hz), on top of about 250 KB of state per channel at most.
+_RESAMPLE_FRAMES_PER_CALL = 2048
+_RESAMPLER_BYTES_PER_CHANNEL = 256 << 10
+_RESAMPLER_BYTES_PER_OUTPUT_FRAME = 96
 
 
 def looks_like_audio(data) -> bool:
@@ -46,7 +52,7 @@ def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
     """Container header: reader, rate, channels and duration, checked against `limits` and the
     decoded-size budget of `spec` before anything is decoded."""
     if len(data) == 0:
-        raise UnprocessableMediaError("empty audio file", modality="audio")
+        raise UnprocessableMediaError("empty audio file: send the audio's bytes", modality="audio")
     try:
         info = soundfile.info(io.BytesIO(data))
     except Exception:  # libsndfile does not know the format: FFmpeg may
@@ -57,7 +63,8 @@ def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
     else:
         header = _probe_with_av(data)
     if header.sample_rate <= 0 or header.channels <= 0:
-        raise UnprocessableMediaError("audio stream has no sample rate or channels", modality="audio")
+        raise UnprocessableMediaError("audio stream has no sample rate or channels:"
+                                      " re-encode the file or send another", modality="audio")
     check_limits(header, limits, spec, len(data))
     return header
 
@@ -71,23 +78,47 @@ def output_shape(header: AudioHeader, spec: AudioSpec) -> tuple[int, int]:
 
 
 def check_limits(header: AudioHeader, limits: Limits, spec: AudioSpec, encoded_bytes: int) -> None:
-    """Refuses (413) what `limits` do not allow, from the header alone."""
+    """Refuses (413) what `limits` do not allow, from the header alone: the channel count, the
+    duration, and the output with the resampler's working memory."""
+    if header.channels > limits.max_audio_channels:
+        raise MediaTooLargeError(f"{header.channels} audio channels exceed the {limits.max_audio_channels} channel "
+                                 "limit", modality="audio")
     if header.duration > limits.max_audio_seconds:
-        raise MediaTooLargeError(f"{header.duration:.0f} s audio exceeds the {limits.max_audio_seconds:.0f} s limit",
+        raise MediaTooLargeError(f"{header.duration:.0f} s of audio is over Limits.max_audio_seconds "
+                                 f"({limits.max_audio_seconds:.0f} s): send a shorter clip, or raise the limit",
                                  modality="audio")
     channels, samples = output_shape(header, spec)
-    limits.check_decoded(channels * samples * 4, "audio", f"{channels} channels x {samples} samples")
+    limits.check_decoded(channels * samples * 4, "audio", f"{channels} channels x {samples} samples",
+                         resampler_bytes(header, spec))
+
+
+def _input_frames_per_call(source_rate: int, rate: int) -> int:
+    """Input frames per resampler call, so that one call yields about _RESAMPLE_FRAMES_PER_CALL
+    frames (one input frame at least: an upsampling ratio r yields r frames per call)."""
+    return max(1, _RESAMPLE_FRAMES_PER_CALL * source_rate // rate)
+
+
+def resampler_bytes(header: AudioHeader, spec: AudioSpec) -> int:
+    """Peak memory of the resampler (none when the rate stays): its per-channel state and the
+    buffers of one call, for the channels it converts."""
+    rate = spec.sample_rate or header.sample_rate
+    if rate == header.sample_rate:
+        return 0
+    channels = 1 if spec.mono else header.channels
+    frames_per_call = math.ceil(_input_frames_per_call(header.sample_rate, rate) * rate / header.sample_rate)
+    return channels * (_RESAMPLER_BYTES_PER_CHANNEL + frames_per_call * _RESAMPLER_BYTES_PER_OUTPUT_FRAME)
 
 
 def _probe_with_av(data) -> AudioHeader:
     try:
         with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
             if not container.streams.audio:
-                raise InvalidMediaError("no audio stream", modality="audio")
+                raise InvalidMediaError("no audio stream: send a file with audio", modality="audio")
             stream = container.streams.audio[0]
             context = stream.codec_context
             if context is None:
-                raise UnprocessableMediaError("FFmpeg has no decoder for this audio stream", modality="audio")
+                raise UnprocessableMediaError("FFmpeg has no decoder for this audio stream:"
+                                              " re-encode it as WAV, FLAC or MP3", modality="audio")
             if stream.duration is not None and stream.time_base is not None:
                 duration = float(stream.duration * stream.time_base)
             else:
@@ -96,8 +127,10 @@ def _probe_with_av(data) -> AudioHeader:
                                max(duration, 0.0))
     except av.error.FFmpegError as exc:
         if looks_like_audio(data):
-            raise UnprocessableMediaError(f"corrupt audio: {exc}", modality="audio") from None
-        raise InvalidMediaError(f"not audio: {exc}", modality="audio") from None
+            raise UnprocessableMediaError(f"corrupt audio ({exc.strerror}):"
+                                          " re-encode the file or send another", modality="audio") from None
+        raise InvalidMediaError(f"not audio ({exc.strerror}): send WAV, FLAC, MP3, Ogg or another format "
+                                "libsndfile or FFmpeg reads", modality="audio") from None
 
 
 class _Output:
@@ -114,6 +147,7 @@ class _Output:
         self.resampler = None
         if self.rate != header.sample_rate:
             self.resampler = soxr.ResampleStream(header.sample_rate, self.rate, channels, dtype="float32")
+            self.frames_per_call = _input_frames_per_call(header.sample_rate, self.rate)
         self.max_frames = min(limits.max_decoded_bytes // (4 * channels),
                               int(limits.max_audio_seconds * self.rate) + 1)
         if out is not None:
@@ -129,9 +163,12 @@ class _Output:
     def write(self, block: np.ndarray) -> None:
         if self.mono:
             block = block.mean(axis=1, keepdims=True, dtype=np.float32)
-        if self.resampler is not None:
-            block = self.resampler.resample_chunk(np.ascontiguousarray(block, dtype=np.float32), last=False)
-        self._append(block)
+        if self.resampler is None:
+            self._append(block)
+            return
+        for start in range(0, block.shape[0], self.frames_per_call):
+            piece = np.ascontiguousarray(block[start:start + self.frames_per_call], dtype=np.float32)
+            self._append(self.resampler.resample_chunk(piece, last=False))
 
     def finish(self) -> torch.Tensor:
         if self.resampler is not None:
@@ -143,8 +180,9 @@ class _Output:
         end = self.position + count
         if end > self.array.shape[1]:
             if end > self.max_frames:
-                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over the "
-                                         "decoded-size or duration limit", modality="audio")
+                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over "
+                                         "Limits.max_decoded_bytes or Limits.max_audio_seconds: send a shorter clip, "
+                                         "pass mono=True or a lower sample_rate, or raise the limit", modality="audio")
             grown = torch.empty((self.channels, min(max(end, self.array.shape[1] * 5 // 4), self.max_frames)),
                                 dtype=torch.float32)
             grown[:, :self.position] = self.tensor[:, :self.position]
@@ -155,7 +193,8 @@ class _Output:
 
 def _read_soundfile(data, output: _Output) -> dict:
     with soundfile.SoundFile(io.BytesIO(data)) as f:
-        for block in f.blocks(blocksize=_BLOCK_FRAMES, dtype="float32", always_2d=True):
+        blocksize = max(1024, _BLOCK_BYTES // (4 * f.channels))
+        for block in f.blocks(blocksize=blocksize, dtype="float32", always_2d=True):
             output.write(block)
     return {"reader": "soundfile"}
 
@@ -168,7 +207,8 @@ def _read_av(data, output: _Output) -> dict:
         stream = container.streams.audio[0]
         context = stream.codec_context
         if context is None:
-            raise UnprocessableMediaError("no decoder for this audio stream", modality="audio")
+            raise UnprocessableMediaError("no decoder for this audio stream:"
+                                          " re-encode it as WAV, FLAC or MP3", modality="audio")
         resampler = av.AudioResampler(format="fltp", layout=context.layout, rate=context.sample_rate)
         frames = DecodedFrames(container, stream)
         for frame in frames:
@@ -178,7 +218,8 @@ def _read_av(data, output: _Output) -> dict:
         for converted in resampler.resample(None):
             output.write(converted.to_ndarray().T)
     if decoded == 0:
-        raise UnprocessableMediaError("audio has no decodable frames", modality="audio")
+        raise UnprocessableMediaError("audio has no decodable frames:"
+                                      " re-encode the file or send another", modality="audio")
     return {"reader": "av", "skipped_packets": frames.skipped}
 
 
@@ -202,6 +243,7 @@ def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None 
     except MediaError:
         raise
     except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError, FFmpeg FFmpegError
-        raise UnprocessableMediaError(f"corrupt {header.format} audio: {type(exc).__name__}: {exc}",
+        raise UnprocessableMediaError(f"corrupt {header.format} audio ({type(exc).__name__}: "
+                                      f"{getattr(exc, 'strerror', None) or exc}): re-encode the file or send another",
                                       modality="audio") from None
     return AudioSamples(samples, output.rate, metadata)

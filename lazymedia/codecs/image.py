@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 import warnings
 
 import numpy as np
@@ -38,6 +39,8 @@ PILLOW_FORMATS = tuple(name for name in (
     "IPTC", "JPEG", "JPEG2000", "MCIDAS", "MSP", "PCD", "PCX", "PIXAR", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER",
     "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM", "XVTHUMB") if name in Image.OPEN)
 _SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
+# Pages of a TIFF the probe walks (multi-page scans have hundreds; frame 0 is what decodes).
+_MAX_TIFF_PAGES = 1024
 
 
 _NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name != "mode"]
@@ -73,11 +76,14 @@ def _probe_with_pillow(data, result) -> ImageHeader:
     try:
         image = _open(data)
     except UnidentifiedImageError:
-        raise InvalidMediaError("not an image format this server reads", modality="image") from None
+        raise InvalidMediaError("not an image format this server reads: send JPEG, PNG, GIF, WebP, BMP, TIFF "
+                                "or another format Pillow opens", modality="image") from None
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
+        raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise Limits.max_pixels)",
+                                 modality="image") from None
     except Exception as exc:  # a recognised format whose header is broken
-        raise UnprocessableMediaError(f"broken image header: {type(exc).__name__}: {exc}", modality="image") from None
+        raise UnprocessableMediaError(f"broken image header ({type(exc).__name__}: {exc}):"
+                                      " re-encode the file or send another", modality="image") from None
     with image:
         width, height = image.size
         transparency = "A" in image.getbands() or "transparency" in image.info
@@ -88,7 +94,10 @@ def _probe_with_pillow(data, result) -> ImageHeader:
             orientation = int(image.getexif().get(0x0112, 1))
         except Exception:  # a broken EXIF block: Pillow's exif_transpose would not rotate either
             orientation = 1
-        frames = int(getattr(image, "n_frames", 1) or 1) if image.format in ("TIFF", "ICO", "MPO") else 1
+        if image.format == "TIFF":
+            frames = _tiff_pages(data)
+        else:  # ICO and MPO count their frames from one header table
+            frames = int(getattr(image, "n_frames", 1) or 1) if image.format in ("ICO", "MPO") else 1
         return ImageHeader(
             format=(image.format or "unknown").lower(), width=width, height=height, components=len(image.getbands()),
             bit_depth=8, has_alpha=transparency,
@@ -98,6 +107,38 @@ def _probe_with_pillow(data, result) -> ImageHeader:
             max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode)
 
 
+def _tiff_pages(data) -> int:
+    """Pages (IFDs) a TIFF chains, from a walk of the chain that reads two fields per IFD
+    (Pillow's n_frames parses every IFD and checks loops against a list: quadratic). Stops at an
+    IFD seen before (a loop) or one outside the file; a chain longer than _MAX_TIFF_PAGES is a
+    413 after that many steps."""
+    view = memoryview(data)
+    endian = "<" if bytes(view[:2]) == b"II" else ">"
+    big = struct.unpack_from(endian + "H", view, 2)[0] == 43  # BigTIFF: 8-byte counts and offsets
+    count_format, offset_format, entry_size = ("Q", "Q", 20) if big else ("H", "I", 12)
+    count_size, offset_size = struct.calcsize(count_format), struct.calcsize(offset_format)
+    offset = struct.unpack_from(endian + offset_format, view, 8 if big else 4)[0]
+    pages, seen = 0, set()
+    while 0 < offset <= len(data) - count_size and offset not in seen:
+        seen.add(offset)
+        pages += 1
+        if pages > _MAX_TIFF_PAGES:
+            raise MediaTooLargeError(f"TIFF chains more than {_MAX_TIFF_PAGES} pages", modality="image")
+        next_at = offset + count_size + struct.unpack_from(endian + count_format, view, offset)[0] * entry_size
+        if next_at > len(data) - offset_size:
+            break
+        offset = struct.unpack_from(endian + offset_format, view, next_at)[0]
+    return max(pages, 1)
+
+
+def probe_is_instant(data) -> bool:
+    """Whether probe(data) takes microseconds whatever the bytes hold, so an event loop may run
+    it inline: a JPEG or PNG (the native probe alone, linear in the size) of at most 1 MiB.
+    Every other format goes through Pillow's header parse, and belongs on a thread."""
+    head = bytes(data[:8])
+    return len(data) <= 1 << 20 and (head[:3] == b"\xff\xd8\xff" or head == b"\x89PNG\r\n\x1a\n")
+
+
 def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
     """Header of an encoded image; rejects non-images (400), broken headers (422) and items over
     `limits` (413) before anything is decoded."""
@@ -105,7 +146,8 @@ def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
     if result.status == "unknown_format":
         header = _probe_with_pillow(data, None)
     elif result.status != "ok":
-        raise UnprocessableMediaError(f"{result.format} header is {result.status}: {result.error}", modality="image")
+        raise UnprocessableMediaError(f"{result.format} header is {result.status} ({result.error}):"
+                                      " re-encode the file or send another", modality="image")
     else:
         mode = _native_mode(result)
         if mode is None:
@@ -119,7 +161,8 @@ def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
 
 def check_pixels(width: int, height: int, limits: Limits) -> None:
     if width * height > limits.max_pixels:
-        raise MediaTooLargeError(f"{width}x{height} image exceeds the {limits.max_pixels} pixel limit",
+        raise MediaTooLargeError(f"an image of (height, width)=({height}, {width}) is over Limits.max_pixels "
+                                 f"({limits.max_pixels}): send a smaller image, or raise the limit",
                                  modality="image")
 
 
@@ -127,10 +170,15 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
     """Refuses (413) what `limits` do not allow, from the header alone: the largest frame's area
     (what the decoder holds) and the output's size (what the spec asks for)."""
     check_pixels(header.max_frame_width, header.max_frame_height, limits)
+    if header.scan_count > limits.max_jpeg_scans:
+        raise MediaTooLargeError(f"JPEG has {header.scan_count} scans, over the {limits.max_jpeg_scans} scan limit "
+                                 "(each scan is a pass over the whole image)", modality="image")
     height, width, channels = header.output_shape(spec)
-    limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels")
+    limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels",
+                         header.working_bytes)
     if header.format == "jpeg" and header.bit_depth != 8:
-        raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported", modality="image")
+        raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported:"
+                                      " re-encode it as 8-bit JPEG or PNG", modality="image")
 
 
 # -- decoding ------------------------------------------------------------------------------------
@@ -160,7 +208,8 @@ def _jpeg(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
         array = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else target, **scale)
     except ValueError as exc:
         if "Premature end" in str(exc):  # a truncated stream is an error, as in Pillow
-            raise UnprocessableMediaError(f"corrupt jpeg: {exc}", modality="image") from None
+            raise UnprocessableMediaError(f"corrupt jpeg ({exc}):"
+                                          " re-encode the file or send another", modality="image") from None
         raise _TryPillow() from exc
     if not gray or target == "L":
         return array.reshape(array.shape[0], array.shape[1], -1)
@@ -242,14 +291,17 @@ def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
 
 def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
     """Any format Pillow reads (frame 0), converted by vLLM's rules (transparency composited over
-    the background for RGB, Pillow's convert otherwise) and exported in slabs into one array."""
+    the background for RGB, Pillow's convert otherwise) and exported in slabs into one array.
+    Gray to RGB is exported as gray and widened in place once Pillow's image is gone, so the two
+    never coexist at the output's size."""
     with _open(data) as image:
         draft = _draft_size(header, spec)
         if draft is not None and image.format == "JPEG":
             image.draft(target if target in ("RGB", "L") else None, (draft[1], draft[0]))
         image.load()
         composite = target == "RGB" and (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info)
-        mode = "RGBA" if composite else target
+        widen = target == "RGB" and image.mode == "L" and not composite
+        mode = "RGBA" if composite else "L" if widen else target
         channels = CHANNELS[mode]
         width, height = image.size
         buffer = np.empty(width * height * channels, np.uint8)
@@ -263,6 +315,10 @@ def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarr
     if composite:
         _C.pack_alpha(buffer, width * height, 4, spec.background)
         channels = 3
+    if widen:
+        buffer = _resized(buffer, height, width, 3)
+        _C.gray_to_rgb(buffer, width * height)
+        return buffer
     return _resized(buffer, height, width, channels)
 
 
@@ -292,17 +348,22 @@ def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None 
     except MediaError:
         raise
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
+        raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise Limits.max_pixels)",
+                                 modality="image") from None
     except ValueError as exc:
         if "Decompressed data too large" in str(exc):
-            raise MediaTooLargeError(f"decompression bomb: {exc}", modality="image") from None
-        raise UnprocessableMediaError(f"corrupt {header.format}: {exc}", modality="image") from None
+            raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise "
+                                     "Limits.max_decoded_bytes)", modality="image") from None
+        raise UnprocessableMediaError(f"corrupt {header.format} ({exc}): re-encode the file or send another",
+                                      modality="image") from None
     except Exception as exc:  # decoders raise OSError, SyntaxError, EOFError, struct.error, ...
-        raise UnprocessableMediaError(f"corrupt {header.format}: {type(exc).__name__}: {exc}",
+        raise UnprocessableMediaError(f"corrupt {header.format} ({type(exc).__name__}: {exc}):"
+                                      " re-encode the file or send another",
                                       modality="image") from None
     if array.shape[:2] != (header.height, header.width) and _draft_size(header, spec) is None:
         raise UnprocessableMediaError(f"{header.format} decoded to {array.shape[1]}x{array.shape[0]}, "
-                                      f"not the {header.width}x{header.height} its header declares", modality="image")
+                                      f"not the {header.width}x{header.height} its header declares: re-encode the file "
+                                      "or send another", modality="image")
     if spec.apply_orientation and header.orientation != 1:
         array = ops.orient(torch.from_numpy(array), header.orientation).numpy()
     if spec.size is not None and array.shape[:2] != spec.size:

@@ -8,8 +8,9 @@ Samplers are named, and the name is part of the key (VideoSpec.sampler):
   np.linspace(0, total - 1, count) truncated to int (every frame when the count is the total).
 - "dynamic": vLLM's dynamic loader: one frame every 1/fps seconds (fps defaults to 2) up to
   max_duration seconds; a longer clip is sampled uniformly in time instead.
-- "rounded": lazymedia's earlier rule: np.linspace rounded for num_frames, every
-  (source fps / fps)-th frame for fps.
+- "rounded": lazymedia's earlier rule: every (source fps / fps)-th frame for fps (at most
+  num_frames of them, spread by np.linspace rounded); without fps, np.linspace rounded for
+  num_frames.
 
 `register_sampler(name, fn)` adds a model's own: fn(source, spec) -> frame indices. Give a
 changed sampler a new name, since keys (and so cache entries) follow the name.
@@ -80,11 +81,14 @@ def _dynamic(source: SamplingSource, spec: VideoSpec) -> list[int]:
 
 def _rounded(source: SamplingSource, spec: VideoSpec) -> list[int]:
     total = source.total_frames
+    if spec.fps is not None and source.fps > 0:  # the stride rule, then at most num_frames of those
+        step = source.fps / spec.fps
+        strided = sorted({min(int(i * step), total - 1) for i in range(max(1, int(total / step)))})
+        if spec.num_frames is None or len(strided) <= spec.num_frames:
+            return strided
+        return [strided[i] for i in np.linspace(0, len(strided) - 1, spec.num_frames).round().astype(int)]
     if spec.num_frames is not None:
         return np.linspace(0, total - 1, min(spec.num_frames, total)).round().astype(int).tolist()
-    if spec.fps is not None and source.fps > 0:
-        step = source.fps / spec.fps
-        return sorted({min(int(i * step), total - 1) for i in range(max(1, int(total / step)))})
     return list(range(total))
 
 

@@ -41,7 +41,21 @@ class ImageHeader:
     max_frame_height: int
     webp_kind: str
     png_compressed_text: bool = False
+    scan_count: int = 1  # JPEG: scans the decoder runs (csrc/probe.h)
     mode: str = "RGB"
+
+    @property
+    def working_bytes(self) -> int:
+        """Memory the decoder holds besides the output: a JPEG decoded in several scans
+        (progressive, or components in separate scans) keeps every DCT coefficient of the image,
+        2 bytes per sample of each component, for the whole decode (libjpeg's whole-image
+        coefficient buffer); a single-scan JPEG and the other decoders work in rows or hold what
+        the output holds."""
+        if self.format != "jpeg" or self.scan_count <= 1:
+            return 0
+        planes = _COMPONENT_PLANES.get(self.chroma_subsampling, self.components)
+        padded = (self.width + 31) // 32 * 32 * ((self.height + 31) // 32 * 32)  # whole 4x4-sampled MCUs at most
+        return int(planes * padded * 2)
 
     @property
     def has_transparency(self) -> bool:
@@ -72,6 +86,10 @@ class ImageHeader:
         return (height, width, CHANNELS[self.target_mode(spec)])
 
 
+# Full-resolution planes a JPEG's components add up to, by chroma subsampling ("other": assume
+# every component at full resolution).
+_COMPONENT_PLANES = {"gray": 1, "444": 3, "422": 2, "440": 2, "420": 1.5, "411": 1.5, "410": 1.25}
+
 @dataclass(frozen=True)
 class VideoHeader:
     """The container's header, with `total_frames` counted from the packets the decoder will
@@ -86,8 +104,9 @@ class VideoHeader:
     total_frames: int
     has_audio: bool
     pixel_format: str = ""  # e.g. yuv420p, yuv420p10le (decides whether NVDEC can take it)
-    color_matrix: str = "bt709"  # YUV -> RGB matrix for GPU conversion: bt601 or bt709
+    color_matrix: str = "bt709"  # the CPU path's YUV -> RGB matrix: bt601, bt709 or one NVDEC leaves to the CPU
     full_range: bool = False
+    index_bytes: int = 0  # the demuxer's sample index, as the container's tables declare it (MP4/MOV)
 
 
 @dataclass
@@ -147,6 +166,11 @@ class AudioSamples:
 
     def __repr__(self) -> str:
         return _repr(self, samples=self.samples, sample_rate=self.sample_rate, metadata=self.metadata)
+
+    @property
+    def data(self) -> torch.Tensor:
+        """`samples` under torchcodec's name (AudioSamples.data there)."""
+        return self.samples
 
     def numpy(self) -> np.ndarray:
         """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import av
+import numpy as np
 import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
@@ -33,8 +34,10 @@ def _open(data):
         return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except av.error.FFmpegError as exc:
         if looks_like_video(data):
-            raise UnprocessableMediaError(f"corrupt video container: {exc}", modality="video") from None
-        raise InvalidMediaError(f"not a video: {exc}", modality="video") from None
+            raise UnprocessableMediaError(f"corrupt video container ({exc.strerror}):"
+                                          " re-encode the file or send another", modality="video") from None
+        raise InvalidMediaError(f"not a video ({exc.strerror}): send MP4, WebM, MKV, AVI or another container "
+                                "FFmpeg reads", modality="video") from None
 
 
 def _presented(packet) -> bool:
@@ -59,14 +62,21 @@ def _count_packets(container, stream, cap: int) -> int:
     return count
 
 
-def _color_matrix(context, height: int) -> str:
-    """The stream's YUV matrix; untagged streams follow the usual convention (HD is BT.709)."""
-    space = str(getattr(context, "colorspace", "") or "").lower()
-    if "709" in space:
-        return "bt709"
-    if "601" in space or "470" in space or "smpte170" in space:
-        return "bt601"
-    return "bt709" if height >= 720 else "bt601"
+# AVColorSpace (PyAV reports the int) -> the matrix swscale converts with on the CPU path. The
+# GPU path must convert with the same one, so it takes only these; BT.2020, FCC, SMPTE 240M, YCgCo
+# and the rest become "avcol_spc_<n>", which NVDEC routes to the CPU.
+_SWSCALE_MATRIX = {1: "bt709", 2: "bt601", 5: "bt601", 6: "bt601"}  # 2: untagged, swscale's default
+
+
+def _color_matrix(context) -> str:
+    """The YUV -> RGB matrix the CPU path converts this stream with: its tag, and BT.601 when
+    untagged (what swscale does, at any height), so both paths take one decision."""
+    space = getattr(context, "colorspace", None)
+    try:
+        value = 2 if space is None else int(space)
+    except (TypeError, ValueError):  # not the enum (another PyAV): NVDEC leaves it to the CPU
+        return str(space).lower()
+    return _SWSCALE_MATRIX.get(value) or f"avcol_spc_{value}"
 
 
 def _full_range(context) -> bool:
@@ -75,16 +85,172 @@ def _full_range(context) -> bool:
         (context.pix_fmt or "").startswith("yuvj")
 
 
+# -- MP4/MOV sample tables, read before FFmpeg builds its index from them ----------------------
+# ISO BMFF boxes the walk descends into, by parent ("" is the file).
+_MP4_CHILDREN = {b"": {b"moov", b"moof"}, b"moov": {b"trak"}, b"trak": {b"mdia", b"edts"},
+                 b"mdia": {b"minf", b"mdhd", b"hdlr"}, b"minf": {b"stbl"}, b"edts": {b"elst"},
+                 b"stbl": {b"stsz", b"stz2", b"stts", b"ctts", b"stsc", b"stco", b"co64", b"stss"},
+                 b"moof": {b"traf"}, b"traf": {b"trun"}}
+# Bytes per entry of the tables whose entry count the walk checks against the box's size.
+_MP4_ENTRY_BYTES = {b"stts": 8, b"ctts": 8, b"stsc": 12, b"stco": 4, b"co64": 8, b"stss": 4}
+# Edit-list entries, versions 0 and 1.
+_ELST_V0 = np.dtype([("duration", ">u4"), ("media_time", ">i4"), ("rate", ">i4")])
+_ELST_V1 = np.dtype([("duration", ">u8"), ("media_time", ">i8"), ("rate", ">i4")])
+# First boxes of an ISO BMFF / QuickTime file.
+_MP4_FIRST_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"styp", b"moof"}
+# Demuxer memory per index entry: FFmpeg's AVIndexEntry (24 bytes) and the per-sample tables
+# beside it (sizes, composition offsets, the edit-list rebuild's copy). Measured: 37 bytes per
+# sample for one constant-size track (60 M samples: +2.1 GB); counted at 64.
+_INDEX_BYTES_PER_SAMPLE = 64
+# Boxes the walk reads at most (a fragmented hour at one fragment per frame, 60 fps: 432 k).
+_MP4_MAX_BOXES = 1 << 20
+
+
+def _mp4_boxes(data, start: int, end: int):
+    """(type, payload start, payload end) of the boxes in [start, end); 64-bit and to-the-end
+    sizes as ISO 14496-12 says; a box that overruns is cut at `end` (a truncated file)."""
+    while start + 8 <= end:
+        size, kind = int.from_bytes(data[start:start + 4], "big"), bytes(data[start + 4:start + 8])
+        header = 8
+        if size == 1 and start + 16 <= end:
+            size, header = int.from_bytes(data[start + 8:start + 16], "big"), 16
+        elif size == 0:
+            size = end - start
+        if size < header:
+            return
+        yield kind, start + header, min(start + size, end)
+        start += size
+
+
+def _u32(data, at: int) -> int:
+    return int.from_bytes(data[at:at + 4], "big")
+
+
+class _Mp4Track:
+    """What one trak (or the fragments) declares: samples, chunk runs, edits, handler, length."""
+
+    def __init__(self):
+        self.samples = 0
+        self.constant_size = False
+        self.chunks = 0
+        self.chunk_runs = np.zeros((0, 3), np.uint32)  # stsc: first chunk, samples per chunk, description
+        self.unit_durations = False  # stts is one entry of duration 1: FFmpeg's chunk path for PCM
+        self.edits = 0  # edit-list entries that map media (each can copy the index)
+        self.handler = b""
+        self.seconds = 0.0
+
+    def index_entries(self) -> int:
+        """Index entries FFmpeg's mov_build_index and mov_fix_index make, at most."""
+        if self.handler == b"soun" and self.constant_size and self.unit_durations:
+            # uncompressed audio, indexed by chunk, each cut into pieces of >= 160 samples
+            first = self.chunk_runs[:, 0].astype(np.int64)
+            chunks = np.diff(np.append(first, self.chunks + 1)).clip(0)
+            entries = int((chunks * (self.chunk_runs[:, 1].astype(np.int64) // 160 + 1)).sum())
+        else:
+            entries = self.samples
+        return entries * max(1, self.edits)
+
+
+def _read_mp4_box(data, kind: bytes, start: int, end: int, track: _Mp4Track) -> None:
+    """Reads one table box into `track`; a count its bytes cannot hold is a 422."""
+    body = end - start
+    if kind in _MP4_ENTRY_BYTES or kind == b"elst":
+        if body < 8:
+            return
+        count = _u32(data, start + 4)
+        entry = _MP4_ENTRY_BYTES.get(kind) or (20 if data[start] == 1 else 12)
+        if count * entry > body - 8:
+            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} entries in {body} bytes",
+                                          modality="video")
+        if kind == b"stts":
+            track.unit_durations = count == 1 and _u32(data, start + 12) == 1
+        elif kind == b"stsc":
+            track.chunk_runs = np.frombuffer(data, ">u4", 3 * count, start + 8).reshape(count, 3)
+        elif kind in (b"stco", b"co64"):
+            track.chunks = count
+        elif kind == b"elst":  # (duration, media time, rate) per entry; a media time of -1 is an empty edit
+            edits = np.frombuffer(data, _ELST_V1 if entry == 20 else _ELST_V0, count, start + 8)
+            track.edits = int((edits["media_time"] >= 0).sum())
+    elif kind in (b"stsz", b"stz2") and body >= 12:
+        count = _u32(data, start + 8)
+        width = 32 if kind == b"stsz" else data[start + 7]
+        track.constant_size = kind == b"stsz" and _u32(data, start + 4) != 0
+        if not track.constant_size and count * width // 8 > body - 12:
+            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} sample sizes in {body} bytes",
+                                          modality="video")
+        track.samples = count
+    elif kind == b"trun" and body >= 8:
+        track.samples += _u32(data, start + 4)  # per-sample fields or not: each becomes an index entry
+    elif kind == b"hdlr" and body >= 12:
+        track.handler = bytes(data[start + 8:start + 12])
+    elif kind == b"mdhd" and body >= 20:
+        long = data[start] == 1
+        scale = _u32(data, start + (20 if long else 12))
+        duration = int.from_bytes(data[start + 24:start + 32], "big") if long else _u32(data, start + 16)
+        track.seconds = duration / scale if scale and duration != (1 << (64 if long else 32)) - 1 else 0.0
+
+
+def check_sample_tables(data, limits: Limits) -> int:
+    """For an MP4/MOV file: reads the sample tables the demuxer will index (a walk of the box
+    tree, linear in the size, nothing allocated per sample) and refuses what they declare before
+    FFmpeg allocates for it: a table whose count its bytes cannot hold (422), a video track over
+    the frame or duration limit, and an index over the working-memory budget (413). Returns the
+    index's bytes (0 for other containers)."""
+    view = memoryview(data)
+    if bytes(view[4:8]) not in _MP4_FIRST_BOXES:
+        return 0
+    tracks: list[_Mp4Track] = []
+    fragments = _Mp4Track()
+    pending: list[tuple[bytes, int, int, _Mp4Track | None]] = [(b"", 0, len(view), None)]
+    boxes = 0
+    while pending:
+        parent, start, end, track = pending.pop()
+        for kind, body_start, body_end in _mp4_boxes(view, start, end):
+            boxes += 1
+            if boxes > _MP4_MAX_BOXES:
+                raise MediaTooLargeError(f"MP4 has more than {_MP4_MAX_BOXES} boxes where its tables are",
+                                         modality="video")
+            if kind not in _MP4_CHILDREN[parent]:
+                continue
+            if kind == b"trak":
+                tracks.append(_Mp4Track())
+                pending.append((kind, body_start, body_end, tracks[-1]))
+            elif kind in _MP4_CHILDREN:
+                pending.append((kind, body_start, body_end, fragments if kind == b"moof" else track))
+            elif track is not None:
+                _read_mp4_box(view, kind, body_start, body_end, track)
+    for track in tracks:
+        if track.handler != b"vide":
+            continue
+        if track.samples > limits.max_video_frames:
+            raise MediaTooLargeError(f"the video track declares {track.samples} frames, over Limits.max_video_frames "
+                                     f"({limits.max_video_frames}): send a shorter clip, or raise the limit",
+                                     modality="video")
+        if track.seconds > limits.max_video_seconds:
+            raise MediaTooLargeError(f"the video track declares {track.seconds:.0f} s, over Limits.max_video_seconds "
+                                     f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
+                                     modality="video")
+    entries = sum(track.index_entries() for track in tracks) + fragments.samples
+    index_bytes = entries * _INDEX_BYTES_PER_SAMPLE
+    limits.check_decoded(0, "video", f"a container index of {entries} samples", index_bytes)
+    return index_bytes
+
+
 def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
-    """Container header: stream geometry, rate, duration and frame count, checked against limits."""
+    """Container header: stream geometry, rate, duration and frame count, checked against
+    limits; an MP4/MOV's sample tables are checked before FFmpeg reads them."""
+    index_bytes = check_sample_tables(data, limits)
     with _open(data) as container:
         if not container.streams:  # a container with no streams at all lost its header (truncated)
-            raise UnprocessableMediaError("video container has no streams", modality="video")
+            raise UnprocessableMediaError("video container has no streams:"
+                                          " re-encode the file or send another", modality="video")
         if not container.streams.video:
-            raise InvalidMediaError("no video stream", modality="video")
+            raise InvalidMediaError("no video stream:"
+                                    " send a file with video (audio alone goes to load_audio)", modality="video")
         stream = container.streams.video[0]
         if stream.codec_context is None:  # FFmpeg knows the stream but has no decoder for it
-            raise UnprocessableMediaError("FFmpeg has no decoder for this video stream", modality="video")
+            raise UnprocessableMediaError("FFmpeg has no decoder for this video stream:"
+                                          " re-encode it as H.264, VP9 or AV1", modality="video")
         width, height = stream.codec_context.width, stream.codec_context.height
         fps = float(stream.average_rate or stream.guessed_rate or 0)
         if stream.duration is not None and stream.time_base is not None:
@@ -94,12 +260,14 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
         total = _count_packets(container, stream, limits.max_video_frames)
         context = stream.codec_context
         header = VideoHeader(container.format.name, context.name, width, height, fps, duration, int(total),
-                             bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context, height),
-                             _full_range(context))
+                             bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context),
+                             _full_range(context), index_bytes)
     if width <= 0 or height <= 0:
-        raise UnprocessableMediaError("video stream has no frame size", modality="video")
+        raise UnprocessableMediaError("video stream has no frame size:"
+                                      " re-encode the file or send another", modality="video")
     if total <= 0:
-        raise UnprocessableMediaError("video stream has no frames", modality="video")
+        raise UnprocessableMediaError("video stream has no frames:"
+                                      " re-encode the file or send another", modality="video")
     check_limits(header, limits, spec, len(data))
     return header
 
@@ -107,17 +275,21 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
 def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_bytes: int) -> None:
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
-        raise MediaTooLargeError(f"{header.width}x{header.height} frames exceed the {limits.max_pixels} pixel limit",
+        raise MediaTooLargeError(f"frames of (height, width)=({header.height}, {header.width}) are over "
+                                 f"Limits.max_pixels ({limits.max_pixels}): send a smaller video, or raise the limit",
                                  modality="video")
     if header.duration > limits.max_video_seconds:
-        raise MediaTooLargeError(f"{header.duration:.0f} s video exceeds the {limits.max_video_seconds:.0f} s limit",
+        raise MediaTooLargeError(f"a {header.duration:.0f} s video is over Limits.max_video_seconds "
+                                 f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
                                  modality="video")
     if header.total_frames > limits.max_video_frames:
-        raise MediaTooLargeError(f"{header.total_frames} frames exceed the {limits.max_video_frames} frame limit",
+        raise MediaTooLargeError(f"{header.total_frames} frames are over Limits.max_video_frames "
+                                 f"({limits.max_video_frames}): send a shorter clip, or raise the limit",
                                  modality="video")
     count = len(sample_indices(sampling_source(header), spec))
     height, width = spec.size or (header.height, header.width)
-    limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}")
+    limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}",
+                         header.index_bytes)
 
 
 def read_frame_table(data, total_frames: int) -> FrameTable | None:
@@ -169,9 +341,11 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
     except MediaError:
         raise
     except (av.error.FFmpegError, ValueError) as exc:
-        raise UnprocessableMediaError(f"corrupt {header.codec} video: {exc}", modality="video") from None
+        raise UnprocessableMediaError(f"corrupt {header.codec} video ({getattr(exc, 'strerror', None) or exc}): "
+                                      "re-encode the file or send another", modality="video") from None
     if not got:
-        raise UnprocessableMediaError("video has no decodable frames", modality="video")
+        raise UnprocessableMediaError("video has no decodable frames:"
+                                      " re-encode the file or send another", modality="video")
     return video_frames(frames, got, timestamps, header, source, "pyav")
 
 

@@ -23,8 +23,8 @@ def check_available() -> None:
     """Refuses (400) the OpenCV reader where OpenCV is not installed; checked where the reader
     is chosen (load, decode), not in VideoSpec, so a cache hit by id never needs OpenCV."""
     if importlib.util.find_spec("cv2") is None:
-        raise InvalidMediaError("decoder='opencv' needs opencv-python-headless: pip install 'lazymedia[opencv]'",
-                                modality="video")
+        raise InvalidMediaError("decoder='opencv' needs OpenCV: pip install opencv-python-headless "
+                                "(the lazymedia[opencv] extra), or use decoder='pyav'", modality="video")
 
 
 def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> VideoFrames:
@@ -43,7 +43,8 @@ def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> 
         with memfd_path(data) as path:
             capture = cv2.VideoCapture(path, cv2.CAP_FFMPEG)
             if not capture.isOpened():
-                raise UnprocessableMediaError("OpenCV cannot open the video", modality="video")
+                raise UnprocessableMediaError("OpenCV cannot open the video:"
+                                                  " re-encode the file, or use decoder='pyav'", modality="video")
             position = 0
             for index, seek_to in zip(indices, plan):
                 if seek_to is not None:
@@ -62,7 +63,9 @@ def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> 
                 got.append(index)
             capture.release()
     except cv2.error as exc:
-        raise UnprocessableMediaError(f"corrupt {header.codec} video: {exc}", modality="video") from None
+        raise UnprocessableMediaError(f"corrupt {header.codec} video ({exc}):"
+                                      " re-encode the file or send another", modality="video") from None
     if not got and indices:
-        raise UnprocessableMediaError("video has no decodable frames", modality="video")
+        raise UnprocessableMediaError("video has no decodable frames:"
+                                      " re-encode the file or send another", modality="video")
     return video_frames(frames, got, frame_timestamps(got, table, header.fps), header, source, "opencv")

@@ -88,6 +88,16 @@ class DecodeEngine:
         future.add_done_callback(self._finished)
         return future
 
+    def warm_up(self) -> list[dict]:
+        """Starts the worker processes of isolated modalities and waits until each has imported
+        its decoders and decoded a tiny clip, so the first isolated miss does not pay for it.
+        Returns each worker's report (empty without isolation or with batch decoders only)."""
+        if not self.isolate:
+            return []
+        from .isolation import default_pool
+
+        return (self._isolation_pool or default_pool()).warm_up()
+
     def _finished(self, _future) -> None:
         with self._lock:
             self._in_flight -= 1
@@ -188,5 +198,8 @@ class DecodeEngine:
 
 @process_wide
 def default_engine() -> DecodeEngine:
-    """The process-wide engine that `Processor` uses unless given another."""
-    return DecodeEngine()
+    """The process-wide engine that `Processor` uses unless given another; its isolation workers
+    start warming up in the background at once."""
+    engine = DecodeEngine()
+    threading.Thread(target=engine.warm_up, name="lazymedia-warm-up", daemon=True).start()
+    return engine

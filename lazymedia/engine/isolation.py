@@ -4,7 +4,9 @@ a typed error.
 
 Workers are fresh interpreters (`python -m lazymedia.engine.isolation`) talking over a socket
 pair: no fork of a threaded server, and no re-import of the server's __main__ as
-multiprocessing's spawn and forkserver would do.
+multiprocessing's spawn and forkserver would do. A worker warms up before it reports ready: it
+imports torch and the decoders and decodes a tiny video and audio clip (1-9 s, against 17 ms for
+a warm decode), so a pool created early (`DecodeEngine.warm_up`) serves its first miss warm.
 
 Decoded frames and samples of a MiB or more come back through shared memory: the worker writes
 the tensor once into a file of the pool's folder in /dev/shm and replies with its name; the
@@ -12,11 +14,17 @@ parent maps it (the tensor's storage is that mapping) and unlinks it at once, wh
 through the socket costs four copies (figures: docs/benchmarks.md). A worker that dies
 leaves at most its own files, which are removed with it; the folder goes with the pool. Where
 /dev/shm is not writable, everything is pickled.
+
+Workers never initialise CUDA (LAZYMEDIA_NO_CUDA=1, no visible device): page-locked buffers would
+create a CUDA context, about 0.5 GiB of device memory, in every worker. The serving process
+reads a shared result into its own pinned frame buffers where it has a GPU, so frames leave the
+pool ready for an asynchronous copy to the device; GPU decoders (NVDEC) run in the serving process.
 """
 from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import math
 import os
 import pickle
@@ -34,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
+from ..ops import NO_CUDA_ENV
 from ..singletons import process_wide
 
 _READY = b"ready"
@@ -85,11 +94,46 @@ def _import(value, folder: Path | None) -> Any:
                 # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
                 if path.stat().st_size != count * element.element_size():
                     raise OSError(f"shared result {name} is incomplete")
-                tensor = torch.from_file(str(path), shared=True, size=count, dtype=element.dtype).view(shape)
+                pinned = result_buffers()
+                if pinned is None:
+                    tensor = torch.from_file(str(path), shared=True, size=count, dtype=element.dtype).view(shape)
+                else:  # one read into page-locked memory instead of a mapping
+                    tensor = pinned.empty(shape, element.dtype)
+                    with open(path, "rb") as f:
+                        if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != tensor.nbytes:
+                            raise OSError(f"shared result {name} is incomplete")
             finally:
                 path.unlink(missing_ok=True)
             setattr(value, field, tensor)
     return value
+
+
+def result_buffers():
+    """The serving process's pinned frame buffers where it has them (a GPU), else None."""
+    from ..codecs.video_common import frame_buffers
+
+    pool = frame_buffers()
+    return pool if pool.pinned else None
+
+
+def _warm_up() -> dict:
+    """Worker side, before it reports ready: the imports and codec set-up a first decode would
+    pay, through a tiny video and audio decode. Returns what it did (the parent keeps it)."""
+    import time
+
+    started = time.perf_counter()
+    from .. import samples
+    from ..codecs import decode, probe
+    from ..spec import DEFAULT_LIMITS, AudioSpec, VideoSpec
+
+    def decoded(modality: str, data: bytes, spec):
+        return decode(modality, data, probe(modality, data, DEFAULT_LIMITS, spec), spec)
+
+    video = decoded("video", samples.video(frames=2, height=16, width=16), VideoSpec(num_frames=2))
+    audio = decoded("audio", samples.tone(0.05, rate=8000, channels=1), AudioSpec(sample_rate=16000))
+    warmed = all(name in sys.modules for name in ("torch", "av", "soundfile", "soxr"))
+    return {"warm": warmed and video.frames.shape[0] == 2 and audio.samples.shape[-1] > 0,
+            "seconds": time.perf_counter() - started}
 
 
 def _worker_main(conn, folder: Path | None = None) -> None:
@@ -97,7 +141,11 @@ def _worker_main(conn, folder: Path | None = None) -> None:
     large decoded tensors through `folder` (see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     names = itertools.count()
-    conn.send_bytes(_READY)
+    try:
+        report = _warm_up()
+    except Exception as exc:  # a broken codec install: the worker still serves, cold
+        report = {"warm": False, "error": f"{type(exc).__name__}: {exc}"}
+    conn.send_bytes(_READY + json.dumps(report).encode())
     while True:
         try:
             fn, args = pickle.loads(conn.recv_bytes())
@@ -120,20 +168,29 @@ def _worker_main(conn, folder: Path | None = None) -> None:
 class _Worker:
     def __init__(self, folder: Path | None):
         parent, child = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+               NO_CUDA_ENV: "1", "CUDA_VISIBLE_DEVICES": ""}  # see the module docstring
         command = [sys.executable, "-m", "lazymedia.engine.isolation", str(child.fileno()), str(folder or "")]
         self.process = subprocess.Popen(command, pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self.conn = Connection(parent.detach())
         self.ready = False
+        self.warm_up: dict = {}  # what the worker reported doing before it was ready
         self.served = 0  # calls answered: a crash in a fresh worker is the input's own
+        self._ready_lock = threading.Lock()
 
     def wait_ready(self) -> None:
-        """Waits out the interpreter start, which the decode time-out must not include."""
-        if not self.ready:
-            if not self.conn.poll(_STARTUP_TIMEOUT_S) or self.conn.recv_bytes() != _READY:
-                raise OSError("decoder process did not start")
-            self.ready = True
+        """Waits out the interpreter start and warm-up, which the decode time-out must not include."""
+        with self._ready_lock:
+            if not self.ready:
+                message = self.conn.recv_bytes() if self.conn.poll(_STARTUP_TIMEOUT_S) else b""
+                if not message.startswith(_READY):
+                    raise OSError("decoder process did not start")
+                try:
+                    self.warm_up = json.loads(message[len(_READY):])
+                except ValueError:
+                    self.warm_up = {}
+                self.ready = True
 
     @property
     def exitcode(self) -> int | None:
@@ -241,6 +298,17 @@ class IsolatedPool:
         if status == "error":
             raise value
         return value
+
+    def warm_up(self) -> list[dict]:
+        """Waits until every worker has started and warmed up; what each reported."""
+        with self._lock:
+            workers = list(self._all)
+        for worker in workers:
+            try:
+                worker.wait_ready()
+            except (OSError, EOFError):  # it died starting: the first call that takes it replaces it
+                continue
+        return [worker.warm_up for worker in workers]
 
     @property
     def pids(self) -> list[int]:

@@ -2,15 +2,21 @@
 tensors, with EXIF orientation and resizing by the shared kernels.
 
 What nvJPEG cannot decode goes to the CPU decoder per image: 4-component (CMYK/YCCK),
-grayscale, lossless, arithmetic-coded and hierarchical JPEGs, non-JPEG formats, modes other than
-RGB and draft decodes are routed to the CPU up front; any image the native decoder refuses at run
-time (its handles are strict about damaged bitstreams) falls back the same way. The CPU decoder
-then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG's pixels differ
-from libjpeg-turbo's within what tests/test_gpu.py measures (its chroma upsampling differs).
+grayscale, RGB-coded (Adobe transform 0), lossless, arithmetic-coded and hierarchical JPEGs,
+non-JPEG formats, modes other than RGB and draft decodes are routed to the CPU up front; any
+image the native decoder refuses at run time (its handles are strict about damaged bitstreams,
+and parse hardware candidates whole) falls back the same way. The CPU decoder
+then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG upsamples chroma
+by interpolation, as libjpeg-turbo does, where the library accepts the flag; its pixels differ
+from libjpeg-turbo's within what tests/test_gpu.py measures (40 dB).
+
+Batches run on the calling thread's own CUDA stream (ops.own_stream), and `decoded` counts the
+images nvJPEG decoded, so a test can tell a GPU decode from a silent CPU fallback.
 """
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +43,8 @@ def route(header, spec) -> Route:
         return Route(False, "grayscale or CMYK/YCCK JPEG")
     if header.adobe_transform == 2:
         return Route(False, "YCCK JPEG")
+    if header.adobe_transform == 0:  # libjpeg decodes it as RGB; nvJPEG documents YCbCr only
+        return Route(False, "RGB-coded JPEG (Adobe transform 0)")
     if header.jpeg_encoding not in _GPU_ENCODINGS or header.bit_depth != 8:
         return Route(False, f"{header.jpeg_encoding} {header.bit_depth}-bit JPEG is not supported by nvJPEG")
     hardware = header.jpeg_encoding == "baseline" and header.chroma_subsampling not in _HARDWARE_UNSUPPORTED_SUBSAMPLING
@@ -95,11 +103,23 @@ class NvjpegBatchDecoder:
         self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
         # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
         self.fallbacks = fallback_log()
+        self.decoded = 0  # images nvJPEG decoded (not the CPU)
+        self._count_lock = threading.Lock()
 
     @property
     def hardware(self) -> bool:
         """Whether nvJPEG's hardware engines decode (else its hybrid CUDA path)."""
         return bool(self._decoder.hardware)
+
+    @property
+    def upsampling_interpolated(self) -> bool:
+        """Whether chroma is upsampled by interpolation (libjpeg's way) rather than replicated."""
+        return bool(self._decoder.upsampling_interpolated)
+
+    @property
+    def creation_log(self) -> str:
+        """What each attempt to create the nvJPEG handle returned (hardware, then default backend)."""
+        return str(self._decoder.creation_log)
 
     @property
     def engines(self) -> int:
@@ -116,12 +136,12 @@ class NvjpegBatchDecoder:
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results: list = [None] * len(items)
         gpu, host = split_batch(items)
-        if gpu:
-            host += self._decode_on_gpu(items, gpu, results)
-            if self.device.type == "cuda":  # outputs (and pinned copies) complete on return
-                torch.cuda.current_stream(self.device).synchronize()
-        for index in sorted(host):
-            results[index] = self._decode_on_cpu(items[index])
+        with ops.own_stream(self.device) as handover:
+            if gpu:
+                host += self._decode_on_gpu(items, gpu, results)
+            for index in sorted(host):
+                results[index] = self._decode_on_cpu(items[index])
+            handover(results)  # outputs (and pinned copies) complete on return
         return results
 
     def _stream(self) -> int:
@@ -158,6 +178,8 @@ class NvjpegBatchDecoder:
                 self.fallbacks.append(reason)
                 fallback.append(index)
                 continue
+            with self._count_lock:
+                self.decoded += 1
             spec = items[index].spec
             if spec.size is not None:
                 out = ops.resize(out, spec.size, spec.resample)

@@ -4,10 +4,11 @@ an address-space cap. Every outcome must be a decode or a typed MediaError: an u
 exception, a crash (the child dies) or a hang (no progress within --hang-s) is a finding, and its
 input is kept for replay.
 
-    python tests/fuzz/fuzz_api.py --seconds 600 [--corpus DIR] [--out DIR] [--seed N]
-    python tests/fuzz/fuzz_api.py --replay FILE.json     # one saved finding, in this process
+    python tests/fuzz/fuzz_api.py --seconds 600 [--memory-cap-mb 1600] [--corpus DIR] [--out DIR] [--seed N]
+    python tests/fuzz/fuzz_api.py --replay FILE.json [--memory-cap-mb 1600]  # one finding, in this process
 
-Prints a table and writes summary.json into --out.
+Prints a table and writes summary.json into --out. A crash finding keeps the child's whole
+stderr (faulthandler's stacks of every thread, and what the native libraries printed).
 """
 from __future__ import annotations
 
@@ -84,14 +85,20 @@ def run_one(modality: str, data: bytes, settings: dict) -> str:
     return "ok"
 
 
+def cap_address_space(megabytes: int) -> None:
+    """Loads the codecs (their libraries map large ranges), then caps this process's address
+    space; a crash from here on prints every thread's Python stack."""
+    faulthandler.enable(all_threads=True)
+    for name in ("image", "video", "audio"):
+        importlib.import_module(f"lazymedia.codecs.{name}")
+    cap = megabytes << 20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
 def child(args) -> None:
     """Fuzz loop: announce each input (the parent keeps it when this process dies or stalls),
     run it, report the outcome as one JSON line per execution."""
-    faulthandler.enable()  # a crash leaves its Python stack in the finding
-    for name in ("image", "video", "audio"):  # before the cap: their libraries map large ranges
-        importlib.import_module(f"lazymedia.codecs.{name}")
-    cap = args.memory_cap_mb << 20
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    cap_address_space(args.memory_cap_mb)
     wanted = args.modalities.split(",")
     seeds = [(modality, data) for modality, data in load_seeds(Path(args.corpus)) if modality in wanted]
     rng = random.Random(args.seed)
@@ -146,7 +153,7 @@ def supervise(args) -> dict:
             if proc.poll() is not None:
                 totals["crash"] = totals.get("crash", 0) + 1
                 findings.append({"kind": "crash", "exit_code": proc.returncode,
-                                 "stderr": log.read_text(errors="replace")[-2000:],
+                                 "stderr": log.read_text(errors="replace"),  # whole: native frames come first
                                  "case": json.loads(current.read_text()) if current.exists() else None})
                 break
             if time.monotonic() - last_progress > args.hang_s:
@@ -173,7 +180,8 @@ def supervise(args) -> dict:
     return summary
 
 
-def replay(path: Path) -> None:
+def replay(path: Path, memory_cap_mb: int) -> None:
+    cap_address_space(memory_cap_mb)
     case = json.loads(path.read_text())
     case = case.get("case", case)
     print(run_one(case["modality"], base64.b64decode(case["data"]), case["settings"]))
@@ -186,14 +194,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "fuzz" / "build" / "api")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hang-s", type=float, default=60.0, help="no output for this long is a hang")
-    parser.add_argument("--memory-cap-mb", type=int, default=8192, help="address-space cap of the child")
+    parser.add_argument("--memory-cap-mb", type=int, default=8192,
+                        help="address-space cap of each child (and of --replay), in MiB")
     parser.add_argument("--modalities", default="image,video,audio",
                         help="comma-separated: fuzz only these (image alone: what decodes in-process in a server)")
     parser.add_argument("--replay", type=Path)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.replay:
-        replay(args.replay)
+        replay(args.replay, args.memory_cap_mb)
         return 0
     if args.child:
         child(args)

@@ -1,0 +1,234 @@
+"""HostCache, the same-host tier, with real separate processes (multiprocessing spawn): one
+decode per item across a fleet, no torn value after a SIGKILLed writer, eviction under capacity,
+bad values as misses, a failing disk degrading to the next tier, and the chain local -> host ->
+Redis."""
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import lazymedia
+from lazymedia.cache import HostCache, ProcessorCache, TieredCache
+from lazymedia.samples import jpeg
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def value_for(index: int) -> dict:
+    """A value whose content follows from its index (a reader can check it whole)."""
+    generator = torch.Generator().manual_seed(index)
+    return {"x": torch.randn(256, 1024, generator=generator), "index": index}
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else str(tmp_path)
+    path = os.path.join(base, f"lazymedia-test-{os.getpid()}-{time.monotonic_ns()}")
+    yield path
+    for name in ("data.mdb", "lock.mdb"):
+        if os.path.exists(os.path.join(path, name)):
+            os.unlink(os.path.join(path, name))
+    if os.path.isdir(path):
+        os.rmdir(path)
+
+
+# -- child processes (module level: spawn imports them by name) -----------------------------------
+def fleet_member(path, items, seed, decodes, start):
+    def process(decoded):
+        with decodes.get_lock():
+            decodes.value += len(decoded)
+        time.sleep(0.05)  # a decode long enough for the others to meet its lease
+        return [{"pixels": item.float() / 255} for item in decoded]
+
+    cache = TieredCache(ProcessorCache(), HostCache(path, capacity_bytes=256 << 20))
+    processor = lazymedia.Processor(process, cache=cache, engine=lazymedia.DecodeEngine(isolate=()))
+    images = [jpeg(48, 64, seed=i) for i in range(items)]
+    start.wait()
+    for step in range(items):
+        index = (seed * 5 + step) % items
+        out = processor.apply([lazymedia.load_image(images[index])])[0]
+        assert out["pixels"].shape == (48, 64, 3)
+
+
+def endless_writer(path, written):
+    cache = HostCache(path, capacity_bytes=64 << 20)
+    index = 0
+    while True:
+        assert cache.put(f"w{index}", value_for(index))
+        written.value = index + 1
+        index += 1
+
+
+def lease_and_exit(path, key, taken):
+    taken.value = HostCache(path).try_lease(key) is not None
+
+
+def put_with_a_full_disk(path, redis_url, limit, outcome):
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    from lazymedia.cache import RedisCache
+
+    host = HostCache(path, capacity_bytes=64 << 20)
+    redis_tier = RedisCache(redis_url, namespace="full-disk", timeout_s=5.0)
+    processor = lazymedia.Processor(lambda decoded: [value_for(7) for _ in decoded],
+                                    cache=TieredCache(ProcessorCache(), host, redis_tier),
+                                    engine=lazymedia.DecodeEngine(isolate=()))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    out = processor.apply([lazymedia.load_image(jpeg(16, 16, seed=1))])[0]
+    outcome.put((torch.equal(out["x"], value_for(7)["x"]), host.stats().fallbacks, redis_tier.stats().writes))
+
+
+# -- tests ------------------------------------------------------------------------------------------
+def test_processes_x_items_decode_each_item_once(store_path):
+    processes, items = 3, 6
+    decodes = SPAWN.Value("i", 0)
+    start = SPAWN.Barrier(processes)
+    members = [SPAWN.Process(target=fleet_member, args=(store_path, items, seed, decodes, start))
+               for seed in range(processes)]
+    for member in members:
+        member.start()
+    for member in members:
+        member.join(240)
+        assert member.exitcode == 0
+    assert decodes.value == items
+    assert HostCache(store_path).usage()[0] == items
+
+
+def test_a_writer_killed_mid_put_leaves_no_torn_value(store_path):
+    for delay in (0.0, 0.013, 0.031):
+        written = SPAWN.Value("i", 0)
+        writer = SPAWN.Process(target=endless_writer, args=(store_path, written))
+        writer.start()
+        deadline = time.monotonic() + 120
+        while written.value < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay)
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        assert written.value >= 3
+        cache = HostCache(store_path, capacity_bytes=64 << 20)
+        keys = [f"w{i}" for i in range(written.value + 2)]
+        found = cache.get_many(keys)
+        assert len(found) >= 1 and cache.stats().corrupt == 0
+        for key, value in found.items():
+            assert torch.equal(value["x"], value_for(int(key[1:]))["x"])
+        assert cache.put("after", value_for(1))  # the killed writer's lock passed on
+        assert torch.equal(cache.get_many(["after"])["after"]["x"], value_for(1)["x"])
+
+
+def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_path):
+    entry = len(HostCache(store_path, capacity_bytes=1 << 20).encode(value_for(0)))
+    cache = HostCache(store_path, capacity_bytes=8 * entry + entry // 2)
+    for index in range(40):
+        assert cache.put(f"k{index}", value_for(index))
+        if index >= 4:
+            assert "k0" in cache.get_many(["k0"])  # read often: stays
+        entries, used = cache.usage()
+        assert used <= cache.capacity and entries <= 8
+    assert cache.stats().evictions >= 31
+    assert set(cache.get_many([f"k{i}" for i in range(40)])) >= {"k0", "k39"}
+
+
+def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
+    cache = HostCache(store_path, capacity_bytes=1 << 20)
+    assert not cache.put("big", {"x": torch.randn(1 << 20)})
+    assert not cache.put("odd", {"x": object()})
+    assert cache.stats().oversized == 1 and cache.stats().unserializable == 1
+
+
+@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV1" + bytes(64), b"LMV2" + bytes(64)])
+def test_bad_values_are_misses_and_are_dropped(store_path, data, caplog):
+    cache = HostCache(store_path, capacity_bytes=8 << 20)
+    good = cache.encode(value_for(3))
+    for bad in (data, good[:-10], good[:40] + bytes([good[40] ^ 1]) + good[41:]):
+        assert cache.put_encoded("k", bad)
+        assert cache.get_many(["k"]) == {}
+        assert cache.usage()[0] == 0  # dropped
+    assert cache.stats().corrupt == 3
+    assert len([r for r in caplog.records if "unreadable value" in r.getMessage()]) == 1  # rate-limited
+
+
+def test_a_dead_holders_lease_is_free_at_once(store_path):
+    taken = SPAWN.Value("b", False)
+    child = SPAWN.Process(target=lease_and_exit, args=(store_path, "k", taken))
+    child.start()
+    child.join(120)
+    assert taken.value
+    cache = HostCache(store_path)
+    assert cache.probe("k") == ("free", None)
+    token = cache.try_lease("k")
+    assert token and cache.try_lease("k") is None  # held by a live process now
+    cache.release("k", token)
+    assert cache.try_lease("k") is not None
+
+
+def test_waiters_get_the_value_the_lease_holder_writes(store_path):
+    cache = HostCache(store_path, wait_s=10)
+    token = cache.try_lease("k")
+    assert cache.wait_for("nothing-held") == (False, None)
+    import threading
+
+    threading.Timer(0.1, lambda: (cache.put("k", value_for(5)), cache.release("k", token))).start()
+    found, value = cache.wait_for("k")
+    assert found and torch.equal(value["x"], value_for(5)["x"])
+
+
+async def test_async_twins(store_path):
+    cache = HostCache(store_path)
+    assert await cache.aget_many(["k"]) == {}
+    token = await cache.atry_lease("k")
+    assert token and await cache.atry_lease("k") is None
+    cache.put("k", value_for(2))
+    cache.release("k", token)
+    found, value = await cache.await_for("k")
+    assert found and torch.equal(value["x"], value_for(2)["x"])
+
+
+# -- with Redis behind ------------------------------------------------------------------------------
+@pytest.fixture
+def redis_url(tmp_path):
+    pytest.importorskip("redis")
+    from test_cache_redis import REDIS_SERVER, Server
+
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    server = Server(tmp_path).start()
+    yield server.url
+    server.kill()
+
+
+def test_chain_local_host_redis(store_path, redis_url):
+    from lazymedia.cache import RedisCache
+
+    host = HostCache(store_path, capacity_bytes=64 << 20)
+    redis_tier = RedisCache(redis_url, namespace="chain")
+    redis_tier.put("k", value_for(4))  # another host wrote it
+    cache = TieredCache(ProcessorCache(), host, redis_tier)
+    found, value = cache.lookup("k")
+    assert found and torch.equal(value["x"], value_for(4)["x"])
+    assert host.stats().misses == 1 and redis_tier.stats().hits == 1
+    assert torch.equal(host.get_many(["k"])["k"]["x"], value_for(4)["x"])  # filled on the way back
+
+    token = cache.shared.try_lease("j")
+    assert token and host.try_lease("j") is None and redis_tier.try_lease("j") is None
+    assert cache.shared.try_lease("j") is None
+    cache.shared.release("j", token)
+    assert redis_tier.try_lease("j") is not None  # released in every tier
+    assert cache.shared.try_lease("j") is None  # held in Redis (another host): nothing kept here
+    assert host.try_lease("j") is not None
+
+
+def test_a_full_disk_degrades_to_the_next_tier(store_path, redis_url):
+    HostCache(store_path, capacity_bytes=64 << 20)  # creates the store's files
+    limit = os.path.getsize(os.path.join(store_path, "data.mdb")) + 4096
+    outcome = SPAWN.Queue()
+    child = SPAWN.Process(target=put_with_a_full_disk, args=(store_path, redis_url, limit, outcome))
+    child.start()
+    exact, host_faults, redis_writes = outcome.get(timeout=240)
+    child.join(60)
+    assert child.exitcode == 0 and exact
+    assert host_faults >= 1 and redis_writes == 1

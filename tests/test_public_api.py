@@ -1,0 +1,101 @@
+"""The public surface: the names `lazymedia` exports, the keyword-only signatures of the entry
+points, and the types a checker sees. mypy checks this file (pyproject.toml [tool.mypy] files, run
+by .ci/run), so every `assert_type` below is a claim about the public types that CI holds; pytest
+runs it too, so the values behind them exist."""
+import base64
+import dataclasses
+import inspect
+from typing import Any, assert_type
+
+import torch
+
+import lazymedia
+from lazymedia import samples
+from lazymedia.cache import ProcessorCache, TieredCache
+
+PUBLIC_NAMES = [
+    "AudioSamples", "AudioSpec", "BackendStatus", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec",
+    "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError",
+    "MediaFetchError", "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor",
+    "ProcessorCache", "UnprocessableMediaError", "VideoFrames", "VideoSpec", "backends", "default_engine",
+    "from_base64", "load", "load_audio", "load_image", "load_video", "register_sampler",
+]
+
+# Entry point -> (positional parameters, keyword-only parameters in order). A change here is an
+# API change: say it in the README and docs/usage.md.
+SIGNATURES = {
+    "load": (["modality", "data"], ["limits", "key", "item_id"]),
+    "load_image": (["data"], ["mode", "background", "apply_orientation", "size", "resample", "draft", "limits", "key",
+                              "item_id"]),
+    "load_video": (["data"], ["num_frames", "fps", "max_frames", "max_duration", "sampler", "size", "decoder",
+                              "limits", "key", "item_id"]),
+    "load_audio": (["data"], ["sample_rate", "mono", "limits", "key", "item_id"]),
+    "Processor": (["process_fn"], ["cache", "engine", "namespace", "process_workers"]),
+}
+
+LOADER_SPECS = {"load_image": lazymedia.ImageSpec, "load_video": lazymedia.VideoSpec,
+                "load_audio": lazymedia.AudioSpec}
+
+
+def test_all_is_pinned_and_every_name_resolves():
+    assert sorted(lazymedia.__all__) == sorted(PUBLIC_NAMES)
+    for name in lazymedia.__all__:
+        assert getattr(lazymedia, name) is not None, name
+
+
+def test_entry_points_take_their_settings_by_keyword_only():
+    for name, (positional, keyword_only) in SIGNATURES.items():
+        parameters = inspect.signature(getattr(lazymedia, name)).parameters.values()
+        assert [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD] == positional, name
+        assert [p.name for p in parameters if p.kind is p.KEYWORD_ONLY] == keyword_only, name
+
+
+def test_loader_defaults_are_the_spec_defaults():
+    """load_video's num_frames=32 and VideoSpec's must not drift apart (a handle loaded with the
+    defaults and a connector's fetch with no settings must share a key)."""
+    for name, spec_cls in LOADER_SPECS.items():
+        parameters = inspect.signature(getattr(lazymedia, name)).parameters
+        for field in dataclasses.fields(spec_cls):
+            assert parameters[field.name].default == field.default, (name, field.name)
+
+
+def test_decoded_values_are_typed_for_checkers():
+    image = lazymedia.load_image(samples.jpeg(48, 64))
+    assert_type(image, lazymedia.LazyMedia[torch.Tensor])
+    pixels = image.decode()
+    assert_type(pixels, torch.Tensor)
+    assert tuple(pixels.shape) == (48, 64, 3)
+
+    video = lazymedia.load_video(samples.video(frames=12), num_frames=4)
+    frames = video.media
+    assert_type(frames, lazymedia.VideoFrames)
+    assert_type(frames.frames, torch.Tensor)
+    assert frames.frames.shape[0] == 4
+
+    audio = lazymedia.load_audio(samples.tone(seconds=0.25, rate=8000))
+    decoded = audio.media
+    assert_type(decoded, lazymedia.AudioSamples)
+    assert_type(decoded.data, torch.Tensor)
+    assert decoded.data is decoded.samples and tuple(decoded.data.shape) == (1, 2000)  # mono by default
+
+    mean = image.map(lambda tensor: float(tensor.float().mean()), key="mean-v1")
+    assert_type(mean, lazymedia.LazyMedia[float])
+    assert isinstance(mean.decode(), float)
+
+    generic = lazymedia.load("image", samples.jpeg(8, 8))
+    assert_type(generic, lazymedia.LazyMedia[Any])
+
+
+def test_lazily_imported_names_are_classes_for_checkers():
+    connector: lazymedia.MediaConnector = lazymedia.MediaConnector()
+    try:
+        url = "data:image/jpeg;base64," + base64.b64encode(samples.jpeg(8, 8)).decode()
+        handle = connector.fetch_sync("image", url)
+        assert handle.decode().shape == (8, 8, 3)
+    finally:
+        connector.close()
+    processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded],
+                                    cache=ProcessorCache(capacity_bytes=1 << 20))
+    outputs: list = processor.apply([lazymedia.load_image(samples.jpeg(8, 8))])
+    assert outputs == [(8, 8, 3)]
+    assert isinstance(TieredCache, type) and isinstance(lazymedia.VideoFrames, type)
