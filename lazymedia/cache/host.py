@@ -347,6 +347,9 @@ class HostCache:
     async def aprobe(self, key: str) -> tuple[str, Any]:
         return await asyncio.to_thread(self.probe, key)
 
+    async def arelease(self, key: str, token: str) -> None:
+        await asyncio.to_thread(self.release, key, token)
+
     async def await_for(self, key: str) -> tuple[bool, object]:
         self._count("lease_waits")
         deadline = time.monotonic() + self.wait_s

@@ -30,3 +30,13 @@ class ProcessorCache(LruCache):
 
     def __init__(self, capacity_bytes: int = 1 << 30, sizeof: Callable[[Any], int] = estimate_nbytes):
         super().__init__(capacity_bytes, sizeof)  # read back as .capacity, like every LruCache
+
+    @property
+    def local(self) -> ProcessorCache:
+        """The tier a Processor reads under its lock: this cache itself (protocol.Cache)."""
+        return self
+
+    @property
+    def shared(self) -> None:
+        """No tier beyond this process."""
+        return None
