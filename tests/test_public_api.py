@@ -24,11 +24,11 @@ from lazymedia.cache import (
 )
 
 PUBLIC_NAMES = [
-    "AudioSamples", "AudioSpec", "BackendStatus", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec",
-    "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError",
-    "MediaFetchError", "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor",
-    "ProcessorCache", "UnprocessableMediaError", "VideoFrames", "VideoSpec", "backends", "default_engine",
-    "from_base64", "load", "load_audio", "load_image", "load_video", "register_sampler",
+    "AudioSamples", "AudioSpec", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec", "InvalidMediaError",
+    "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError", "MediaFetchError",
+    "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache",
+    "UnprocessableMediaError", "VideoFrames", "VideoSpec", "from_base64", "load", "load_audio", "load_image",
+    "load_video", "register_sampler",
 ]
 
 # Entry point -> (positional parameters, keyword-only parameters in order). A change here is an
@@ -51,6 +51,17 @@ def test_all_is_pinned_and_every_name_resolves():
     assert sorted(lazymedia.__all__) == sorted(PUBLIC_NAMES)
     for name in lazymedia.__all__:
         assert getattr(lazymedia, name) is not None, name
+
+
+def test_engine_diagnostics_live_in_the_engine_package():
+    """backends, BackendStatus and default_engine are diagnostics, not the user API: their home is
+    lazymedia.engine; the top-level names still resolve (the same objects) for earlier code."""
+    from lazymedia import engine
+
+    for name in ("BackendStatus", "backends", "default_engine"):
+        assert name in engine.__all__ and name not in lazymedia.__all__
+        assert getattr(lazymedia, name) is getattr(engine, name)
+    assert all(isinstance(status, engine.BackendStatus) for status in engine.backends())
 
 
 def test_entry_points_take_their_settings_by_keyword_only():
