@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .cache import CacheStats, LruCache, ProcessorCache
 from .codecs.sampling import register_sampler
-from .engine import BackendStatus, DecodeEngine, backends, default_engine
+from .engine import DecodeEngine
 from .errors import (
     InvalidMediaError,
     MediaCapacityError,
@@ -31,15 +31,19 @@ from .spec import DEFAULT_LIMITS, AudioSpec, ImageSpec, Limits, VideoSpec
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
-    from .codecs.audio import AudioSamples
-    from .codecs.video import VideoFrames
+    from .codecs.types import AudioSamples, VideoFrames
     from .connector import MediaConnector
 
 # Names whose modules pull in heavy dependencies (torch, FFmpeg, aiohttp): imported on first use.
+# The engine's diagnostics (backends, BackendStatus, default_engine) live in lazymedia.engine and
+# are not in __all__; they still resolve here for code written against the earlier surface.
 _LAZY = {
-    "AudioSamples": "lazymedia.codecs.audio",
-    "VideoFrames": "lazymedia.codecs.video",
+    "AudioSamples": "lazymedia.codecs.types",
+    "VideoFrames": "lazymedia.codecs.types",
     "MediaConnector": "lazymedia.connector",
+    "BackendStatus": "lazymedia.engine",
+    "backends": "lazymedia.engine",
+    "default_engine": "lazymedia.engine",
 }
 
 
@@ -53,9 +57,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AudioSamples", "AudioSpec", "BackendStatus", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec",
-    "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError",
-    "MediaFetchError", "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor",
-    "ProcessorCache", "UnprocessableMediaError", "VideoFrames", "VideoSpec", "backends", "default_engine",
-    "from_base64", "load", "load_audio", "load_image", "load_video", "register_sampler",
+    "AudioSamples", "AudioSpec", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec", "InvalidMediaError",
+    "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError", "MediaFetchError",
+    "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache",
+    "UnprocessableMediaError", "VideoFrames", "VideoSpec", "from_base64", "load", "load_audio", "load_image",
+    "load_video", "register_sampler",
 ]

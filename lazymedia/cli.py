@@ -1,4 +1,4 @@
-"""The `lazymedia` command: bench (the main job), decode, info.
+"""The `lazymedia` command: bench (the main job), decode, info, hash-threads.
 
 Exit codes: 0 everything worked; 1 some input was bad media (or could not be fetched), each
 reported on one `error:` line; 2 a usage error (bad options, an unavailable backend); 141

@@ -27,11 +27,10 @@ from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
-from .codecs import codec
 from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
 from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
 from .hashing import KeyHasher, media_key
-from .media import LazyMedia, from_base64, load
+from .media import LazyMedia, from_base64, load, probe_is_instant
 from .spec import DEFAULT_LIMITS, Limits, make_spec
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -157,7 +156,7 @@ class MediaConnector:
         except MediaError as exc:
             exc.modality = exc.modality or modality
             raise
-        if modality == "image" and codec("image").probe_is_instant(data):  # Pillow's parse goes to a thread
+        if probe_is_instant(modality, data):  # Pillow's parse goes to a thread
             return load(modality, data, limits=self.limits, key=key, **spec)
         return await asyncio.to_thread(load, modality, data, limits=self.limits, key=key, **spec)
 

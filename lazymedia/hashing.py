@@ -30,9 +30,8 @@ ALGORITHM_VARIABLE = "LAZYMEDIA_HASH_ALGORITHM"
 # Inputs at least this large hash faster with blake3's multithreaded mode than on one thread,
 # by usable core count; None: never. Hashes here are single shots over fresh request bytes, where
 # waking the thread pool costs more than in a loop. 1-2 cores: measured on the CI machine kind
-# (2 cores: multithreaded was 1.05-1.5x slower at every size from 4 to 64 MiB, median of 15
-# interleaved rounds); 4 and more cores: not measured here, blake3's guidance. Measure a machine
-# with `lazymedia hash-threads` and set LAZYMEDIA_HASH_THREADS_MIN_BYTES.
+# (docs/benchmarks.md); 4 and more cores: blake3's guidance. Measure a machine with
+# `lazymedia hash-threads` and set LAZYMEDIA_HASH_THREADS_MIN_BYTES.
 MULTITHREAD_MIN_BYTES_BY_CORES: dict[int, int | None] = {1: None, 2: None, 4: 4 << 20, 8: 2 << 20, 16: 1 << 20}
 THRESHOLD_VARIABLE = "LAZYMEDIA_HASH_THREADS_MIN_BYTES"
 
@@ -96,9 +95,8 @@ _algorithm = _checked_algorithm(os.environ.get(ALGORITHM_VARIABLE) or "blake3")
 
 
 # Bytes an event loop may hash inline before a request's keys are computed on a thread: about
-# 1 ms of single-thread hashing (blake3 ~7.7 GB/s, sha256 ~2 GB/s, sha512 ~1.2 GB/s on the CI
-# machine kind). The hop to a thread and back costs 55-85 us there: with a 1 MiB limit for blake3,
-# a 2 MB hit cost 1.40x its hash (benchmarks/bench_hot_path.py), 1.15x with 8 MiB.
+# 1 ms of single-thread hashing per algorithm, so the hop to a thread and back stays small next
+# to the hash it moves (the measured speeds and hop costs: docs/benchmarks.md).
 LOOP_HASH_BYTES = {"blake3": 8 << 20, "sha256": 2 << 20, "sha512": 1 << 20}
 
 

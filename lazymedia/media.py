@@ -15,26 +15,18 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 import pybase64
 
-from .cache import LruCache
-from .codecs import codec, decode
+from .codecs import codec, decode, probe
+from .codecs.types import AudioSamples, VideoFrames  # what handles decode to (loads neither torch nor FFmpeg)
 from .errors import InvalidMediaError, MediaNotCachedError, MediaReleasedError, MediaTooLargeError
 from .hashing import derived_key, id_key, media_key, object_key
 from .spec import DEFAULT_LIMITS, DEFAULT_NUM_FRAMES, Limits, Spec, make_spec
 
-if TYPE_CHECKING:  # the decoded types; importing them at run time would load torch and FFmpeg
+if TYPE_CHECKING:  # importing torch at run time would load it with the package
     import torch
-
-    from .codecs.audio import AudioSamples
-    from .codecs.video import VideoFrames
 
 # What a handle decodes to: torch.Tensor (an image), VideoFrames, AudioSamples, or a map()'s result.
 Decoded = TypeVar("Decoded")
 Mapped = TypeVar("Mapped")
-
-# Container probes (FFmpeg, libsndfile) cost milliseconds, the native image probe a microsecond:
-# headers the codec says are worth it are remembered by content key, so a repeated item costs
-# its hash (limits are re-checked on every load).
-_headers = LruCache(capacity=4096)
 
 
 class _Source:
@@ -375,6 +367,17 @@ def _encoded_bytes(data, limits: Limits) -> bytes:
                             "pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)")
 
 
+def probe_is_instant(modality: str, data) -> bool:
+    """Whether load(modality, data) probes in microseconds whatever the bytes hold, so an event
+    loop may run it inline: small JPEGs and PNGs (codecs.image.probe_is_instant). Container
+    probes (FFmpeg, libsndfile) and Pillow's header parse belong on a thread."""
+    if modality != "image":
+        return False
+    from .codecs import image
+
+    return image.probe_is_instant(data)
+
+
 def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
          item_id: str | None = None, **spec) -> LazyMedia[Any]:
     """An undecoded handle over `data` (encoded bytes, or a pathlib.Path to read) as `modality`
@@ -391,22 +394,15 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes are over Limits.max_bytes ({limits.max_bytes}): send a "
                                  "smaller file, or raise the limit", modality=modality)
-    media_codec = codec(modality)
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
         key = id_key(modality, spec_obj.canonical(), item_id)
-        header = media_codec.probe(data, limits, spec_obj)
-    elif not media_codec.REMEMBER_HEADERS:
-        header = media_codec.probe(data, limits, spec_obj)
+        header = probe(modality, data, limits, spec_obj)
     else:
-        key = key or media_key(modality, spec_obj.canonical(), data)
-        header = _headers.get(key)
-        if header is None:
-            header = media_codec.probe(data, limits, spec_obj)
-            _headers.put(key, header)
-        else:
-            media_codec.check_limits(header, limits, spec_obj, len(data))
+        if codec(modality, spec_obj).REMEMBER_HEADERS:  # the memo's key: computed now, not on first use
+            key = key or media_key(modality, spec_obj.canonical(), data)
+        header = probe(modality, data, limits, spec_obj, key=key)
     return LazyMedia(_Source(modality, spec_obj, limits, data, header, key))
 
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache import ProcessorCache
+from .cache import Cache, ProcessorCache, SharedTier
 from .engine import DecodeEngine, default_engine
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
@@ -51,26 +51,30 @@ class _Plan:
     remote: list[str] = field(default_factory=list)  # keys another process is decoding
 
 
-# The asyncio twins of the shared tier's calls (see Processor._shared_steps).
-_ASYNC_CALLS = {"get_many": "aget_many", "try_lease": "atry_lease", "wait_for": "await_for", "release": "arelease"}
+@dataclass(frozen=True)
+class _TierCall:
+    """One shared-tier call of Processor._shared_steps, in its sync and asyncio forms."""
+    run: Callable[..., Any]
+    arun: Callable[..., Awaitable[Any]]
+    args: tuple
 
 
 class Processor:
     """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order).
 
-    cache: a ProcessorCache (default: a private 1 GiB one), or a TieredCache whose shared tier
-    spans processes and machines. namespace: mixed into every key, so processors with different
-    settings can share one cache. engine: the DecodeEngine for
+    cache: a cache.protocol.Cache: a ProcessorCache (default: a private 1 GiB one), or a
+    TieredCache whose shared tiers span processes and machines. namespace: mixed into every key,
+    so processors with different settings can share one cache. engine: the DecodeEngine for
     misses (default: the process-wide one). process_workers: threads that run phase 2 for
     apply_async, off the event loop.
     """
 
-    def __init__(self, process_fn: Callable[[list], Sequence], *, cache: ProcessorCache | None = None,
+    def __init__(self, process_fn: Callable[[list], Sequence], *, cache: Cache | None = None,
                  engine: DecodeEngine | None = None, namespace: str = "", process_workers: int = 1):
         self.process_fn = process_fn
-        self.cache = cache if cache is not None else ProcessorCache()
-        self._local = getattr(self.cache, "local", self.cache)  # looked up under the lock
-        self._shared = getattr(self.cache, "shared", None)  # network calls, never under the lock
+        self.cache: Cache = cache if cache is not None else ProcessorCache()
+        self._local = self.cache.local  # looked up under the lock
+        self._shared = self.cache.shared  # store and network calls, never under the lock
         self.engine = engine if engine is not None else default_engine()
         self.namespace = namespace
         self._lock = threading.Lock()
@@ -93,10 +97,10 @@ class Processor:
         if plan.leaders:
             try:
                 if self._shared is not None:
-                    self._run_shared(self._shared_steps(plan))
+                    self._run_shared(self._shared_steps(plan, self._shared))
                 self._submit_decodes(plan)
-                if plan.remote:
-                    self._run_shared(self._remote_steps(plan))
+                if plan.remote and self._shared is not None:
+                    self._run_shared(self._remote_steps(plan, self._shared))
                     self._submit_decodes(plan)
                 wait_futures(plan.decodes.values())
                 if plan.leaders:
@@ -124,10 +128,10 @@ class Processor:
             phase2 = None
             try:
                 if self._shared is not None:
-                    await self._run_shared_async(self._shared_steps(plan))
+                    await self._run_shared_async(self._shared_steps(plan, self._shared))
                 self._submit_decodes(plan)
-                if plan.remote:
-                    await self._run_shared_async(self._remote_steps(plan))
+                if plan.remote and self._shared is not None:
+                    await self._run_shared_async(self._remote_steps(plan, self._shared))
                     self._submit_decodes(plan)
                 await _wait_all(list(plan.decodes.values()))
                 if plan.leaders:
@@ -144,8 +148,8 @@ class Processor:
             finally:
                 if phase2 is None:  # every decode has finished here, so this never blocks
                     self._abandon(plan)
-                    if plan.leases:  # on the asyncio client, to its end even if cancelled again
-                        await asyncio.shield(self._run_shared_async(self._lease_releases(plan)))
+                    if plan.leases and self._shared is not None:  # asyncio, to its end even if cancelled again
+                        await asyncio.shield(self._run_shared_async(self._lease_releases(plan, self._shared)))
         try:
             if plan.followers:
                 await _wait_all([future for future, _ in plan.followers.values()])
@@ -204,31 +208,31 @@ class Processor:
                         plan.decodes[key] = _decoded_here(item)
 
     # -- phase 1b: the shared tier ------------------------------------------------------------
-    def _shared_steps(self, plan: _Plan):
+    def _shared_steps(self, plan: _Plan, shared: SharedTier):
         """The leaders' shared-tier work, written once for apply and apply_async: each
-        `yield (call, *args)` is a call on the shared tier, which the caller's driver runs."""
-        self._settle(plan, (yield ("get_many", list(plan.leaders))))
+        `yield _TierCall(...)` is a call on the shared tier, which the caller's driver runs."""
+        self._settle(plan, (yield _TierCall(shared.get_many, shared.aget_many, (list(plan.leaders),))))
         for key in list(plan.leaders):
             if self._decodable(plan, plan.leaders[key]) is None:
                 continue  # known by id alone: nothing to decode, so no lease to hold
-            token = yield ("try_lease", key)
+            token = yield _TierCall(shared.try_lease, shared.atry_lease, (key,))
             if token is None:
                 plan.remote.append(key)
             else:
                 plan.leases[key] = token
         leased = [key for key, token in plan.leases.items() if token and key in plan.leaders]
         if leased:  # a value may have landed between the first read and the lease
-            self._settle(plan, (yield ("get_many", leased)))
+            self._settle(plan, (yield _TierCall(shared.get_many, shared.aget_many, (leased,))))
 
-    def _remote_steps(self, plan: _Plan):
+    def _remote_steps(self, plan: _Plan, shared: SharedTier):
         """Waits for the keys other processes are decoding; one they do not deliver (gone, too
         slow) is leased where possible and decoded here."""
         for key in plan.remote:
-            found, value = yield ("wait_for", key)
+            found, value = yield _TierCall(shared.wait_for, shared.await_for, (key,))
             if found:
                 self._settle(plan, {key: value})
             else:
-                plan.leases[key] = (yield ("try_lease", key)) or ""
+                plan.leases[key] = (yield _TierCall(shared.try_lease, shared.atry_lease, (key,))) or ""
         plan.remote.clear()
 
     def _settle(self, plan: _Plan, found: dict) -> None:
@@ -244,19 +248,19 @@ class Processor:
         result = None
         while True:
             try:
-                call, *args = steps.send(result)
+                call = steps.send(result)
             except StopIteration:
                 return
-            result = getattr(self._shared, call)(*args)
+            result = call.run(*call.args)
 
     async def _run_shared_async(self, steps) -> None:
         result = None
         while True:
             try:
-                call, *args = steps.send(result)
+                call = steps.send(result)
             except StopIteration:
                 return
-            result = await getattr(self._shared, _ASYNC_CALLS[call])(*args)
+            result = await call.arun(*call.args)
 
     # -- phase 2 ----------------------------------------------------------------------------
     def _finish(self, plan: _Plan) -> None:
@@ -334,12 +338,12 @@ class Processor:
                 self._publish(plan, key, error=_Abandoned(key))
         self._release(plan, [index for indices in plan.leaders.values() for index in indices])
 
-    def _lease_releases(self, plan: _Plan):
+    def _lease_releases(self, plan: _Plan, shared: SharedTier):
         """The leases' releases as shared-tier calls, for apply_async's asyncio client."""
         while plan.leases:
             key, token = plan.leases.popitem()
-            if token and self._shared is not None:
-                yield ("release", key, token)
+            if token:
+                yield _TierCall(shared.release, shared.arelease, (key, token))
 
     def _release_lease(self, plan: _Plan, key: str) -> None:
         token = plan.leases.pop(key, "")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import math
 import numbers
@@ -26,14 +25,14 @@ class Spec:
 
     modality = ""
 
-    @functools.cached_property
-    def canonical_bytes(self) -> bytes:
-        fields = dataclasses.asdict(self)  # type: ignore[call-overload]  # every Spec is a dataclass
-        return json.dumps({"kind": self.modality, **fields}, sort_keys=True, separators=(",", ":")).encode()
-
     def canonical(self) -> bytes:
         """Stable bytes for the key: sorted JSON of every field (computed once per spec)."""
-        return self.canonical_bytes
+        return self._canonical
+
+    @functools.cached_property
+    def _canonical(self) -> bytes:
+        fields = dataclasses.asdict(self)  # type: ignore[call-overload]  # every Spec is a dataclass
+        return json.dumps({"kind": self.modality, **fields}, sort_keys=True, separators=(",", ":")).encode()
 
 
 # Largest output side a spec may ask for (the decoded-size budget bounds the area further).
@@ -152,9 +151,6 @@ class VideoSpec(Spec):
 
     def __post_init__(self):
         _choice("decoder", self.decoder, VIDEO_DECODERS, "video")
-        if self.decoder == "opencv" and importlib.util.find_spec("cv2") is None:
-            raise InvalidMediaError("decoder='opencv' needs OpenCV: pip install opencv-python-headless "
-                                    "(the lazymedia[opencv] extra), or use decoder='pyav'", modality="video")
         object.__setattr__(self, "num_frames", _count("num_frames", self.num_frames, "video", "every frame"))
         object.__setattr__(self, "fps", _positive("fps", self.fps, "video", "no rate cap"))
         object.__setattr__(self, "max_frames", _count("max_frames", self.max_frames, "video", "no cap"))

@@ -9,6 +9,9 @@ from lazymedia.samples import photo as make_image
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("LAZYMEDIA_CORPUS", REPO.parent / "shared" / "corpus"))
+# Small real files committed with the tests (tests/data/make.py wrote them): the corpus tests run
+# on them in any checkout; the external corpus above, where present, is the extended run.
+IN_REPO = REPO / "tests" / "data"
 
 
 requires_corpus = pytest.mark.skipif(not (CORPUS / "MANIFEST.tsv").exists(), reason=f"corpus not found at {CORPUS}")
@@ -21,24 +24,33 @@ except Exception:
 without_gpu = pytest.mark.skipif(_HAS_GPU, reason="checks the behaviour of a machine without a GPU")
 
 
-def corpus_rows(kind):
-    """MANIFEST.tsv rows of one kind; empty when the corpus is not beside the checkout."""
-    manifest = CORPUS / "MANIFEST.tsv"
+def _manifest_rows(root: Path, kind: str) -> list[dict]:
+    manifest = root / "MANIFEST.tsv"
     if not manifest.exists():
         return []
     with open(manifest, newline="") as f:
-        return [row for row in csv.DictReader(f, delimiter="\t") if row["kind"] == kind]
+        return [{**row, "root": str(root)} for row in csv.DictReader(f, delimiter="\t") if row["kind"] == kind]
+
+
+def corpus_rows(kind, external_only=False):
+    """MANIFEST.tsv rows of one kind: tests/data's, then the external corpus's where it is beside
+    the checkout. Each row's "root" is its folder, "path" is relative to it."""
+    return ([] if external_only else _manifest_rows(IN_REPO, kind)) + _manifest_rows(CORPUS, kind)
 
 
 def corpus_params(kind, expected=None):
     rows = [r for r in corpus_rows(kind) if expected is None or r["expected"] in expected]
     if not rows:
-        return [pytest.param(None, marks=pytest.mark.skip(reason=f"corpus not found at {CORPUS}"))]
-    return [pytest.param(r, id=r["path"]) for r in rows]
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"no {kind} files expected {expected}"))]
+    return [pytest.param(r, id=("tests/data/" if r["root"] == str(IN_REPO) else "") + r["path"]) for r in rows]
+
+
+def corpus_path(row) -> Path:
+    return Path(row["root"]) / row["path"]
 
 
 def corpus_bytes(row):
-    return (CORPUS / row["path"]).read_bytes()
+    return corpus_path(row).read_bytes()
 
 
 @pytest.fixture(scope="session")
@@ -56,11 +68,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _corpus_line() -> str:
-    files = len(corpus_rows("image") + corpus_rows("video") + corpus_rows("audio"))
+    in_repo = sum(len(_manifest_rows(IN_REPO, kind)) for kind in ("image", "video", "audio"))
+    files = sum(len(corpus_rows(kind, external_only=True)) for kind in ("image", "video", "audio"))
     if files:
-        return f"corpus: {files} files from {CORPUS}: corpus tests run"
-    return (f"corpus: not found at {CORPUS}: corpus tests skip (set LAZYMEDIA_CORPUS to the folder holding "
-            "MANIFEST.tsv)")
+        return f"corpus: {in_repo} files from tests/data and {files} from {CORPUS}: corpus tests run"
+    return (f"corpus: {in_repo} files from tests/data; the external corpus is not at {CORPUS} (set "
+            "LAZYMEDIA_CORPUS to the folder holding MANIFEST.tsv for the extended run)")
 
 
 def pytest_report_header(config):

@@ -1,6 +1,7 @@
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 from lazymedia import ProcessorCache
@@ -59,3 +60,13 @@ def test_thread_safety():
     stats = cache.stats()
     assert stats.entries <= 50 and stats.size == stats.entries * 8
     assert stats.hits + stats.misses == 8 * 2000
+
+
+def test_redis_is_an_extra(monkeypatch):
+    import sys
+
+    from lazymedia.cache import RedisCache
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # the client is not installed
+    with pytest.raises(ImportError, match=r"lazymedia\[redis\]"):
+        RedisCache("redis://127.0.0.1:1/0")

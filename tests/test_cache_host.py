@@ -128,7 +128,7 @@ def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_pat
         if index >= 4:
             assert "k0" in cache.get_many(["k0"])  # read often: stays
         entries, used = cache.usage()
-        assert used <= cache.capacity_bytes and entries <= 8
+        assert used <= cache.capacity and entries <= 8
     assert cache.stats().evictions >= 31
     assert set(cache.get_many([f"k{i}" for i in range(40)])) >= {"k0", "k39"}
 

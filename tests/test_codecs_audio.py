@@ -173,15 +173,15 @@ def wav_header(channels: int, rate: int, bits: int = 16, frames: int = 0) -> byt
 
 
 def test_channel_cap_refuses_before_any_reader_allocates_per_channel(monkeypatch):
-    assert lazymedia.load_audio(wav_header(64, 8000, frames=100), sample_rate=16000,
-                                mono=False).media.samples.shape == (64, 200)
+    every_channel = lazymedia.load_audio(wav_header(64, 8000, frames=100), sample_rate=16000, mono=False)
+    assert every_channel.media.samples.shape == (64, 200)
     monkeypatch.setattr(audio.soxr, "ResampleStream", lambda *args, **kwargs: pytest.fail("resampler created"))
     for channels in (65, 1024, 65407):  # libsndfile reads <= 1024 channels, FFmpeg the rest
         with pytest.raises(lazymedia.MediaTooLargeError, match=f"{channels} audio channels exceed the 64"):
             lazymedia.load_audio(wav_header(channels, 65535), sample_rate=16000)
     limits = lazymedia.Limits(max_audio_channels=128)
     with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # 128 x 448 KiB of resampler: over 32 MiB
-        lazymedia.load_audio(wav_header(128, 8000, frames=10), sample_rate=16000, limits=limits)
+        lazymedia.load_audio(wav_header(128, 8000, frames=10), sample_rate=16000, mono=False, limits=limits)
 
 
 def test_resampling_in_bounded_calls_equals_one_shot():

@@ -11,7 +11,7 @@ import lazymedia
 from lazymedia import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from lazymedia.codecs import image as image_codec
 
-from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
+from conftest import CORPUS, corpus_bytes, corpus_params, corpus_path, encode, make_image, requires_corpus
 
 
 def pillow_reference(path_or_bytes, mode="RGB", background=(255, 255, 255)):
@@ -46,7 +46,7 @@ def test_corpus_decodes_equal_to_pillow(row):
         warnings.simplefilter("ignore")
         tensor = lazymedia.load_image(data).media
     assert tensor.dtype == torch.uint8 and tensor.ndim == 3
-    np.testing.assert_array_equal(tensor.numpy(), pillow_reference(CORPUS / row["path"]))
+    np.testing.assert_array_equal(tensor.numpy(), pillow_reference(corpus_path(row)))
 
 
 @pytest.mark.parametrize("row", corpus_params("image", {"corrupt"}))

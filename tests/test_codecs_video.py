@@ -28,7 +28,7 @@ def test_corpus_sampled_frames_equal_full_decode(row):
     item = lazymedia.load_video(data, num_frames=8)
     frames = item.media
     header = item.header
-    assert frames.indices == sampling.sample_indices(video.sampling_source(header), item.spec)
+    assert frames.indices == sampling.sample_indices(sampling.sampling_source(header), item.spec)
     assert tuple(frames.frames.shape) == (len(frames.indices), header.height, header.width, 3)
     full = full_decode(data)
     assert len(full.indices) == header.total_frames  # the header's frame count is exact
@@ -285,6 +285,27 @@ def test_hf_metadata_keys_as_vllm_fills_them(h264):
                                "frames_indices": frames.indices, "do_sample_frames": False}
     every = lazymedia.load_video(h264, num_frames=None).media
     assert every.metadata["do_sample_frames"] is True and every.info["codec"] == "h264"
+
+
+def test_the_registry_chooses_the_video_reader():
+    from lazymedia.codecs import codec, video_opencv
+
+    assert codec("video") is video and codec("video", lazymedia.VideoSpec()) is video
+    assert codec("video", lazymedia.VideoSpec(decoder="opencv")) is video_opencv
+    assert video_opencv.probe is video.probe  # one header, whichever reader decodes
+
+
+def test_without_opencv_only_the_opencv_reader_refuses(h264, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "cv2" else
+                        find_spec(name, *args))
+    hit_by_id = lazymedia.LazyMedia.from_id("video", "clip-1", decoder="opencv")  # a cache hit needs no OpenCV
+    assert hit_by_id.spec.decoder == "opencv"
+    with pytest.raises(InvalidMediaError, match="lazymedia\\[opencv\\]") as refused:
+        lazymedia.load_video(h264, decoder="opencv")
+    assert refused.value.status_code == 400
 
 
 def mp4_boxes(data):

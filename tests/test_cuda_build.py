@@ -34,7 +34,7 @@ def test_without_a_gpu_errors_are_typed():
     assert count == 0 and why
     with pytest.raises(RuntimeError):
         _C_cuda.NvjpegDecoder(0)
-    backends = {(b.modality, b.name): b for b in lazymedia.backends()}
+    backends = {(b.modality, b.name): b for b in lazymedia.engine.backends()}
     assert not backends[("image", "nvjpeg")].available and backends[("image", "nvjpeg")].reason
     assert backends[("image", "cpu")].available
 

@@ -18,9 +18,9 @@ def frame_count(frames):
 
 def _frames_of(tensor):
     """What a worker returns for a video, around any tensor (module-level: it pickles)."""
-    from lazymedia.codecs.video import VideoFrames
+    from lazymedia.codecs.types import VideoFrames
 
-    return VideoFrames(tensor, [], [], 0.0, 0.0, 0)
+    return VideoFrames(tensor.view(1, 1, 1, -1), [0], [0.0], 0.0, 0.0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_a_result_that_cannot_use_shared_memory_is_pickled(pool):
 
     big = _torch.ones(SHARED_MIN_BYTES, dtype=_torch.bfloat16)  # numpy has no bfloat16: written as bytes
     frames = pool.run(_frames_of, big)
-    assert frames.frames.dtype == _torch.bfloat16 and _torch.equal(frames.frames, big)
+    assert frames.frames.dtype == _torch.bfloat16 and _torch.equal(frames.frames.reshape(-1), big)
     assert list(pool.shared_folder.iterdir()) == []
 
 

@@ -1,5 +1,6 @@
 """Every Python example in the README and docs/usage.md runs as written, each in a fresh
 interpreter (a block whose first line is `# needs: gpu` runs only where a GPU is)."""
+import importlib.util
 import os
 import re
 import shutil
@@ -23,7 +24,9 @@ REDIS_SERVER = shutil.which("redis-server")
 NEEDS = {
     "# needs: gpu": [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU with a driver")],
     "# needs: redis": [pytest.mark.skipif(REDIS_SERVER is None,
-                                          reason="redis-server is not installed (apt-get install redis-server)")],
+                                          reason="redis-server is not installed (apt-get install redis-server)"),
+                       pytest.mark.skipif(importlib.util.find_spec("redis") is None,
+                                          reason="the redis client is not installed (pip install 'lazymedia[redis]')")],
 }
 
 

@@ -53,7 +53,7 @@ def decode_counted(backend, items, on_gpu: int) -> list:
 
 # PyNvVideoCodec raises RuntimeError on import without the driver's video libraries (libnvcuvid):
 # that is a skip with its reason, not an error.
-_NVDEC = {(b.modality, b.name): b for b in lazymedia.backends()}[("video", "nvdec")]
+_NVDEC = {(b.modality, b.name): b for b in lazymedia.engine.backends()}[("video", "nvdec")]
 requires_nvdec = pytest.mark.skipif(not _NVDEC.available, reason=f"NVDEC unavailable: {_NVDEC.reason}")
 
 

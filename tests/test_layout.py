@@ -1,6 +1,7 @@
-"""The code's shape: the README's layout table names real files, every module imports on its
-own (no import cycle, no hidden order), no module reads another module's underscore names, and
-importing the package loads no heavy dependency."""
+"""The code's shape: each module imports only the layers docs/design.md allows it (the map
+below is that table), the imports form no cycle, the README's layout table names real files,
+every module imports on its own (no hidden order), no module reads another module's underscore
+names, and importing the package loads no heavy dependency."""
 import ast
 import re
 import subprocess
@@ -93,3 +94,105 @@ def test_readme_layout_table_names_real_paths():
         if public_file or module.is_dir() and module.name != "__pycache__":
             where = str(module.relative_to(REPO))
             assert where in listed, f"{where} is missing from the README layout"
+
+
+# docs/design.md's layer table, bottom-up: (layer, its modules, the layers it may import besides
+# its own). A package name covers its submodules; "lazymedia" alone is the package face.
+LAYERS = [
+    ("native", ["_C", "_C_cuda"], []),
+    ("ground", ["errors", "hashing", "lru", "ops", "singletons", "profiling", "samples"], ["native"]),
+    ("specs", ["spec"], ["ground"]),
+    ("codecs", ["codecs"], ["specs", "ground", "native"]),
+    ("handles", ["media"], ["codecs", "specs", "ground"]),
+    ("engine", ["engine"], ["codecs", "specs", "ground", "native"]),
+    ("frontend", ["processor", "connector", "guard", "cache"], ["handles", "engine", "specs", "ground"]),
+    ("adapters", ["integrations"], ["frontend", "handles", "specs", "ground"]),
+    ("entry points", ["lazymedia", "bench", "cli", "__main__"],
+     ["adapters", "frontend", "engine", "handles", "codecs", "specs", "ground", "native"]),
+]
+
+
+def _layer_of(module: str) -> str:
+    best, layer_of = "", None
+    for layer, names, _ in LAYERS:
+        for name in names:
+            full = "lazymedia" if name == "lazymedia" else f"lazymedia.{name}"
+            if (module == full or module.startswith(full + ".")) and len(full) > len(best):
+                best, layer_of = full, layer
+    assert layer_of is not None, f"{module} is in no layer of docs/design.md (add it to the table and LAYERS)"
+    return layer_of
+
+
+def _package_modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(module: str, path: Path, known) -> set[str]:
+    """Every lazymedia module `module` imports, at its top or inside a function."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "lazymedia":
+                continue
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                found.add(full if full in known or alias.name in ("_C", "_C_cuda") else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "lazymedia")
+    found.discard(module)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    known = _package_modules()
+    return {module: _imports(module, path, known) for module, path in known.items()}
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    allowed = {layer: {layer, *below} for layer, _, below in LAYERS}
+    wrong = [f"{module} ({_layer_of(module)}) imports {target} ({_layer_of(target)})"
+             for module, targets in sorted(_import_graph().items()) for target in sorted(targets)
+             if _layer_of(target) not in allowed[_layer_of(module)]]
+    assert not wrong, "imports across the layers of docs/design.md:\n" + "\n".join(wrong)
+
+
+def test_the_imports_form_no_cycle():
+    graph = _import_graph()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            assert state.get(target) != 1, "import cycle: " + " -> ".join([*path, module, target])
+            if target not in state:
+                visit(target, [*path, module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+def test_design_md_layer_table_is_the_map():
+    design = (REPO / "docs" / "design.md").read_text()
+    rows = {m.group(1): (m.group(2), m.group(3))
+            for m in re.finditer(r"^\| ([a-z ]+) \| (.*?) \| (.*?) \|", design, re.M)}
+    for layer, names, below in LAYERS:
+        assert layer in rows, f"docs/design.md has no row for the {layer} layer"
+        listed, may_import = rows[layer]
+        for name in names:
+            assert f"`{name}" in listed, f"docs/design.md's {layer} row does not name {name}"
+        written = set() if may_import == "nothing" else {
+            name.strip() for name in may_import.split(",")}
+        assert written == set(below) or written == {"every layer"} and len(below) == len(LAYERS) - 1, \
+            f"docs/design.md says {layer} may import {may_import}; LAYERS says {below}"

@@ -137,7 +137,7 @@ def _opencv_missing(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cv2" else real(name, *a))
-    return VideoSpec(decoder="opencv")
+    return lazymedia.load_video(CLIP, decoder="opencv")  # refused where the reader is chosen, not in VideoSpec
 
 
 JPEG = samples.jpeg(64, 64)

@@ -6,7 +6,7 @@ from PIL import Image
 
 from lazymedia import _C
 
-from conftest import CORPUS, corpus_bytes, corpus_params, encode, make_image, requires_corpus
+from conftest import CORPUS, corpus_bytes, corpus_params, corpus_path, encode, make_image, requires_corpus
 
 PIL_COMPONENTS = {"L": 1, "RGB": 3, "CMYK": 4, "RGBA": 4, "LA": 2, "I;16": 1, "1": 1}
 
@@ -27,7 +27,7 @@ def pillow_view(path):
 def test_probe_matches_pillow(row):
     result = _C.probe(corpus_bytes(row))
     assert result.status == "ok", result.error
-    size, mode, orientation = pillow_view(CORPUS / row["path"])
+    size, mode, orientation = pillow_view(corpus_path(row))
     assert (result.width, result.height) == size
     assert result.orientation == orientation
     assert result.format == row["format"].replace("apng", "png")

@@ -2,6 +2,7 @@
 points, and the types a checker sees. mypy checks this file (pyproject.toml [tool.mypy] files, run
 by .ci/run), so every `assert_type` below is a claim about the public types that CI holds; pytest
 runs it too, so the values behind them exist."""
+import asyncio
 import base64
 import dataclasses
 import inspect
@@ -11,14 +12,23 @@ import torch
 
 import lazymedia
 from lazymedia import samples
-from lazymedia.cache import ProcessorCache, TieredCache
+from lazymedia.cache import (
+    Cache,
+    ChainableTier,
+    HostCache,
+    ProcessorCache,
+    RedisCache,
+    SharedChain,
+    SharedTier,
+    TieredCache,
+)
 
 PUBLIC_NAMES = [
-    "AudioSamples", "AudioSpec", "BackendStatus", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec",
-    "InvalidMediaError", "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError",
-    "MediaFetchError", "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor",
-    "ProcessorCache", "UnprocessableMediaError", "VideoFrames", "VideoSpec", "backends", "default_engine",
-    "from_base64", "load", "load_audio", "load_image", "load_video", "register_sampler",
+    "AudioSamples", "AudioSpec", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec", "InvalidMediaError",
+    "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError", "MediaFetchError",
+    "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache",
+    "UnprocessableMediaError", "VideoFrames", "VideoSpec", "from_base64", "load", "load_audio", "load_image",
+    "load_video", "register_sampler",
 ]
 
 # Entry point -> (positional parameters, keyword-only parameters in order). A change here is an
@@ -41,6 +51,17 @@ def test_all_is_pinned_and_every_name_resolves():
     assert sorted(lazymedia.__all__) == sorted(PUBLIC_NAMES)
     for name in lazymedia.__all__:
         assert getattr(lazymedia, name) is not None, name
+
+
+def test_engine_diagnostics_live_in_the_engine_package():
+    """backends, BackendStatus and default_engine are diagnostics, not the user API: their home is
+    lazymedia.engine; the top-level names still resolve (the same objects) for earlier code."""
+    from lazymedia import engine
+
+    for name in ("BackendStatus", "backends", "default_engine"):
+        assert name in engine.__all__ and name not in lazymedia.__all__
+        assert getattr(lazymedia, name) is getattr(engine, name)
+    assert all(isinstance(status, engine.BackendStatus) for status in engine.backends())
 
 
 def test_entry_points_take_their_settings_by_keyword_only():
@@ -99,3 +120,25 @@ def test_lazily_imported_names_are_classes_for_checkers():
     outputs: list = processor.apply([lazymedia.load_image(samples.jpeg(8, 8))])
     assert outputs == [(8, 8, 3)]
     assert isinstance(TieredCache, type) and isinstance(lazymedia.VideoFrames, type)
+
+
+def test_every_cache_a_processor_takes_is_its_cache_protocol(tmp_path):
+    """mypy checks that ProcessorCache, TieredCache and the shared tiers (HostCache, RedisCache,
+    their SharedChain) satisfy the protocols Processor's `cache` parameter names; pytest that a
+    Processor works over each (the Redis tier here is unreachable, so it degrades to misses)."""
+    host = HostCache(str(tmp_path / "host"), capacity_bytes=16 << 20)
+    fleet = RedisCache("redis://127.0.0.1:1/0", timeout_s=0.05)
+    tiers: list[ChainableTier] = [host, fleet]
+    chain: SharedTier = SharedChain(tiers)
+    caches: list[Cache] = [ProcessorCache(capacity_bytes=1 << 20), TieredCache(ProcessorCache(), host),
+                           TieredCache(ProcessorCache(), *tiers)]
+    for number, cache in enumerate(caches):
+        item = lazymedia.load_image(samples.jpeg(8, 8 + number))
+        processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded], cache=cache)
+        assert processor.apply([item]) == [(8, 8 + number, 3)]
+        assert cache.lookup(processor.cache_key(item)) == (True, (8, 8 + number, 3))
+    token = chain.try_lease("leased")
+    assert token is not None and host.try_lease("leased") is None  # held on the host tier
+    asyncio.run(chain.arelease("leased", token))  # every tier's release has an asyncio form
+    assert host.try_lease("leased") is not None
+    fleet.close()

@@ -65,14 +65,15 @@ def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
                 if key not in eager_cache:
                     eager_cache[key] = shape_of([np.empty((height, width, 3))])
 
-            processor = lazymedia.Processor(shape_of, engine=engine)
+            cache = lazymedia.ProcessorCache()
+            processor = lazymedia.Processor(shape_of, engine=engine, cache=cache)
             processor.apply([lazymedia.load_image(data)])  # warm the cache
 
             def lazy_hit():
                 processor.apply([lazymedia.load_image(data)])
 
             def lazy_miss():
-                processor.cache.clear()
+                cache.clear()
                 processor.apply([lazymedia.load_image(data)])
 
             def bare_blake3():
@@ -141,11 +142,12 @@ def bench_video(quick: bool, engine) -> dict:
     processor = lazymedia.Processor(shapes, engine=engine)
     processor.apply([lazymedia.load_video(data, num_frames=8)])
     # Misses clear a cache of their own: clearing the hit variant's would turn its next call into a miss.
-    missing = lazymedia.Processor(shapes, engine=engine)
+    missing_cache = lazymedia.ProcessorCache()
+    missing = lazymedia.Processor(shapes, engine=engine, cache=missing_cache)
 
     def miss(**spec):
         def run():
-            missing.cache.clear()
+            missing_cache.clear()
             missing.apply([lazymedia.load_video(data, **spec)])
         return run
 
@@ -182,7 +184,9 @@ def bench_audio(quick: bool, engine) -> list[dict]:
     for fmt in ("wav", "mp3"):
         for seconds in ((1, 3) if quick else (1, 3, 10, 60)):
             data = samples.tone(seconds, rate=44100, channels=2, fmt=fmt)
-            processor = lazymedia.Processor(lambda items: [a.samples.shape[1] for a in items], engine=engine)
+            cache = lazymedia.ProcessorCache()
+            processor = lazymedia.Processor(lambda items: [a.samples.shape[1] for a in items], engine=engine,
+                                            cache=cache)
             processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
             def eager():
@@ -190,7 +194,7 @@ def bench_audio(quick: bool, engine) -> list[dict]:
                 blake3.blake3(decoded.numpy().tobytes()).hexdigest()
 
             def miss():
-                processor.cache.clear()
+                cache.clear()
                 processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
             times = interleaved({"eager": (eager, 1), "miss": (miss, 1),

@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .local import CacheStats, LruCache, ProcessorCache, estimate_nbytes
+from ..lru import CacheStats, LruCache
+from .local import ProcessorCache, estimate_nbytes
+from .protocol import Cache, ChainableTier, LocalTier, SharedTier
 
 if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
     from .host import HostCache
@@ -25,5 +27,5 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["CacheStats", "HostCache", "LruCache", "ProcessorCache", "RedisCache", "SharedCacheStats", "SharedChain",
-           "TieredCache", "TieredStats", "estimate_nbytes"]
+__all__ = ["Cache", "CacheStats", "ChainableTier", "HostCache", "LocalTier", "LruCache", "ProcessorCache", "RedisCache",
+           "SharedCacheStats", "SharedChain", "SharedTier", "TieredCache", "TieredStats", "estimate_nbytes"]

@@ -83,7 +83,7 @@ class HostCache:
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
         self.path = path
-        self.capacity_bytes = capacity_bytes
+        self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()
         self.max_entry_bytes = min(max_entry_bytes, capacity_bytes)
         self.lease_s = lease_s
@@ -181,7 +181,7 @@ class HostCache:
             try:
                 with self._env.begin(write=True) as txn:
                     self._remove(txn, name)
-                    self._evict(txn, self.capacity_bytes - len(data) if attempt == 0 else self.capacity_bytes // 2)
+                    self._evict(txn, self.capacity - len(data) if attempt == 0 else self.capacity // 2)
                     stamp = self._next_stamp(txn)
                     txn.put(_NEXT, _U64.pack(stamp + 1), db=self._meta)
                     txn.put(name, data, db=self._values)
@@ -346,6 +346,9 @@ class HostCache:
 
     async def aprobe(self, key: str) -> tuple[str, Any]:
         return await asyncio.to_thread(self.probe, key)
+
+    async def arelease(self, key: str, token: str) -> None:
+        await asyncio.to_thread(self.release, key, token)
 
     async def await_for(self, key: str) -> tuple[bool, object]:
         self._count("lease_waits")

@@ -54,8 +54,11 @@ class RedisCache:
                  max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 30.0,
                  wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
                  bfloat16: bool = False, client=None, async_client=None):
-        import redis
-        import redis.asyncio
+        try:
+            import redis
+            import redis.asyncio
+        except ImportError as exc:
+            raise ImportError('RedisCache needs the redis client: pip install "lazymedia[redis]"') from exc
 
         self._errors = (redis.RedisError, OSError, asyncio.TimeoutError)
         self.prefix = f"lazymedia:{namespace}:"

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .local import CacheStats, ProcessorCache
+from ..lru import CacheStats
+from .local import ProcessorCache
+from .protocol import ChainableTier, SharedTier
 from .redis import SharedCacheStats
 
 _TOKEN_SEPARATOR = "\x1f"  # joins the tiers' lease tokens into one
@@ -31,7 +33,7 @@ class TieredStats:
 class SharedChain:
     """Shared tiers (HostCache, RedisCache, or anything with their calls) used as one tier."""
 
-    def __init__(self, tiers):
+    def __init__(self, tiers: tuple[ChainableTier, ...] | list[ChainableTier]):
         self.tiers = list(tiers)
 
     def _fill(self, upto: int, found: dict) -> None:
@@ -89,7 +91,7 @@ class SharedChain:
         for tier in self.tiers:
             token = await tier.atry_lease(key)
             if token is None:
-                self.release(key, _TOKEN_SEPARATOR.join(tokens))
+                await self.arelease(key, _TOKEN_SEPARATOR.join(tokens))
                 return None
             tokens.append(token)
         return _TOKEN_SEPARATOR.join(tokens) if any(tokens) else ""
@@ -98,6 +100,11 @@ class SharedChain:
         if token:
             for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
                 tier.release(key, part)
+
+    async def arelease(self, key: str, token: str) -> None:
+        if token:
+            for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
+                await tier.arelease(key, part)
 
     def _wait_s(self) -> float:
         return max(tier.wait_s for tier in self.tiers)
@@ -151,12 +158,12 @@ class TieredCache:
     """`TieredCache(local, shared, ...)`: a ProcessorCache and one or more shared tiers, nearest
     first. `shared` is the one tier itself, or a SharedChain of several."""
 
-    def __init__(self, local: ProcessorCache, *shared):
+    def __init__(self, local: ProcessorCache, *shared: ChainableTier):
         if not shared:
             raise ValueError("TieredCache needs at least one shared tier")
         self.local = local
         self.tiers = list(shared)
-        self.shared = shared[0] if len(shared) == 1 else SharedChain(shared)
+        self.shared: SharedTier = shared[0] if len(shared) == 1 else SharedChain(shared)
 
     def lookup(self, key: str) -> tuple[bool, object]:
         """(found, value): the local tier, then the shared ones (a hit there fills the nearer)."""

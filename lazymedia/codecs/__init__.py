@@ -10,31 +10,63 @@ One module per format family (`image`, `video`, `audio`), each with the same fun
                                                        where the header could not tell
 
 plus `REMEMBER_HEADERS`: whether a probe costs enough (FFmpeg, libsndfile) to be worth
-remembering by content key. Modules are imported on first use, so `import lazymedia` loads
-neither torch nor FFmpeg.
+remembering by content key. `Codec` is that contract, which every module satisfies (mypy checks
+it where `codec()` returns them). Video has two readers: `video` (PyAV) and `video_opencv`
+(VideoSpec(decoder="opencv")), chosen here. Modules are imported on first use, so
+`import lazymedia` loads neither torch nor FFmpeg. Headers and results are in `codecs.types`.
 """
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+from typing import Any, Protocol
 
 from ..errors import MediaCapacityError
-from ..spec import DEFAULT_LIMITS, Limits, spec_type
+from ..lru import LruCache
+from ..spec import DEFAULT_LIMITS, Limits, Spec, spec_type
 
 MODALITIES = ("image", "video", "audio")
 
 
-def codec(modality: str) -> ModuleType:
-    """The codec module of `modality` (imported now if needed); unknown modalities are 400s."""
+class Codec(Protocol):
+    """What the handle and the engine call on a codec module. `spec` and `header` are the
+    modality's own (ImageSpec and ImageHeader, ...); results are a tensor, VideoFrames or
+    AudioSamples."""
+
+    REMEMBER_HEADERS: bool
+
+    def probe(self, data: Any, limits: Limits, spec: Any) -> Any: ...
+
+    def check_limits(self, header: Any, limits: Limits, spec: Any, encoded_bytes: int) -> None: ...
+
+    def decode(self, data: Any, header: Any, spec: Any, out: Any = None, limits: Limits = DEFAULT_LIMITS) -> Any: ...
+
+
+def codec(modality: str, spec: Spec | None = None) -> Codec:
+    """The codec module of `modality` (imported now if needed), and for video the reader `spec`
+    names (PyAV unless decoder="opencv"); unknown modalities are 400s."""
     spec_type(modality)  # raises InvalidMediaError for an unknown modality
-    return importlib.import_module(f"{__name__}.{modality}")
+    if modality == "image":
+        from . import image
+
+        return image
+    if modality == "audio":
+        from . import audio
+
+        return audio
+    if getattr(spec, "decoder", None) == "opencv":
+        from . import video_opencv
+
+        video_opencv.check_available()
+        return video_opencv
+    from . import video
+
+    return video
 
 
 def decode(modality: str, data, header, spec, out=None, limits: Limits = DEFAULT_LIMITS):
-    """`codec(modality).decode(...)`, with a failed allocation (of a legal size: the limits were
+    """`codec(modality, spec).decode(...)`, with a failed allocation (of a legal size: the limits were
     checked first) as MediaCapacityError (503) rather than an untyped MemoryError/RuntimeError."""
     try:
-        return codec(modality).decode(data, header, spec, out, limits)
+        return codec(modality, spec).decode(data, header, spec, out, limits)
     except MemoryError as exc:
         raise MediaCapacityError(f"not enough memory to decode this item now ({exc}):"
                                  " retry later", modality=modality) from None
@@ -76,6 +108,31 @@ def guess_modality(data) -> str | None:
         return "audio"
     except Exception:  # libsndfile does not know it either
         pass
-    if codec("video").looks_like_video(data):
+    from .audio import looks_like_audio
+    from .video import looks_like_video
+
+    if looks_like_video(data):
         return "video"
-    return "audio" if codec("audio").looks_like_audio(data) else None
+    return "audio" if looks_like_audio(data) else None
+
+
+# Container probes (FFmpeg, libsndfile) cost milliseconds, the native image probe a microsecond:
+# headers the codec says are worth it are remembered by content key, so a repeated item costs
+# its hash (limits are re-checked on every load).
+_headers = LruCache(capacity=4096)
+
+
+def probe(modality: str, data: Any, limits: Limits, spec: Spec, key: str | None = None) -> Any:
+    """The header of `data` under `limits`, remembered under `key` (the caller's content key of
+    these bytes; None: not remembered) where the codec says a probe is worth it. A remembered
+    header is checked against `limits` again."""
+    media_codec = codec(modality, spec)
+    if key is None or not media_codec.REMEMBER_HEADERS:
+        return media_codec.probe(data, limits, spec)
+    header = _headers.get(key)
+    if header is None:
+        header = media_codec.probe(data, limits, spec)
+        _headers.put(key, header)
+    else:
+        media_codec.check_limits(header, limits, spec, len(data))
+    return header

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass, field
 
 import av
 import numpy as np
@@ -20,6 +19,8 @@ import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
+from .ffmpeg import DecodedFrames
+from .types import AudioHeader, AudioSamples
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
 
@@ -39,40 +40,6 @@ _BLOCK_BYTES = 4 << 20  # float32 samples read from libsndfile at a time, all ch
 _RESAMPLE_FRAMES_PER_CALL = 2048
 _RESAMPLER_BYTES_PER_CHANNEL = 256 << 10
 _RESAMPLER_BYTES_PER_OUTPUT_FRAME = 96
-
-
-@dataclass(frozen=True)
-class AudioHeader:
-    reader: str  # "soundfile" or "av"
-    format: str
-    sample_rate: int
-    channels: int
-    duration: float  # seconds; 0.0 when the container does not say (decoding then enforces the limits)
-    frames: int = 0  # source frames when the container stores them exactly, else 0
-
-
-@dataclass
-class AudioSamples:
-    """Decoded audio: float32 `samples` [channels, samples] at `sample_rate`. `metadata` says
-    which reader decoded it and how many damaged packets it skipped."""
-
-    samples: torch.Tensor
-    sample_rate: int
-    metadata: dict = field(default_factory=dict)
-
-    @property
-    def data(self) -> torch.Tensor:
-        """`samples` under torchcodec's name (AudioSamples.data there)."""
-        return self.samples
-
-    def numpy(self) -> np.ndarray:
-        """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""
-        array = self.samples.numpy()
-        return array[0] if array.shape[0] == 1 else array
-
-    def as_tuple(self) -> tuple[np.ndarray, int]:
-        """(samples, rate) as vLLM's audio items are: mono audio is a 1-D array."""
-        return self.numpy(), self.sample_rate
 
 
 def looks_like_audio(data) -> bool:
@@ -235,7 +202,7 @@ def _read_soundfile(data, output: _Output) -> dict:
 def _read_av(data, output: _Output) -> dict:
     """Decodes packet by packet: a damaged packet is skipped and counted (FFmpeg's own tools
     keep going), so a file damaged past its first frames keeps what decoded."""
-    skipped = decoded = 0
+    decoded = 0
     with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
         stream = container.streams.audio[0]
         context = stream.codec_context
@@ -243,32 +210,17 @@ def _read_av(data, output: _Output) -> dict:
             raise UnprocessableMediaError("no decoder for this audio stream:"
                                           " re-encode it as WAV, FLAC or MP3", modality="audio")
         resampler = av.AudioResampler(format="fltp", layout=context.layout, rate=context.sample_rate)
-        packets = container.demux(stream)
-        while True:
-            try:
-                packet = next(packets)
-            except StopIteration:
-                packet = None
-            except av.error.FFmpegError:  # the container broke off: keep what decoded
-                skipped += 1
-                packet = None
-            try:
-                frames = context.decode(packet)
-            except av.error.FFmpegError:
-                skipped += 1
-                frames = []
-            for frame in frames:
-                for converted in resampler.resample(frame):
-                    output.write(converted.to_ndarray().T)
-                    decoded += 1
-            if packet is None:
-                break
+        frames = DecodedFrames(container, stream)
+        for frame in frames:
+            for converted in resampler.resample(frame):
+                output.write(converted.to_ndarray().T)
+                decoded += 1
         for converted in resampler.resample(None):
             output.write(converted.to_ndarray().T)
     if decoded == 0:
         raise UnprocessableMediaError("audio has no decodable frames:"
                                       " re-encode the file or send another", modality="audio")
-    return {"reader": "av", "skipped_packets": skipped}
+    return {"reader": "av", "skipped_packets": frames.skipped}
 
 
 def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None,

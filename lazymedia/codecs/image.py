@@ -1,5 +1,6 @@
 """Image codec: the header first (the native probe for JPEG/PNG/GIF/WebP, Pillow's lazy open for
-every other format it reads), then the pixels, written once into the output buffer:
+every other format it reads), then the pixels, written once into the output buffer on the plain
+path (EXIF rotation, `size=` and `out=` each add a copy):
 
 - JPEG through libjpeg-turbo (simplejpeg), PNG and WebP through libspng/libwebp (imagecodecs),
   each into one array that becomes the output; alpha composited or gray widened in place by the
@@ -17,7 +18,6 @@ import dataclasses
 import io
 import struct
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import simplejpeg
@@ -27,8 +27,8 @@ from PIL import Image, UnidentifiedImageError
 from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
+from .types import CHANNELS, ImageHeader
 
-CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}
 _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 # What Pillow may open: vLLM 0.33's allow-list (vllm/multimodal/image.py), the still-image readers
 # that decode in-process. Denied there and here: EPS (runs Ghostscript), WMF, the BUFR/GRIB/HDF5
@@ -43,80 +43,6 @@ _SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
 _MAX_TIFF_PAGES = 1024
 
 
-@dataclass(frozen=True)
-class ImageHeader:
-    """What the probe read from the encoded bytes (csrc/probe.h for JPEG/PNG/GIF/WebP; Pillow's
-    header parse for the rest). `mode` is the mode Pillow opens the image in, which decides how
-    it converts (vLLM's loaders convert from it)."""
-
-    format: str
-    width: int
-    height: int
-    components: int
-    bit_depth: int
-    has_alpha: bool
-    orientation: int
-    has_icc: bool
-    jpeg_encoding: str
-    chroma_subsampling: str
-    has_adobe: bool
-    adobe_transform: int
-    png_color_type: int
-    png_interlaced: bool
-    animated: bool
-    frame_count: int
-    max_frame_width: int
-    max_frame_height: int
-    webp_kind: str
-    png_compressed_text: bool = False
-    scan_count: int = 1  # JPEG: scans the decoder runs (csrc/probe.h)
-    mode: str = "RGB"
-
-    @property
-    def working_bytes(self) -> int:
-        """Memory the decoder holds besides the output: a JPEG decoded in several scans
-        (progressive, or components in separate scans) keeps every DCT coefficient of the image,
-        2 bytes per sample of each component, for the whole decode (libjpeg's whole-image
-        coefficient buffer); a single-scan JPEG and the other decoders work in rows or hold what
-        the output holds."""
-        if self.format != "jpeg" or self.scan_count <= 1:
-            return 0
-        planes = _COMPONENT_PLANES.get(self.chroma_subsampling, self.components)
-        padded = (self.width + 31) // 32 * 32 * ((self.height + 31) // 32 * 32)  # whole 4x4-sampled MCUs at most
-        return int(planes * padded * 2)
-
-    @property
-    def has_transparency(self) -> bool:
-        """An alpha channel or a transparent colour (PNG tRNS, GIF transparency)."""
-        return self.has_alpha
-
-    def target_mode(self, spec: ImageSpec) -> str:
-        """The output mode: spec.mode, or for mode=None the source's own: L, LA, RGB or RGBA
-        (palette images widen to RGB, or RGBA when they have a transparent colour)."""
-        if spec.mode is not None:
-            return spec.mode
-        if self.mode in ("1", "L", "I", "I;16", "I;16B", "I;16L", "F"):
-            return "L"
-        if self.mode in ("LA", "La"):
-            return "LA"
-        if self.mode in ("RGBA", "RGBa", "PA") or self.mode == "P" and self.has_transparency:
-            return "RGBA"
-        return "RGB"
-
-    def output_shape(self, spec: ImageSpec) -> tuple[int, int, int]:
-        """(H, W, C) of the decoded tensor under `spec`, known before decoding."""
-        if spec.size is not None:
-            height, width = spec.size
-        elif spec.apply_orientation and self.orientation >= 5:
-            height, width = self.width, self.height
-        else:
-            height, width = self.height, self.width
-        return (height, width, CHANNELS[self.target_mode(spec)])
-
-
-# Full-resolution planes a JPEG's components add up to, by chroma subsampling ("other": assume
-# every component at full resolution).
-_COMPONENT_PLANES = {"gray": 1, "444": 3, "422": 2, "440": 2, "420": 1.5, "411": 1.5, "410": 1.25}
 _NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name != "mode"]
 _PNG_MODES = {2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
@@ -324,7 +250,7 @@ def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
               target == "RGBA" and decoded == 4) or transparent_colour and target != "L":
         raise _TryPillow()
     try:
-        import imagecodecs  # 28 MB of codecs, loaded by the first PNG; absent, Pillow decodes
+        import imagecodecs  # a large library, loaded by the first PNG; absent, Pillow decodes
 
         array = imagecodecs.spng_decode(data)
     except Exception as exc:  # libspng refuses (odd chunks, truncation): Pillow decides

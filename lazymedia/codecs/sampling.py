@@ -21,11 +21,15 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import InvalidMediaError
 from ..spec import VideoSpec
+
+if TYPE_CHECKING:
+    from .types import VideoHeader
 
 # Decoding this many frames costs about as much as a seek (decoder flush + container seek).
 SEEK_COST_FRAMES = 4
@@ -158,3 +162,7 @@ def decode_plan(indices: list[int], table: FrameTable | None) -> list[int | None
             plan.append(None)
             position = max(position, index + 1)
     return plan
+
+
+def sampling_source(header: VideoHeader) -> SamplingSource:
+    return SamplingSource.of(header.total_frames, header.fps, header.duration)

@@ -4,59 +4,23 @@ tensor."""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
 
 import av
 import numpy as np
 import torch
 
-from .. import ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
-from ..singletons import process_wide
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
-from .sampling import FrameTable, SamplingSource, decode_plan, hf_metadata, sample_indices
+from .ffmpeg import DecodedFrames
+from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
+from .types import VideoFrames, VideoHeader
+from .video_common import sampled_output, video_frames
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 
 # Container signatures: bytes that match one are video (corrupt if FFmpeg then fails), others
 # are not video at all.
 _SIGNATURES = ((0, b"\x1a\x45\xdf\xa3"), (4, b"ftyp"), (0, b"RIFF"), (0, b"OggS"), (0, b"\x00\x00\x01\xba"))
-
-
-@dataclass(frozen=True)
-class VideoHeader:
-    """The container's header, with `total_frames` counted from the packets the decoder will
-    present (edit-list pre-roll excluded, fragments included)."""
-
-    container: str
-    codec: str
-    width: int
-    height: int
-    fps: float
-    duration: float
-    total_frames: int
-    has_audio: bool
-    pixel_format: str = ""  # e.g. yuv420p, yuv420p10le (decides whether NVDEC can take it)
-    color_matrix: str = "bt709"  # the CPU path's YUV -> RGB matrix: bt601, bt709 or one NVDEC leaves to the CPU
-    full_range: bool = False
-    index_bytes: int = 0  # the demuxer's sample index, as the container's tables declare it (MP4/MOV)
-
-
-@dataclass
-class VideoFrames:
-    """Sampled frames `[T, H, W, 3]` uint8 with the indices and timestamps (s) they came from.
-    `metadata` holds exactly the transformers VideoMetadata keys (total_num_frames, fps,
-    duration, frames_indices, video_backend, do_sample_frames), as vLLM hands them to a model's
-    processor; `info` says what decoded them."""
-
-    frames: torch.Tensor
-    indices: list[int]
-    timestamps: list[float]
-    fps: float
-    duration: float
-    total_frames: int
-    metadata: dict = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
 
 
 def looks_like_video(data) -> bool:
@@ -260,13 +224,13 @@ def check_sample_tables(data, limits: Limits) -> int:
         if track.handler != b"vide":
             continue
         if track.samples > limits.max_video_frames:
-            raise MediaTooLargeError(f"the video track declares {track.samples} frames, over "
-                                     f"Limits.max_video_frames ({limits.max_video_frames}): send a shorter clip, "
-                                     "or raise the limit", modality="video")
+            raise MediaTooLargeError(f"the video track declares {track.samples} frames, over Limits.max_video_frames "
+                                     f"({limits.max_video_frames}): send a shorter clip, or raise the limit",
+                                     modality="video")
         if track.seconds > limits.max_video_seconds:
-            raise MediaTooLargeError(f"the video track declares {track.seconds:.0f} s, over "
-                                     f"Limits.max_video_seconds ({limits.max_video_seconds:.0f} s): send a shorter "
-                                     "clip, or raise the limit", modality="video")
+            raise MediaTooLargeError(f"the video track declares {track.seconds:.0f} s, over Limits.max_video_seconds "
+                                     f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
+                                     modality="video")
     entries = sum(track.index_entries() for track in tracks) + fragments.samples
     index_bytes = entries * _INDEX_BYTES_PER_SAMPLE
     limits.check_decoded(0, "video", f"a container index of {entries} samples", index_bytes)
@@ -329,14 +293,6 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
                          header.index_bytes)
 
 
-@process_wide
-def frame_buffers() -> ops.HostBufferPool:
-    """Frame tensors come from a pool: a reused buffer is already mapped (a fresh 250 MB one
-    page-faults on every first write, which costs more than the copy) and pinned where a GPU
-    is, so a later .to("cuda") can be asynchronous."""
-    return ops.HostBufferPool(max_cached_bytes=512 << 20)
-
-
 def read_frame_table(data, total_frames: int) -> FrameTable | None:
     """The presentation-order frame table from one demux pass (packets only, no decode); None
     when the stream's timestamps cannot identify frames (then decode straight through)."""
@@ -361,10 +317,6 @@ def read_frame_table(data, total_frames: int) -> FrameTable | None:
     return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
 
 
-def sampling_source(header: VideoHeader) -> SamplingSource:
-    return SamplingSource.of(header.total_frames, header.fps, header.duration)
-
-
 def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
            limits: Limits = DEFAULT_LIMITS) -> VideoFrames:
     """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
@@ -374,16 +326,10 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
     A stream that presents fewer frames than its packets promise (hidden frames, a damaged
     tail) is counted by decoding it, and sampled again over the frames that really exist, so the
     requested count comes back whenever the clip has that many frames."""
-    if spec.decoder == "opencv":
-        from . import video_opencv
-
-        return video_opencv.decode(data, header, spec, out, limits)
     source = sampling_source(header)
     indices = sample_indices(source, spec)
     height, width = spec.size or (header.height, header.width)
-    frames = out if out is not None else frame_buffers().empty((len(indices), height, width, 3))
-    if tuple(frames.shape) != (len(indices), height, width, 3):
-        raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
+    frames = sampled_output(out, len(indices), height, width)
     buffer = frames.numpy()
     try:
         sparse = len(indices) * 2 < header.total_frames
@@ -401,8 +347,7 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
     if not got:
         raise UnprocessableMediaError("video has no decodable frames:"
                                       " re-encode the file or send another", modality="video")
-    return VideoFrames(frames[:len(got)], got, timestamps, header.fps, source.duration, source.total_frames,
-                       hf_metadata(source, got, "pyav"), {"codec": header.codec, "container": header.container})
+    return video_frames(frames, got, timestamps, header, source, "pyav")
 
 
 def _decode_into(data, header: VideoHeader, indices: list[int], plan: list[int | None], table: FrameTable | None,
@@ -435,27 +380,7 @@ def _count_decoded(data) -> int:
     with _open(data) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        return sum(1 for _ in _decoded_frames(container, stream))
-
-
-def _decoded_frames(container, stream):
-    """The frames the decoder presents from here on, packet by packet: a packet it cannot decode
-    is stepped over, as FFmpeg's own tools do, and so is a container that breaks off."""
-    context = stream.codec_context
-    packets = container.demux(stream)
-    while True:
-        try:
-            packet = next(packets)
-        except StopIteration:
-            packet = None
-        except av.error.FFmpegError:
-            packet = None  # the container broke off: flush what the decoder holds
-        try:
-            yield from context.decode(packet)
-        except av.error.FFmpegError:
-            pass  # a damaged packet
-        if packet is None:
-            return
+        return sum(1 for _ in DecodedFrames(container, stream))
 
 
 class _PositionedFrames:
@@ -464,13 +389,13 @@ class _PositionedFrames:
     def __init__(self, container, stream, table: FrameTable | None):
         self._container, self._stream, self._table = container, stream, table
         self._index_of_pts = {p: i for i, p in enumerate(table.pts)} if table is not None else None
-        self._frames = _decoded_frames(container, stream)
+        self._frames = iter(DecodedFrames(container, stream))
         self._next = 0  # index of the next frame the decoder yields (sequential mode)
 
     def seek(self, keyframe_index: int) -> None:
         assert self._table is not None, "seeking needs a frame table"
         self._container.seek(self._table.pts[keyframe_index], stream=self._stream, backward=True, any_frame=False)
-        self._frames = _decoded_frames(self._container, self._stream)
+        self._frames = iter(DecodedFrames(self._container, self._stream))
 
     def advance_to(self, index: int):
         for frame in self._frames:

@@ -1,64 +1,71 @@
 """OpenCV video reader (VideoSpec(decoder="opencv")): the same frame sampling as the PyAV path
 (codecs.sampling), through cv2.VideoCapture's FFmpeg reader.
 Frames between sampled ones are grabbed (decoded, not converted); a seek goes straight to the
-sampled frame. OpenCV reads from a path, so the bytes are handed over as a memfd."""
+sampled frame. OpenCV reads from a path, so the bytes are handed over as a memfd. Probing is
+PyAV's (the header is the container's, whichever reader decodes)."""
 from __future__ import annotations
 
-import os
+import importlib.util
 
 import torch
 
-from ..errors import UnprocessableMediaError
+from ..errors import InvalidMediaError, UnprocessableMediaError
 from . import video
-from .sampling import decode_plan, hf_metadata, sample_indices
+from .sampling import decode_plan, sample_indices, sampling_source
+from .types import VideoFrames
+from .video import REMEMBER_HEADERS, check_limits, probe
+from .video_common import frame_timestamps, memfd_path, sampled_output, video_frames
+
+__all__ = ["REMEMBER_HEADERS", "check_limits", "decode", "probe"]
 
 
-def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> video.VideoFrames:
+def check_available() -> None:
+    """Refuses (400) the OpenCV reader where OpenCV is not installed; checked where the reader
+    is chosen (load, decode), not in VideoSpec, so a cache hit by id never needs OpenCV."""
+    if importlib.util.find_spec("cv2") is None:
+        raise InvalidMediaError("decoder='opencv' needs OpenCV: pip install opencv-python-headless "
+                                "(the lazymedia[opencv] extra), or use decoder='pyav'", modality="video")
+
+
+def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> VideoFrames:
+    check_available()
     import cv2
 
-    source = video.sampling_source(header)
+    source = sampling_source(header)
     indices = sample_indices(source, spec)
     height, width = spec.size or (header.height, header.width)
-    frames = out if out is not None else video.frame_buffers().empty((len(indices), height, width, 3))
-    if tuple(frames.shape) != (len(indices), height, width, 3):
-        raise ValueError(f"out must have shape {(len(indices), height, width, 3)}")
+    frames = sampled_output(out, len(indices), height, width)
     table = video.read_frame_table(data, header.total_frames)
     plan = decode_plan(indices, table) if len(indices) * 2 < header.total_frames else [None] * len(indices)
     buffer = frames.numpy()
     got: list[int] = []
-    fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)
     try:
-        os.write(fd, data)
-        capture = cv2.VideoCapture(f"/proc/self/fd/{fd}", cv2.CAP_FFMPEG)
-        if not capture.isOpened():
-            raise UnprocessableMediaError("OpenCV cannot open the video:"
-                                          " re-encode the file, or use decoder='pyav'", modality="video")
-        position = 0
-        for index, seek_to in zip(indices, plan):
-            if seek_to is not None:
-                capture.set(cv2.CAP_PROP_POS_FRAMES, index)
-                position = index
-            while position < index and capture.grab():
+        with memfd_path(data) as path:
+            capture = cv2.VideoCapture(path, cv2.CAP_FFMPEG)
+            if not capture.isOpened():
+                raise UnprocessableMediaError("OpenCV cannot open the video:"
+                                                  " re-encode the file, or use decoder='pyav'", modality="video")
+            position = 0
+            for index, seek_to in zip(indices, plan):
+                if seek_to is not None:
+                    capture.set(cv2.CAP_PROP_POS_FRAMES, index)
+                    position = index
+                while position < index and capture.grab():
+                    position += 1
+                ok, frame = capture.read()
                 position += 1
-            ok, frame = capture.read()
-            position += 1
-            if not ok:
-                break  # the stream ended early
-            rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
-            if spec.size is not None:
-                rgb = cv2.resize(rgb, (width, height), interpolation=cv2.INTER_AREA)
-            buffer[len(got)] = rgb
-            got.append(index)
-        capture.release()
+                if not ok:
+                    break  # the stream ended early
+                rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+                if spec.size is not None:
+                    rgb = cv2.resize(rgb, (width, height), interpolation=cv2.INTER_AREA)
+                buffer[len(got)] = rgb
+                got.append(index)
+            capture.release()
     except cv2.error as exc:
         raise UnprocessableMediaError(f"corrupt {header.codec} video ({exc}):"
                                       " re-encode the file or send another", modality="video") from None
-    finally:
-        os.close(fd)
     if not got and indices:
         raise UnprocessableMediaError("video has no decodable frames:"
                                       " re-encode the file or send another", modality="video")
-    timestamps = [table.seconds(i) if table else i / (header.fps or 1) for i in got]
-    return video.VideoFrames(frames[:len(got)], got, timestamps, header.fps, source.duration, source.total_frames,
-                             hf_metadata(source, got, "opencv"),
-                             {"codec": header.codec, "container": header.container, "decoder": "opencv"})
+    return video_frames(frames, got, frame_timestamps(got, table, header.fps), header, source, "opencv")

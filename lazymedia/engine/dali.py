@@ -49,8 +49,10 @@ class DaliBatchDecoder:
     def accepts(self, item: DecodeItem) -> bool:
         if not is_root(item, "image"):
             return False
-        spec = item.spec
-        return item.header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
+        spec, header = item.spec, item.header
+        if header.format == "png" and (header.bit_depth > 8 or header.png_color_type == 3 and header.has_transparency):
+            return False  # Pillow's rules DALI does not follow: 16-bit clamps, a palette's tRNS composites
+        return header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results: list = []
@@ -59,7 +61,7 @@ class DaliBatchDecoder:
             try:
                 results += self._run(chunk)
             except RuntimeError:  # DALI fails the whole batch for one bad image: decide per item
-                results += [self._decode_on_cpu(item) for item in chunk]
+                results += [decode_on_host(item, device=self.torch_device) for item in chunk]
         return results
 
     def _run(self, items: Sequence) -> list:
@@ -82,7 +84,3 @@ class DaliBatchDecoder:
         out = torch.empty(tuple(sample.shape()), dtype=torch.uint8, device=self.torch_device)
         feed_ndarray(sample, out, cuda_stream=torch.cuda.current_stream(self.torch_device))
         return out
-
-    def _decode_on_cpu(self, item: DecodeItem):
-        tensor = decode_on_host(item)
-        return tensor if isinstance(tensor, Exception) else tensor.to(self.torch_device)

@@ -10,8 +10,8 @@ a warm decode), so a pool created early (`DecodeEngine.warm_up`) serves its firs
 
 Decoded frames and samples of a MiB or more come back through shared memory: the worker writes
 the tensor once into a file of the pool's folder in /dev/shm and replies with its name; the
-parent maps it (the tensor's storage is that mapping) and unlinks it at once. Pickling 22 MB of
-frames through the socket instead cost four copies (20-80 ms on 2 cores). A worker that dies
+parent maps it (the tensor's storage is that mapping) and unlinks it at once, where pickling
+through the socket costs four copies (figures: docs/benchmarks.md). A worker that dies
 leaves at most its own files, which are removed with it; the folder goes with the pool. Where
 /dev/shm is not writable, everything is pickled.
 
@@ -110,7 +110,7 @@ def _import(value, folder: Path | None) -> Any:
 
 def result_buffers():
     """The serving process's pinned frame buffers where it has them (a GPU), else None."""
-    from ..codecs.video import frame_buffers
+    from ..codecs.video_common import frame_buffers
 
     pool = frame_buffers()
     return pool if pool.pinned else None
@@ -123,10 +123,14 @@ def _warm_up() -> dict:
 
     started = time.perf_counter()
     from .. import samples
-    from ..media import load_audio, load_video
+    from ..codecs import decode, probe
+    from ..spec import DEFAULT_LIMITS, AudioSpec, VideoSpec
 
-    video = load_video(samples.video(frames=2, height=16, width=16), num_frames=2).media
-    audio = load_audio(samples.tone(0.05, rate=8000, channels=1), sample_rate=16000).media
+    def decoded(modality: str, data: bytes, spec):
+        return decode(modality, data, probe(modality, data, DEFAULT_LIMITS, spec), spec)
+
+    video = decoded("video", samples.video(frames=2, height=16, width=16), VideoSpec(num_frames=2))
+    audio = decoded("audio", samples.tone(0.05, rate=8000, channels=1), AudioSpec(sample_rate=16000))
     warmed = all(name in sys.modules for name in ("torch", "av", "soundfile", "soxr"))
     return {"warm": warmed and video.frames.shape[0] == 2 and audio.samples.shape[-1] > 0,
             "seconds": time.perf_counter() - started}

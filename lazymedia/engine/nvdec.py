@@ -14,8 +14,6 @@ stream, and the result is complete when decode_batch returns.
 """
 from __future__ import annotations
 
-import collections
-import os
 import threading
 from collections.abc import Sequence
 
@@ -23,10 +21,11 @@ import torch
 
 from .. import ops
 from ..codecs import video
-from ..codecs.sampling import hf_metadata, sample_indices
-from .protocol import DecodeItem, Route, decode_on_host, is_root
+from ..codecs.sampling import sample_indices, sampling_source
+from ..codecs.types import VideoFrames
+from ..codecs.video_common import frame_timestamps, memfd_path, video_frames
+from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
 
-FALLBACK_HISTORY = 256
 _NVDEC_CODECS = {"h264", "hevc", "vp9", "av1", "vp8", "mpeg2video", "mpeg4"}
 # NVDEC's NV12 path: 8-bit 4:2:0 (10-bit HEVC/VP9/AV1 come out as P016, not handled here).
 _NV12_FORMATS = {"yuv420p", "yuvj420p", "nv12"}
@@ -65,7 +64,7 @@ class NvdecBatchDecoder:
         self._decoder = None
         self._lock = threading.Lock()  # one decoder; its frame buffers are reused by the next call
         # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
+        self.fallbacks = fallback_log()
         self.decoded = 0  # videos NVDEC decoded (tests check that the GPU did the work)
 
     def accepts(self, item: DecodeItem) -> bool:
@@ -85,58 +84,45 @@ class NvdecBatchDecoder:
                 except Exception as exc:  # NVDEC refused this stream: the CPU path decides
                     reason = f"nvdec failed: {type(exc).__name__}: {exc}"
                 self.fallbacks.append(reason)
-                results.append(self._decode_on_cpu(item))
+                results.append(decode_on_host(item, device=self.device))
             handover([getattr(r, "frames", None) for r in results])
         return results
 
-    def _decode_on_cpu(self, item: DecodeItem):
-        frames = decode_on_host(item)
-        if not isinstance(frames, Exception):
-            frames.frames = frames.frames.to(self.device)
-        return frames
-
-    def _decode(self, item: DecodeItem) -> video.VideoFrames:
+    def _decode(self, item: DecodeItem) -> VideoFrames:
         header, spec = item.header, item.spec
         data = item.encoded()
-        source = video.sampling_source(header)
+        source = sampling_source(header)
         indices = sample_indices(source, spec)
         table = video.read_frame_table(data, header.total_frames)
         if table is None:
             raise RuntimeError("no frame table to check NVDEC's frames against")
-        fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)  # SimpleDecoder reads a path
-        try:
-            os.write(fd, data)
-            with self._lock:
-                try:
-                    decoder = self._point_decoder_at(f"/proc/self/fd/{fd}")
-                    decoded = decoder.get_batch_frames_by_index(indices)
-                    if len(decoded) != len(indices):  # it drops indices it cannot reach: the CPU decides
-                        raise RuntimeError(f"NVDEC returned {len(decoded)} of {len(indices)} frames")
-                    returned = [int(frame.getPTS()) for frame in decoded]
-                    wanted = [table.pts[i] for i in indices]
-                    if returned != wanted:  # its frame index is not the container's
-                        raise RuntimeError(f"NVDEC returned the frames of PTS {returned[:8]}, not {wanted[:8]}")
-                    # One copy out of the decoder's surfaces (stack allocates), finished before
-                    # the lock lets the next call reuse them.
-                    nv12 = torch.stack([torch.from_dlpack(frame) for frame in decoded])
-                    if self.device.type == "cuda":
-                        torch.cuda.current_stream(self.device).synchronize()
-                except Exception:
-                    self._decoder = None  # a decoder that failed (a reconfigure, say) is not reused
-                    raise
-        finally:
-            os.close(fd)
+        with memfd_path(data) as path, self._lock:  # SimpleDecoder reads a path
+            try:
+                decoder = self._point_decoder_at(path)
+                decoded = decoder.get_batch_frames_by_index(indices)
+                if len(decoded) != len(indices):  # it drops indices it cannot reach: the CPU decides
+                    raise RuntimeError(f"NVDEC returned {len(decoded)} of {len(indices)} frames")
+                returned = [int(frame.getPTS()) for frame in decoded]
+                wanted = [table.pts[i] for i in indices]
+                if returned != wanted:  # its frame index is not the container's
+                    raise RuntimeError(f"NVDEC returned the frames of PTS {returned[:8]}, not {wanted[:8]}")
+                # One copy out of the decoder's surfaces (stack allocates), finished before
+                # the lock lets the next call reuse them.
+                nv12 = torch.stack([torch.from_dlpack(frame) for frame in decoded])
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()
+            except Exception:
+                self._decoder = None  # a decoder that failed (a reconfigure, say) is not reused
+                raise
         if nv12.ndim == 2:
             nv12 = nv12.unsqueeze(0)
         rgb = ops.nv12_frames_to_rgb(nv12, header.height, header.width, header.color_matrix, header.full_range)
         if spec.size is not None:
             rgb = torch.stack([ops.resize(frame, spec.size, "bilinear") for frame in rgb])
         # The container's timestamps, as the CPU path reports them (frame.time = pts * time_base).
-        timestamps = [table.seconds(i) for i in indices]
-        return video.VideoFrames(rgb, indices, timestamps, header.fps, source.duration, source.total_frames,
-                                 hf_metadata(source, indices, "nvdec"),
-                                 {"codec": header.codec, "container": header.container, "decoder": "nvdec",
-                                  "pts": returned})
+        frames = video_frames(rgb, indices, frame_timestamps(indices, table, header.fps), header, source, "nvdec")
+        frames.info["pts"] = returned
+        return frames
 
     def _point_decoder_at(self, path: str):
         nvc = self._nvc

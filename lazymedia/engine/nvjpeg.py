@@ -15,7 +15,6 @@ images nvJPEG decoded, so a test can tell a GPU decode from a silent CPU fallbac
 """
 from __future__ import annotations
 
-import collections
 import sys
 import threading
 from collections.abc import Sequence
@@ -25,10 +24,9 @@ import torch
 
 from .. import ops
 from ..errors import MediaError
-from .protocol import DecodeItem, Route, decode_on_host, is_root
+from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
 
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
-FALLBACK_HISTORY = 256
 # nvJPEG's hardware engines take baseline, single-scan JPEG without 4:1:1 / 4:1:0 chroma.
 _HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}
 
@@ -104,7 +102,7 @@ class NvjpegBatchDecoder:
         self._decoder = decoder
         self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
         # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
+        self.fallbacks = fallback_log()
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
         self._count_lock = threading.Lock()
 
@@ -189,14 +187,9 @@ class NvjpegBatchDecoder:
         return fallback
 
     def _decode_on_cpu(self, item):
-        tensor = decode_on_host(item)
-        if isinstance(tensor, Exception):
-            return tensor
         if self.output == "pinned":
-            pinned = self._pinned.empty(tensor.shape)
-            pinned.copy_(tensor)
-            return pinned
-        return tensor.to(self.device, non_blocking=False)
+            return decode_on_host(item, pinned=self._pinned)
+        return decode_on_host(item, device=self.device)
 
     def _deliver(self, device_tensor: torch.Tensor) -> torch.Tensor:
         if self.output == "cuda":

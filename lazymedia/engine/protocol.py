@@ -6,9 +6,12 @@ other's internals, so a handle type or a decoder can be replaced on its own.
 """
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+FALLBACK_HISTORY = 256  # fallback reasons a GPU decoder keeps
 
 
 class DecodeItem(Protocol):
@@ -73,12 +76,33 @@ def is_root(item: DecodeItem, modality: str) -> bool:
     return item.modality == modality and not item.is_derived
 
 
-def decode_on_host(item: DecodeItem) -> Any:
+def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> Any:
     """The item decoded by its CPU codec, or the exception that says why not (batch decoders
-    report failures per item, and the CPU codec decides what is corrupt, as without a GPU)."""
+    report failures per item, and the CPU codec decides what is corrupt, as without a GPU).
+    A GPU decoder's CPU fallback delivers where its GPU path would: the decoded tensor (a
+    video's frames) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
+    `device`."""
     from ..codecs import decode
 
     try:
-        return decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
+        value = decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
     except Exception as exc:
         return exc
+    if pinned is None and device is None:
+        return value
+    tensor = value.frames if hasattr(value, "frames") else value
+    if pinned is not None:
+        placed = pinned.empty(tensor.shape)
+        placed.copy_(tensor)
+    else:
+        placed = tensor.to(device)
+    if tensor is value:
+        return placed
+    value.frames = placed
+    return value
+
+
+def fallback_log() -> collections.deque[str]:
+    """The reasons of a GPU decoder's latest fallbacks to the CPU, most recent last: bounded, as
+    a server lives long."""
+    return collections.deque(maxlen=FALLBACK_HISTORY)

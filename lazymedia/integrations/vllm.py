@@ -35,10 +35,9 @@ from urllib.parse import urlsplit
 import torch
 import yarl
 
-from ..codecs.video import VideoFrames
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, UnprocessableMediaError
-from ..media import LazyMedia, from_base64, image_to_pil, load
+from ..media import LazyMedia, VideoFrames, from_base64, image_to_pil, load
 from ..spec import DEFAULT_LIMITS, Limits
 
 # vLLM's VideoMediaIO and VIDEO_LOADER_REGISTRY defaults (vllm/multimodal/media/video.py).
@@ -347,8 +346,10 @@ class VllmMediaConnector:
         stacked = torch.stack(frames)
         metadata = _sequence_metadata(len(frames), video)
         handle = LazyMedia.from_decoded(stacked, "video")
+        rate = metadata["fps"]
+        timestamps = [index / rate if rate > 0 else 0.0 for index in metadata["frames_indices"]]
         return handle.map(lambda tensor: VideoFrames(
-            frames=tensor, indices=list(metadata["frames_indices"]), timestamps=[], fps=metadata["fps"],
+            frames=tensor, indices=list(metadata["frames_indices"]), timestamps=timestamps, fps=rate,
             duration=metadata["duration"], total_frames=metadata["total_num_frames"], metadata=dict(metadata)),
             key="jpeg_sequence:" + json.dumps(metadata, sort_keys=True))
 

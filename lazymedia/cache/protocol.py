@@ -1,0 +1,81 @@
+"""What a Processor needs of its cache, as protocols mypy checks: `Cache` (ProcessorCache,
+TieredCache) is a `local` tier the Processor reads and writes under its lock, and an optional
+`shared` tier (HostCache, RedisCache, or a SharedChain of them) that spans processes, with
+leases for single flight, called outside the lock in sync and asyncio forms. `ChainableTier` is
+what TieredCache and SharedChain need besides (stored bytes, polling, stats) of each tier they
+chain."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class LocalTier(Protocol):
+    """The in-process tier: cheap calls, made under the Processor's lock."""
+
+    def lookup(self, key: str) -> tuple[bool, Any]: ...
+
+    def put(self, key: str, value: Any) -> bool: ...
+
+
+class SharedTier(Protocol):
+    """A tier other processes see. Every call is bounded and degrades to a miss / no-op on a
+    fault. A lease token is a str ("" where the tier keeps none); None from try_lease means
+    another process holds the key (wait_for it)."""
+
+    def get_many(self, keys: list[str]) -> dict: ...
+
+    def put(self, key: str, value: Any) -> bool: ...
+
+    def try_lease(self, key: str) -> str | None: ...
+
+    def release(self, key: str, token: str) -> None: ...
+
+    def wait_for(self, key: str) -> tuple[bool, Any]: ...
+
+    async def aget_many(self, keys: list[str]) -> dict: ...
+
+    async def atry_lease(self, key: str) -> str | None: ...
+
+    async def arelease(self, key: str, token: str) -> None: ...
+
+    async def await_for(self, key: str) -> tuple[bool, Any]: ...
+
+
+class ChainableTier(SharedTier, Protocol):
+    """A shared tier that TieredCache can chain: reads that keep the stored bytes (to fill the
+    nearer tiers without encoding twice), one poll of a key, its counters."""
+
+    wait_s: float
+
+    def stats(self) -> Any: ...
+
+    def encode(self, value: Any) -> bytes | None: ...
+
+    def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
+
+    async def aread_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
+
+    def put_encoded(self, key: str, data: bytes) -> bool: ...
+
+    def delete(self, keys: list[str]) -> None: ...
+
+    def probe(self, key: str) -> tuple[str, Any]: ...
+
+    async def aprobe(self, key: str) -> tuple[str, Any]: ...
+
+
+class Cache(Protocol):
+    """The cache a Processor is given: lookup/put/stats for callers, the `local` tier the
+    Processor uses under its lock and the optional `shared` one it uses outside it."""
+
+    @property
+    def local(self) -> LocalTier: ...
+
+    @property
+    def shared(self) -> SharedTier | None: ...
+
+    def lookup(self, key: str) -> tuple[bool, Any]: ...
+
+    def put(self, key: str, value: Any) -> bool: ...
+
+    def stats(self) -> Any: ...

@@ -1,0 +1,64 @@
+"""What every video reader (PyAV, OpenCV, NVDEC) shares, written once: the frame buffer pool,
+the sampled output buffer, the memfd hand-off and the construction of `VideoFrames`."""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .. import ops
+from ..singletons import process_wide
+from .sampling import FrameTable, SamplingSource, hf_metadata
+from .types import VideoFrames, VideoHeader
+
+if TYPE_CHECKING:
+    import torch
+
+
+@process_wide
+def frame_buffers() -> ops.HostBufferPool:
+    """Frame tensors come from a pool: a reused buffer is already mapped (a fresh 250 MB one
+    page-faults on every first write, which costs more than the copy) and pinned where a GPU
+    is, so a later .to("cuda") can be asynchronous."""
+    return ops.HostBufferPool(max_cached_bytes=512 << 20)
+
+
+def sampled_output(out: torch.Tensor | None, count: int, height: int, width: int) -> torch.Tensor:
+    """Where `count` sampled frames go: `out` (checked to be [count, height, width, 3]), or a
+    buffer of the frame pool."""
+    frames = out if out is not None else frame_buffers().empty((count, height, width, 3))
+    if tuple(frames.shape) != (count, height, width, 3):
+        raise ValueError(f"out must have shape {(count, height, width, 3)}")
+    return frames
+
+
+@contextlib.contextmanager
+def memfd_path(data) -> Iterator[str]:
+    """A path that reads `data`, for readers that only open paths (OpenCV, NVDEC): an in-memory
+    file (memfd, nothing on disk), closed on exit."""
+    fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data).cast("B")
+        while view:  # one write() stops short of 2 GiB
+            view = view[os.write(fd, view):]
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def frame_timestamps(indices: list[int], table: FrameTable | None, fps: float) -> list[float]:
+    """Each frame's presentation time (s): the container's (pts x time_base, as PyAV's
+    frame.time) where the frame table knows it, else index / fps."""
+    return [table.seconds(i) if table else i / (fps or 1) for i in indices]
+
+
+def video_frames(frames: torch.Tensor, indices: list[int], timestamps: list[float], header: VideoHeader,
+                 source: SamplingSource, decoder: str) -> VideoFrames:
+    """The result of every video reader: the first len(indices) frames of `frames`, with vLLM's
+    metadata under `decoder`'s name ("pyav", "opencv", "nvdec")."""
+    info = {"codec": header.codec, "container": header.container}
+    if decoder != "pyav":  # the default reader is not named
+        info["decoder"] = decoder
+    return VideoFrames(frames[:len(indices)], indices, timestamps, header.fps, source.duration, source.total_frames,
+                       hf_metadata(source, indices, decoder), info)
