@@ -179,7 +179,7 @@ def test_channel_cap_refuses_before_any_reader_allocates_per_channel(monkeypatch
     for channels in (65, 1024, 65407):  # libsndfile reads <= 1024 channels, FFmpeg the rest
         with pytest.raises(lazymedia.MediaTooLargeError, match=f"{channels} audio channels exceed the 64"):
             lazymedia.load_audio(wav_header(channels, 65535), sample_rate=16000)
-    limits = lazymedia.Limits(max_audio_channels=128)
+    limits = lazymedia.Limits(max_audio_channels=128, max_working_bytes=32 << 20)
     with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # 128 x 448 KiB of resampler: over 32 MiB
         lazymedia.load_audio(wav_header(128, 8000, frames=10), sample_rate=16000, mono=False, limits=limits)
 
