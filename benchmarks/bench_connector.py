@@ -21,7 +21,7 @@ import time
 
 import aiohttp
 
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.benchmarking.harness import encode, serve_on_loopback, write_json
 from lazymedia.connector import MediaConnector
 from lazymedia.hashing import KeyHasher
@@ -32,7 +32,7 @@ def serve(port_queue, pool_size: int, size: int, link_mbps: float) -> None:
     """Serves the pool; with link_mbps > 0 all responses share one paced link of that rate."""
     from aiohttp import web
 
-    images = [encode(samples.photo(size, size, seed=s), "JPEG") for s in range(pool_size)]
+    images = [encode(synthetic.photo(size, size, seed=s), "JPEG") for s in range(pool_size)]
     link = {"free_at": 0.0}
     rate = link_mbps * 1e6 / 8
 

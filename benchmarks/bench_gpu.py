@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.benchmarking.harness import encode, encode_video, median_time, write_json
 
 SIZES = [(512, 512), (1024, 1024), (1080, 1920), (2160, 3840)]
@@ -71,7 +71,7 @@ def bench_jpeg(quick: bool) -> tuple[list[dict], dict]:
     found, nvjpeg = decoders()
     rows, quality = [], {}
     for height, width in (SIZES[:2] if quick else SIZES):
-        blobs = [encode(samples.photo(height, width, seed=s), "JPEG") for s in range(DISTINCT)]
+        blobs = [encode(synthetic.photo(height, width, seed=s), "JPEG") for s in range(DISTINCT)]
         reference = np.asarray(Image.open(io.BytesIO(blobs[0])).convert("RGB"))
         (ours,) = nvjpeg.decode_batch([lazymedia.load_image(blobs[0])])
         quality[f"{width}x{height}"] = {"psnr_vs_pillow_db": psnr(ours.cpu(), reference),
@@ -95,7 +95,7 @@ def bench_window() -> dict:
     from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 
     backend = NvjpegBatchDecoder(device=0)
-    blob = encode(samples.photo(720, 1280), "JPEG")
+    blob = encode(synthetic.photo(720, 1280), "JPEG")
     direct = timed(lambda: backend.decode_batch([lazymedia.load_image(blob)]), 20)
     result = {"direct_ms": direct * 1e3}
     for window in (0.0005, 0.001, 0.002):
@@ -114,7 +114,7 @@ def bench_lock() -> dict:
     from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 
     backend = NvjpegBatchDecoder(device=0)
-    blobs = [encode(samples.photo(720, 1280, seed=s), "JPEG") for s in range(8)]
+    blobs = [encode(synthetic.photo(720, 1280, seed=s), "JPEG") for s in range(8)]
     result = {}
     for threads in (1, 4):
         def work():

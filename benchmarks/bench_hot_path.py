@@ -35,7 +35,7 @@ import simplejpeg
 from PIL import Image
 
 import lazymedia
-from lazymedia import hashing, samples
+from lazymedia import hashing, synthetic
 from lazymedia.benchmarking.harness import busy_warning, encode, interleaved, ratio, shape_of, write_json
 
 HIT_SIZES = [(512, 512), (1024, 1024), (2048, 2048), (2160, 3840)]
@@ -86,7 +86,7 @@ def bench_hit(sizes, rounds: int, engine) -> list[dict]:
     rows = []
     try:
         for height, width in sizes:
-            array = samples.photo(height, width)
+            array = synthetic.photo(height, width)
             for fmt in ("JPEG", "PNG"):
                 data = encode(array, fmt)
                 processor = lazymedia.Processor(shape_of, engine=engine)
@@ -194,7 +194,7 @@ def print_hash(report: dict) -> None:
 def bench_draft(rounds: int) -> list[dict]:
     rows = []
     for (height, width), size in DRAFT_CASES:
-        data = encode(samples.photo(height, width), "JPEG")
+        data = encode(synthetic.photo(height, width), "JPEG")
         exact_px = lazymedia.load_image(data, size=size).decode().numpy()
         draft_px = lazymedia.load_image(data, size=size, draft=True).decode().numpy()
         diff = np.abs(exact_px.astype(np.int16) - draft_px.astype(np.int16))
@@ -223,7 +223,7 @@ def print_draft(rows: list[dict]) -> None:
 def bench_engine(sizes, rounds: int) -> list[dict]:
     rows = []
     for size in sizes:
-        distinct = [encode(samples.photo(size, size, seed=seed), "JPEG") for seed in range(ENGINE_DISTINCT)]
+        distinct = [encode(synthetic.photo(size, size, seed=seed), "JPEG") for seed in range(ENGINE_DISTINCT)]
         blobs = [distinct[i % ENGINE_DISTINCT] for i in range(ENGINE_BATCH)]
         for threads in (1, 2):
             engine = lazymedia.DecodeEngine(max_workers=threads, isolate=())
@@ -266,7 +266,7 @@ def pillow_array(data: bytes):
 def bench_png_miss(rounds: int) -> list[dict]:
     rows = []
     for size in PNG_SIZES:
-        data = encode(samples.photo(size, size), "PNG")
+        data = encode(synthetic.photo(size, size), "PNG")
         times = interleaved({"lazymedia": (lambda: lazymedia.load_image(data).decode(), 1),
                              "pillow_load": (lambda: pillow_load(data), 1),
                              "pillow_asarray": (lambda: pillow_array(data), 1)}, rounds)

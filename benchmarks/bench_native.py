@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lazymedia import _C, ops, samples
+from lazymedia import _C, ops, synthetic
 from lazymedia.benchmarking.harness import encode, per_call, write_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def bench_probe(corpus: Path) -> dict:
     result = {"corpus_files": len(usable), "corpus_probe_us": ours / len(usable) * 1e6,
               "corpus_pillow_us": pillow / len(usable) * 1e6, "corpus_speedup": pillow / ours}
     for fmt in ("JPEG", "PNG"):
-        blob = encode(samples.photo(2048, 2048), fmt)
+        blob = encode(synthetic.photo(2048, 2048), fmt)
         ours = per_call(lambda: _C.probe(blob))
         pillow = per_call(lambda: pillow_header(blob))
         result[f"{fmt.lower()}_2048_probe_us"] = ours * 1e6
@@ -58,7 +58,7 @@ def bench_probe(corpus: Path) -> dict:
 
 
 def bench_kernels() -> list[dict]:
-    img = torch.from_numpy(samples.photo(2160, 3840))
+    img = torch.from_numpy(synthetic.photo(2160, 3840))
     pixels_in = 2160 * 3840
     y = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (2160, 3840), dtype=np.uint8))
     uv = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (1080, 3840), dtype=np.uint8))

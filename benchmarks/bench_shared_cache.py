@@ -26,7 +26,7 @@ import tempfile
 import time
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
 from lazymedia.cache.serialize import dumps
@@ -76,7 +76,7 @@ def per_request(url: str, host_path: str, rounds: int) -> list[dict]:
     process = process_with(qwen2_vl_processor())
     rows = []
     for name, (height, width) in (("4K", (2160, 3840)), ("720p", (720, 1280))):
-        data = samples.jpeg(height, width)
+        data = synthetic.jpeg(height, width)
         redis_tier = RedisCache(url, namespace=f"bench-{name}", max_entry_bytes=512 << 20, timeout_s=5.0)
         host = HostCache(host_path, capacity_bytes=2 << 30, namespace=f"bench-{name}")
         local = ProcessorCache(capacity_bytes=4 << 30)
@@ -120,7 +120,7 @@ FLEET_WORKER = """
 import sys, time, json
 import redis
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
 sys.path.insert(0, sys.argv[7])
 from bench_shared_cache import process_with, qwen2_vl_processor
@@ -140,7 +140,7 @@ if mode == "host":
 elif mode == "redis":
     cache = TieredCache(cache, RedisCache(url, namespace="fleet", timeout_s=5.0))
 processor = lazymedia.Processor(counted, cache=cache, engine=lazymedia.DecodeEngine(isolate=()))
-images = [samples.jpeg(720, 1280, seed=i) for i in range(pool)]
+images = [synthetic.jpeg(720, 1280, seed=i) for i in range(pool)]
 order = [(seed * 7919 + i * 31) % pool for i in range(requests)]
 counter.incr("bench:ready")
 while int(counter.get("bench:ready")) < int(counter.get("bench:expected")):

@@ -13,7 +13,7 @@ import sys
 import time
 
 import lazymedia
-from lazymedia import DecodeEngine, samples
+from lazymedia import DecodeEngine, synthetic
 from lazymedia.engine.isolation import IsolatedPool
 
 
@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pools", type=int, default=3)
     parser.add_argument("--misses", type=int, default=6)
     args = parser.parse_args(argv)
-    clip = samples.video(frames=30, height=96, width=160)
+    clip = synthetic.video(frames=30, height=96, width=160)
     ratios = []
     for _ in range(args.pools):
         pool = IsolatedPool(workers=1)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.integrations.vllm import VllmMediaConnector, to_vllm
 
@@ -54,14 +54,14 @@ def inputs(quick: bool) -> list[tuple[str, str, str]]:
                     found.append((row["path"], row["kind"], data_url((CORPUS / row["path"]).read_bytes(), media_type)))
     else:
         print(f"corpus not found at {CORPUS}: generated media only", file=sys.stderr)
-    rgba = samples.photo(96, 128)
+    rgba = synthetic.photo(96, 128)
     rgba = np.dstack([rgba, np.tile(np.linspace(0, 255, 128, dtype=np.uint8), (96, 1))])
-    generated = [("generated.jpg", "image", data_url(samples.jpeg(480, 640), "image/jpeg")),
-                 ("generated_rgba.png", "image", data_url(samples.encode_image(rgba, "PNG"), "image/png")),
-                 ("generated.gif", "image", data_url(samples.encode_image(rgba[..., :3], "GIF"), "image/gif")),
-                 ("generated_rgba.webp", "image", data_url(samples.encode_image(rgba, "WEBP", lossless=True),
+    generated = [("generated.jpg", "image", data_url(synthetic.jpeg(480, 640), "image/jpeg")),
+                 ("generated_rgba.png", "image", data_url(synthetic.encode_image(rgba, "PNG"), "image/png")),
+                 ("generated.gif", "image", data_url(synthetic.encode_image(rgba[..., :3], "GIF"), "image/gif")),
+                 ("generated_rgba.webp", "image", data_url(synthetic.encode_image(rgba, "WEBP", lossless=True),
                                                            "image/webp")),
-                 ("generated_100.mp4", "video", data_url(samples.video(frames=100), "video/mp4"))]
+                 ("generated_100.mp4", "video", data_url(synthetic.video(frames=100), "video/mp4"))]
     return (found[:20] if quick else found) + generated
 
 
@@ -103,10 +103,11 @@ def compare(vllm_connector, ours: VllmMediaConnector, name: str, modality: str, 
 
 
 def speed(vllm_connector, ours: VllmMediaConnector, rounds: int) -> list[dict]:
-    cases = [("JPEG 2048x2048", "image", data_url(samples.jpeg(2048, 2048), "image/jpeg")),
-             ("JPEG 640x480", "image", data_url(samples.jpeg(480, 640), "image/jpeg")),
-             ("PNG 1024x1024", "image", data_url(samples.encode_image(samples.photo(1024, 1024), "PNG"), "image/png")),
-             ("MP4 3 s 360p", "video", data_url(samples.video(frames=90, height=360, width=640), "video/mp4"))]
+    cases = [("JPEG 2048x2048", "image", data_url(synthetic.jpeg(2048, 2048), "image/jpeg")),
+             ("JPEG 640x480", "image", data_url(synthetic.jpeg(480, 640), "image/jpeg")),
+             ("PNG 1024x1024", "image",
+              data_url(synthetic.encode_image(synthetic.photo(1024, 1024), "PNG"), "image/png")),
+             ("MP4 3 s 360p", "video", data_url(synthetic.video(frames=90, height=360, width=640), "video/mp4"))]
     rows = []
     for label, modality, url in cases:
         fetch = ours.fetch_image if modality == "image" else ours.fetch_video
@@ -145,10 +146,10 @@ def qwen2_vl_processor():
 def processor_speed(vllm_connector, ours: VllmMediaConnector, rounds: int) -> tuple[str, list[dict]]:
     from vllm.multimodal.hasher import MultiModalHasher
     hf, kind = qwen2_vl_processor()
-    cases = [("JPEG 512x512", samples.jpeg(512, 512), "image/jpeg"),
-             ("JPEG 2048x2048", samples.jpeg(2048, 2048), "image/jpeg"),
-             ("JPEG 3840x2160", samples.jpeg(2160, 3840), "image/jpeg"),
-             ("PNG 1024x1024", samples.encode_image(samples.photo(1024, 1024), "PNG"), "image/png")]
+    cases = [("JPEG 512x512", synthetic.jpeg(512, 512), "image/jpeg"),
+             ("JPEG 2048x2048", synthetic.jpeg(2048, 2048), "image/jpeg"),
+             ("JPEG 3840x2160", synthetic.jpeg(2160, 3840), "image/jpeg"),
+             ("PNG 1024x1024", synthetic.encode_image(synthetic.photo(1024, 1024), "PNG"), "image/png")]
     rows = []
     for label, data, media_type in cases:
         url = data_url(data, media_type)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from lazymedia.samples import encode_image as encode
-from lazymedia.samples import photo as make_image
+from lazymedia.synthetic import encode_image as encode
+from lazymedia.synthetic import photo as make_image
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("LAZYMEDIA_CORPUS", REPO.parent / "shared" / "corpus"))

@@ -12,7 +12,7 @@ import torch
 
 import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
-from lazymedia.samples import jpeg
+from lazymedia.synthetic import jpeg
 
 SPAWN = multiprocessing.get_context("spawn")
 

@@ -16,7 +16,7 @@ import torch
 
 import lazymedia
 from lazymedia.cache import ProcessorCache
-from lazymedia.samples import jpeg
+from lazymedia.synthetic import jpeg
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed")
 REDIS_SERVER = shutil.which("redis-server")
@@ -222,7 +222,7 @@ WORKER = textwrap.dedent("""
     import torch
     import lazymedia, redis
     from lazymedia.cache import ProcessorCache, RedisCache, TieredCache
-    from lazymedia.samples import jpeg
+    from lazymedia.synthetic import jpeg
 
     url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     delay, lease_s = float(sys.argv[4]), float(sys.argv[5])

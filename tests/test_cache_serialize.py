@@ -95,10 +95,10 @@ def test_qwen2_vl_output_is_exact_and_at_most_6_mb():
     transformers = pytest.importorskip("transformers")
     import simplejpeg
 
-    from lazymedia import samples
+    from lazymedia import synthetic
 
     processor = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
-    image = simplejpeg.decode_jpeg(samples.jpeg(720, 1280))
+    image = simplejpeg.decode_jpeg(synthetic.jpeg(720, 1280))
     output = processor()(images=[image], return_tensors="pt")
     value = {"pixel_values": output["pixel_values"], "image_grid_thw": output["image_grid_thw"]}
     assert value["pixel_values"].shape == (4784, 1176) and value["pixel_values"].dtype == torch.float32

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 import lazymedia
-from lazymedia import bench, samples
+from lazymedia import bench, synthetic
 from lazymedia.benchmarking.harness import busy_warning
 from lazymedia.cli import main
 
@@ -219,8 +219,8 @@ def test_non_media_is_one_plain_line(files, capsys):
 
 def test_a_url_is_downloaded_once(tmp_path, http_server, capsys):
     base, hits = http_server
-    (tmp_path / "clip.mp4").write_bytes(samples.video(frames=30))
-    (tmp_path / "tone.wav").write_bytes(samples.tone(0.5))
+    (tmp_path / "clip.mp4").write_bytes(synthetic.video(frames=30))
+    (tmp_path / "tone.wav").write_bytes(synthetic.tone(0.5))
     assert main(["decode", f"{base}/clip.mp4", f"{base}/tone.wav", f"{base}/missing.jpg"]) == 1
     captured = capsys.readouterr()
     assert hits == {"/clip.mp4": 1, "/tone.wav": 1, "/missing.jpg": 1}
@@ -231,7 +231,7 @@ def test_a_url_is_downloaded_once(tmp_path, http_server, capsys):
 
 def test_video_decodes_sampled_frames_by_default(tmp_path, capsys):
     path = tmp_path / "clip.mp4"
-    path.write_bytes(samples.video(frames=60))
+    path.write_bytes(synthetic.video(frames=60))
     assert main(["decode", str(path)]) == 0
     assert "shape=8x96x160x3" in capsys.readouterr().out
     assert main(["decode", "--num-frames", "3", "--size", "48x80", str(path)]) == 0

@@ -9,7 +9,7 @@ import torch
 import lazymedia
 from lazymedia import MediaError
 from lazymedia.codecs import audio
-from lazymedia.samples import tone as make_tone
+from lazymedia.synthetic import tone as make_tone
 
 from conftest import corpus_bytes, corpus_params
 

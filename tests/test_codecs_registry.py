@@ -5,8 +5,8 @@ import pytest
 import lazymedia
 from lazymedia import codecs
 from lazymedia.codecs import audio, image
-from lazymedia.samples import tone
 from lazymedia.spec import AudioSpec, ImageSpec, Limits
+from lazymedia.synthetic import tone
 
 
 def test_a_remembered_header_is_not_probed_again_but_is_checked(monkeypatch):

@@ -7,8 +7,8 @@ import pytest
 
 import lazymedia
 from lazymedia.codecs import sampling
-from lazymedia.samples import video as make_video
 from lazymedia.spec import VideoSpec
+from lazymedia.synthetic import video as make_video
 
 
 def vllm_uniform(total, num_frames, fps, duration):

@@ -7,8 +7,8 @@ import torch
 import lazymedia
 from lazymedia import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from lazymedia.codecs import sampling, video
-from lazymedia.samples import video as make_video
 from lazymedia.spec import VideoSpec
+from lazymedia.synthetic import video as make_video
 
 from conftest import corpus_bytes, corpus_params
 

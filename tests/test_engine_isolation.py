@@ -9,7 +9,7 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, UnprocessableMediaError
 from lazymedia.engine.isolation import SHARED_MIN_BYTES, IsolatedPool
-from lazymedia.samples import video as make_video
+from lazymedia.synthetic import video as make_video
 
 
 def frame_count(frames):

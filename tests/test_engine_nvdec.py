@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lazymedia
-from lazymedia import DecodeEngine, ops, samples
+from lazymedia import DecodeEngine, ops, synthetic
 from lazymedia.codecs import video, video_common
 from lazymedia.engine import isolation, nvdec
 
@@ -28,7 +28,7 @@ def clip(height: int, width: int, frames: int = 8, colorspace: int | None = None
     """H.264 with B-frames, tagged with an AVColorSpace (None: untagged); panning across a
     photo-like image, or (photo=False, cheap at 8K) a colour gradient."""
     if photo:
-        base = samples.photo(height, width + frames * 4)
+        base = synthetic.photo(height, width + frames * 4)
     else:
         rows = np.linspace(0, 255, height, dtype=np.float32)[:, None, None]
         columns = np.linspace(0, 255, width + frames * 4, dtype=np.float32)[None, :, None]
@@ -249,7 +249,7 @@ def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
 
 
 def test_vfr_timestamps_come_from_the_container(video_codec):
-    data = samples.video(frames=12, height=64, width=96, vfr=True)
+    data = synthetic.video(frames=12, height=64, width=96, vfr=True)
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
     item = lazymedia.load_video(data, num_frames=4)
     (frames,) = backend.decode_batch([item])

@@ -22,7 +22,7 @@ import json, resource, sys, time
 import numpy, torch, av, soundfile, PIL.Image
 import lazymedia
 import lazymedia.codecs.audio, lazymedia.codecs.image, lazymedia.codecs.video  # imports are not the item's cost
-from lazymedia import samples
+from lazymedia import synthetic
 
 def status(name):
     for line in open("/proc/self/status"):
@@ -115,19 +115,19 @@ assert len(data) < 1 << 20, len(data)
 """
 
 ZERO_PNG_10000 = """
-data = samples.encode_image(numpy.zeros((10000, 10000, 3), numpy.uint8), "PNG")
+data = synthetic.encode_image(numpy.zeros((10000, 10000, 3), numpy.uint8), "PNG")
 assert len(data) < 400 << 10, len(data)
 """
 
 PADDED_WEBP_10000 = """
 import struct as _struct
-raw = samples.encode_image(numpy.zeros((10000, 10000, 3), numpy.uint8), "WEBP", lossless=True, quality=0, method=0)
+raw = synthetic.encode_image(numpy.zeros((10000, 10000, 3), numpy.uint8), "WEBP", lossless=True, quality=0, method=0)
 body = raw[12:] + b"JUNK" + _struct.pack("<I", 200000) + bytes(200000)  # padding that defeats ratio checks
 data = b"RIFF" + _struct.pack("<I", 4 + len(body)) + b"WEBP" + body
 """
 
 ZERO_GIF_6000 = """
-data = samples.encode_image(numpy.zeros((6000, 6000), numpy.uint8), "GIF")
+data = synthetic.encode_image(numpy.zeros((6000, 6000), numpy.uint8), "GIF")
 assert len(data) < 1 << 20, len(data)
 """
 
@@ -249,7 +249,7 @@ assert len(data) < 1 << 20, len(data)
 
 CASES = {
     # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
-    "gif_canvas_bomb": ("data = bytearray(samples.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
+    "gif_canvas_bomb": ("data = bytearray(synthetic.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
                         "data[6:10] = b'\\xff\\xff\\xff\\xff'",
                         "lazymedia.load_image(bytes(data))", 413),
     # 292 KB of PNG: 10000 x 10000 zeros, 300 MB decoded (within the goal; Pillow's path took 4x).

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.integrations.vllm import (
     DataUrlEncodingError,
     LocalFilesRefusedError,
@@ -47,7 +47,7 @@ def test_transparent_png_composited_as_vllm_does(connector):
     rng = np.random.default_rng(1)
     rgba = rng.integers(0, 256, (24, 32, 4), dtype=np.uint8)
     rgba[0, 0] = (255, 0, 0, 0)  # fully transparent red: white after vLLM's paste
-    png = samples.encode_image(rgba, "PNG")
+    png = synthetic.encode_image(rgba, "PNG")
     handle = connector.fetch_image(data_url(png, "image/png"))
     assert not handle.is_decoded  # fetched and keyed, not decoded
     image = to_vllm(handle)
@@ -63,7 +63,7 @@ def test_transparent_png_composited_as_vllm_does(connector):
 
 
 def test_video_defaults_are_vllms(connector):
-    clip = samples.video(frames=100, height=48, width=64)
+    clip = synthetic.video(frames=100, height=48, width=64)
     handle = connector.fetch_video(data_url(clip, "video/mp4"))
     frames, metadata = to_vllm(handle)
     expected = np.linspace(0, 99, 32).astype(int).tolist()  # num_frames=32, linspace truncated
@@ -79,7 +79,7 @@ def test_video_defaults_are_vllms(connector):
 
 
 def test_audio_is_mono_at_the_native_rate(connector):
-    wav = samples.tone(seconds=0.5, rate=22050, channels=2)
+    wav = synthetic.tone(seconds=0.5, rate=22050, channels=2)
     waveform, rate = to_vllm(connector.fetch_audio(data_url(wav, "audio/wav")))
     assert rate == 22050 and waveform.ndim == 1 and waveform.dtype == np.float32 and len(waveform) == 11025
 
@@ -100,7 +100,7 @@ def test_unsupported_options_are_refused_at_start_up():
 
 
 def test_a_processor_sees_vllms_objects_and_hits_skip_the_decode(connector):
-    jpeg = samples.jpeg(64, 96)
+    jpeg = synthetic.jpeg(64, 96)
     seen = []
 
     def process(decoded):
@@ -128,7 +128,7 @@ def test_allowed_media_domains_match_exactly_as_in_vllm():
 
 
 def test_vllm_call_signatures_and_decoded_inputs(connector):
-    clip = samples.video(frames=30)
+    clip = synthetic.video(frames=30)
     frames, _ = to_vllm(connector.fetch_video(video_url=data_url(clip, "video/mp4"), image_mode="RGB"))
     assert frames.shape[0] == 30  # fewer frames than num_frames=32: every frame
     # vLLM passes the model's video processor on every call; without vLLM's registry (or with a
@@ -139,7 +139,7 @@ def test_vllm_call_signatures_and_decoded_inputs(connector):
     configured = VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "pyav"}})
     assert configured.video_spec("RGB", "Qwen2VLVideoProcessor")["decoder"] == "pyav"
     configured.close()
-    pil = Image.fromarray(samples.photo(8, 8)).convert("P")
+    pil = Image.fromarray(synthetic.photo(8, 8)).convert("P")
     embeds = np.zeros((5, 16), np.float32)
     assert to_vllm(pil) is pil and to_vllm(embeds) is embeds  # passed on as vLLM passes them
 
@@ -160,7 +160,7 @@ def test_without_opencv_the_default_decodes_with_pyav_and_a_named_opencv_is_refu
     monkeypatch.delenv("VLLM_VIDEO_LOADER_BACKEND", raising=False)
     connector = VllmMediaConnector()
     assert connector.video_backend == "pyav"
-    frames, metadata = to_vllm(connector.fetch_video(data_url(samples.video(frames=40, height=32, width=48),
+    frames, metadata = to_vllm(connector.fetch_video(data_url(synthetic.video(frames=40, height=32, width=48),
                                                               "video/mp4")))
     assert metadata["video_backend"] == "pyav" and frames.shape == (32, 32, 48, 3)
     with pytest.raises(ValueError, match="opencv-python-headless"):
@@ -170,7 +170,7 @@ def test_without_opencv_the_default_decodes_with_pyav_and_a_named_opencv_is_refu
 def test_dynamic_loader_names_itself_as_vllm_does(connector):
     dynamic = VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "opencv_dynamic", "requested_fps": 2,
                                                             "max_duration": 60}})
-    clip = samples.video(frames=90)
+    clip = synthetic.video(frames=90)
     frames, metadata = to_vllm(dynamic.fetch_video(data_url(clip, "video/mp4")))
     assert metadata["video_backend"] == "opencv_dynamic" and len(metadata["frames_indices"]) == frames.shape[0]
     dynamic.close()
@@ -211,14 +211,14 @@ def test_vllm_max_image_pixels_bounds_images(monkeypatch):
     monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", str(63 * 64))
     connector = VllmMediaConnector()
     with pytest.raises(lazymedia.MediaTooLargeError):
-        to_vllm(connector.fetch_image(data_url(samples.jpeg(64, 64), "image/jpeg")))
+        to_vllm(connector.fetch_image(data_url(synthetic.jpeg(64, 64), "image/jpeg")))
     assert connector.limits.max_pixels == 63 * 64
     monkeypatch.delenv("VLLM_MAX_IMAGE_PIXELS")
     assert VllmMediaConnector().limits.max_pixels == 178_956_970  # vLLM's default
 
 
 def test_jpeg_frame_sequences_as_vllm_decodes_them():
-    frames = [samples.jpeg(24, 32, seed=s) for s in range(5)]
+    frames = [synthetic.jpeg(24, 32, seed=s) for s in range(5)]
     url = "data:video/jpeg;base64," + ",".join(base64.b64encode(f).decode() for f in frames)
     connector = VllmMediaConnector(media_io_kwargs={"video": {"num_frames": 3, "fps": 2}})
     video, metadata = to_vllm(connector.fetch_video(url))
@@ -238,7 +238,7 @@ def test_numpy_images_share_the_decoded_tensor_and_qwen2_vl_sees_identical_input
     torch tensor would be read as embeddings) gives Qwen2-VL's image processor (Qwen2.5-VL uses
     the same one) exactly what vLLM's own path (Pillow decode + convert) gives it."""
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
-    jpeg = samples.jpeg(300, 420)
+    jpeg = synthetic.jpeg(300, 420)
     handle = connector.fetch_image(data_url(jpeg, "image/jpeg"))
     array = to_vllm(handle, image_type_for("Qwen2VLImageProcessor"))
     assert isinstance(array, np.ndarray) and array.dtype == np.uint8 and array.shape == (300, 420, 3)
@@ -256,7 +256,7 @@ def test_a_pil_only_processor_sees_identical_inputs():
     resizes with Pillow): given the numpy view it produces what vLLM's own path gives it."""
     openvla = pytest.importorskip("vllm.transformers_utils.processors.openvla")
     from vllm.multimodal.media import MediaConnector
-    url = data_url(samples.jpeg(200, 330), "image/jpeg")
+    url = data_url(synthetic.jpeg(200, 330), "image/jpeg")
     ours = VllmMediaConnector()
     array = to_vllm(ours.fetch_image(url), image_type_for(openvla.OpenVLAImageProcessor))
     theirs = MediaConnector().fetch_image(url)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.spec import AudioSpec, ImageSpec, VideoSpec
 
 from conftest import REPO
 
-CLIP = samples.video(frames=100)  # 96x160, 30 fps
+CLIP = synthetic.video(frames=100)  # 96x160, 30 fps
 
 
 # -- defaults ----------------------------------------------------------------------------------
@@ -33,13 +33,13 @@ def test_defaults_are_vllms():
     assert (ImageSpec().mode, ImageSpec().background, ImageSpec().apply_orientation) == ("RGB", (255, 255, 255), True)
     frames = lazymedia.load_video(CLIP).media
     assert frames.indices == [int(i * 99 / 31) for i in range(32)]  # np.linspace(0, 99, 32) truncated
-    assert lazymedia.load_audio(samples.tone(seconds=0.1, rate=8000, channels=2)).media.samples.shape == (1, 800)
+    assert lazymedia.load_audio(synthetic.tone(seconds=0.1, rate=8000, channels=2)).media.samples.shape == (1, 800)
 
 
 def test_a_long_clip_loads_with_the_defaults_and_a_413_names_what_lowers_it():
     """A clip whose every frame is over the decoded-size limit loads with the defaults (32
     frames); asking for every frame is a 413 that names num_frames, fps and size."""
-    clip = samples.video(frames=600, height=48, width=64)
+    clip = synthetic.video(frames=600, height=48, width=64)
     limits = lazymedia.Limits(max_decoded_bytes=100 * 48 * 64 * 3)  # room for 100 frames of 600
     assert lazymedia.load_video(clip, limits=limits).media.frames.shape[0] == 32
     with pytest.raises(lazymedia.MediaTooLargeError) as info:
@@ -73,7 +73,7 @@ def test_a_long_clip_loads_with_the_defaults_and_a_413_names_what_lowers_it():
     ("image", "draft", None, "True or False"),
 ])
 def test_a_wrong_setting_is_a_400_naming_it_and_what_it_accepts(loader, setting, value, accepted):
-    data = {"audio": samples.tone(seconds=0.1, rate=8000), "video": CLIP, "image": samples.jpeg(16, 16)}[loader]
+    data = {"audio": synthetic.tone(seconds=0.1, rate=8000), "video": CLIP, "image": synthetic.jpeg(16, 16)}[loader]
     with pytest.raises(lazymedia.InvalidMediaError) as info:
         lazymedia.load(loader, data, **{setting: value})
     assert info.value.status_code == 400
@@ -85,9 +85,9 @@ def test_a_valid_setting_is_not_confused_with_an_equal_value_of_another_type():
     assert lazymedia.load_video(CLIP, num_frames=1).spec.num_frames == 1
     with pytest.raises(lazymedia.InvalidMediaError):
         lazymedia.load_video(CLIP, num_frames=True)
-    assert lazymedia.load_audio(samples.tone(seconds=0.1, rate=8000), mono=True).spec.mono is True
+    assert lazymedia.load_audio(synthetic.tone(seconds=0.1, rate=8000), mono=True).spec.mono is True
     with pytest.raises(lazymedia.InvalidMediaError):
-        lazymedia.load_audio(samples.tone(seconds=0.1, rate=8000), mono=1)
+        lazymedia.load_audio(synthetic.tone(seconds=0.1, rate=8000), mono=1)
 
 
 def test_an_unknown_setting_lists_the_settings():
@@ -123,7 +123,7 @@ def _fetch(url, **options):
 
 
 def _released():
-    item = lazymedia.load_image(samples.jpeg(8, 8))
+    item = lazymedia.load_image(synthetic.jpeg(8, 8))
     item.release_bytes()
     return item.decode()
 
@@ -140,7 +140,7 @@ def _opencv_missing(monkeypatch):
     return lazymedia.load_video(CLIP, decoder="opencv")  # refused where the reader is chosen, not in VideoSpec
 
 
-JPEG = samples.jpeg(64, 64)
+JPEG = synthetic.jpeg(64, 64)
 TRUNCATED_MP4 = CLIP[: len(CLIP) // 3]
 
 # One failure of each kind a caller meets: (what triggers it, its status, words naming the remedy).
@@ -162,10 +162,10 @@ ERROR_TABLE = {
                      ["Limits.max_video_frames"]),
     "video output": (lambda tmp, mp: lazymedia.load_video(CLIP, limits=lazymedia.Limits(max_decoded_bytes=1000)),
                      413, ["num_frames", "fps", "size"]),
-    "audio seconds": (lambda tmp, mp: lazymedia.load_audio(samples.tone(seconds=2.0, rate=8000),
+    "audio seconds": (lambda tmp, mp: lazymedia.load_audio(synthetic.tone(seconds=2.0, rate=8000),
                                                            limits=lazymedia.Limits(max_audio_seconds=1)), 413,
                       ["Limits.max_audio_seconds"]),
-    "audio output": (lambda tmp, mp: lazymedia.load_audio(samples.tone(seconds=1.0, rate=8000), sample_rate=48000,
+    "audio output": (lambda tmp, mp: lazymedia.load_audio(synthetic.tone(seconds=1.0, rate=8000), sample_rate=48000,
                                                           limits=lazymedia.Limits(max_decoded_bytes=1000)), 413,
                      ["sample_rate", "Limits.max_decoded_bytes"]),
     "bad base64": (lambda tmp, mp: lazymedia.from_base64("not base64!"), 400, ["standard base64"]),
@@ -218,11 +218,11 @@ def test_an_upstream_error_says_what_to_do(http_404):
 # -- torchvision / torchcodec habits ------------------------------------------------------------
 def test_a_path_loads_and_the_repr_says_height_then_width(tmp_path):
     path = tmp_path / "photo.jpg"
-    path.write_bytes(samples.jpeg(48, 64))
+    path.write_bytes(synthetic.jpeg(48, 64))
     item = lazymedia.load_image(path)
     assert "(height, width)=(48, 64)" in repr(item)
     assert tuple(item.media.shape) == (48, 64, 3)
-    audio = lazymedia.load_audio(samples.tone(seconds=0.1, rate=8000)).media
+    audio = lazymedia.load_audio(synthetic.tone(seconds=0.1, rate=8000)).media
     assert audio.data is audio.samples  # torchcodec's name
 
 

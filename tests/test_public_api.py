@@ -11,7 +11,7 @@ from typing import Any, assert_type
 import torch
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.cache import (
     Cache,
     ChainableTier,
@@ -81,19 +81,19 @@ def test_loader_defaults_are_the_spec_defaults():
 
 
 def test_decoded_values_are_typed_for_checkers():
-    image = lazymedia.load_image(samples.jpeg(48, 64))
+    image = lazymedia.load_image(synthetic.jpeg(48, 64))
     assert_type(image, lazymedia.LazyMedia[torch.Tensor])
     pixels = image.decode()
     assert_type(pixels, torch.Tensor)
     assert tuple(pixels.shape) == (48, 64, 3)
 
-    video = lazymedia.load_video(samples.video(frames=12), num_frames=4)
+    video = lazymedia.load_video(synthetic.video(frames=12), num_frames=4)
     frames = video.media
     assert_type(frames, lazymedia.VideoFrames)
     assert_type(frames.frames, torch.Tensor)
     assert frames.frames.shape[0] == 4
 
-    audio = lazymedia.load_audio(samples.tone(seconds=0.25, rate=8000))
+    audio = lazymedia.load_audio(synthetic.tone(seconds=0.25, rate=8000))
     decoded = audio.media
     assert_type(decoded, lazymedia.AudioSamples)
     assert_type(decoded.data, torch.Tensor)
@@ -103,21 +103,21 @@ def test_decoded_values_are_typed_for_checkers():
     assert_type(mean, lazymedia.LazyMedia[float])
     assert isinstance(mean.decode(), float)
 
-    generic = lazymedia.load("image", samples.jpeg(8, 8))
+    generic = lazymedia.load("image", synthetic.jpeg(8, 8))
     assert_type(generic, lazymedia.LazyMedia[Any])
 
 
 def test_lazily_imported_names_are_classes_for_checkers():
     connector: lazymedia.MediaConnector = lazymedia.MediaConnector()
     try:
-        url = "data:image/jpeg;base64," + base64.b64encode(samples.jpeg(8, 8)).decode()
+        url = "data:image/jpeg;base64," + base64.b64encode(synthetic.jpeg(8, 8)).decode()
         handle = connector.fetch_sync("image", url)
         assert handle.decode().shape == (8, 8, 3)
     finally:
         connector.close()
     processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded],
                                     cache=ProcessorCache(capacity_bytes=1 << 20))
-    outputs: list = processor.apply([lazymedia.load_image(samples.jpeg(8, 8))])
+    outputs: list = processor.apply([lazymedia.load_image(synthetic.jpeg(8, 8))])
     assert outputs == [(8, 8, 3)]
     assert isinstance(TieredCache, type) and isinstance(lazymedia.VideoFrames, type)
 
@@ -133,7 +133,7 @@ def test_every_cache_a_processor_takes_is_its_cache_protocol(tmp_path):
     caches: list[Cache] = [ProcessorCache(capacity_bytes=1 << 20), TieredCache(ProcessorCache(), host),
                            TieredCache(ProcessorCache(), *tiers)]
     for number, cache in enumerate(caches):
-        item = lazymedia.load_image(samples.jpeg(8, 8 + number))
+        item = lazymedia.load_image(synthetic.jpeg(8, 8 + number))
         processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded], cache=cache)
         assert processor.apply([item]) == [(8, 8 + number, 3)]
         assert cache.lookup(processor.cache_key(item)) == (True, (8, 8 + number, 3))

@@ -11,16 +11,16 @@ import time
 
 import numpy as np
 
-from lazymedia import samples
+from lazymedia import synthetic
 
 
 def encode(array: np.ndarray, fmt: str) -> bytes:
-    return samples.encode_image(array, fmt) if fmt == "JPEG" else samples.encode_image(array, fmt, compress_level=6)
+    return synthetic.encode_image(array, fmt) if fmt == "JPEG" else synthetic.encode_image(array, fmt, compress_level=6)
 
 
 def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: int = 30) -> bytes:
     """H.264 (libx264 veryfast, yuv420p) of moving photo-like content, a keyframe every `gop` frames."""
-    return samples.video(frames=int(seconds * fps), height=height, width=width, fps=fps, gop=gop, preset="veryfast")
+    return synthetic.video(frames=int(seconds * fps), height=height, width=width, fps=fps, gop=gop, preset="veryfast")
 
 
 def shape_of(items):

@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.benchmarking.harness import (
     Progress,
     encode,
@@ -55,7 +55,7 @@ def eager_decode_and_hash(data: bytes) -> str:
 def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
     rows = []
     for height, width in sizes:
-        array = samples.photo(height, width)
+        array = synthetic.photo(height, width)
         for fmt in ("JPEG", "PNG"):
             data = encode(array, fmt)
             eager_cache: dict[str, object] = {}
@@ -101,7 +101,7 @@ def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
 
 
 def bench_parallel(count: int, size: int, engine, repeats: int) -> dict:
-    blobs = [encode(samples.photo(size, size, seed=s), "JPEG") for s in range(count)]
+    blobs = [encode(synthetic.photo(size, size, seed=s), "JPEG") for s in range(count)]
 
     def serial():
         for blob in blobs:
@@ -183,7 +183,7 @@ def bench_audio(quick: bool, engine) -> list[dict]:
     rows = []
     for fmt in ("wav", "mp3"):
         for seconds in ((1, 3) if quick else (1, 3, 10, 60)):
-            data = samples.tone(seconds, rate=44100, channels=2, fmt=fmt)
+            data = synthetic.tone(seconds, rate=44100, channels=2, fmt=fmt)
             cache = lazymedia.ProcessorCache()
             processor = lazymedia.Processor(lambda items: [a.samples.shape[1] for a in items], engine=engine,
                                             cache=cache)
@@ -213,7 +213,7 @@ def bench_window(repeats: int) -> dict:
     submitted to an engine whose batched backend (the CPU decoder) waits batch_window_s."""
     from lazymedia.engine.cpu_batch import CpuBatchDecoder
 
-    blob = encode(samples.photo(512, 512), "JPEG")
+    blob = encode(synthetic.photo(512, 512), "JPEG")
     result = {"direct_ms": median_time(lambda: lazymedia.load_image(blob).decode(), repeats) * 1e3}
     for window in (0.0005, 0.001, 0.002):
         engine = lazymedia.DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=window)
@@ -230,7 +230,7 @@ def rss_bytes() -> int:
 
 def rss_child(mode: str, count: int, size: int) -> None:
     """Runs in a child process: retains `count` cache-hit items the way each frontend does."""
-    data = encode(samples.photo(size, size), "JPEG")
+    data = encode(synthetic.photo(size, size), "JPEG")
     processor = lazymedia.Processor(shape_of)
     processor.apply([lazymedia.load_image(data)])
     retained: list = []

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import lazymedia
-from lazymedia import samples
+from lazymedia import synthetic
 from lazymedia.benchmarking.harness import encode, encode_video, pyplot, save_figure, serve_on_loopback
 from lazymedia.connector import MediaConnector
 
@@ -95,14 +95,14 @@ def media_names(scenario: str, requests: int) -> list[str]:
 
 def build_media(scenarios: list[str], requests: int) -> dict[str, bytes]:
     """The media the scenarios ask for, plus warm-up items (off the clock)."""
-    media = {"warm.jpg": encode(samples.photo(64, 96), "JPEG"), "warm.mp4": encode_video(0.5, 96, 160)}
+    media = {"warm.jpg": encode(synthetic.photo(64, 96), "JPEG"), "warm.mp4": encode_video(0.5, 96, 160)}
     for i in range(POOL):
         if "pool_720p" in scenarios:
-            media[f"p{i}.jpg"] = encode(samples.photo(720, 1280, seed=i + 1), "JPEG")
+            media[f"p{i}.jpg"] = encode(synthetic.photo(720, 1280, seed=i + 1), "JPEG")
         if "pool_4k" in scenarios:
-            media[f"k{i}.jpg"] = encode(samples.photo(2160, 3840, seed=i + 1), "JPEG")
+            media[f"k{i}.jpg"] = encode(synthetic.photo(2160, 3840, seed=i + 1), "JPEG")
     if "unique_720p" in scenarios:
-        base = samples.photo(720, 1280)
+        base = synthetic.photo(720, 1280)
         for i in range(requests):  # a few pixels differ in each
             variant = base.copy()
             variant[i % 720, : (i // 720) + 8] = 255 - variant[i % 720, : (i // 720) + 8]

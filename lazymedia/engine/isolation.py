@@ -122,15 +122,15 @@ def _warm_up() -> dict:
     import time
 
     started = time.perf_counter()
-    from .. import samples
+    from .. import synthetic
     from ..codecs import decode, probe
     from ..spec import DEFAULT_LIMITS, AudioSpec, VideoSpec
 
     def decoded(modality: str, data: bytes, spec):
         return decode(modality, data, probe(modality, data, DEFAULT_LIMITS, spec), spec)
 
-    video = decoded("video", samples.video(frames=2, height=16, width=16), VideoSpec(num_frames=2))
-    audio = decoded("audio", samples.tone(0.05, rate=8000, channels=1), AudioSpec(sample_rate=16000))
+    video = decoded("video", synthetic.video(frames=2, height=16, width=16), VideoSpec(num_frames=2))
+    audio = decoded("audio", synthetic.tone(0.05, rate=8000, channels=1), AudioSpec(sample_rate=16000))
     warmed = all(name in sys.modules for name in ("torch", "av", "soundfile", "soxr"))
     return {"warm": warmed and video.frames.shape[0] == 2 and audio.samples.shape[-1] > 0,
             "seconds": time.perf_counter() - started}
