@@ -30,8 +30,8 @@ from typing import Any
 
 import lmdb
 
-from .redis import SharedCacheStats
-from .serialize import BadValueLog, SerializationError, dumps, loads
+from .redis import ValueStore
+from .serialize import BadValueLog, SerializationError, loads
 
 _ENVS: dict[str, tuple[int, Any]] = {}  # real path -> (pid, lmdb.Environment): one per process
 # Environments a forked child inherited: never used, never closed (closing one would drop the
@@ -72,7 +72,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class HostCache:
+class HostCache(ValueStore):
     """A shared tier for the processes of one host. `path`: a folder, on a tmpfs for speed
     (/dev/shm); every process that opens the same folder shares the store."""
 
@@ -82,33 +82,23 @@ class HostCache:
                  log_every_s: float = 10.0):
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
+        super().__init__(bfloat16)
         self.path = path
         self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()
         self.max_entry_bytes = min(max_entry_bytes, capacity_bytes)
         self.lease_s = lease_s
         self.wait_s = lease_s if wait_s is None else wait_s
-        self.bfloat16 = bfloat16
         self.log_every_s = log_every_s
         self._env = _environment(path, map_size or 2 * capacity_bytes + (64 << 20))
         self._values = self._env.open_db(b"values")
         self._order = self._env.open_db(b"order")
         self._meta = self._env.open_db(b"meta")
         self._leases = self._env.open_db(b"leases")
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(SharedCacheStats.__dataclass_fields__, 0)
         self._bad_values = BadValueLog(log_every_s)
         self._faults = BadValueLog(log_every_s)
 
     # -- bookkeeping ----------------------------------------------------------------------------
-    def _count(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[name] += amount
-
-    def stats(self) -> SharedCacheStats:
-        with self._lock:
-            return SharedCacheStats(**self._counts)
-
     def usage(self) -> tuple[int, int]:
         """(entries, value bytes) in the store, across all processes."""
         with self._env.begin(db=self._meta) as txn:
@@ -120,14 +110,6 @@ class HostCache:
         self._faults.report("host", exc)
 
     # -- values -----------------------------------------------------------------------------------
-    def encode(self, value) -> bytes | None:
-        """`value` as stored bytes; None (counted) for a type no shared tier can hold."""
-        try:
-            return dumps(value, bfloat16=self.bfloat16)
-        except SerializationError:
-            self._count("unserializable")
-            return None
-
     def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         """{key: (value, its stored bytes if `encoded`)} for the keys the store holds."""
         found: dict[str, tuple[Any, bytes | None]] = {}
@@ -161,14 +143,6 @@ class HostCache:
         if bad or stale:
             self._write(lambda txn: self._refresh(txn, bad, stale))
         return found
-
-    def get_many(self, keys: list[str]) -> dict:
-        """{key: value} for the keys the store holds."""
-        return {key: value for key, (value, _) in self.read_many(keys).items()}
-
-    def put(self, key: str, value) -> bool:
-        data = self.encode(value)
-        return data is not None and self.put_encoded(key, data)
 
     def put_encoded(self, key: str, data: bytes) -> bool:
         """Stores `serialize.dumps` bytes, evicting the oldest entries; False when it does not

@@ -46,7 +46,47 @@ class SharedCacheStats:
     evictions: int = 0  # entries this process removed to make room (HostCache; Redis evicts by itself)
 
 
-class RedisCache:
+class ValueStore:
+    """What the shared tiers (RedisCache, HostCache) do alike: count what happens, encode a value
+    once, and get or put values through their own `read_many` / `put_encoded`."""
+
+    def __init__(self, bfloat16: bool):
+        self.bfloat16 = bfloat16
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(SharedCacheStats.__dataclass_fields__, 0)
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += amount
+
+    def stats(self) -> SharedCacheStats:
+        with self._lock:
+            return SharedCacheStats(**self._counts)
+
+    def encode(self, value) -> bytes | None:
+        """`value` as stored bytes; None (counted) for a type no shared tier can hold."""
+        try:
+            return dumps(value, bfloat16=self.bfloat16)
+        except SerializationError:
+            self._count("unserializable")
+            return None
+
+    def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+        raise NotImplementedError
+
+    def put_encoded(self, key: str, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def get_many(self, keys: list[str]) -> dict:
+        """{key: value} for the keys the tier holds."""
+        return {key: value for key, (value, _) in self.read_many(keys).items()}
+
+    def put(self, key: str, value) -> bool:
+        data = self.encode(value)
+        return data is not None and self.put_encoded(key, data)
+
+
+class RedisCache(ValueStore):
     """A shared cache tier. `url` (redis://host:port/db) or ready `client` / `async_client`
     (redis-py clients; a Redis Cluster client works for the sync calls)."""
 
@@ -59,6 +99,7 @@ class RedisCache:
             import redis.asyncio
         except ImportError as exc:
             raise ImportError('RedisCache needs the redis client: pip install "lazymedia[redis]"') from exc
+        super().__init__(bfloat16)
 
         self._errors = (redis.RedisError, OSError, asyncio.TimeoutError)
         self.prefix = f"lazymedia:{namespace}:"
@@ -68,7 +109,6 @@ class RedisCache:
         self.wait_s = lease_s if wait_s is None else wait_s
         self.retry_after_s = retry_after_s
         self.log_every_s = log_every_s
-        self.bfloat16 = bfloat16
         self._bad_values = BadValueLog(log_every_s, logger)
         options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         self._client = client if client is not None else redis.Redis.from_url(url, **options)
@@ -78,20 +118,10 @@ class RedisCache:
         self._async_clients: dict[asyncio.AbstractEventLoop, object] = {}
         if async_client is not None:
             self._async_clients[None] = async_client  # type: ignore[index]
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(SharedCacheStats.__dataclass_fields__, 0)
         self._down_until = 0.0
         self._last_log = 0.0
 
     # -- bookkeeping ----------------------------------------------------------------------------
-    def _count(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[name] += amount
-
-    def stats(self) -> SharedCacheStats:
-        with self._lock:
-            return SharedCacheStats(**self._counts)
-
     @property
     def available(self) -> bool:
         """False while the tier rests after a fault (calls then fall back without trying)."""
@@ -134,14 +164,6 @@ class RedisCache:
             self._count("hits")
         return found
 
-    def encode(self, value) -> bytes | None:
-        """`value` as stored bytes; None (counted) for a type no shared tier can hold."""
-        try:
-            return dumps(value, bfloat16=self.bfloat16)
-        except SerializationError:
-            self._count("unserializable")
-            return None
-
     def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         """{key: (value, its stored bytes)} for the keys the server holds (one round trip)."""
         if not keys or self._skip():
@@ -152,14 +174,6 @@ class RedisCache:
             self._fault(exc, "read")
             return {}
         return self._decode_values(keys, raw)
-
-    def get_many(self, keys: list[str]) -> dict:
-        """{key: value} for the keys the server holds (one round trip)."""
-        return {key: value for key, (value, _) in self.read_many(keys).items()}
-
-    def put(self, key: str, value) -> bool:
-        data = self.encode(value)
-        return data is not None and self.put_encoded(key, data)
 
     def put_encoded(self, key: str, data: bytes) -> bool:
         """Stores `serialize.dumps` bytes with the TTL; False when over `max_entry_bytes` or the

@@ -223,14 +223,7 @@ def check_sample_tables(data, limits: Limits) -> int:
     for track in tracks:
         if track.handler != b"vide":
             continue
-        if track.samples > limits.max_video_frames:
-            raise MediaTooLargeError(f"the video track declares {track.samples} frames, over Limits.max_video_frames "
-                                     f"({limits.max_video_frames}): send a shorter clip, or raise the limit",
-                                     modality="video")
-        if track.seconds > limits.max_video_seconds:
-            raise MediaTooLargeError(f"the video track declares {track.seconds:.0f} s, over Limits.max_video_seconds "
-                                     f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
-                                     modality="video")
+        check_length(track.samples, track.seconds, limits, "the video track declares")
     entries = sum(track.index_entries() for track in tracks) + fragments.samples
     index_bytes = entries * _INDEX_BYTES_PER_SAMPLE
     limits.check_decoded(0, "video", f"a container index of {entries} samples", index_bytes)
@@ -273,20 +266,24 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
     return header
 
 
+def check_length(frames: int, seconds: float, limits: Limits, what: str) -> None:
+    """Refuses (413) a clip longer than the limits allow, in frames or in seconds."""
+    if frames > limits.max_video_frames:
+        raise MediaTooLargeError(f"{what} {frames} frames, over Limits.max_video_frames ({limits.max_video_frames}): "
+                                 "send a shorter clip, or raise the limit", modality="video")
+    if seconds > limits.max_video_seconds:
+        raise MediaTooLargeError(f"{what} {seconds:.0f} s, over Limits.max_video_seconds "
+                                 f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
+                                 modality="video")
+
+
 def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_bytes: int) -> None:
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
         raise MediaTooLargeError(f"frames of (height, width)=({header.height}, {header.width}) are over "
                                  f"Limits.max_pixels ({limits.max_pixels}): send a smaller video, or raise the limit",
                                  modality="video")
-    if header.duration > limits.max_video_seconds:
-        raise MediaTooLargeError(f"a {header.duration:.0f} s video is over Limits.max_video_seconds "
-                                 f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
-                                 modality="video")
-    if header.total_frames > limits.max_video_frames:
-        raise MediaTooLargeError(f"{header.total_frames} frames are over Limits.max_video_frames "
-                                 f"({limits.max_video_frames}): send a shorter clip, or raise the limit",
-                                 modality="video")
+    check_length(header.total_frames, header.duration, limits, "the video has")
     count = len(sample_indices(sampling_source(header), spec))
     height, width = spec.size or (header.height, header.width)
     limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}",
