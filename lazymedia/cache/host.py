@@ -76,6 +76,8 @@ class HostCache(ValueStore):
     """A shared tier for the processes of one host. `path`: a folder, on a tmpfs for speed
     (/dev/shm); every process that opens the same folder shares the store."""
 
+    poll_s = (0.001, 0.02)  # a local store: polling it is cheap
+
     def __init__(self, path: str = "/dev/shm/lazymedia-cache", capacity_bytes: int = 4 << 30, *,
                  namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
@@ -293,21 +295,6 @@ class HostCache(ValueStore):
             self._fault(exc)
             return "free", None
 
-    def wait_for(self, key: str) -> tuple[bool, object]:
-        """Polls (1 ms doubling to 20 ms) until the value appears, or the lease is gone without
-        one, or `wait_s` passes: (found, value). Not found means: decode it yourself."""
-        self._count("lease_waits")
-        deadline = time.monotonic() + self.wait_s
-        delay = 0.001
-        while time.monotonic() < deadline:
-            state, value = self.probe(key)
-            if state != "leased":
-                return state == "found", value
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-        self._count("lease_timeouts")
-        return False, None
-
     # -- asyncio twins: the store is local, so its calls run on a thread, off the event loop --------
     async def aget_many(self, keys: list[str]) -> dict:
         return await asyncio.to_thread(self.get_many, keys)
@@ -323,16 +310,3 @@ class HostCache(ValueStore):
 
     async def arelease(self, key: str, token: str) -> None:
         await asyncio.to_thread(self.release, key, token)
-
-    async def await_for(self, key: str) -> tuple[bool, object]:
-        self._count("lease_waits")
-        deadline = time.monotonic() + self.wait_s
-        delay = 0.001
-        while time.monotonic() < deadline:
-            state, value = await self.aprobe(key)
-            if state != "leased":
-                return state == "found", value
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.02)
-        self._count("lease_timeouts")
-        return False, None

@@ -48,7 +48,12 @@ class SharedCacheStats:
 
 class ValueStore:
     """What the shared tiers (RedisCache, HostCache) do alike: count what happens, encode a value
-    once, and get or put values through their own `read_many` / `put_encoded`."""
+    once, get or put values through their own `read_many` / `put_encoded`, and wait for another
+    process's lease by polling their own `probe` with back-off (`poll_s`: first and longest
+    delay)."""
+
+    poll_s: tuple[float, float] = (0.002, 0.05)
+    wait_s: float
 
     def __init__(self, bfloat16: bool):
         self.bfloat16 = bfloat16
@@ -84,6 +89,45 @@ class ValueStore:
     def put(self, key: str, value) -> bool:
         data = self.encode(value)
         return data is not None and self.put_encoded(key, data)
+
+    @property
+    def available(self) -> bool:
+        """False while the tier rests after a fault (waits then end at once)."""
+        return True
+
+    def probe(self, key: str) -> tuple[str, Any]:
+        raise NotImplementedError
+
+    async def aprobe(self, key: str) -> tuple[str, Any]:
+        raise NotImplementedError
+
+    def wait_for(self, key: str) -> tuple[bool, object]:
+        """Polls until the value appears, or the lease is gone without one, or `wait_s` passes:
+        (found, value). Not found means: decode it yourself."""
+        self._count("lease_waits")
+        deadline = time.monotonic() + self.wait_s
+        delay, longest = self.poll_s
+        while time.monotonic() < deadline and self.available:
+            state, value = self.probe(key)
+            if state != "leased":
+                return state == "found", value
+            time.sleep(delay)
+            delay = min(delay * 2, longest)
+        self._count("lease_timeouts")
+        return False, None
+
+    async def await_for(self, key: str) -> tuple[bool, object]:
+        self._count("lease_waits")
+        deadline = time.monotonic() + self.wait_s
+        delay, longest = self.poll_s
+        while time.monotonic() < deadline and self.available:
+            state, value = await self.aprobe(key)
+            if state != "leased":
+                return state == "found", value
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+        self._count("lease_timeouts")
+        return False, None
 
 
 class RedisCache(ValueStore):
@@ -226,21 +270,6 @@ class RedisCache(ValueStore):
         except self._errors as exc:
             self._fault(exc, "lease release")
 
-    def wait_for(self, key: str) -> tuple[bool, object]:
-        """Polls (2 ms doubling to 50 ms) until the value appears, or the lease is gone without
-        one, or `wait_s` passes: (found, value). Not found means: decode it yourself."""
-        self._count("lease_waits")
-        deadline = time.monotonic() + self.wait_s
-        delay = 0.002
-        while time.monotonic() < deadline and self.available:
-            state, value = self.probe(key)
-            if state != "leased":
-                return state == "found", value
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        self._count("lease_timeouts")
-        return False, None
-
     def probe(self, key: str) -> tuple[str, Any]:
         """One poll of `key` (one round trip): ("found", value), ("leased", None) while another
         process holds its lease, or ("free", None) (also when the server is unavailable)."""
@@ -309,19 +338,6 @@ class RedisCache(ValueStore):
             await self._async_client().eval(_RELEASE, 1, self.prefix + key + ":lease", token)
         except self._errors as exc:
             self._fault(exc, "lease release")
-
-    async def await_for(self, key: str) -> tuple[bool, object]:
-        self._count("lease_waits")
-        deadline = time.monotonic() + self.wait_s
-        delay = 0.002
-        while time.monotonic() < deadline and self.available:
-            state, value = await self.aprobe(key)
-            if state != "leased":
-                return state == "found", value
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        self._count("lease_timeouts")
-        return False, None
 
     async def aprobe(self, key: str) -> tuple[str, Any]:
         if self._skip():
