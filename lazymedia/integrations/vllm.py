@@ -33,10 +33,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
-import yarl
 
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, UnprocessableMediaError
+from ..guard import read_http_url
 from ..media import LazyMedia, VideoFrames, from_base64, image_to_pil, load
 from ..spec import DEFAULT_LIMITS, Limits
 
@@ -135,9 +135,9 @@ def _authority_host(url: str) -> str:
     read differently (a backslash before '@', a host yarl and urllib disagree on) is refused:
     no allow-list can judge a host that depends on who reads it."""
     try:
-        client_host = (yarl.URL(url).host or "").lower().rstrip(".")
+        client_host = (read_http_url(url).host or "").lower().rstrip(".")
         other = (urlsplit(url).hostname or "").lower().rstrip(".")
-    except ValueError as exc:
+    except ValueError as exc:  # InvalidMediaError from the client's reading, or urllib's
         raise InvalidMediaError(f"refused a URL whose host is ambiguous, so not checkable against the allowed "
                                 f"domains: {exc}") from None
     if other.isascii() and client_host != other.strip("[]"):
