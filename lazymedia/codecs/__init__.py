@@ -23,6 +23,7 @@ from ..errors import MediaCapacityError
 from ..lru import LruCache
 from ..spec import DEFAULT_LIMITS, Limits, Spec, spec_type
 
+
 class Codec(Protocol):
     """What the handle and the engine call on a codec module. `spec` and `header` are the
     modality's own (ImageSpec and ImageHeader, ...); results are a tensor, VideoFrames or
