@@ -1,4 +1,5 @@
-"""The contract between the decode engine and what it decodes.
+"""The contract between the decode engine and what it decodes, and the CPU fallback the batch
+decoders share (`decode_on_host`, `fallback_log`).
 
 The engine and its batch decoders see a handle only through `DecodeItem` (LazyMedia implements
 it), and the engine sees a batch decoder only through `BatchDecoder`. Neither side reads the
