@@ -92,6 +92,7 @@ class ImageHeader:
 # every component at full resolution).
 _COMPONENT_PLANES = {"gray": 1, "444": 3, "422": 2, "440": 2, "420": 1.5, "411": 1.5, "410": 1.25}
 
+
 class TensorResult(ABC):
     """A decoded result that carries its media as one tensor beside plain fields (`VideoFrames`,
     `AudioSamples`): the engine places, ships and copies that tensor through `tensor` and

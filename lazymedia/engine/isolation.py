@@ -55,8 +55,8 @@ SHARED_MIN_BYTES = 1 << 20
 
 
 # A worker's reply carries (_SHARED, file name, the result) where its tensor was written to the
-# pool's folder, the result holding a one-element stand-in of the tensor's shape and dtype: plain
-# values, since the worker runs this module as __main__.
+# pool's folder, the result holding a one-element stand-in of the tensor's shape and dtype. The
+# marker is a string, not a class of this module, since the worker runs this module as __main__.
 _SHARED = "lazymedia.engine.isolation/shared-tensor"
 
 
