@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 FALLBACK_HISTORY = 256  # fallback reasons a GPU decoder keeps
@@ -88,6 +88,13 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
         value = decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
     except Exception as exc:
         return exc
+    return place(value, device, pinned)
+
+
+def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
+    """A decoded image tensor or VideoFrames with its pixels copied into a buffer of `pinned`
+    (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
+    handle may hold it)."""
     if pinned is None and device is None:
         return value
     tensor = value.frames if hasattr(value, "frames") else value
@@ -98,8 +105,7 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
         placed = tensor.to(device)
     if tensor is value:
         return placed
-    value.frames = placed
-    return value
+    return replace(value, frames=placed)
 
 
 def fallback_log() -> collections.deque[str]:
