@@ -64,6 +64,8 @@ class DecodeEngine:
         # The most recent batch sizes each decoder received, for stats, benchmarks and tests.
         self.batch_sizes: dict[str, collections.deque[int]] = {
             d.name: collections.deque(maxlen=BATCH_HISTORY) for d in self.batch_decoders}
+        # Every item each decoder was handed (its own `decoded` counts those its GPU path took).
+        self.batched_items: dict[str, int] = {d.name: 0 for d in self.batch_decoders}
         self._queues: dict[str, queue.SimpleQueue] = {d.name: queue.SimpleQueue() for d in self.batch_decoders}
         self._batchers: dict[str, threading.Thread] = {}
         self._closed = False
@@ -190,6 +192,7 @@ class DecodeEngine:
             live = [(item, future) for item, future in batch if future.set_running_or_notify_cancel()]
             if live:
                 self.batch_sizes[decoder.name].append(len(live))
+                self.batched_items[decoder.name] += len(live)
                 self._pool.submit(self._decode_batch, decoder, live)
 
     def _decode_batch(self, decoder: BatchDecoder, batch) -> None:
