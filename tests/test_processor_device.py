@@ -156,28 +156,3 @@ def test_one_engine_per_device_without_gpu_decoders_here():
     assert engine is device_engine("meta") and engine.device == META
     assert [d.name for d in engine.batch_decoders] == []  # no CUDA here: everything decodes on the CPU
 
-
-def test_the_device_scenarios_miss_where_they_should():
-    from lazymedia.benchmarking import serving
-
-    names = serving.media_names("mixed", 20)
-    misses = [name for name in names if name.startswith("m")]
-    assert len(misses) == 6 and len(set(misses)) == 6  # 30 % misses, each new
-    assert set(names) - set(misses) <= set(serving.warm_names("mixed"))  # the 70 % hit the warmed pool
-    assert len(set(serving.media_names("video_unique", 12))) == 12 == len(set(serving.media_names("unique_4k", 12)))
-    clip = synthetic.video(frames=20)
-    tagged = [serving.with_free_box(clip, i) for i in range(2)]
-    handles = [lazymedia.load_video(data, num_frames=4) for data in tagged]
-    assert handles[0].key != handles[1].key  # new bytes, a new key: a miss
-    assert torch.equal(handles[0].decode().frames, lazymedia.load_video(clip, num_frames=4).decode().frames)
-
-
-def test_device_modes_say_why_they_did_not_run():
-    from lazymedia.benchmarking import serving
-
-    fast = serving.HfProcessor(None, None, "fast", "")
-    slow = serving.HfProcessor(None, None, "pil", "torchvision cannot be imported")
-    assert serving.device_modes("cpu", fast) == {"eager": "", "eager_gpu": "--device cpu", "lazy": "",
-                                                 "lazy_gpu": "--device cpu"}
-    assert serving.device_modes("cuda", slow)["lazy_gpu"] == "torchvision cannot be imported"
-    assert serving.device_modes("cuda", fast) == dict.fromkeys(serving.MODES, "")

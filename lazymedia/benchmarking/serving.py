@@ -67,6 +67,10 @@ UNIQUE_CLIPS = 8
 PIXEL_TOLERANCE = 2 / (255 * 0.26130258)
 MIN_DECODE_PSNR = 40.0
 MODES = ("eager", "eager_gpu", "lazy", "lazy_gpu")
+# Issue 32's goals for lazy_gpu against vLLM's CPU path: the miss scenarios' targets, and for the
+# hit scenarios the ratios lazymedia's CPU path reached on an H200 (no worse than those).
+GOALS = {"unique_720p": 3.0, "unique_4k": 5.0, "video_unique": 4.0, "pool_720p": 2.71, "pool_4k": 4.76,
+         "video_pool": 5.02}
 
 
 @dataclass
@@ -521,6 +525,28 @@ def print_table(report: dict) -> None:
                       f"{check['psnr_db']:.1f} dB (>= {MIN_DECODE_PSNR:.0f}), "
                       f"grid identical {check['grid_identical']}, "
                       f"max |pixel_values GPU - CPU| {check['max_pixel_diff']:.4f} (<= {check['tolerance']:.4f})")
+    for line in verdicts(report):
+        print(line)
+
+
+def verdicts(report: dict) -> list[str]:
+    """One line per scenario with a goal, for lazy_gpu's ratio to vLLM's CPU path, and one for
+    the device's memory and failures (empty without lazy_gpu)."""
+    lines = []
+    for scenario, figures in report["results"].items():
+        gpu = figures.get("lazy_gpu")
+        if gpu is None:
+            continue
+        if scenario in GOALS:
+            goal = GOALS[scenario]
+            lines.append(f"verdict {scenario}: lazy_gpu {gpu['speedup']:.2f}x vLLM 0.33's CPU path, goal >= {goal}x: "
+                         f"{'PASS' if gpu['speedup'] >= goal else 'FAIL'}")
+        budget = gpu["device_budget"]
+        within = budget["peak_bytes"] <= budget["cap_bytes"] and gpu["failed"] == 0
+        lines.append(f"verdict {scenario}: reserved peak {budget['peak_bytes'] >> 20} MiB <= cap "
+                     f"{budget['cap_bytes'] >> 20} MiB, {gpu['failed']} failed, "
+                     f"{sum(gpu['gpu_fallbacks'].values())} CPU fallbacks counted: {'PASS' if within else 'FAIL'}")
+    return lines
 
 
 def write_chart(report: dict, path: str) -> bool:
