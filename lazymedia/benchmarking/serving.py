@@ -173,9 +173,10 @@ def build_media(scenarios: list[str], requests: int, quick: bool = False) -> dic
         unique_variants(synthetic.photo(720, 1280, seed=99), requests, "m", media)
     if "video_unique" in scenarios:
         seconds = 4 if quick else 10
-        clips = [encode_video(seconds, *((720, 1280) if i % 2 == 0 else (1080, 1920))) for i in range(UNIQUE_CLIPS)]
+        clips = [encode_video(seconds, *((720, 1280) if i % 2 == 0 else (1080, 1920)))
+                 for i in range(min(UNIQUE_CLIPS, requests))]
         for i in range(requests):
-            media[f"w{i}.mp4"] = with_free_box(clips[i % UNIQUE_CLIPS], i)
+            media[f"w{i}.mp4"] = with_free_box(clips[i % len(clips)], i)
     if "video_pool" in scenarios:
         for i in range(VIDEOS):
             media[f"v{i}.mp4"] = encode_video(2 + i * 0.5, 360, 640)  # distinct lengths, distinct bytes
