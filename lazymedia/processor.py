@@ -454,7 +454,7 @@ class Processor:
         (asynchronously, one wait for them all): what the cache keeps and callers get."""
         import torch
 
-        device = torch.device(self.engine.device)
+        device = self.engine.device
         copies = [_copy_tensors(output, device, self._host_buffers) for output in outputs]
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()

@@ -19,11 +19,19 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from ..errors import MediaError
 from ..profiling import nvtx_range
 from ..singletons import process_wide
-from .placement import BYTES_PER_DECODED_BYTE, DEFAULT_DEVICE_CAP_BYTES, DeviceBudget, Placement, decoded_nbytes
+from .placement import (
+    BYTES_PER_DECODED_BYTE,
+    DEFAULT_DEVICE_CAP_BYTES,
+    DeviceBudget,
+    Placement,
+    decoded_nbytes,
+    normalize_device,
+)
 from .protocol import BatchDecoder, DecodeItem, place
 
 # Batch sizes kept per decoder, for stats and benchmarks (older ones are dropped).
@@ -69,7 +77,7 @@ class DecodeEngine:
         self._queues: dict[str, queue.SimpleQueue] = {d.name: queue.SimpleQueue() for d in self.batch_decoders}
         self._batchers: dict[str, threading.Thread] = {}
         self._closed = False
-        self.device = device
+        self.device: Any = normalize_device(device) if device is not None else None  # a torch.device
         self.device_budget = DeviceBudget(device_cap_bytes) if device is not None else None
 
     @property
@@ -245,11 +253,7 @@ def device_engine(device="cuda", device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTE
     """The process-wide engine for `device` (one per device: one nvJPEG handle, one NVDEC
     decoder): nvJPEG into device tensors and NVDEC where this process can run them, the CPU
     for the rest (moved to the device); the cap of its first call holds."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = normalize_device(device)
     with _DEVICE_ENGINES_LOCK:
         engine = _DEVICE_ENGINES.get(str(device))
         if engine is None:

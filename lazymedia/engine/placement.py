@@ -23,6 +23,17 @@ BYTES_PER_DECODED_BYTE = 16
 DEFAULT_DEVICE_CAP_BYTES = 8 << 30  # 8 GiB: 0.06 of an H200, ~150 4K images in flight
 
 
+def normalize_device(device: Any) -> Any:
+    """`device` as a torch.device, a CUDA one with its index (the current device's where none is
+    given), so that tensors' devices compare equal to it."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def decoded_nbytes(item: Any) -> int | None:
     """Bytes an image's or video's decode will take, from its header and spec (no decode);
     None for what never goes to a device (audio, a derived handle, an unknown modality)."""
