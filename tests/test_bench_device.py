@@ -56,5 +56,8 @@ def test_the_table_names_its_baseline_and_prints_checks_and_verdicts(capsys):
     assert "lazymedia's re-implementation of vLLM 0.33's media path" in out and "benchmarks/parity_vllm.py" in out
     assert "verdict unique_4k: lazy_gpu 5.50x vLLM 0.33's CPU path, goal >= 5.0x: PASS" in out
     assert "verdict unique_720p: lazy_gpu 2.00x vLLM 0.33's CPU path, goal >= 3.0x: FAIL" in out
-    assert "verdict unique_720p: reserved peak 9 MiB <= cap 8 MiB, 1 failed, 1 CPU fallbacks counted: FAIL" in out
+    assert "verdict unique_720p: reserved peak 9 MiB, allocator peak 5 MiB <= cap 8 MiB, 1 failed, " \
+           "1 CPU fallbacks counted: FAIL" in out
+    assert "verdict unique_4k: reserved peak 6 MiB, allocator peak 5 MiB <= cap 8 MiB, 0 failed, " \
+           "1 CPU fallbacks counted: PASS" in out
     assert "device check: PASS decode nvjpeg 47.5 dB" in out and "device check: FAIL" in out
