@@ -1,6 +1,7 @@
 """`lazymedia bench --device`'s pieces without a GPU: the device scenarios' requests miss and hit
 as they should, the modes say why they did not run, and the table names its baseline as
 lazymedia's re-implementation of vLLM's path and prints the device checks and verdicts."""
+import pytest
 import torch
 
 import lazymedia
@@ -61,3 +62,25 @@ def test_the_table_names_its_baseline_and_prints_checks_and_verdicts(capsys):
     assert "verdict unique_4k: reserved peak 6 MiB, allocator peak 5 MiB <= cap 8 MiB, 0 failed, " \
            "1 CPU fallbacks counted: PASS" in out
     assert "device check: PASS decode nvjpeg 47.5 dB" in out and "device check: FAIL" in out
+
+
+def test_the_device_check_runs_end_to_end_and_bites():
+    """On the CPU the "device" path is the CPU path: the check passes; a processor whose device run
+    moves pixel_values by more than the tolerance fails it."""
+    pytest.importorskip("transformers")
+    hf = serving.HfProcessor.create()
+    image, clip = synthetic.jpeg(120, 160), synthetic.video(frames=40)
+    for data, video in ((image, False), (clip, True)):
+        check = serving.device_check(hf, data, video, "cpu")
+        assert check["ok"] and check["psnr_db"] == float("inf") and check["grid_identical"]
+
+    class Shifted(serving.HfProcessor):
+        def __call__(self, item, video, device=None):
+            out = super().__call__(item, video, device)
+            if device is not None:
+                out = {name: value + 2 * serving.PIXEL_TOLERANCE if name.startswith("pixel_values") else value
+                       for name, value in out.items()}
+            return out
+
+    shifted = serving.device_check(Shifted(hf.image, hf.video, hf.name, hf.note), image, False, "cpu")
+    assert not shifted["ok"] and shifted["grid_identical"] and shifted["max_pixel_diff"] > serving.PIXEL_TOLERANCE
