@@ -84,3 +84,16 @@ def test_the_device_check_runs_end_to_end_and_bites():
 
     shifted = serving.device_check(Shifted(hf.image, hf.video, hf.name, hf.note), image, False, "cpu")
     assert not shifted["ok"] and shifted["grid_identical"] and shifted["max_pixel_diff"] > serving.PIXEL_TOLERANCE
+
+
+def test_the_device_defaults_to_cuda_only_where_its_decoders_work(monkeypatch):
+    from lazymedia import bench, engine
+    from lazymedia.engine import BackendStatus
+
+    def statuses(nvdec: bool):
+        return lambda: [BackendStatus("nvjpeg", "image", True, "H200"), BackendStatus("nvdec", "video", nvdec, "x")]
+
+    monkeypatch.setattr(engine, "backends", statuses(True))
+    assert bench.resolve_device("auto") == "cuda" and bench.resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(engine, "backends", statuses(False))
+    assert bench.resolve_device("auto") == "cpu" and bench.resolve_device("cuda") == "cuda"
