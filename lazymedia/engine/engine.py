@@ -90,15 +90,11 @@ class DecodeEngine:
         """Where a miss of `item` decodes and is processed: on this engine's device, holding
         its estimated bytes of the device budget until `unplace`, or on the CPU (no device,
         a modality that stays on the CPU, or the cap is full: never a wait)."""
-        if self.device_budget is None:
-            return Placement(None, 0, "the engine has no device")
-        nbytes = decoded_nbytes(item)
-        if nbytes is None:
-            return Placement(None, 0, f"{item.modality} is processed on the CPU")
-        reserved = nbytes * bytes_per_decoded_byte
-        if not self.device_budget.reserve(reserved):
-            return Placement(None, 0, "the device cap is full")
-        return Placement(self.device, reserved, "device")
+        budget = self.device_budget
+        nbytes = decoded_nbytes(item) if budget is not None else None
+        if budget is None or nbytes is None or not budget.reserve(nbytes * bytes_per_decoded_byte):
+            return Placement(None, 0)
+        return Placement(self.device, nbytes * bytes_per_decoded_byte)
 
     def unplace(self, placement: Placement) -> None:
         """Gives back what `place` reserved (the miss's processing has ended)."""
