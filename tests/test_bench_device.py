@@ -33,7 +33,8 @@ def test_device_modes_say_why_they_did_not_run():
 
 def gpu_figures(speedup: float, peak: int, failed: int = 0) -> dict:
     run = {"req_per_s": 10.0 * speedup, "mean_ms": 1.0, "p50_ms": 1.0, "p99_ms": 2.0, "cpu_ms_per_request": 1.0,
-           "processed": 4, "failed": failed, "speedup": speedup}
+           "processed": 4, "failed": failed, "first_error": "U3.jpg: RuntimeError: boom" if failed else "",
+           "speedup": speedup}
     return {**run, "gpu_decodes": {"nvjpeg": 3}, "gpu_fallbacks": {"nvjpeg": 1}, "gpu_peak_bytes": 5 << 20,
             "device_budget": {"cap_bytes": 8 << 20, "held_bytes": 0, "peak_bytes": peak, "placed": 3,
                               "overflowed": 1}}
@@ -62,6 +63,7 @@ def test_the_table_names_its_baseline_and_prints_checks_and_verdicts(capsys):
     assert "verdict unique_4k: reserved peak 6 MiB, allocator peak 5 MiB <= cap 8 MiB, 0 failed, " \
            "1 CPU fallbacks counted: PASS" in out
     assert "device check: PASS decode nvjpeg 47.5 dB" in out and "device check: FAIL" in out
+    assert "unique_720p  lazy_gpu: 1 failed, first U3.jpg: RuntimeError: boom" in out
 
 
 def test_the_device_check_runs_end_to_end_and_bites():

@@ -355,16 +355,15 @@ async def drive(frontend, base: str, names: list[str], concurrency: int, warm: l
     semaphore = asyncio.Semaphore(concurrency)
     latencies = []
     kept: dict[int, dict] = {}
-    failed = 0
+    errors: list[str] = []
 
     async def one(index: int, name: str):
-        nonlocal failed
         async with semaphore:
             start = time.perf_counter()
             try:
                 output = await frontend.request(f"{base}/m/{name}", name)
-            except Exception:  # counted: the table says how many failed
-                failed += 1
+            except Exception as exc:  # counted, the first one named: the table says how many failed
+                errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 return
             latencies.append(time.perf_counter() - start)
             if index in (0, len(names) - 1):
@@ -377,7 +376,9 @@ async def drive(frontend, base: str, names: list[str], concurrency: int, warm: l
     await asyncio.gather(*[one(i, name) for i, name in enumerate(names)])
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     latencies = sorted(latencies) or [float("nan")]  # nan: every request failed
-    figures = {"requests": len(names), "failed": failed, "wall_s": wall, "req_per_s": (len(names) - failed) / wall,
+    failed = len(errors)
+    figures = {"requests": len(names), "failed": failed, "first_error": errors[0] if errors else "",
+               "wall_s": wall, "req_per_s": (len(names) - failed) / wall,
                "mean_ms": statistics.fmean(latencies) * 1e3, "p50_ms": latencies[len(latencies) // 2] * 1e3,
                "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
                "cpu_ms_per_request": cpu / len(names) * 1e3, "processed": frontend.processed - processed_before}
@@ -518,6 +519,8 @@ def print_table(report: dict) -> None:
             print(f"{scenario:12s} {mode:9s} {r['req_per_s']:8.1f} {r['mean_ms']:9.1f} {r['p50_ms']:8.1f} "
                   f"{r['p99_ms']:8.1f} {r['cpu_ms_per_request']:10.2f} {r['processed']:9d} {r['failed']:6d} "
                   f"{r['speedup']:7.2f}x")
+        for mode in (m for m in MODES if m in figures and figures[m]["failed"]):
+            print(f"{scenario:12s} {mode}: {figures[mode]['failed']} failed, first {figures[mode]['first_error']}")
         if not figures["identical_outputs"]:
             print(f"{scenario:12s} OUTPUTS DIFFER between eager and lazy")
         gpu = figures.get("lazy_gpu")
