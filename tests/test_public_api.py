@@ -41,7 +41,8 @@ SIGNATURES = {
     "load_video": (["data"], ["num_frames", "fps", "max_frames", "max_duration", "sampler", "size", "decoder",
                               "limits", "key", "item_id"]),
     "load_audio": (["data"], ["sample_rate", "mono", "limits", "key", "item_id"]),
-    "Processor": (["process_fn"], ["cache", "engine", "namespace", "process_workers"]),
+    "Processor": (["process_fn"], ["cache", "engine", "namespace", "process_workers", "device", "keep_on_device",
+                                   "bytes_per_decoded_byte"]),
 }
 
 LOADER_SPECS = {"load_image": lazymedia.ImageSpec, "load_video": lazymedia.VideoSpec,

@@ -84,12 +84,20 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
     result's `tensor`) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
     `device`."""
     from ..codecs import decode
-    from ..codecs.types import TensorResult
 
     try:
         value = decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
     except Exception as exc:
         return exc
+    return place(value, device, pinned)
+
+
+def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
+    """A decoded image tensor or VideoFrames with its pixels copied into a buffer of `pinned`
+    (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
+    handle may hold it)."""
+    from ..codecs.types import TensorResult
+
     if pinned is None and device is None:
         return value
     tensor = value.tensor if isinstance(value, TensorResult) else value
