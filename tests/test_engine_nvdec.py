@@ -321,7 +321,7 @@ def test_one_decoder_reused_across_sizes_and_a_crop_only_change(video_codec):
     assert backend.decoded == 3 and not backend.fallbacks
     assert backend.decoders_created == 1 and backend.clips_on_reused_decoders == 2
     (big,) = backend.decode_batch([lazymedia.load_video(clip(1200, 1280, frames=3), num_frames=2)])
-    assert backend.decoders_created == 2 and FFmpegNvDecoder.created[-1][1:] == (1920, 1200)  # larger: a new one
+    assert backend.decoders_created == 2 and FFmpegNvDecoder.created[-1][1:] == (1920, 1216)  # larger: new, whole CTBs
 
 
 def test_a_failing_clip_leaves_the_pool_usable(video_codec):
@@ -370,13 +370,17 @@ def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
 
     def caps(gpuid, codec):
         asked.append(codec)
+        if codec == "av1":
+            raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED")
         return {"supported": 1, "width_max": 4096, "height_max": 4096, "mb_num_max": 65536,
                 "num_decoder_engines": 7}
 
     video_codec.GetDecoderCaps = caps
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
     assert sorted(asked) == sorted(vars(CODECS).values()) and backend.sessions == 7
-    assert backend.caps_note == "cuvidGetDecoderCaps"
+    assert "av1" not in backend.caps and backend.caps["hevc"].max_width == 4096
+    assert backend.caps_note.startswith("cuvidGetDecoderCaps, failed for av1: RuntimeError")
+    assert not nvdec.route(header("av1"), (9, 0), backend.caps).gpu  # the generation decides for AV1
     data = clip(64, 4112, frames=2, photo=False)
     (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=2)])
     assert "over this NVDEC's h264 limit" in backend.fallbacks[-1] and not FFmpegNvDecoder.created

@@ -60,6 +60,7 @@ _H264_MAX_SIDE, _H264_MAX_MBS = 4096, 65536
 MAX_SESSIONS = 7
 # The smallest maximum size a decoder is created with: clips up to 1080p then reuse it.
 _MIN_DECODER_SIZE = (1920, 1088)
+_CODED_ALIGN = 64  # the largest coding block (HEVC CTB): a coded size never exceeds the display size so rounded
 
 
 @dataclass(frozen=True)
@@ -146,16 +147,18 @@ class NvdecBatchDecoder:
         query = getattr(self._nvc, "GetDecoderCaps", None)
         if query is None:
             return {}, "PyNvVideoCodec has no GetDecoderCaps: limits from the GPU generation"
-        found = {}
-        try:
-            for codec, member in _CUDA_CODECS.items():
+        found, failed = {}, []
+        for codec, member in _CUDA_CODECS.items():
+            try:
                 reply = query(gpuid=self.device.index or 0, codec=getattr(self._nvc.cudaVideoCodec, member))
                 found[codec] = Caps(bool(reply["supported"]), int(reply["width_max"]), int(reply["height_max"]),
                                     int(reply["mb_num_max"]), int(reply.get("num_decoder_engines", 0)))
-        except Exception as exc:  # a driver without the query: the generation's limits decide
-            log.warning("cuvidGetDecoderCaps failed (%s: %s); NVDEC limits from the GPU generation",
-                        type(exc).__name__, exc)
-            return {}, f"cuvidGetDecoderCaps failed: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # that codec's limits then come from the GPU generation
+                failed.append(f"{codec}: {type(exc).__name__}: {exc}")
+        if failed:
+            log.warning("cuvidGetDecoderCaps failed for %s; their NVDEC limits come from the GPU generation",
+                        "; ".join(failed))
+            return found, "cuvidGetDecoderCaps, failed for " + "; ".join(failed)
         return found, "cuvidGetDecoderCaps"
 
     def accepts(self, item: DecodeItem) -> bool:
@@ -201,7 +204,9 @@ class NvdecBatchDecoder:
             with self._count_lock:
                 self.clips_on_reused_decoders += 1
             return held[0]
-        max_width, max_height = max(width, _MIN_DECODER_SIZE[0]), max(height, _MIN_DECODER_SIZE[1])
+        # NVDEC compares the coded size (whole macroblocks / coding blocks) with the maximum
+        max_width = max(-(-width // _CODED_ALIGN) * _CODED_ALIGN, _MIN_DECODER_SIZE[0])
+        max_height = max(-(-height // _CODED_ALIGN) * _CODED_ALIGN, _MIN_DECODER_SIZE[1])
         session.decoders.pop(codec, None)  # a smaller one is released first
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         nvc = self._nvc
@@ -270,7 +275,7 @@ class NvdecBatchDecoder:
                 self.packets_fed += run.last + 1 - run.first
             flush = nvc.PacketData()  # no data: CUVID_PKT_ENDOFSTREAM, the decoder presents what it holds
             flush.bsl_data, flush.bsl = 0, 0
-            flush.decode_flag = int(nvc.VideoPacketFlag.ENDOFSTREAM)
+            flush.decode_flag = nvc.VideoPacketFlag.ENDOFSTREAM
             self._take(decoder.Decode(flush), run, header, out, slots, returned)
 
     def _take(self, decoded, run: video_packets.Run, header, out: torch.Tensor, slots: dict[int, int],
