@@ -229,7 +229,7 @@ class FFmpegNvDecoder:
             frames = self.context.decode(None)
             self.context = av.CodecContext.create(self.codec, "r")  # NVDEC's parser restarts after the flush
         else:
-            assert not packet.bDiscontinuity or ctypes.string_at(packet.bsl_data, 5) == b"\x00\x00\x00\x01\x67"
+            assert not packet.bDiscontinuity or ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
             fed = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
             fed.pts = packet.pts
             frames = self.context.decode(fed)
@@ -289,6 +289,19 @@ def test_nvdec_frames_are_the_cpu_paths_frames(video_codec, name):
     assert backend.decoded == 2 and not backend.fallbacks
     if name == "edit list":  # the pre-roll came out of the decoder, and was dropped by its PTS
         assert -1024 in FFmpegNvDecoder.returned and -1024 not in frames.info["pts"]
+
+
+def test_hevc_from_hvcc_extradata(video_codec):
+    data = synthetic.video(frames=16, codec="libx265", gop=8)
+    with av.open(io.BytesIO(data)) as container:
+        extradata = container.streams.video[0].codec_context.extradata
+    length_size, prefix = video_packets.parameter_sets("hevc", extradata)
+    types_ = [unit[0] >> 1 & 63 for unit in prefix.split(b"\x00\x00\x00\x01")[1:]]
+    assert length_size == 4 and types_[:3] == [32, 33, 34]  # VPS, SPS, PPS (x265 adds an SEI)
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=5)])
+    assert_matches_cpu(frames, data, 5)
+    assert backend.decoded == 1 and not backend.fallbacks
 
 
 def test_only_the_runs_to_the_sampled_frames_are_decoded(video_codec):
