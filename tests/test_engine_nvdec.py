@@ -136,15 +136,54 @@ def packets(data: bytes) -> list:
         return [(p.pts, p.is_keyframe, p.is_discard) for p in container.demux(video=0) if p.size]
 
 
-# (name, clip, what makes it hard: checked on its packets so the clip cannot quietly lose it)
+def resized_midway(frames: int = 8) -> bytes:
+    """An MP4 whose second half is another encode at another size (its SPS in-band, at every
+    keyframe): one stream, one sample description, two frame sizes."""
+    packets_, contexts = [], []
+    for part, (width, height) in enumerate(((160, 96), (128, 80))):
+        context = av.CodecContext.create("libx264", "w")
+        context.width, context.height, context.pix_fmt = width, height, "yuv420p"
+        context.time_base, context.gop_size = Fraction(1, 30), 4
+        context.options = {"preset": "ultrafast", "bf": "2", "x264-params": "repeat-headers=1"}
+        base = synthetic.photo(height, width + frames * 4, seed=part)
+        for i in range(frames):
+            image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
+            image[(i * 3) % height] = 255
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = part * frames + i, Fraction(1, 30)
+            packets_ += context.encode(frame)
+        packets_ += context.encode(None)
+        contexts.append(context)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
+        stream.codec_context.extradata = contexts[0].extradata
+        for packet in packets_:
+            packet.stream = stream
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def frame_sizes(data: bytes) -> set:
+    with av.open(io.BytesIO(data)) as container:
+        return {(f.width, f.height) for f in container.decode(video=0)}
+
+
+def decode_order_differs(data: bytes) -> bool:
+    pts = [p for p, _, _ in packets(data)]
+    return pts != sorted(pts)
+
+
+# name -> (clip, what makes it hard: checked on the clip, so it cannot quietly lose it)
 CLIPS = {
-    "edit list": (lambda: encoded(frames=14, preroll=2),
-                  lambda ps: sum(d for _, _, d in ps) == 2 and ps[0][1] and ps[0][2]),  # the first key is pre-roll
-    "B-frames, no edit list": (lambda: encoded(frames=14, mux={"use_editlist": "0"}),
-                               lambda ps: [p for p, _, _ in ps] != sorted(p for p, _, _ in ps)),
-    "VFR": (lambda: encoded(frames=14, vfr=True),
-            lambda ps: len(set(np.diff(sorted(p for p, _, _ in ps)))) > 1),  # two frame durations
-    "rotated": (lambda: encoded(frames=14, rotate=90), None),  # the CPU path does not rotate either
+    "edit list": (lambda: encoded(frames=14, preroll=2),  # the first key is a discarded pre-roll
+                  lambda data: sum(d for _, _, d in packets(data)) == 2 and packets(data)[0][1:] == (True, True)),
+    "B-frames, no edit list": (lambda: encoded(frames=14, mux={"use_editlist": "0"}), decode_order_differs),
+    "VFR": (lambda: encoded(frames=14, vfr=True),  # two frame durations
+            lambda data: len(set(np.diff(sorted(p for p, _, _ in packets(data))))) > 1),
+    "rotated": (lambda: encoded(frames=14, rotate=90), rotated),  # the CPU path does not rotate either
+    "size change mid-stream": (resized_midway, lambda data: len(frame_sizes(data)) == 2),
 }
 
 
@@ -277,15 +316,33 @@ def assert_matches_cpu(frames, data: bytes, num_frames: int) -> None:
         assert psnr(frames.frames[k].numpy(), reference.frames[k].numpy()) >= 40, k
 
 
+def assert_resized_frames_match(frames, data: bytes, num_frames: int | None) -> None:
+    """For a clip whose frames change size: the same indices and PTS as the CPU path, and each
+    frame within 40 dB of that frame decoded at its own size and resized as the GPU resizes
+    (swscale, which the CPU path scales with, differs: 33 dB on this upscale)."""
+    item = lazymedia.load_video(data, num_frames=num_frames)
+    reference = video.decode(data, item.header, item.spec)
+    table = video.read_frame_table(data, item.header.total_frames)
+    assert frames.indices == reference.indices and frames.info["pts"] == [table.pts[i] for i in reference.indices]
+    with av.open(io.BytesIO(data)) as container:
+        native = {f.pts: f.to_ndarray(format="rgb24") for f in container.decode(video=0)}
+    for k, index in enumerate(reference.indices):
+        image = torch.from_numpy(native[table.pts[index]])
+        if tuple(image.shape[:2]) != (item.header.height, item.header.width):
+            image = ops.resize(image, (item.header.height, item.header.width), "bilinear")
+        assert psnr(frames.frames[k].cpu().numpy(), image.numpy()) >= 40, k
+
+
 @pytest.mark.parametrize("name", list(CLIPS))
 def test_nvdec_frames_are_the_cpu_paths_frames(video_codec, name):
     make, hard = CLIPS[name]
     data = make()
-    assert rotated(data) if hard is None else hard(packets(data)), f"the {name} clip lost what makes it hard"
+    assert hard(data), f"the {name} clip lost what makes it hard"
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    check = assert_resized_frames_match if name == "size change mid-stream" else assert_matches_cpu
     for num_frames in (5, None):  # sampled, and every frame
         (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=num_frames)])
-        assert_matches_cpu(frames, data, num_frames)
+        check(frames, data, num_frames)
     assert backend.decoded == 2 and not backend.fallbacks
     if name == "edit list":  # the pre-roll came out of the decoder, and was dropped by its PTS
         assert -1024 in FFmpegNvDecoder.returned and -1024 not in frames.info["pts"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 from test_engine_nvdec import CLIPS as NVDEC_CLIPS
-from test_engine_nvdec import clip
+from test_engine_nvdec import assert_resized_frames_match, clip
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ops, synthetic
@@ -245,8 +245,15 @@ def test_nvdec_sampled_frames_match_cpu_path(nvdec_backend):
 
 @requires_nvdec
 @pytest.mark.parametrize("name", list(NVDEC_CLIPS))
-def test_nvdec_frames_across_edit_lists_b_frames_vfr_and_rotation(nvdec_backend, name):
+def test_nvdec_frames_across_edit_lists_b_frames_vfr_rotation_and_size_changes(nvdec_backend, name):
     data = NVDEC_CLIPS[name][0]()
+    if name == "size change mid-stream":  # frames of the other size are resized as the GPU resizes
+        for num_frames in (5, None):
+            decoded = nvdec_backend.decoded
+            (frames,) = nvdec_backend.decode_batch([lazymedia.load_video(data, num_frames=num_frames)])
+            assert nvdec_backend.decoded - decoded == 1, list(nvdec_backend.fallbacks)
+            assert_resized_frames_match(frames, data, num_frames)
+        return
     nvdec_matches_cpu(nvdec_backend, data, name, num_frames=5)
     nvdec_matches_cpu(nvdec_backend, data, f"{name}, every frame", num_frames=None)
 
