@@ -147,6 +147,7 @@ def bench(quick: bool, device: int | str = 0, video_codec=None, seconds: int = 1
     report["fallbacks"] = sorted(set(backend.fallbacks))
     report["videos_decoded_on_nvdec"] = backend.decoded
     report["decoders_created"] = backend.decoders_created
+    report["packets_fed"], report["packets_skipped"] = backend.packets_fed, backend.packets_skipped
     report["verdicts"] = verdicts(report)
     return report
 

@@ -367,9 +367,22 @@ def test_only_the_runs_to_the_sampled_frames_are_decoded(video_codec):
     (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
     assert_matches_cpu(frames, data, 4)
     demuxed = video_packets.demux(data, 96)
-    expected = sum(r.last + 1 - r.first for r in video_packets.plan_runs(demuxed, frames.indices))
+    runs = video_packets.plan_runs(demuxed, frames.indices)
+    expected = sum(len(r.feeds(demuxed)) for r in runs)
     assert backend.packets_fed == expected and expected < 96 // 2  # 4 GOP prefixes, not 96 packets
-    assert len(FFmpegNvDecoder.returned) < 96 // 2
+    assert backend.packets_skipped == sum(r.last + 1 - r.first for r in runs) - expected > 0  # disposable B-frames
+    assert len(FFmpegNvDecoder.returned) == expected  # one picture a packet fed
+    (every,) = backend.decode_batch([lazymedia.load_video(data, num_frames=None)])
+    assert_matches_cpu(every, data, None)  # every frame wanted: nothing skipped
+    assert backend.packets_skipped == sum(r.last + 1 - r.first for r in runs) - expected
+
+
+def test_disposable_h264_pictures_are_those_no_picture_references():
+    start = b"\x00\x00\x00\x01"
+    assert video_packets.h264_disposable(start + b"\x09\xf0" + start + b"\x01\x9e" + start + b"\x01\x9f")
+    assert not video_packets.h264_disposable(start + b"\x01\x9e" + start + b"\x21\x9a")  # one slice has ref_idc 1
+    assert not video_packets.h264_disposable(start + b"\x06\x05")  # no slice: an SEI alone
+    assert not video_packets.h264_disposable(start + b"\x65\x88")  # IDR
 
 
 def test_a_decoder_that_relabels_frames_goes_to_the_cpu(video_codec):

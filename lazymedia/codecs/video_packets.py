@@ -35,6 +35,7 @@ class DemuxedVideo:
     payloads: list[bytes]  # what the decoder is fed (Annex B for H.264 / HEVC)
     pts: list[int]  # the container's presentation timestamp of each packet
     keyframe: list[bool]
+    disposable: list[bool]  # H.264 pictures no other picture references (nal_ref_idc 0 in every slice)
     prefix: bytes  # the stream's parameter sets (Annex B), fed before the first packet of every run
     table: FrameTable  # the presented frames, in presentation order
     _position: dict[int, int] = field(init=False, repr=False)  # PTS -> decode-order position
@@ -57,7 +58,13 @@ class DemuxedVideo:
 @dataclass(frozen=True)
 class Run:
     """Packets [first, last] in decode order, decoded from a keyframe and then flushed: the frames
-    they present whose PTS are keys of `wanted` are the sampled frames (PTS -> frame index)."""
+    they present whose PTS are keys of `wanted` are the sampled frames (PTS -> frame index).
+    Disposable pictures that are not wanted are skipped (`feeds`)."""
+
+    def feeds(self, video: DemuxedVideo) -> list[int]:
+        """The packet positions to feed: the run, less unwanted disposable pictures."""
+        return [position for position in range(self.first, self.last + 1)
+                if position == self.first or not video.disposable[position] or video.pts[position] in self.wanted]
 
     first: int
     last: int
@@ -114,6 +121,21 @@ def to_annexb(payload: bytes, length_size: int) -> bytes:
     return b"".join(units)
 
 
+def h264_disposable(annexb: bytes) -> bool:
+    """Whether an Annex B H.264 access unit is a picture no other picture references: it has
+    slices (NAL types 1-5) and every one has nal_ref_idc 0. Decoding it only presents it."""
+    slices = False
+    at = annexb.find(b"\x00\x00\x01")
+    while at >= 0 and at + 3 < len(annexb):
+        header = annexb[at + 3]
+        if 1 <= header & 31 <= 5:
+            if header & 0x60:
+                return False
+            slices = True
+        at = annexb.find(b"\x00\x00\x01", at + 3)
+    return slices
+
+
 def demux(data, total_frames: int) -> DemuxedVideo | None:
     """One demux pass of the first video stream; None when its packets cannot identify the frames
     the CPU path counts (a packet without PTS, a repeated PTS, a count that differs) or FFmpeg
@@ -121,6 +143,7 @@ def demux(data, total_frames: int) -> DemuxedVideo | None:
     payloads: list[bytes] = []
     pts: list[int] = []
     keyframe: list[bool] = []
+    disposable: list[bool] = []
     presented_pts: list[int] = []
     key_pts: set[int] = set()
     try:
@@ -135,9 +158,11 @@ def demux(data, total_frames: int) -> DemuxedVideo | None:
                 if packet.pts is None:
                     return None
                 payload = bytes(packet)
-                payloads.append(to_annexb(payload, length_size) if length_size else payload)
+                payload = to_annexb(payload, length_size) if length_size else payload
+                payloads.append(payload)
                 pts.append(packet.pts)
                 keyframe.append(bool(packet.is_keyframe))
+                disposable.append(codec == "h264" and h264_disposable(payload))
                 if presented(packet):
                     presented_pts.append(packet.pts)
                     if packet.is_keyframe:
@@ -147,7 +172,7 @@ def demux(data, total_frames: int) -> DemuxedVideo | None:
     table = frame_table(presented_pts, key_pts, time_base, total_frames)
     if table is None or len(set(pts)) != len(pts):
         return None
-    return DemuxedVideo(codec, payloads, pts, keyframe, prefix, table)
+    return DemuxedVideo(codec, payloads, pts, keyframe, disposable, prefix, table)
 
 
 def plan_runs(video: DemuxedVideo, indices: list[int], back: int = 0) -> list[Run]:

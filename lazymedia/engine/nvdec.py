@@ -139,6 +139,7 @@ class NvdecBatchDecoder:
         self.fallbacks = fallback_log()
         self.decoded = 0  # videos NVDEC decoded (tests check that the GPU did the work)
         self.packets_fed = 0  # packets given to NVDEC (only the runs that reach sampled frames)
+        self.packets_skipped = 0  # unwanted disposable pictures inside those runs, never fed
         self.decoders_created = 0  # decoders built; a clip that reuses one reconfigures it
         self.clips_on_reused_decoders = 0
 
@@ -258,11 +259,13 @@ class NvdecBatchDecoder:
 
     def _decode_run(self, decoder, demuxed: video_packets.DemuxedVideo, run: video_packets.Run, header,
                     out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
-        """Feeds packets [run.first, run.last] (the parameter sets first), then a flush, and
-        converts each presented frame whose PTS is wanted into its slot of `out`."""
+        """Feeds the run's packets (the parameter sets first; unwanted disposable pictures left
+        out), then a flush, and converts each presented frame whose PTS is wanted into its slot
+        of `out`."""
         nvc = self._nvc
+        feeds = run.feeds(demuxed)
         with nvtx_range("nvdec.decode_run"):
-            for position in range(run.first, run.last + 1):
+            for position in feeds:
                 payload = demuxed.payloads[position]
                 if position == run.first:
                     payload = demuxed.prefix + payload
@@ -272,7 +275,8 @@ class NvdecBatchDecoder:
                 packet.bDiscontinuity = position == run.first
                 self._take(decoder.Decode(packet), run, header, out, slots, returned)
             with self._count_lock:
-                self.packets_fed += run.last + 1 - run.first
+                self.packets_fed += len(feeds)
+                self.packets_skipped += run.last + 1 - run.first - len(feeds)
             flush = nvc.PacketData()  # no data: CUVID_PKT_ENDOFSTREAM, the decoder presents what it holds
             flush.bsl_data, flush.bsl = 0, 0
             flush.decode_flag = nvc.VideoPacketFlag.ENDOFSTREAM
