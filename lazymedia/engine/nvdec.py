@@ -102,11 +102,6 @@ def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | N
     return Route(True, "nvdec")
 
 
-def nv12_height(rows: int) -> int:
-    """Luma rows of a packed NV12 surface of `rows` rows (luma, then ceil(height / 2) chroma)."""
-    return (2 * rows) // 3 if (2 * rows) % 3 == 0 else (2 * rows - 1) // 3
-
-
 class _Session:
     """One decoding thread's decoders (one per codec), created on its CUDA stream."""
 
@@ -292,12 +287,10 @@ class NvdecBatchDecoder:
             if index is None or index in returned:
                 continue  # pre-roll, a leading picture, or a frame between sampled ones
             with nvtx_range("nvdec.convert"):
+                # [1.5 x height, width]: the luma rows, then the interleaved chroma rows (4:2:0
+                # display sizes are even: H.264 and HEVC crop 4:2:0 in units of two)
                 surface = torch.from_dlpack(frame)
-                if surface.ndim == 3:  # [1, rows, width]
-                    surface = surface[0]
-                rows, pitch = surface.shape
-                frame_height = nv12_height(rows)
-                frame_width = min(pitch, header.width) if frame_height == header.height else pitch
+                frame_height, frame_width = surface.shape[0] * 2 // 3, surface.shape[1]
                 slot = out[slots[index]]
                 if (frame_height, frame_width) == tuple(slot.shape[:2]):
                     ops.nv12_frames_to_rgb(surface[None], frame_height, frame_width, header.color_matrix,
