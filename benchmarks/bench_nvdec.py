@@ -144,6 +144,7 @@ def bench(quick: bool, device: int | str = 0, video_codec=None, seconds: int = 1
         report["rows"].append(row)
     gpu_engine.shutdown()
     cpu_engine.shutdown()
+    backend.close()
     report["fallbacks"] = sorted(set(backend.fallbacks))
     report["videos_decoded_on_nvdec"] = backend.decoded
     report["decoders_created"] = backend.decoders_created

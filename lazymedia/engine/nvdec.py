@@ -164,6 +164,7 @@ class NvdecBatchDecoder:
         return list(self._workers.map(self._decode_or_fall_back, items))
 
     def close(self) -> None:
+        """Ends the session threads (their decoders go with them)."""
         self._workers.shutdown(wait=True)
 
     def _fallback(self, item: DecodeItem, reason: str):
@@ -178,7 +179,7 @@ class NvdecBatchDecoder:
         if not gpu_route.gpu:
             return self._fallback(item, gpu_route.reason)
         try:
-            with ops.own_stream(self.device) as handover:
+            with nvtx_range("nvdec.clip"), ops.own_stream(self.device) as handover:
                 frames = self._decode(item)
                 handover([frames.frames])
         except Exception as exc:  # NVDEC refused or lost this stream: the CPU path decides
