@@ -170,6 +170,18 @@ def frame_sizes(data: bytes) -> set:
         return {(f.width, f.height) for f in container.decode(video=0)}
 
 
+def leading_pictures(data: bytes) -> bool:
+    """Whether a keyframe after the first is followed in decode order by pictures shown before it
+    (an open GOP: they reference the previous GOP)."""
+    found, key = False, None
+    for position, (pts, keyframe, _) in enumerate(packets(data)):
+        if keyframe:
+            key = pts if position else None
+        elif key is not None and pts < key:
+            found = True
+    return found
+
+
 def decode_order_differs(data: bytes) -> bool:
     pts = [p for p, _, _ in packets(data)]
     return pts != sorted(pts)
@@ -184,6 +196,8 @@ CLIPS = {
             lambda data: len(set(np.diff(sorted(p for p, _, _ in packets(data))))) > 1),
     "rotated": (lambda: encoded(frames=14, rotate=90), rotated),  # the CPU path does not rotate either
     "size change mid-stream": (resized_midway, lambda data: len(frame_sizes(data)) == 2),
+    "open GOP (HEVC)": (lambda: synthetic.video(frames=40, height=176, width=256, codec="libx265", gop=8),
+                        leading_pictures),  # above NVDEC's HEVC minimum of 144 x 144
 }
 
 
@@ -254,6 +268,7 @@ class FFmpegNvDecoder:
 
     shift = 0
     widest = 1 << 30
+    blind_starts: dict = {}  # keyframe PTS -> PTS a fresh start there cannot present (RASL pictures)
     created: list = []  # (thread id, max width, max height) of each construction
     returned: list = []  # every PTS handed back, in order
 
@@ -261,6 +276,7 @@ class FFmpegNvDecoder:
         FFmpegNvDecoder.created.append((threading.get_ident(), maxwidth, maxheight))
         self.codec = codec
         self.context = av.CodecContext.create(codec, "r")
+        self.hidden: set = set()  # the PTS this start will not present (blind_starts)
 
     def Decode(self, packet: PacketData) -> list:
         if packet.bsl == 0:
@@ -269,11 +285,15 @@ class FFmpegNvDecoder:
             self.context = av.CodecContext.create(self.codec, "r")  # NVDEC's parser restarts after the flush
         else:
             assert not packet.bDiscontinuity or ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
+            if packet.bDiscontinuity:
+                self.hidden = self.blind_starts.get(packet.pts, set())
             fed = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
             fed.pts = packet.pts
             frames = self.context.decode(fed)
         out = []
         for frame in frames:
+            if frame.pts in self.hidden:
+                continue
             if frame.width > self.widest:
                 raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED: above the NVDEC's maximum size")
             FFmpegNvDecoder.returned.append(frame.pts + self.shift)
@@ -298,6 +318,7 @@ CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="av1", V
 def video_codec(monkeypatch):
     monkeypatch.setattr(FFmpegNvDecoder, "shift", 0)
     monkeypatch.setattr(FFmpegNvDecoder, "widest", 1 << 30)
+    monkeypatch.setattr(FFmpegNvDecoder, "blind_starts", {})
     monkeypatch.setattr(FFmpegNvDecoder, "created", [])
     monkeypatch.setattr(FFmpegNvDecoder, "returned", [])
     return types.SimpleNamespace(CreateDecoder=create_decoder, PacketData=PacketData, cudaVideoCodec=CODECS,
@@ -385,6 +406,22 @@ def test_disposable_h264_pictures_are_those_no_picture_references():
     assert not video_packets.h264_disposable(start + b"\x65\x88")  # IDR
 
 
+def test_a_frame_a_fresh_start_cannot_present_is_decoded_from_a_keyframe_earlier(video_codec):
+    data = encoded(frames=48, gop=12)
+    demuxed = video_packets.demux(data, 48)
+    pts = demuxed.table.pts
+    FFmpegNvDecoder.blind_starts = {pts[12]: {pts[15]}}  # as NVDEC drops RASL pictures after a CRA
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert frames.indices == [0, 15, 31, 47] and backend.retried_runs == 1 and backend.decoded == 1
+    assert_matches_cpu(frames, data, 4)
+    FFmpegNvDecoder.blind_starts = {pts[0]: {pts[0]}}  # no keyframe before it: the CPU decodes the clip
+    item = lazymedia.load_video(data, num_frames=4)
+    (fallback,) = backend.decode_batch([item])
+    assert "no frame with the PTS of frames [0]" in backend.fallbacks[-1] and backend.retried_runs == 2
+    assert torch.equal(fallback.frames, video.decode(data, item.header, item.spec).frames)
+
+
 def test_a_decoder_that_relabels_frames_goes_to_the_cpu(video_codec):
     FFmpegNvDecoder.shift = 512  # every frame claims its successor's PTS
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
@@ -456,7 +493,7 @@ def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
         if codec == "av1":
             raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED")
         return {"supported": 1, "width_max": 4096, "height_max": 4096, "mb_num_max": 65536,
-                "num_decoder_engines": 7}
+                "num_decoder_engines": 7, "width_min": 144 if codec == "hevc" else 48, "height_min": 144}
 
     video_codec.GetDecoderCaps = caps
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
@@ -464,6 +501,8 @@ def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
     assert "av1" not in backend.caps and backend.caps["hevc"].max_width == 4096
     assert backend.caps_note.startswith("cuvidGetDecoderCaps, failed for av1: RuntimeError")
     assert not nvdec.route(header("av1"), (9, 0), backend.caps).gpu  # the generation decides for AV1
+    small = nvdec.route(header("hevc", 160, 96), (9, 0), backend.caps)
+    assert not small.gpu and small.reason == "160x96 is under this NVDEC's hevc minimum (144x144)"
     data = clip(64, 4112, frames=2, photo=False)
     (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=2)])
     assert "over this NVDEC's h264 limit" in backend.fallbacks[-1] and not FFmpegNvDecoder.created

@@ -72,6 +72,8 @@ class Caps:
     max_height: int
     max_macroblocks: int
     engines: int
+    min_width: int = 0
+    min_height: int = 0
 
 
 def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | None = None) -> Route:
@@ -92,6 +94,9 @@ def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | N
         if width > known.max_width or height > known.max_height or macroblocks > known.max_macroblocks:
             return Route(False, f"{width}x{height} ({macroblocks} MBs) is over this NVDEC's {header.codec} limit "
                                 f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)")
+        if width < known.min_width or height < known.min_height:
+            return Route(False, f"{width}x{height} is under this NVDEC's {header.codec} minimum "
+                                f"({known.min_width}x{known.min_height})")
         return Route(True, "nvdec")
     if header.codec == "av1" and compute_capability < (10, 0):
         return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)")
@@ -135,6 +140,7 @@ class NvdecBatchDecoder:
         self.decoded = 0  # videos NVDEC decoded (tests check that the GPU did the work)
         self.packets_fed = 0  # packets given to NVDEC (only the runs that reach sampled frames)
         self.packets_skipped = 0  # unwanted disposable pictures inside those runs, never fed
+        self.retried_runs = 0  # clips whose missing frames were decoded again from a keyframe earlier
         self.decoders_created = 0  # decoders built; a clip that reuses one reconfigures it
         self.clips_on_reused_decoders = 0
 
@@ -148,7 +154,8 @@ class NvdecBatchDecoder:
             try:
                 reply = query(gpuid=self.device.index or 0, codec=getattr(self._nvc.cudaVideoCodec, member))
                 found[codec] = Caps(bool(reply["supported"]), int(reply["width_max"]), int(reply["height_max"]),
-                                    int(reply["mb_num_max"]), int(reply.get("num_decoder_engines", 0)))
+                                    int(reply["mb_num_max"]), int(reply.get("num_decoder_engines", 0)),
+                                    int(reply.get("width_min", 0)), int(reply.get("height_min", 0)))
             except Exception as exc:  # that codec's limits then come from the GPU generation
                 failed.append(f"{codec}: {type(exc).__name__}: {exc}")
         if failed:
@@ -236,6 +243,9 @@ class NvdecBatchDecoder:
                 missing = [i for i in indices if i not in returned]
                 if not missing:
                     break
+                if back:
+                    with self._count_lock:
+                        self.retried_runs += 1
                 for run in video_packets.plan_runs(demuxed, missing, back):
                     self._decode_run(decoder, demuxed, run, header, out, slots, returned)
         except Exception:
