@@ -53,6 +53,8 @@ def video(frames: int = 60, height: int = 96, width: int = 160, fps: int = 30, g
         stream.codec_context.gop_size = gop
         if codec == "libx264":
             stream.options = {"preset": preset, "bf": "2"}
+        elif codec == "libx265":
+            stream.options = {"preset": preset}
         if vfr:
             stream.codec_context.time_base = Fraction(1, fps * 2)
         pts = 0
