@@ -280,10 +280,11 @@ class FFmpegNvDecoder:
 
     def Decode(self, packet: PacketData) -> list:
         if packet.bsl == 0:
-            assert packet.decode_flag == EndOfStream.ENDOFSTREAM
+            assert packet.decode_flag == PacketFlag.ENDOFSTREAM
             frames = self.context.decode(None)
             self.context = av.CodecContext.create(self.codec, "r")  # NVDEC's parser restarts after the flush
         else:
+            assert packet.decode_flag == PacketFlag.TIMESTAMP  # else NVDEC hands back no PTS
             assert not packet.bDiscontinuity or ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
             if packet.bDiscontinuity:
                 self.hidden = self.blind_starts.get(packet.pts, set())
@@ -302,8 +303,9 @@ class FFmpegNvDecoder:
         return out
 
 
-class EndOfStream(enum.IntEnum):
-    ENDOFSTREAM = 4
+class PacketFlag(enum.IntEnum):  # CUvideopacketflags
+    ENDOFSTREAM = 1
+    TIMESTAMP = 2
 
 
 def create_decoder(gpuid, codec, cudacontext, cudastream, usedevicememory, maxwidth, maxheight):
@@ -322,7 +324,7 @@ def video_codec(monkeypatch):
     monkeypatch.setattr(FFmpegNvDecoder, "created", [])
     monkeypatch.setattr(FFmpegNvDecoder, "returned", [])
     return types.SimpleNamespace(CreateDecoder=create_decoder, PacketData=PacketData, cudaVideoCodec=CODECS,
-                                 VideoPacketFlag=EndOfStream)
+                                 VideoPacketFlag=PacketFlag)
 
 
 def assert_matches_cpu(frames, data: bytes, num_frames: int) -> None:

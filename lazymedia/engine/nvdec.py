@@ -279,6 +279,7 @@ class NvdecBatchDecoder:
                 packet = nvc.PacketData()
                 packet.bsl_data, packet.bsl, packet.pts = buffer.ctypes.data, buffer.size, demuxed.pts[position]
                 packet.bDiscontinuity = position == run.first
+                packet.decode_flag = nvc.VideoPacketFlag.TIMESTAMP  # the PTS rides on the picture
                 self._take(decoder.Decode(packet), run, header, out, slots, returned)
             with self._count_lock:
                 self.packets_fed += len(feeds)
