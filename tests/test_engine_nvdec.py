@@ -424,13 +424,14 @@ def test_a_frame_a_fresh_start_cannot_present_is_decoded_from_a_keyframe_earlier
     assert torch.equal(fallback.frames, video.decode(data, item.header, item.spec).frames)
 
 
-def test_a_decoder_that_relabels_frames_goes_to_the_cpu(video_codec):
-    FFmpegNvDecoder.shift = 512  # every frame claims its successor's PTS
+@pytest.mark.parametrize("shift", [512, -512, 1])
+def test_a_decoder_whose_pts_are_not_the_packets_goes_to_the_cpu(video_codec, shift):
+    FFmpegNvDecoder.shift = shift  # every frame claims its successor's / predecessor's PTS, or none fed
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
     data = encoded()
     item = lazymedia.load_video(data, num_frames=4)
     (frames,) = backend.decode_batch([item])
-    assert backend.decoded == 0 and "PTS" in backend.fallbacks[-1]
+    assert backend.decoded == 0 and "which no packet of the run carried" in backend.fallbacks[-1]
     assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)
 
 

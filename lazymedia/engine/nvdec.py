@@ -254,13 +254,9 @@ class NvdecBatchDecoder:
         missing = [i for i in indices if i not in returned]
         if missing:
             raise RuntimeError(f"NVDEC presented no frame with the PTS of frames {missing[:8]}")
-        wanted = [demuxed.table.pts[i] for i in indices]
-        got = [returned[i] for i in indices]
-        if got != wanted:  # holds by construction; a decoder that relabels frames would break it
-            raise RuntimeError(f"NVDEC returned PTS {got[:8]}, not {wanted[:8]}")
         frames = video_frames(out, indices, frame_timestamps(indices, demuxed.table, header.fps), header, source,
                               "nvdec")
-        frames.info["pts"] = got
+        frames.info["pts"] = [returned[i] for i in indices]  # the PTS each frame came back with
         return frames
 
     def _decode_run(self, decoder, demuxed: video_packets.DemuxedVideo, run: video_packets.Run, header,
@@ -270,6 +266,7 @@ class NvdecBatchDecoder:
         of `out`."""
         nvc = self._nvc
         feeds = run.feeds(demuxed)
+        fed = {demuxed.pts[position] for position in feeds}
         with nvtx_range("nvdec.decode_run"):
             for position in feeds:
                 payload = demuxed.payloads[position]
@@ -280,21 +277,24 @@ class NvdecBatchDecoder:
                 packet.bsl_data, packet.bsl, packet.pts = buffer.ctypes.data, buffer.size, demuxed.pts[position]
                 packet.bDiscontinuity = position == run.first
                 packet.decode_flag = nvc.VideoPacketFlag.TIMESTAMP  # the PTS rides on the picture
-                self._take(decoder.Decode(packet), run, header, out, slots, returned)
+                self._take(decoder.Decode(packet), run, fed, header, out, slots, returned)
             with self._count_lock:
                 self.packets_fed += len(feeds)
                 self.packets_skipped += run.last + 1 - run.first - len(feeds)
             flush = nvc.PacketData()  # no data: CUVID_PKT_ENDOFSTREAM, the decoder presents what it holds
             flush.bsl_data, flush.bsl = 0, 0
             flush.decode_flag = nvc.VideoPacketFlag.ENDOFSTREAM
-            self._take(decoder.Decode(flush), run, header, out, slots, returned)
+            self._take(decoder.Decode(flush), run, fed, header, out, slots, returned)
 
-    def _take(self, decoded, run: video_packets.Run, header, out: torch.Tensor, slots: dict[int, int],
-              returned: dict[int, int]) -> None:
+    def _take(self, decoded, run: video_packets.Run, fed: set[int], header, out: torch.Tensor,
+              slots: dict[int, int], returned: dict[int, int]) -> None:
         """Converts the wanted frames among `decoded` into their slots now, on this stream, before
-        the decoder's next call reuses its surfaces."""
+        the decoder's next call reuses its surfaces. Every frame must carry the PTS of a packet
+        fed in this run (else NVDEC's timestamps are not the stream-time convention)."""
         for frame in decoded:
             pts = int(frame.getPTS())
+            if pts not in fed:
+                raise RuntimeError(f"NVDEC returned a frame of PTS {pts}, which no packet of the run carried")
             index = run.wanted.get(pts)
             if index is None or index in returned:
                 continue  # pre-roll, a leading picture, or a frame between sampled ones
