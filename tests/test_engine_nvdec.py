@@ -339,20 +339,22 @@ def assert_matches_cpu(frames, data: bytes, num_frames: int) -> None:
         assert psnr(frames.frames[k].numpy(), reference.frames[k].numpy()) >= 40, k
 
 
-def assert_resized_frames_match(frames, data: bytes, num_frames: int | None) -> None:
-    """For a clip whose frames change size: the same indices and PTS as the CPU path, and each
-    frame within 40 dB of that frame decoded at its own size and resized as the GPU resizes
-    (swscale, which the CPU path scales with, differs: 33 dB on this upscale)."""
-    item = lazymedia.load_video(data, num_frames=num_frames)
+def assert_resized_frames_match(frames, data: bytes, num_frames: int | None, size=None) -> None:
+    """For frames resized on their way into the batch (a `size`, or a clip whose frames change
+    size): the same indices and PTS as the CPU path, and each frame within 40 dB of that frame
+    decoded at its own size and resized as the GPU resizes. (The CPU path scales in swscale, in
+    YUV: 38-45 dB from this, lowest where one-pixel lines are downscaled; docs/design.md.)"""
+    item = lazymedia.load_video(data, num_frames=num_frames, size=size)
     reference = video.decode(data, item.header, item.spec)
     table = video.read_frame_table(data, item.header.total_frames)
     assert frames.indices == reference.indices and frames.info["pts"] == [table.pts[i] for i in reference.indices]
+    target = size or (item.header.height, item.header.width)
     with av.open(io.BytesIO(data)) as container:
         native = {f.pts: f.to_ndarray(format="rgb24") for f in container.decode(video=0)}
     for k, index in enumerate(reference.indices):
         image = torch.from_numpy(native[table.pts[index]])
-        if tuple(image.shape[:2]) != (item.header.height, item.header.width):
-            image = ops.resize(image, (item.header.height, item.header.width), "bilinear")
+        if tuple(image.shape[:2]) != tuple(target):
+            image = ops.resize(image, target, "bilinear")
         assert psnr(frames.frames[k].cpu().numpy(), image.numpy()) >= 40, k
 
 
@@ -382,6 +384,15 @@ def test_hevc_from_hvcc_extradata(video_codec):
     (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=5)])
     assert_matches_cpu(frames, data, 5)
     assert backend.decoded == 1 and not backend.fallbacks
+
+
+@pytest.mark.parametrize("size", [(180, 320), (224, 224), (540, 960)])
+def test_a_resized_spec_is_resized_into_the_batch(video_codec, size):
+    data = synthetic.video(frames=6, height=360, width=640, gop=3)
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=3, size=size)])
+    assert tuple(frames.frames.shape) == (3, *size, 3) and backend.decoded == 1
+    assert_resized_frames_match(frames, data, 3, size)
 
 
 def test_only_the_runs_to_the_sampled_frames_are_decoded(video_codec):

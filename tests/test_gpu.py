@@ -287,6 +287,21 @@ def test_nvdec_concurrent_clips_on_concurrent_sessions(nvdec_backend):
 
 
 @requires_nvdec
+def test_nvdec_resized_spec_into_the_batch(nvdec_backend):
+    data = clip(1080, 1920, frames=30, colorspace=1)
+    for size in ((448, 448), (540, 960)):
+        item = lazymedia.load_video(data, num_frames=8, size=size)
+        decoded = nvdec_backend.decoded
+        (frames,) = nvdec_backend.decode_batch([item])
+        assert nvdec_backend.decoded - decoded == 1, list(nvdec_backend.fallbacks)
+        assert frames.frames.is_cuda and tuple(frames.frames.shape) == (8, *size, 3)
+        assert_resized_frames_match(frames, data, 8, size)
+        reference = video.decode(data, item.header, item.spec).frames.numpy()
+        worst = min(psnr(frames.frames[k].cpu().numpy(), reference[k]) for k in range(8))
+        print(f"PSNR NVDEC resized to {size} vs the CPU path (swscale): worst frame {worst:.2f} dB")
+
+
+@requires_nvdec
 def test_nvdec_reconfigured_across_sizes_and_a_crop_only_change(nvdec_backend):
     for height, width in ((532, 1280), (530, 1280), (360, 640)):  # 532 -> 530: one coded size, another crop
         nvdec_matches_cpu(nvdec_backend, clip(height, width, frames=30), f"{width}x{height}")
