@@ -285,7 +285,8 @@ class FFmpegNvDecoder:
             self.context = av.CodecContext.create(self.codec, "r")  # NVDEC's parser restarts after the flush
         else:
             assert packet.decode_flag == PacketFlag.TIMESTAMP  # else NVDEC hands back no PTS
-            assert not packet.bDiscontinuity or ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
+            if packet.bDiscontinuity and self.codec in ("h264", "hevc"):  # a run starts with the parameter sets
+                assert ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
             if packet.bDiscontinuity:
                 self.hidden = self.blind_starts.get(packet.pts, set())
             fed = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
@@ -312,7 +313,7 @@ def create_decoder(gpuid, codec, cudacontext, cudastream, usedevicememory, maxwi
     return FFmpegNvDecoder(codec, maxwidth, maxheight, cudastream)
 
 
-CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="av1", VP8="vp8", MPEG2="mpeg2video",
+CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="libdav1d", VP8="vp8", MPEG2="mpeg2video",
                                MPEG4="mpeg4")
 
 
@@ -393,6 +394,22 @@ def test_a_resized_spec_is_resized_into_the_batch(video_codec, size):
     (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=3, size=size)])
     assert tuple(frames.frames.shape) == (3, *size, 3) and backend.decoded == 1
     assert_resized_frames_match(frames, data, 3, size)
+
+
+@pytest.mark.parametrize("encoder,container", [("libvpx-vp9", "webm"), ("libsvtav1", "mp4")])
+def test_vp9_and_av1_packets_are_fed_with_their_headers(video_codec, encoder, container):
+    data = synthetic.video(frames=12, gop=6, codec=encoder, container=container)
+    demuxed = video_packets.demux(data, 12)
+    if encoder == "libsvtav1":
+        assert demuxed.prefix[0] >> 3 & 15 == 1  # av1C's sequence header OBU (type 1)
+    else:
+        assert demuxed.prefix == b""
+    video_codec.GetDecoderCaps = lambda gpuid, codec: {"supported": 1, "width_max": 8192, "height_max": 8192,
+                                                       "mb_num_max": 262144, "num_decoder_engines": 1}
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)  # AV1 as on Blackwell
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert backend.decoded == 1 and not backend.fallbacks
+    assert_matches_cpu(frames, data, 4)
 
 
 def test_only_the_runs_to_the_sampled_frames_are_decoded(video_codec):
@@ -504,7 +521,7 @@ def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
 
     def caps(gpuid, codec):
         asked.append(codec)
-        if codec == "av1":
+        if codec == CODECS.AV1:
             raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED")
         return {"supported": 1, "width_max": 4096, "height_max": 4096, "mb_num_max": 65536,
                 "num_decoder_engines": 7, "width_min": 144 if codec == "hevc" else 48, "height_min": 144}

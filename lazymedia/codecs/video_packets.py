@@ -12,6 +12,7 @@ an open GOP that are not wanted."""
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 from dataclasses import dataclass, field
 
@@ -71,13 +72,25 @@ class Run:
     wanted: dict[int, int]
 
 
+@functools.lru_cache(maxsize=64)
+def canonical_codec(decoder: str) -> str:
+    """The codec a decoder name decodes ("libdav1d" -> "av1", "h264" -> "h264"): headers name
+    FFmpeg's decoder, which for AV1 is dav1d's."""
+    try:
+        return av.codec.Codec(decoder, "r").canonical_name
+    except (av.error.FFmpegError, ValueError):  # no such decoder here: the name is all there is
+        return decoder
+
+
 def parameter_sets(codec: str, extradata: bytes | None) -> tuple[int, bytes]:
     """(NAL length size, the parameter sets in Annex B) from avcC / hvcC extradata; (0, the
-    headers) for MPEG-2 / MPEG-4 Part 2; (0, b"") when the stream already is Annex B or its
-    extradata is no bitstream (VP9's vpcC, AV1's av1C: keyframes carry their headers)."""
+    headers) for MPEG-2 / MPEG-4 Part 2 and AV1 (av1C's OBUs); (0, b"") when the stream already
+    is Annex B or its extradata is no bitstream (VP9's vpcC: keyframes carry their headers)."""
     data = bytes(extradata or b"")
     if codec in _HEADER_CODECS:
         return 0, data  # the sequence / VOL headers, as a bitstream
+    if codec == "av1" and len(data) > 4 and data[0] & 0x80:
+        return 0, data[4:]  # av1C's configOBUs: the sequence header, as low-overhead OBUs
     if codec not in _NAL_CODECS or len(data) < 7 or data[0] != 1:
         return 0, b""  # Annex B (starts with a start code) or none: parameter sets are in-band
     units: list[bytes] = []
@@ -149,7 +162,7 @@ def demux(data, total_frames: int) -> DemuxedVideo | None:
     try:
         with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
             stream = container.streams.video[0]
-            codec = stream.codec_context.name
+            codec = stream.codec_context.codec.canonical_name
             length_size, prefix = parameter_sets(codec, stream.codec_context.extradata)
             time_base = float(stream.time_base) if stream.time_base else 0.0
             for packet in container.demux(stream):

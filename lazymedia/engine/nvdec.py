@@ -79,28 +79,29 @@ class Caps:
 def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | None = None) -> Route:
     """Whether one video decodes on NVDEC, from its header, the GPU generation and (where known)
     the decoder's capabilities for the codec."""
-    if header.codec not in _CUDA_CODECS:
-        return Route(False, f"NVDEC has no {header.codec} decoder")
+    codec = video_packets.canonical_codec(header.codec)
+    if codec not in _CUDA_CODECS:
+        return Route(False, f"NVDEC has no {codec} decoder")
     if header.pixel_format not in _NV12_FORMATS:
         return Route(False, f"{header.pixel_format} is not 8-bit 4:2:0")
     if header.color_matrix not in _GPU_MATRICES:
         return Route(False, f"the {header.color_matrix} matrix is converted on the CPU")
     width, height = header.width, header.height
     macroblocks = math.ceil(width / 16) * math.ceil(height / 16)
-    known = (caps or {}).get(header.codec)
+    known = (caps or {}).get(codec)
     if known is not None:
         if not known.supported:
-            return Route(False, f"this GPU's NVDEC has no 8-bit 4:2:0 {header.codec} decoder")
+            return Route(False, f"this GPU's NVDEC has no 8-bit 4:2:0 {codec} decoder")
         if width > known.max_width or height > known.max_height or macroblocks > known.max_macroblocks:
-            return Route(False, f"{width}x{height} ({macroblocks} MBs) is over this NVDEC's {header.codec} limit "
+            return Route(False, f"{width}x{height} ({macroblocks} MBs) is over this NVDEC's {codec} limit "
                                 f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)")
         if width < known.min_width or height < known.min_height:
-            return Route(False, f"{width}x{height} is under this NVDEC's {header.codec} minimum "
+            return Route(False, f"{width}x{height} is under this NVDEC's {codec} minimum "
                                 f"({known.min_width}x{known.min_height})")
         return Route(True, "nvdec")
-    if header.codec == "av1" and compute_capability < (10, 0):
+    if codec == "av1" and compute_capability < (10, 0):
         return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)")
-    if header.codec == "h264" and compute_capability < (10, 0) and \
+    if codec == "h264" and compute_capability < (10, 0) and \
             (max(width, height) > _H264_MAX_SIDE or macroblocks > _H264_MAX_MBS):
         return Route(False, f"H.264 {width}x{height} ({macroblocks} MBs) is over {_H264_MAX_SIDE} pixels or "
                             f"{_H264_MAX_MBS} MBs: Blackwell's NVDEC only")
@@ -238,7 +239,7 @@ class NvdecBatchDecoder:
         returned: dict[int, int] = {}  # frame index -> the PTS NVDEC returned with it
         session = self._session()
         try:
-            decoder = self._decoder(session, header.codec, header.width, header.height)
+            decoder = self._decoder(session, demuxed.codec, header.width, header.height)
             for back in (0, 1):  # a retry from one keyframe earlier: open-GOP leading pictures
                 missing = [i for i in indices if i not in returned]
                 if not missing:
@@ -249,7 +250,7 @@ class NvdecBatchDecoder:
                 for run in video_packets.plan_runs(demuxed, missing, back):
                     self._decode_run(decoder, demuxed, run, header, out, slots, returned)
         except Exception:
-            session.decoders.pop(header.codec, None)  # a decoder that failed is not reused
+            session.decoders.pop(demuxed.codec, None)  # a decoder that failed is not reused
             raise
         missing = [i for i in indices if i not in returned]
         if missing:
