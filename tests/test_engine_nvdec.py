@@ -601,6 +601,21 @@ def test_shared_results_are_read_into_the_serving_processs_pinned_buffers(pool, 
     assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)
 
 
+def test_a_clip_nvdec_cannot_take_goes_to_the_engines_isolated_cpu_path(pool, video_codec):
+    video_codec.GetDecoderCaps = lambda gpuid, codec: {"supported": 1, "width_max": 1024, "height_max": 1024,
+                                                       "mb_num_max": 4096, "num_decoder_engines": 1}
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
+    engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolation_pool=pool)
+    wide, small = clip(64, 1280, frames=3, photo=False), clip(96, 160)
+    wide_frames, small_frames = engine.decode_all([lazymedia.load_video(wide, num_frames=2),
+                                                   lazymedia.load_video(small, num_frames=3)])
+    engine.shutdown()
+    assert list(backend.fallbacks) == ["1280x64 (320 MBs) is over this NVDEC's h264 limit (1024x1024, 4096 MBs)"]
+    assert "decoder" not in wide_frames.info and wide_frames.frames.shape == (2, 64, 1280, 3)  # PyAV, in a worker
+    assert len(FFmpegNvDecoder.created) == 1 and backend.decoded == 1  # only the small clip reached NVDEC
+    assert_matches_cpu(small_frames, small, 3)
+
+
 def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
     engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolation_pool=pool)  # video is isolated

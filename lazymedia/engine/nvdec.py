@@ -166,7 +166,15 @@ class NvdecBatchDecoder:
         return found, "cuvidGetDecoderCaps"
 
     def accepts(self, item: DecodeItem) -> bool:
-        return is_root(item, "video")
+        """A video NVDEC can decode. One it cannot (codec, bit depth, size: `route`) is refused
+        here, counted and logged, so the engine decodes it on its CPU path, isolated as every
+        CPU-decoded video is, instead of in this process."""
+        if not is_root(item, "video"):
+            return False
+        gpu_route = route(item.header, self.compute_capability, self.caps)
+        if not gpu_route.gpu:
+            self._count_fallback(gpu_route.reason)
+        return gpu_route.gpu
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         return list(self._workers.map(self._decode_or_fall_back, items))
@@ -175,10 +183,13 @@ class NvdecBatchDecoder:
         """Ends the session threads (their decoders go with them)."""
         self._workers.shutdown(wait=True)
 
-    def _fallback(self, item: DecodeItem, reason: str):
+    def _count_fallback(self, reason: str) -> None:
         with self._count_lock:
             self.fallbacks.append(reason)
         log.info("NVDEC -> CPU: %s", reason)
+
+    def _fallback(self, item: DecodeItem, reason: str):
+        self._count_fallback(reason)
         with nvtx_range("nvdec.cpu_fallback"):
             return decode_on_host(item, device=self.device)
 
