@@ -200,7 +200,7 @@ class NvdecBatchDecoder:
         try:
             with nvtx_range("nvdec.clip"), ops.own_stream(self.device) as handover:
                 frames = self._decode(item)
-                handover([frames.frames])
+                handover([frames.tensor])
         except Exception as exc:  # NVDEC refused or lost this stream: the CPU path decides
             return self._fallback(item, f"nvdec failed: {type(exc).__name__}: {exc}")
         with self._count_lock:
