@@ -300,9 +300,12 @@ class NvdecBatchDecoder:
 
     def _take(self, decoded, run: video_packets.Run, fed: set[int], header, out: torch.Tensor,
               slots: dict[int, int], returned: dict[int, int]) -> None:
-        """Converts the wanted frames among `decoded` into their slots now, on this stream, before
-        the decoder's next call reuses its surfaces. Every frame must carry the PTS of a packet
-        fed in this run (else NVDEC's timestamps are not the stream-time convention)."""
+        """Converts the wanted frames among `decoded` into their slots now, on this stream, and
+        waits for them before the decoder's next call, which reuses its surfaces (and on a
+        mid-stream size change frees them on the legacy default stream, which does not wait for
+        this one). Every frame must carry the PTS of a packet fed in this run (else NVDEC's
+        timestamps are not the stream-time convention)."""
+        converted = False
         for frame in decoded:
             pts = int(frame.getPTS())
             if pts not in fed:
@@ -324,3 +327,6 @@ class NvdecBatchDecoder:
                                                  header.full_range)[0]
                     ops.resize(rgb, (slot.shape[0], slot.shape[1]), "bilinear", out=slot)
             returned[index] = pts
+            converted = True
+        if converted and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
