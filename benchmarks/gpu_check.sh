@@ -2,14 +2,18 @@
 # The GPU half verified in ONE call on a fresh, offline H200 (the image has torch, nvcc, pytest,
 # pybind11; the rest comes in .gpu/, prepared here by benchmarks/fetch_gpu_wheels.sh):
 #
-#   device run, carry [".gpu"], timeout_s 560:   bash benchmarks/gpu_check.sh
+#   device run, carry [".gpu"], timeout_s 600:   bash benchmarks/gpu_check.sh
 #   here, to see the plan:                        bash benchmarks/gpu_check.sh --dry-run
 #
 # Steps run in order, each under its own time limit, and no failure stops a later step: the
 # environment probe first (so a missing driver library is on record even if all else fails), then
-# install, build (all cores), the GPU tests (per-test and overall time-outs, junit XML), and the
-# quick GPU benchmark. Each step's log goes to $OUT (8 files at most); summary.txt has each
-# step's exit status and seconds. The whole stays under 8 minutes.
+# install, build (all cores), the GPU tests (per-test and overall time-outs, junit XML), the nvJPEG
+# probe (benchmarks/nvjpeg_nvdec_probe.py A: nvjpegDecodeBatched timed directly, per backend,
+# output format, flag and input memory, beside torchvision: nvJPEG's own costs apart from the
+# library's sequencing; a copy of the project's shared/gpu-probes one, as the device run carries
+# only the repository), and the GPU benchmark (full sizes, verdict lines and the knob grid). Each
+# step's log goes to $OUT (9 files at most); summary.txt has each step's exit status and seconds.
+# The whole stays under 10 minutes.
 #
 # Before the steps, the driver's video libraries (libnvcuvid.so.1 for NVDEC and nvJPEG's hardware
 # engines, libnvidia-encode.so.1 for importing PyNvVideoCodec) are put on the loader path
@@ -18,14 +22,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out/gpu-check}
 site=/tmp/lazymedia-site
-STEPS=(probe install build tests bench)
-declare -A BUDGET=([probe]=15 [install]=45 [build]=110 [tests]=180 [bench]=110)
+STEPS=(probe install build tests nvjprobe bench)
+declare -A BUDGET=([probe]=15 [install]=45 [build]=90 [tests]=120 [nvjprobe]=100 [bench]=200)
 declare -A WHAT=(
   [probe]="nvidia-smi, the driver's video libraries (libnvcuvid), libcuda, nvcc, torch's view of the GPU"
   [install]="wheels from .gpu/wheels and the slimmed PyNvVideoCodec into $site (no network)"
   [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_90, sm_100), both extensions imported (else a serial rebuild), lazymedia info"
   [tests]="pytest -p no:asyncio tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test, junit XML"
-  [bench]="benchmarks/bench_gpu.py --quick: nvJPEG vs DALI vs torchvision, NVDEC vs PyAV, PSNR"
+  [nvjprobe]="benchmarks/nvjpeg_nvdec_probe.py A: nvjpegDecodeBatched per backend x format x flag x input, vs torchvision"
+  [bench]="benchmarks/bench_gpu.py --grid: nvJPEG vs torchvision (ratios, p99, verdicts) and peers, the knob grid, NVDEC vs PyAV"
 )
 
 total=0
@@ -70,8 +75,8 @@ if [ "${1:-}" = "--dry-run" ]; then
   echo "working tree that travels besides: $(git ls-files -co --exclude-standard -z | du -ch --files0-from=- 2>/dev/null | tail -1 | cut -f1)"
   printf '%-8s %8s  %s\n' step budget what
   for step in "${STEPS[@]}"; do printf '%-8s %7ss  %s\n' "$step" "${BUDGET[$step]}" "${WHAT[$step]}"; done
-  echo "total budget ${total} s (< 480 s); device call: timeout_s 560, carry [\".gpu\"]; logs in \$OUT:"
-  echo "  probe.txt install.txt build.txt pytest.txt junit.xml bench.txt bench_gpu.json summary.txt"
+  echo "total budget ${total} s (< 580 s); device call: timeout_s 600, carry [\".gpu\"]; logs in \$OUT:"
+  echo "  probe.txt install.txt build.txt pytest.txt junit.xml nvjpeg_probe.txt bench.txt bench_gpu.json summary.txt"
   exit 0
 fi
 
@@ -128,6 +133,8 @@ run_step tests "$out/pytest.txt" "
   python3 -m pytest -p no:cacheprovider -p no:asyncio -rA -s --timeout=60 --junitxml='$out/junit.xml' \
     tests/test_gpu.py tests/test_cuda_build.py"
 
-run_step bench "$out/bench.txt" "python3 benchmarks/bench_gpu.py --quick --json '$out/bench_gpu.json'"
+run_step nvjprobe "$out/nvjpeg_probe.txt" "NVJ='$site/nvidia/cu13/lib/libnvjpeg.so.13' python3 benchmarks/nvjpeg_nvdec_probe.py A"
+
+run_step bench "$out/bench.txt" "python3 benchmarks/bench_gpu.py --grid --json '$out/bench_gpu.json'"
 
 echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s)" | tee -a "$out/summary.txt"

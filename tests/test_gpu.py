@@ -163,7 +163,7 @@ def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
 
         def decode(self, requests, stream):
             streams.append(stream)
-            return [(False, "stand-in")] * len(requests)
+            return [(False, "stand-in", "")] * len(requests)
 
     backend = nvjpeg_engine.NvjpegBatchDecoder(device=0, decoder=Recording())
     caller = torch.cuda.Stream()
