@@ -330,7 +330,7 @@ def test_the_host_sleeps_on_the_events_it_waits_for(fakes):
     created = dict(e.split(" blocking_sync=") for e in events)
     host_waited = {"stream_idle", "hardware_done", "staging_free0", "staging_free1"} | {
         f"w{w}.{e}" for w in (0, 1) for e in ("device_done", "pinned_free0", "pinned_free1")}
-    assert created == {"consumer_ready": "0", "done": "0", **{e: "1" for e in host_waited}}
+    assert created == {"consumer_ready": "0", "done": "0", "scratch_ready": "0", **{e: "1" for e in host_waited}}
 
 
 @requires_native_toolchain
@@ -409,8 +409,12 @@ def test_cuda_path_workers_keep_their_own_state_and_page_order(fakes):
     assert not any(c.startswith("DecodeBatched") for c in sum(batches, []))
     for calls in batches:
         assert _assert_worker_order(calls) == 3
+        # the workers' streams order after the caller's work and this call's scratch (orientation 6)
         waits = [c for c in calls if c.startswith("StreamWaitEvent worker")]
-        assert waits == ["StreamWaitEvent worker0 consumer_ready", "StreamWaitEvent worker1 consumer_ready"]
+        assert waits == ["StreamWaitEvent worker0 scratch_ready", "StreamWaitEvent worker1 scratch_ready"]
+        ready = _index(calls, "EventRecord scratch_ready private")
+        assert _index(calls, "StreamWaitEvent private consumer_ready") < ready < _index(calls, waits[0])
+        assert all(i < ready for i in _all(calls, "MallocFromPoolAsync"))
         # the private stream joins every worker that decoded, before the outputs are announced
         joined = [c.split()[-1] for c in calls if c.startswith("StreamWaitEvent private w")]
         assert joined and all(_index(calls, f"StreamWaitEvent private {e}") < _index(calls, "EventRecord done private")

@@ -22,7 +22,7 @@ constexpr unsigned kFlags = NVJPEG_FLAGS_BITSTREAM_STRICT;
 constexpr unsigned kInterpolated = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
 // Events the host waits on: it sleeps instead of spinning a core while it holds the mutex.
 constexpr unsigned kHostWaitedEvent = cudaEventDisableTiming | cudaEventBlockingSync;
-constexpr int kMaxWorkers = 8;
+constexpr int kMaxWorkers = 16;  // CUDA path threads by default: every core, up to this many
 
 // An NVTX range for one phase (no-op unless a profiler is attached).
 class Range {
@@ -216,14 +216,19 @@ void NvjpegDecoder::create(bool allow_hardware) {
     note("nvjpegDecodeBatchedPreAllocate(" + std::to_string(batch) + " x " + std::to_string(options_.preallocate_width) +
          "x" + std::to_string(options_.preallocate_height) + "): " + nvjpeg_status_name(status));  // a hint
   }
-  check_nvjpeg(api_->DecoderCreate(handle_, NVJPEG_BACKEND_HYBRID, &decoders_[0]), "nvjpegDecoderCreate(hybrid)");
+  // HYBRID (Huffman on the host thread) as nvImageCodec and DALI create it; DEFAULT where a
+  // handle refuses it (what this decoder used before).
+  nvjpegStatus_t hybrid = api_->DecoderCreate(handle_, NVJPEG_BACKEND_HYBRID, &decoders_[0]);
+  note(std::string("nvjpegDecoderCreate(HYBRID): ") + nvjpeg_status_name(hybrid));
+  if (hybrid != NVJPEG_STATUS_SUCCESS)
+    check_nvjpeg(api_->DecoderCreate(handle_, NVJPEG_BACKEND_DEFAULT, &decoders_[0]), "nvjpegDecoderCreate(default)");
   if (options_.gpu_hybrid_pixels >= 0) {
     nvjpegStatus_t status = api_->DecoderCreate(handle_, NVJPEG_BACKEND_GPU_HYBRID, &decoders_[1]);
     note(std::string("nvjpegDecoderCreate(GPU_HYBRID): ") + nvjpeg_status_name(status));
     if (status != NVJPEG_STATUS_SUCCESS) decoders_[1] = nullptr;
   }
   check_cuda(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  for (cudaEvent_t* event : {&consumer_ready_, &done_})  // only streams wait on these
+  for (cudaEvent_t* event : {&consumer_ready_, &done_, &scratch_ready_})  // only streams wait on these
     check_cuda(cuda_->EventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate");
   for (cudaEvent_t* event : {&stream_idle_, &hardware_done_, &staging_[0].free, &staging_[1].free})
     check_cuda(cuda_->EventCreateWithFlags(event, kHostWaitedEvent), "cudaEventCreate");
@@ -293,12 +298,12 @@ void NvjpegDecoder::release() {
     if (slot.free) cuda_->EventDestroy(slot.free);
     slot = StagingSlot{};
   }
-  for (cudaEvent_t e : {consumer_ready_, stream_idle_, hardware_done_, done_})
+  for (cudaEvent_t e : {consumer_ready_, stream_idle_, hardware_done_, done_, scratch_ready_})
     if (e) cuda_->EventDestroy(e);
   if (stream_) cuda_->StreamDestroy(stream_);
   if (pool_) cuda_->MemPoolDestroy(pool_);
   batched_state_ = nullptr, handle_ = nullptr, stream_ = nullptr, pool_ = nullptr;
-  consumer_ready_ = stream_idle_ = hardware_done_ = done_ = nullptr;
+  consumer_ready_ = stream_idle_ = hardware_done_ = done_ = scratch_ready_ = nullptr;
   cuda_->SetDevice(current);
 }
 
@@ -419,6 +424,10 @@ void NvjpegDecoder::decode_ordered(const std::vector<JpegRequest>& requests, std
     const JpegRequest& r = requests[i];
     targets[i] = r.orientation == 1 ? r.out : scratch.allocate(size_t(pixels(r)) * 3);
   }
+  // The workers' streams order after the caller's work and these stream-ordered allocations
+  // (the pool may hand out memory that earlier work on our stream still reads), not after the
+  // engines' batch queued next.
+  check_cuda(cuda_->EventRecord(scratch_ready_, stream_), "cudaEventRecord");
   // The split is timed (the host waits for the engines' event) only where it can move: batches
   // larger than one round of the engines, under an adaptive or an actual split.
   const bool timed = candidates > unit && (scheduler_.adaptive() || int(hardware_items.size()) < candidates);
@@ -574,8 +583,8 @@ void NvjpegDecoder::start_cuda(const std::vector<JpegRequest>& requests, const s
   }
   stats_.cuda_items += int(items.size());
   if (items.empty()) return;
-  for (CudaWorker& worker : workers_)  // each worker's writes order after the caller's queued work
-    check_cuda(cuda_->StreamWaitEvent(worker.stream, consumer_ready_, 0), "cudaStreamWaitEvent");
+  for (CudaWorker& worker : workers_)  // each worker's writes order after the caller's work and our scratch
+    check_cuda(cuda_->StreamWaitEvent(worker.stream, scratch_ready_, 0), "cudaStreamWaitEvent");
   const int device = device_;
   auto task = [this, device, &requests, &items, &targets, results](int w, size_t k) {
     Range range("nvjpeg.cuda");

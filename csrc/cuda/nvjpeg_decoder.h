@@ -90,7 +90,7 @@ struct NvjpegOptions {
   bool full_parse = true;       // parse hardware candidates whole, else an EOI check
   bool pinned_staging = true;   // stage the engines' bitstreams in the pinned ring
   double hardware_load = -1;    // engines' share of the candidates in [0, 1]; negative: adaptive
-  int cuda_workers = 0;         // CUDA path threads; 0: the cores, at most 8
+  int cuda_workers = 0;         // CUDA path threads; 0: the cores, at most 16
   long long gpu_hybrid_pixels = 1000 * 1000;  // GPU-assisted Huffman above this many pixels; <0: never
 };
 
@@ -204,8 +204,10 @@ class NvjpegDecoder {
   // consumer_ready_: the caller's queued work (our streams wait on it); stream_idle_: everything
   // on our stream finished (the host waits on it before re-initialising the batched state);
   // hardware_done_: the engines' batch finished (timed for the split); done_: the outputs
-  // written (the caller's stream waits on it).
+  // written (the caller's stream waits on it); scratch_ready_: the caller's work and this call's
+  // scratch allocations (the workers' streams wait on it).
   cudaEvent_t consumer_ready_ = nullptr, stream_idle_ = nullptr, hardware_done_ = nullptr, done_ = nullptr;
+  cudaEvent_t scratch_ready_ = nullptr;
   std::atomic<long long> mallocs_{0}, frees_{0}, malloc_bytes_{0};
   NvjpegStats stats_;
 };

@@ -258,7 +258,7 @@ cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   return cudaSuccess;
 }
 std::vector<std::string> event_names = {  // in the decoder's creation order
-    "consumer_ready", "done",         "stream_idle",    "hardware_done",  "staging_free0",
+    "consumer_ready", "done", "scratch_ready", "stream_idle",    "hardware_done",  "staging_free0",
     "staging_free1",  "w0.device_done", "w0.pinned_free0", "w0.pinned_free1", "w1.device_done",
     "w1.pinned_free0", "w1.pinned_free1"};
 int events_created = 0;
