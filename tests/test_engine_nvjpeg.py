@@ -276,6 +276,20 @@ def test_the_pinned_staging_ring_is_rewritten_only_after_its_batch_and_then_reus
 
 
 @requires_native_toolchain
+def test_a_second_caller_stages_its_bitstreams_while_the_first_batch_is_on_the_engines(fakes):
+    (calls,) = fakes("concurrent")[1:]
+    batches = [c for c in calls if c.startswith("DecodeBatched ")]
+    assert len(batches) == 2 and batches[0].endswith("(the other call staged meanwhile)"), batches
+    # each call its own slot, and each slot freed behind its own batch
+    assert sorted(c for c in calls if c.startswith("EventSynchronize staging_free")) == [
+        "EventSynchronize staging_free0", "EventSynchronize staging_free1"]
+    assert sorted(c for c in calls if c.startswith("EventRecord staging_free")) == [
+        "EventRecord staging_free0 private", "EventRecord staging_free1 private"]
+    assert _results(calls) == ["result 0 decoded hardware", "result 1 decoded hardware",
+                               "result 2 decoded hardware"] * 2
+
+
+@requires_native_toolchain
 def test_a_failed_batch_is_reinitialised_and_retried_on_the_cuda_path(fakes):
     _, first, failed, after = fakes("hardware_failure")
     assert "DecodeBatchedInitialize 3" in first

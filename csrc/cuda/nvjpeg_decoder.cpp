@@ -240,6 +240,7 @@ void NvjpegDecoder::create(bool allow_hardware) {
   note("CUDA path: " + std::to_string(count) + " worker threads" +
        (decoders_[1] ? ", GPU-assisted Huffman above " + std::to_string(options_.gpu_hybrid_pixels) + " pixels" : ""));
   pool_threads_ = std::make_unique<WorkerPool>(count);
+  copy_threads_ = std::make_unique<WorkerPool>(std::min(4, count));
 }
 
 void NvjpegDecoder::create_worker(CudaWorker& worker) {
@@ -265,6 +266,7 @@ NvjpegDecoder::~NvjpegDecoder() { release(); }
 
 void NvjpegDecoder::release() {
   pool_threads_.reset();  // joins the threads (no call is running: the decoder is going away)
+  copy_threads_.reset();
   int current = 0;
   // At interpreter exit the CUDA runtime may already be gone: then there is nothing to free.
   if (cuda_->GetDevice(&current) == cudaErrorCudartUnloading) return;
@@ -313,11 +315,14 @@ NvjpegStats NvjpegDecoder::stats() {
 }
 
 std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& requests, cudaStream_t consumer) {
-  std::lock_guard<std::mutex> lock(mutex_);
   Range range("nvjpeg.decode");
-  DeviceGuard guard(*cuda_, device_);
   const double began = clock_ms_();
+  const Staged staged = stage(requests);  // before the mutex: it overlaps another call's batch
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceGuard guard(*cuda_, device_);
   stats_ = NvjpegStats{};
+  stats_.staged_bytes = staged.bytes;
+  stats_.stage_us = staged.us;
   const long long mallocs = mallocs_, frees = frees_, malloc_bytes = malloc_bytes_;
   std::vector<JpegResult> results(requests.size(), JpegResult{JpegOutcome::Decoded, "", JpegPath::None});
   while (streams_.size() < requests.size()) {
@@ -329,7 +334,7 @@ std::vector<JpegResult> NvjpegDecoder::decode(const std::vector<JpegRequest>& re
   check_cuda(cuda_->EventRecord(consumer_ready_, consumer), "cudaEventRecord");
   check_cuda(cuda_->StreamWaitEvent(stream_, consumer_ready_, 0), "cudaStreamWaitEvent");
   try {
-    decode_ordered(requests, &results);
+    decode_ordered(requests, staged, &results);
     check_cuda(cuda_->EventRecord(done_, stream_), "cudaEventRecord");
     check_cuda(cuda_->StreamWaitEvent(consumer, done_, 0), "cudaStreamWaitEvent");
   } catch (...) {
@@ -366,7 +371,8 @@ bool NvjpegDecoder::hardware_candidate(const JpegRequest& r, size_t i, std::vect
   return true;
 }
 
-void NvjpegDecoder::decode_ordered(const std::vector<JpegRequest>& requests, std::vector<JpegResult>* results_out) {
+void NvjpegDecoder::decode_ordered(const std::vector<JpegRequest>& requests, const Staged& staged,
+                                   std::vector<JpegResult>* results_out) {
   std::vector<JpegResult>& results = *results_out;
   std::vector<size_t> hardware_items, cuda_items;
   const int unit = int(std::max(1u, engines_ * cores_));
@@ -434,10 +440,7 @@ void NvjpegDecoder::decode_ordered(const std::vector<JpegRequest>& requests, std
   std::string failure;
   bool submitted = true;
   const double t0 = clock_ms_();
-  if (!hardware_items.empty()) {
-    const std::vector<const unsigned char*> data = stage(requests, hardware_items);
-    submitted = submit_hardware(requests, hardware_items, data, targets, &failure);
-  }
+  if (!hardware_items.empty()) submitted = submit_hardware(requests, hardware_items, staged, targets, &failure);
   // Should anything below throw, the workers finish (and their streams drain) before `targets`
   // and the scratch they write go away.
   struct JoinOnExit {
@@ -486,53 +489,75 @@ void NvjpegDecoder::decode_ordered(const std::vector<JpegRequest>& requests, std
   }
 }
 
-std::vector<const unsigned char*> NvjpegDecoder::stage(const std::vector<JpegRequest>& requests,
-                                                       const std::vector<size_t>& items) {
-  std::vector<const unsigned char*> data(items.size());
-  if (!options_.pinned_staging) {
-    for (size_t k = 0; k < items.size(); ++k) data[k] = requests[items[k]].data;
-    return data;
-  }
+NvjpegDecoder::Staged NvjpegDecoder::stage(const std::vector<JpegRequest>& requests) {
+  Staged staged;
+  staged.data.assign(requests.size(), nullptr);
+  if (!options_.pinned_staging || !hardware_) return staged;
   Range range("nvjpeg.stage");
   const double began = clock_ms_();
-  std::vector<size_t> offsets(items.size() + 1, 0);
-  for (size_t k = 0; k < items.size(); ++k) offsets[k + 1] = offsets[k] + requests[items[k]].size;
-  StagingSlot& slot = staging_[staging_next_];
-  // The slot's previous batch (two calls ago) has read it: then it may be rewritten or regrown.
+  std::vector<size_t> offsets(requests.size() + 1, 0);
+  for (size_t i = 0; i < requests.size(); ++i) offsets[i + 1] = offsets[i] + (requests[i].data ? requests[i].size : 0);
+  {  // a slot no other call holds; two calls may stage at once, into different slots
+    std::unique_lock<std::mutex> lock(staging_mutex_);
+    staging_free_.wait(lock, [this] { return !staging_[0].held || !staging_[1].held; });
+    staged.slot = staging_[staging_next_].held ? staging_next_ ^ 1 : staging_next_;
+    staging_[staged.slot].held = true;
+    staging_next_ = staged.slot ^ 1;
+  }
+  staged.owner = this;
+  StagingSlot& slot = staging_[staged.slot];
+  // The slot's previous batch has read it: then it may be rewritten or regrown. This and the
+  // copy run outside the decoder's mutex, while another call's batch may be on the engines.
+  DeviceGuard guard(*cuda_, device_);
   check_cuda(cuda_->EventSynchronize(slot.free), "cudaEventSynchronize");
   if (slot.capacity < offsets.back()) {
+    const size_t capacity = std::max(offsets.back(), slot.capacity * 2);
     if (slot.data) check_cuda(cuda_->FreeHost(slot.data), "cudaFreeHost");
     slot.data = nullptr;
     slot.capacity = 0;
     void* p = nullptr;
-    const size_t capacity = std::max(offsets.back(), slot.capacity * 2);
     check_cuda(cuda_->HostAlloc(&p, capacity, cudaHostAllocDefault), "cudaHostAlloc (staging)");
     slot.data = static_cast<uint8_t*>(p);
     slot.capacity = capacity;
   }
-  auto copy = [&](int, size_t k) { std::memcpy(slot.data + offsets[k], requests[items[k]].data, requests[items[k]].size); };
-  if (offsets.back() >= (8u << 20) && pool_threads_->size() > 1) {
-    pool_threads_->run(items.size(), copy);  // large batches: every worker copies
+  auto copy = [&](int, size_t i) {
+    if (requests[i].data) std::memcpy(slot.data + offsets[i], requests[i].data, requests[i].size);
+  };
+  if (offsets.back() >= (8u << 20) && copy_threads_->size() > 1) {
+    std::lock_guard<std::mutex> lock(copy_mutex_);  // large batches: several threads copy
+    copy_threads_->run(requests.size(), copy);
   } else {
-    for (size_t k = 0; k < items.size(); ++k) copy(0, k);
+    for (size_t i = 0; i < requests.size(); ++i) copy(0, i);
   }
-  for (size_t k = 0; k < items.size(); ++k) data[k] = slot.data + offsets[k];
-  stats_.staged_bytes = (long long)offsets.back();
-  stats_.stage_us = (clock_ms_() - began) * 1e3;
-  return data;
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (requests[i].data) staged.data[i] = slot.data + offsets[i];
+  staged.bytes = (long long)offsets.back();
+  staged.us = (clock_ms_() - began) * 1e3;
+  return staged;
+}
+
+NvjpegDecoder::Staged::~Staged() {
+  if (!owner) return;
+  std::lock_guard<std::mutex> lock(owner->staging_mutex_);
+  owner->staging_[slot].held = false;
+  owner->staging_free_.notify_one();
 }
 
 bool NvjpegDecoder::submit_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
-                                    const std::vector<const unsigned char*>& data,
-                                    const std::vector<uint8_t*>& targets, std::string* failure) {
+                                    const Staged& staged, const std::vector<uint8_t*>& targets,
+                                    std::string* failure) {
   Range range("nvjpeg.hardware");
   const double began = clock_ms_();
   const int n = int(items.size());
+  const int staged_slot = staged.slot;
+  std::vector<const unsigned char*> data(items.size());
   std::vector<size_t> lengths(items.size());
   std::vector<nvjpegImage_t> destinations(items.size());
   for (int k = 0; k < n; ++k) {
     const JpegRequest& r = requests[items[size_t(k)]];
     uint8_t* target = targets[items[size_t(k)]];
+    const uint8_t* pinned = staged.data[items[size_t(k)]];
+    data[size_t(k)] = pinned ? pinned : r.data;
     lengths[size_t(k)] = r.size;
     nvjpegImage_t& d = destinations[size_t(k)];
     d = nvjpegImage_t{};
@@ -560,10 +585,8 @@ bool NvjpegDecoder::submit_hardware(const std::vector<JpegRequest>& requests, co
   }
   if (status == NVJPEG_STATUS_SUCCESS)
     status = api_->DecodeBatched(handle_, batched_state_, data.data(), lengths.data(), destinations.data(), stream_);
-  if (options_.pinned_staging) {  // the slot is free again once what was queued so far has run
-    check_cuda(cuda_->EventRecord(staging_[staging_next_].free, stream_), "cudaEventRecord");
-    staging_next_ ^= 1;
-  }
+  if (staged_slot >= 0)  // the slot is free again once what was queued so far has run
+    check_cuda(cuda_->EventRecord(staging_[staged_slot].free, stream_), "cudaEventRecord");
   check_cuda(cuda_->EventRecord(hardware_done_, stream_), "cudaEventRecord");
   stats_.hardware_submit_us = (clock_ms_() - began) * 1e3;
   if (status == NVJPEG_STATUS_SUCCESS) return true;

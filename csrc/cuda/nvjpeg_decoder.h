@@ -8,9 +8,10 @@
 // - split: the candidates are sorted by area and the smallest move to the CUDA path, so that
 //   both run at once; SplitScheduler sizes the engines' share in multiples of engines x cores
 //   and tunes it per size class from the measured completion times;
-// - stage: the engines' bitstreams are copied (on the worker threads) into one of two reused
-//   pinned slots, so nvJPEG's copies to the device are asynchronous; a slot is rewritten only
-//   after the batch that read it finished (its event), so the copy overlaps the previous batch;
+// - stage (before the decoder's mutex, so it overlaps another call's batch): on a device with
+//   engines the bitstreams are copied (by a few threads for large batches) into one of two
+//   reused pinned slots, so nvJPEG's copies to the device are asynchronous; a slot is rewritten
+//   only after the batch that read it finished (its event), and two calls never hold one slot;
 // - hardware: one nvjpegDecodeBatched over the engines' share, on the private stream, on one
 //   cached handle and batched state;
 // - cuda: the decoupled API on a pool of worker threads, each with its own states (HYBRID, and
@@ -44,11 +45,13 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nvjpeg_api.h"
@@ -152,15 +155,32 @@ class NvjpegDecoder {
     uint8_t* data = nullptr;
     size_t capacity = 0;
     cudaEvent_t free = nullptr;  // the last batch that read the slot finished
+    bool held = false;           // a call is filling it or has not yet queued its batch
+  };
+  // One call's pinned copies of its bitstreams (nullptr where not staged); releases its slot.
+  struct Staged {
+    NvjpegDecoder* owner = nullptr;
+    int slot = -1;
+    std::vector<const unsigned char*> data;
+    long long bytes = 0;
+    double us = 0;
+    Staged() = default;
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
+    Staged(Staged&& other) noexcept
+        : owner(std::exchange(other.owner, nullptr)), slot(other.slot), data(std::move(other.data)),
+          bytes(other.bytes), us(other.us) {}
+    ~Staged();
   };
 
-  void decode_ordered(const std::vector<JpegRequest>& requests, std::vector<JpegResult>* results);
+  void decode_ordered(const std::vector<JpegRequest>& requests, const Staged& staged,
+                      std::vector<JpegResult>* results);
   bool hardware_candidate(const JpegRequest& r, size_t i, std::vector<JpegResult>* results);
-  std::vector<const unsigned char*> stage(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items);
+  // Copies the bitstreams into a free pinned slot (with the engines; before the decoder's mutex).
+  Staged stage(const std::vector<JpegRequest>& requests);
   // Submits the engines' batch; false when nvJPEG refused it (the stream is then synchronised).
   bool submit_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
-                       const std::vector<const unsigned char*>& data, const std::vector<uint8_t*>& targets,
-                       std::string* failure);
+                       const Staged& staged, const std::vector<uint8_t*>& targets, std::string* failure);
   void start_cuda(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
                   const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results, bool timed);
   void decode_on_worker(CudaWorker& worker, const JpegRequest& r, uint8_t* target, JpegResult* result);
@@ -197,6 +217,10 @@ class NvjpegDecoder {
   nvjpegJpegDecoder_t decoders_[2] = {nullptr, nullptr};  // HYBRID, GPU_HYBRID (may be absent)
   std::vector<CudaWorker> workers_;
   std::unique_ptr<WorkerPool> pool_threads_;
+  std::unique_ptr<WorkerPool> copy_threads_;  // the staging copies (their own: stage() runs unlocked)
+  std::mutex copy_mutex_;
+  std::mutex staging_mutex_;
+  std::condition_variable staging_free_;
   StagingSlot staging_[2];
   int staging_next_ = 0;
   std::vector<nvjpegJpegStream_t> streams_;

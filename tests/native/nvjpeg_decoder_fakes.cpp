@@ -9,13 +9,16 @@
 //
 //   nvjpeg_decoder_fakes SCENARIO
 //     hardware | hardware_failure | decoupled | orient_failure | truncated_scan | no_pools | plain_flags
-//     | planar | header_parse | split | damaged | adaptive | scheduler
+//     | planar | header_parse | split | damaged | adaptive | concurrent | scheduler
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/nvjpeg_decoder.h"
@@ -34,7 +37,13 @@ int truncated_image = -1;  // the image (first bitstream byte) whose scan data i
 int bad_huffman_image = -1;  // the image whose host (Huffman) phase fails
 bool pools_supported = true;  // cudaDevAttrMemoryPoolsSupported
 bool interpolation_refused = false;  // CreateEx* refuses NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION
-double hardware_cost_ms = 0, cuda_cost_ms = 0;  // fake time the engines' batch and each host phase take
+double hardware_cost_ms = 0, cuda_cost_ms = 0;
+// "concurrent": the first batch on the engines waits until the other call has staged its
+// bitstreams (which it can do only outside the decoder's mutex); bounded, and logged either way.
+bool hold_first_batch = false;
+std::mutex staging_seen_mutex;
+std::condition_variable staging_seen_changed;
+int stagings_seen = 0;  // fake time the engines' batch and each host phase take
 thread_local double now_ms = 0;
 int dummy_objects[4096];
 std::atomic<int> next_object{0};
@@ -119,6 +128,13 @@ nvjpegStatus_t DecodeBatched(nvjpegHandle_t, nvjpegJpegState_t, const unsigned c
     log("DecodeBatched failed");
     return NVJPEG_STATUS_EXECUTION_FAILED;
   }
+  std::string waited;
+  if (hold_first_batch) {
+    hold_first_batch = false;
+    std::unique_lock<std::mutex> lock(staging_seen_mutex);
+    const bool seen = staging_seen_changed.wait_for(lock, std::chrono::seconds(30), [] { return stagings_seen >= 2; });
+    waited = seen ? " (the other call staged meanwhile)" : " (the other call never staged)";
+  }
   std::string images;
   bool all_pinned = true, planar = true;
   for (int k = 0; k < batch_in_flight; ++k) {
@@ -126,7 +142,7 @@ nvjpegStatus_t DecodeBatched(nvjpegHandle_t, nvjpegJpegState_t, const unsigned c
     all_pinned = all_pinned && pinned(data[k]);
     planar = planar && destinations[k].channel[1] != nullptr;
   }
-  log("DecodeBatched" + images + (all_pinned ? " (pinned)" : " (pageable)") + (planar ? " (planar)" : ""));
+  log("DecodeBatched" + images + (all_pinned ? " (pinned)" : " (pageable)") + (planar ? " (planar)" : "") + waited);
   return NVJPEG_STATUS_SUCCESS;
 }
 nvjpegStatus_t DecodeBatchedPreAllocate(nvjpegHandle_t, nvjpegJpegState_t, int batch, int width, int height,
@@ -276,6 +292,11 @@ cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t EventSynchronize(cudaEvent_t event) {
   if (event_name(event) == "hardware_done") now_ms += hardware_cost_ms;
   log("EventSynchronize " + event_name(event));
+  if (event_name(event).rfind("staging_free", 0) == 0) {
+    std::lock_guard<std::mutex> lock(staging_seen_mutex);
+    ++stagings_seen;
+    staging_seen_changed.notify_all();
+  }
   return cudaSuccess;
 }
 cudaError_t MemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps*) {
@@ -428,6 +449,18 @@ int main(int argc, char** argv) {
       if (scenario == "damaged") truncated_image = 6, bad_huffman_image = 1;
       log("-- batch 1");
       log_results(decoder.decode(requests(scenario == "split" ? 12 : 8, &storage, 1, true), consumer));
+      log("-- teardown");
+    } else if (scenario == "concurrent") {  // two callers: one stages while the other's batch runs
+      hold_first_batch = true;
+      std::vector<uint8_t> other_storage;
+      std::vector<JpegResult> first, second;
+      const std::vector<JpegRequest> mine = requests(3, &storage), theirs = requests(3, &other_storage);
+      log("-- batch 1");
+      std::thread other([&] { second = decoder.decode(theirs, consumer); });
+      first = decoder.decode(mine, consumer);
+      other.join();
+      log_results(first);
+      log_results(second);
       log("-- teardown");
     } else if (scenario == "adaptive") {
       for (int batch = 1; batch <= 12; ++batch) {
