@@ -201,7 +201,7 @@ GRID = [  # (label, options): one knob at a time from the defaults, and the 2 x 
     ("no PreAllocate", {"preallocate_batch": 0}),
     ("PreAllocate 64 x 4K", {"preallocate_height": 2160, "preallocate_width": 3840}),
     ("pool threshold max", {"pool_threshold": 2 ** 64 - 1}),
-    ("header check only", {"full_parse": False}),
+    ("full host parse", {"full_parse": True}),
     ("pageable bitstreams", {"pinned_staging": False}),
     ("engines only (load 1.0)", {"hardware_load": 1.0}),
     ("load 0.9", {"hardware_load": 0.9}),

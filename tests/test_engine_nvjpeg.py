@@ -304,8 +304,8 @@ def test_a_failed_batch_is_reinitialised_and_retried_on_the_cuda_path(fakes):
 
 
 @requires_native_toolchain
-def test_hardware_candidates_are_parsed_whole_and_a_cut_scan_falls_back_alone(fakes):
-    _, first, cut, after = fakes("truncated_scan")
+def test_with_full_parse_hardware_candidates_are_parsed_whole_and_a_cut_scan_falls_back_alone(fakes):
+    _, first, cut, after = fakes("full_parse")
     for calls in (first, cut, after):  # every candidate parsed whole before the engines see the batch
         parses = _all(calls, "JpegStreamParse")
         assert len(parses) == 3 and max(parses) < _index(calls, "EventSynchronize stream_idle")
@@ -318,11 +318,14 @@ def test_hardware_candidates_are_parsed_whole_and_a_cut_scan_falls_back_alone(fa
 
 
 @requires_native_toolchain
-def test_without_a_full_parse_a_stream_without_eoi_still_falls_back_alone(fakes):
-    _, first, cut, _ = fakes("header_parse")
-    assert not _all(first, "JpegStreamParse") and not _all(cut, "JpegStreamParse")  # no host pass over the scan
+def test_a_stream_cut_short_falls_back_alone_without_a_host_pass_over_its_scan(fakes):
+    _, first, cut, after = fakes("truncated_scan")  # the default: a structural check, no full parse
+    assert not any(_all(calls, "JpegStreamParse") for calls in (first, cut, after))
     assert [c for c in cut if c.startswith("DecodeBatched ")] == ["DecodeBatched 0 2 (pinned)"]
-    assert _results(cut)[1] == "result 1 fallback parse: no EOI marker (cut short)"
+    assert _results(cut) == ["result 0 decoded hardware",
+                             "result 1 fallback parse: no scan or no EOI marker (cut short)",
+                             "result 2 decoded hardware"]
+    assert "DecodeBatchedInitialize 3" in after and "DecodeBatched 0 1 2 (pinned)" in after
 
 
 @requires_native_toolchain
@@ -463,7 +466,7 @@ def test_a_damaged_image_in_each_share_falls_back_alone(fakes):
     assert _results(batch) == [
         "result 0 decoded cuda", "result 1 fallback CUDA path decode: bad JPEG", "result 2 decoded cuda",
         "result 3 decoded hardware", "result 4 decoded hardware", "result 5 decoded hardware",
-        "result 6 fallback parse: incomplete bitstream", "result 7 decoded hardware"]
+        "result 6 fallback parse: no scan or no EOI marker (cut short)", "result 7 decoded hardware"]
     assert _assert_worker_order(batch) == 2
 
 

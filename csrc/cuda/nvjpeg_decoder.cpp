@@ -75,8 +75,11 @@ class Scratch {
   std::vector<void*> buffers_;
 };
 
-// A baseline JPEG that was not cut short ends in an EOI marker (trailing bytes tolerated).
-bool ends_with_eoi(const uint8_t* data, size_t size) {
+// Structurally whole: a scan starts (SOS) and the stream ends in an EOI marker (trailing bytes
+// tolerated). Scan data stuffs every 0xFF, so a stream cut inside its scan has no EOI.
+bool structurally_whole(const uint8_t* data, size_t size) {
+  static const uint8_t sos[2] = {0xFF, 0xDA};
+  if (std::search(data, data + size, sos, sos + 2) == data + size) return false;
   const size_t from = size > 64 ? size - 64 : 0;
   for (size_t k = size; k-- > from + 1;)
     if (data[k - 1] == 0xFF && data[k] == 0xD9) return true;
@@ -356,16 +359,17 @@ bool NvjpegDecoder::hardware_candidate(const JpegRequest& r, size_t i, std::vect
   if (!hardware_ || api_->DecodeBatchedSupported(handle_, streams_[i], &unsupported) != NVJPEG_STATUS_SUCCESS ||
       unsupported != 0)
     return false;
-  // The engines get only streams that parse whole (or at least end): one cut inside its scan
-  // would fail the batch, or decode to pixels where the CPU answers 422 (DALI #3113).
+  // The engines get only streams that are whole: one cut inside its scan would fail the batch,
+  // or decode to pixels where the CPU answers 422 (DALI #3113). By default a structural check
+  // (no host pass over the scan data); full_parse runs nvjpegJpegStreamParse, as DALI does.
   if (options_.full_parse) {
     nvjpegStatus_t status = api_->JpegStreamParse(handle_, r.data, r.size, 0, 0, streams_[i]);
     if (status != NVJPEG_STATUS_SUCCESS) {
       (*results)[i] = {JpegOutcome::Fallback, std::string("parse: ") + nvjpeg_status_name(status), JpegPath::None};
       return false;
     }
-  } else if (!ends_with_eoi(r.data, r.size)) {
-    (*results)[i] = {JpegOutcome::Fallback, "parse: no EOI marker (cut short)", JpegPath::None};
+  } else if (!structurally_whole(r.data, r.size)) {
+    (*results)[i] = {JpegOutcome::Fallback, "parse: no scan or no EOI marker (cut short)", JpegPath::None};
     return false;
   }
   return true;

@@ -1,17 +1,17 @@
 // Batched JPEG decoding with nvJPEG into caller-owned device buffers (HWC RGB uint8).
 //
 // One decoder per device, guarded by a mutex (calls come with the GIL released). A call runs in
-// phases, each an NVTX range (nvjpeg.prepare, .stage, .hardware, .cuda, .join):
+// phases, each an NVTX range (nvjpeg.stage, .prepare, .hardware, .cuda, .join):
+// - stage (before the decoder's mutex, so it overlaps another call's batch): on a device with
+//   engines the bitstreams are copied (by a few threads for large batches) into one of two
+//   reused pinned slots, so nvJPEG's copies to the device are asynchronous; a slot is rewritten
+//   only after the batch that read it finished (its event), and two calls never hold one slot;
 // - prepare: each image's header is parsed on the calling thread; images the engines support
 //   (nvjpegDecodeBatchedSupported) are hardware candidates, the rest (progressive, or no
 //   engines: L4, L40S, A10, RTX) go to the CUDA path;
 // - split: the candidates are sorted by area and the smallest move to the CUDA path, so that
 //   both run at once; SplitScheduler sizes the engines' share in multiples of engines x cores
 //   and tunes it per size class from the measured completion times;
-// - stage (before the decoder's mutex, so it overlaps another call's batch): on a device with
-//   engines the bitstreams are copied (by a few threads for large batches) into one of two
-//   reused pinned slots, so nvJPEG's copies to the device are asynchronous; a slot is rewritten
-//   only after the batch that read it finished (its event), and two calls never hold one slot;
 // - hardware: one nvjpegDecodeBatched over the engines' share, on the private stream, on one
 //   cached handle and batched state;
 // - cuda: the decoupled API on a pool of worker threads, each with its own states (HYBRID, and
@@ -22,9 +22,10 @@
 //   interleave) kernels run, the caller's stream waits on one event (no device-wide sync).
 //
 // Ordering rules (held by tests/test_engine_nvjpeg.py against recording fakes of both APIs):
-// - with full_parse a hardware candidate is parsed whole before it joins the batch: a stream cut
-//   inside its scan data falls back to the CPU (which answers 422) instead of failing the batch;
-//   without it, a candidate must at least end in an EOI marker;
+// - a hardware candidate joins the batch only if it is whole (a scan, and an EOI at the end; with
+//   full_parse, nvjpegJpegStreamParse over the whole stream): a stream cut inside its scan data
+//   falls back to the CPU (which answers 422) instead of failing the batch; what else the engines
+//   refuse fails the batch, which the CUDA path then retries image by image (STRICT handles);
 // - the hardware batch is (re)initialised only after the host has waited for everything queued
 //   before it, and again after any failed batch, not only when its size changes;
 // - after a failed hardware batch the private stream is synchronised before the CUDA path
@@ -90,7 +91,7 @@ struct NvjpegOptions {
   int preallocate_batch = 64;   // PreAllocate hint (rounded up to engines x cores); 0: none
   int preallocate_height = 1024, preallocate_width = 1024;
   uint64_t pool_threshold = 256ull << 20;  // the private pool's release threshold (bytes)
-  bool full_parse = true;       // parse hardware candidates whole, else an EOI check
+  bool full_parse = false;      // parse hardware candidates whole on the host, else a structural check
   bool pinned_staging = true;   // stage the engines' bitstreams in the pinned ring
   double hardware_load = -1;    // engines' share of the candidates in [0, 1]; negative: adaptive
   int cuda_workers = 0;         // CUDA path threads; 0: the cores, at most 16

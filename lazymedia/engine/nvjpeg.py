@@ -5,7 +5,7 @@ What nvJPEG cannot decode goes to the CPU decoder per image: 4-component (CMYK/Y
 grayscale, RGB-coded (Adobe transform 0), lossless, arithmetic-coded and hierarchical JPEGs,
 non-JPEG formats, modes other than RGB and draft decodes are routed to the CPU up front; any
 image the native decoder refuses at run time (its handles are strict about damaged bitstreams,
-and parse hardware candidates whole) falls back the same way. The CPU decoder
+and let the engines take only streams that are whole) falls back the same way. The CPU decoder
 then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG upsamples chroma
 by interpolation, as libjpeg-turbo does, where the library accepts the flag; its pixels differ
 from libjpeg-turbo's within what tests/test_gpu.py measures (40 dB).

@@ -9,7 +9,7 @@
 //
 //   nvjpeg_decoder_fakes SCENARIO
 //     hardware | hardware_failure | decoupled | orient_failure | truncated_scan | no_pools | plain_flags
-//     | planar | header_parse | split | damaged | adaptive | concurrent | scheduler
+//     | planar | full_parse | split | damaged | adaptive | concurrent | scheduler
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -172,7 +172,7 @@ nvjpegStatus_t JpegStreamParse(nvjpegHandle_t, const unsigned char* data, size_t
   log("JpegStreamParse " + std::to_string(data[0]) + (truncated ? " failed" : ""));
   return truncated ? NVJPEG_STATUS_INCOMPLETE_BITSTREAM : NVJPEG_STATUS_SUCCESS;
 }
-// A fake bitstream: [image id, width, height, ..., 0xFF, 0xD9] (the EOI dropped where cut).
+// A fake bitstream: [image id, width, height, 0, SOS, 0, 0, EOI] (the EOI dropped where cut).
 nvjpegStatus_t JpegStreamParseHeader(nvjpegHandle_t, const unsigned char* data, size_t, nvjpegJpegStream_t s) {
   std::lock_guard<std::mutex> lock(calls_mutex);
   parsed_image[s] = data[0] | (data[1] << 8) | (data[2] << 16);
@@ -378,15 +378,15 @@ const CudaApi kCuda{GetDevice,       SetDevice,      GetErrorString,      Stream
 // split keeps their order).
 std::vector<JpegRequest> requests(int count, std::vector<uint8_t>* storage, int orientation = 1,
                                   bool growing = false) {
-  static uint8_t bitstreams[64][8];
+  static uint8_t bitstreams[64][10];
   storage->assign(size_t(count) * 72 * 4 * 3, 0);
   std::vector<JpegRequest> out;
   for (int i = 0; i < count; ++i) {
     const int width = growing ? 8 + i : 8;
-    const uint8_t bytes[8] = {uint8_t(i), uint8_t(width), 4, 0, 0, 0, 0xFF, 0xD9};
+    const uint8_t bytes[10] = {uint8_t(i), uint8_t(width), 4, 0, 0xFF, 0xDA, 0, 0, 0xFF, 0xD9};
     std::memcpy(bitstreams[i], bytes, sizeof(bytes));
     const bool cut = i == truncated_image;  // a cut stream has no EOI marker
-    out.push_back(JpegRequest{bitstreams[i], cut ? size_t(6) : size_t(8), width, 4, orientation,
+    out.push_back(JpegRequest{bitstreams[i], cut ? size_t(8) : size_t(10), width, 4, orientation,
                               storage->data() + size_t(i) * 72 * 4 * 3});
   }
   return out;
@@ -417,7 +417,7 @@ int main(int argc, char** argv) {
   NvjpegOptions options;
   options.cuda_workers = 2;
   options.planar = scenario == "planar";
-  options.full_parse = scenario != "header_parse";
+  options.full_parse = scenario == "full_parse";
   if (scenario == "split" || scenario == "damaged") options.hardware_load = 0.5;
   if (scenario == "split") options.gpu_hybrid_pixels = 40;  // images 3 and larger: GPU-assisted Huffman
   if (scenario == "scheduler") {  // SplitScheduler alone: shares, rounding, the adaptation rule
@@ -478,7 +478,7 @@ int main(int argc, char** argv) {
       log("-- batch 1");
       decoder.decode(requests(3, &storage), consumer);
       if (scenario == "hardware_failure") failing_batches = 1;
-      if (scenario == "truncated_scan" || scenario == "header_parse") truncated_image = 1;
+      if (scenario == "truncated_scan" || scenario == "full_parse") truncated_image = 1;
       log("-- batch 2");
       log_results(decoder.decode(requests(3, &storage), consumer));
       truncated_image = -1;
