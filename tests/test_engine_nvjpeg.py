@@ -63,6 +63,9 @@ class HostDecoder:
         self.calls = []
         self.stats = {}
 
+    def load(self, size_class):  # the engines' share per size class, as the native split keeps it
+        return (1.0, 0.75, 0.5)[size_class]
+
     def decode(self, requests, stream):
         self.calls.append(len(requests))
         statuses = []
@@ -103,6 +106,7 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     assert backend.decoded == 3  # hopper_orientation_6, hopper.jpg and its resize; not 3.jpg or the corrupt one
     assert backend.decoded_by == {"hardware": 3, "cuda": 0} and backend.fallback_count == 2
     assert backend.stats == {"hardware_items": 3}
+    assert backend.split_load == {"<0.5MP": 1.0, "<2.5MP": 0.75, "larger": 0.5}
 
 
 def ops_resize_reference(item):
