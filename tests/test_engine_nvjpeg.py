@@ -155,11 +155,13 @@ def test_one_released_item_or_a_failed_native_call_never_fails_the_batch(jpeg_by
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
     (out,) = backend.decode_batch([item])  # failed twice: the CPU decodes what the device could not
     assert torch.equal(out, expected) and backend.decoded == 0 and failing.calls == [1, 1]
+    assert backend.fallback_count == 1
     assert "cudaErrorIllegalAddress" in backend.fallbacks[-1] and "retry attempt" in backend.fallbacks[-1]
     failing = Failing(failures=1)
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
     (out,) = backend.decode_batch([item])  # one transient failure: the retry decodes it on the device
     assert torch.equal(out, expected) and backend.decoded == 1 and len(failing.calls) == 2
+    assert backend.fallback_count == 0
     assert list(backend.fallbacks) == ["batch failed (first attempt): cudaErrorIllegalAddress"]
 
 

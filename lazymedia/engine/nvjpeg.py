@@ -197,6 +197,8 @@ class NvjpegBatchDecoder:
                 self.fallbacks.append(f"batch failed ({attempt} attempt): {exc}")
                 _log.warning("nvJPEG batch of %d failed (%s attempt): %s", len(requests), attempt, exc)
         if statuses is None:  # failed twice: the CPU decodes
+            with self._count_lock:
+                self.fallback_count += len(sent)
             return sent
         fallback = []
         counts = {"hardware": 0, "cuda": 0}
