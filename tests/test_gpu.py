@@ -143,9 +143,7 @@ def test_nvjpeg_batches_behind_queued_work_on_the_callers_stream(nvjpeg_backend)
 
 def test_a_scan_cut_short_is_a_422_and_the_rest_of_its_batch_decodes_on_the_gpu(nvjpeg_backend):
     blobs = [encode(make_image(256, 320, seed=s), "JPEG", quality=90) for s in range(4)]
-    sos = blobs[2].index(b"\xff\xda")
-    scan = sos + 2 + int.from_bytes(blobs[2][sos + 2:sos + 4], "big")
-    cut = blobs[2][:scan + (blobs[2].rindex(b"\xff\xd9") - scan) // 2]  # half the entropy-coded data
+    cut = cut_scan(blobs[2])  # half the entropy-coded data
     items = [lazymedia.load_image(b) for b in blobs[:2]] + [lazymedia.load_image(cut), lazymedia.load_image(blobs[3])]
     decoded, fallbacks = nvjpeg_backend.decoded, len(nvjpeg_backend.fallbacks)
     results = nvjpeg_backend.decode_batch(items)
@@ -156,6 +154,73 @@ def test_a_scan_cut_short_is_a_422_and_the_rest_of_its_batch_decodes_on_the_gpu(
         assert_close_to_pillow(results[k], blobs[k], f"batch with a cut scan, image {k}")
 
 
+def cut_scan(data: bytes) -> bytes:
+    """`data` with half its entropy-coded data gone (the EOI with it)."""
+    sos = data.index(b"\xff\xda")
+    scan = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    return data[:scan + (data.rindex(b"\xff\xd9") - scan) // 2]
+
+
+def test_split_batch_engines_and_cuda_path_each_decode_and_a_damaged_image_in_each_share_is_a_422():
+    """Half the candidates on the CUDA path (hardware_load=0.5, rounded up to whole rounds of the
+    engines): both paths decode, every image is within 40 dB of Pillow, and a cut image in each
+    share is a 422 with the other 62 still decoded on the GPU."""
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+
+    backend = NvjpegBatchDecoder(device=0, hardware_load=0.5)
+    # areas grow with the index: the split keeps the largest on the engines
+    blobs = [encode(make_image(200 + 2 * s, 256, seed=s), "JPEG", quality=90) for s in range(64)]
+    results = decode_counted(backend, [lazymedia.load_image(b) for b in blobs], on_gpu=64)
+    print("split:", backend.stats, backend.decoded_by)
+    if backend.hardware:
+        unit = backend.engines * backend.cores_per_engine
+        on_engines = min(64, -(-32 // unit) * unit)
+        assert backend.decoded_by == {"hardware": on_engines, "cuda": 64 - on_engines}
+    for k, (out, data) in enumerate(zip(results, blobs)):
+        assert_close_to_pillow(out, data, f"split image {k}")
+    damaged = list(blobs)
+    # the engines' share: the largest, cut (the parse before the split catches it); the CUDA
+    # path's: a progressive image (no engine takes one), cut (the worker's parse catches it)
+    progressive = encode(make_image(200, 256, seed=0), "JPEG", quality=90, progressive=True)
+    damaged[63], damaged[0] = cut_scan(blobs[63]), cut_scan(progressive)
+    decoded = backend.decoded
+    results = backend.decode_batch([lazymedia.load_image(b) for b in damaged])
+    assert [k for k, r in enumerate(results) if isinstance(r, lazymedia.UnprocessableMediaError)] == [0, 63]
+    assert backend.decoded - decoded == 62
+    for k in range(1, 63):
+        assert_close_to_pillow(results[k], blobs[k], f"split with damaged images, image {k}")
+
+
+def test_cuda_path_alone_uses_its_threads_and_gpu_assisted_huffman_for_large_images():
+    """Without engines (as on L4/L40S/A10): baseline images above 1 MP take GPU_HYBRID, progressive
+    ones HYBRID, on several worker threads; all within 40 dB of Pillow."""
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+
+    backend = NvjpegBatchDecoder(device=0, allow_hardware=False)
+    assert backend.cuda_workers >= 1 and not backend.hardware
+    large = [encode(make_image(1080, 1920, seed=s), "JPEG", quality=90) for s in range(4)]
+    progressive = [encode(make_image(720, 1280, seed=s), "JPEG", quality=90, progressive=True) for s in range(4)]
+    results = decode_counted(backend, [lazymedia.load_image(b) for b in large + progressive], on_gpu=8)
+    print("CUDA path:", backend.stats)
+    assert backend.decoded_by == {"hardware": 0, "cuda": 8}
+    if "GPU_HYBRID): success" in backend.creation_log:
+        assert backend.stats["gpu_hybrid_items"] == 4, backend.stats
+    for k, (out, data) in enumerate(zip(results, large + progressive)):
+        assert_close_to_pillow(out, data, f"CUDA path image {k}")
+
+
+@requires_corpus
+def test_planar_output_interleaved_and_oriented_by_our_kernel():
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+
+    backend = NvjpegBatchDecoder(device=0, planar=True, hardware_load=1.0)
+    names = [f"hopper_orientation_{i}.jpg" for i in range(2, 9)] + ["hopper.jpg"]
+    items = [lazymedia.load_image((CORPUS / "images" / n).read_bytes()) for n in names]
+    results = decode_counted(backend, items, on_gpu=len(names))
+    for name, item, out in zip(names, items, results):
+        assert_close_to_pillow(out, item.encoded(), f"planar {name}")
+
+
 def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
     streams = []
 
@@ -164,7 +229,7 @@ def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
 
         def decode(self, requests, stream):
             streams.append(stream)
-            return [(False, "stand-in")] * len(requests)
+            return [(False, "stand-in", "")] * len(requests)
 
     backend = nvjpeg_engine.NvjpegBatchDecoder(device=0, decoder=Recording())
     caller = torch.cuda.Stream()
