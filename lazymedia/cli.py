@@ -148,7 +148,7 @@ def cmd_decode(args) -> int:
                 print(line)
             except MediaError as exc:
                 failures += 1
-                print(f"error: {_shorten(source)}: {exc} (HTTP {exc.status_code})", file=sys.stderr)
+                print(f"error: {_shorten(source)}: {exc.operator_message} (HTTP {exc.status_code})", file=sys.stderr)
     finally:
         connector.close()
     return EXIT_BAD_MEDIA if failures else EXIT_OK

@@ -226,7 +226,7 @@ def test_a_url_is_downloaded_once(tmp_path, http_server, capsys):
     assert hits == {"/clip.mp4": 1, "/tone.wav": 1, "/missing.jpg": 1}
     assert " video " in captured.out and " audio " in captured.out
     (error,) = captured.err.strip().splitlines()
-    assert error.count(base) == 1 and error.count("HTTP") == 1 and "404" in error and "(HTTP 502)" in error
+    assert error.count(base) == 1 and error.count("HTTP") == 1 and "404" in error and "(HTTP 400)" in error
 
 
 def test_video_decodes_sampled_frames_by_default(tmp_path, capsys):
