@@ -18,6 +18,7 @@ import dataclasses
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -31,6 +32,7 @@ from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLarg
 from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
 from .hashing import KeyHasher, media_key
 from .media import LazyMedia, from_base64, load, probe_is_instant
+from .metrics import count, observe
 from .spec import DEFAULT_LIMITS, Limits, make_spec
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -149,11 +151,15 @@ class MediaConnector:
         settings of load_image / load_video / load_audio; every failure is a MediaError with a
         status code. Container probes (video, audio) run off the event loop."""
         spec_bytes = make_spec(modality, spec).canonical()
+        started = time.perf_counter()
         try:
             data, key = await self._read(url, KeyHasher(modality, spec_bytes))
         except MediaError as exc:
             exc.modality = exc.modality or modality
+            count("item_errors", stage="fetch", modality=modality, status=str(exc.status_code))
             raise
+        finally:  # timed by hand: an NVTX range cannot span an await
+            observe("fetch", time.perf_counter() - started, modality=modality)
         if probe_is_instant(modality, data):  # Pillow's parse goes to a thread
             return load(modality, data, limits=self.limits, key=key, **spec)
         return await asyncio.to_thread(load, modality, data, limits=self.limits, key=key, **spec)

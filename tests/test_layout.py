@@ -101,7 +101,7 @@ def test_readme_layout_table_names_real_paths():
 # its own). A package name covers its submodules; "lazymedia" alone is the package face.
 LAYERS = [
     ("native", ["_C", "_C_cuda"], []),
-    ("ground", ["errors", "hashing", "lru", "ops", "singletons", "profiling", "synthetic"], ["native"]),
+    ("ground", ["errors", "hashing", "lru", "metrics", "ops", "singletons", "profiling", "synthetic"], ["native"]),
     ("specs", ["spec"], ["ground"]),
     ("codecs", ["codecs"], ["specs", "ground", "native"]),
     ("handles", ["media"], ["codecs", "specs", "ground"]),

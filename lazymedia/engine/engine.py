@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import MediaError
+from ..metrics import observe, phase
+from ..profiling import nvtx_range
 from ..singletons import process_wide
 from .protocol import BatchDecoder, DecodeItem
 
@@ -125,12 +127,14 @@ class DecodeEngine:
     def _decode_one(self, item: DecodeItem, out):
         root = item.root
         if item.modality not in self.isolate or root.is_decoded:
-            return item.decode(out)
+            with phase("decode", backend="thread", modality=item.modality):
+                return item.decode(out)
         from .isolation import copy_into, decode_encoded
 
         try:
-            value = self.isolation_pool().run(decode_encoded, root.modality, bytes(root.encoded()), root.header,
-                                              root.spec, root.limits)
+            with phase("decode", backend="isolated", modality=item.modality):
+                value = self.isolation_pool().run(decode_encoded, root.modality, bytes(root.encoded()), root.header,
+                                                  root.spec, root.limits)
         except MediaError as exc:
             root.fulfil(error=exc)
         else:
@@ -174,10 +178,15 @@ class DecodeEngine:
                 self._pool.submit(self._decode_batch, decoder, live)
 
     def _decode_batch(self, decoder: BatchDecoder, batch) -> None:
-        try:
-            results = decoder.decode_batch([item for item, _ in batch])
-        except BaseException as exc:  # the decoder itself broke: every item of the batch fails
-            results = [exc] * len(batch)
+        started = time.perf_counter()
+        with nvtx_range("lazymedia.decode"):
+            try:
+                results = decoder.decode_batch([item for item, _ in batch])
+            except BaseException as exc:  # the decoder itself broke: every item of the batch fails
+                results = [exc] * len(batch)
+        seconds = time.perf_counter() - started  # each item of the batch waited for all of it
+        for item, _ in batch:
+            observe("decode", seconds, backend=decoder.name, modality=item.modality)
         for (item, future), result in zip(batch, results):
             if isinstance(result, BaseException):
                 item.fulfil(error=result)

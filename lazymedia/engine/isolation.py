@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
+from ..metrics import count
 from ..ops import NO_CUDA_ENV
 from ..singletons import process_wide
 
@@ -320,6 +321,7 @@ class IsolatedPool:
                 self._restarts += 1
         if not closed:
             logger.warning("decoder worker %d ended: %s; the next call starts another", worker.process.pid, cause)
+            count("worker_restarts", cause=cause)
             self._idle.put(None)
 
     def run(self, fn: Callable, *args, timeout_s: float | None = None) -> Any:
@@ -348,7 +350,7 @@ class IsolatedPool:
             worker.wait_ready()
             worker.conn.send_bytes(pickle.dumps((fn, args)))
             if not worker.conn.poll(timeout):
-                self._replace(worker, f"timed out after {timeout:.0f} s")
+                self._replace(worker, "timed out")
                 worker = None
                 raise UnprocessableMediaError(f"decoder timed out after {timeout:.0f} s", status_code=422)
             status, value = pickle.loads(worker.conn.recv_bytes())

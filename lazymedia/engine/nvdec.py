@@ -64,7 +64,7 @@ class NvdecBatchDecoder:
         self._decoder = None
         self._lock = threading.Lock()  # one decoder; its frame buffers are reused by the next call
         # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks = fallback_log()
+        self.fallbacks = fallback_log("nvdec")
         self.decoded = 0  # videos NVDEC decoded (tests check that the GPU did the work)
 
     def accepts(self, item: DecodeItem) -> bool:

@@ -102,7 +102,7 @@ class NvjpegBatchDecoder:
         self._decoder = decoder
         self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
         # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks = fallback_log()
+        self.fallbacks = fallback_log("nvjpeg")
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
         self._count_lock = threading.Lock()
 
