@@ -175,11 +175,12 @@ class Processor:
         plan = _Plan(items, [None] * len(items))
         with phase("lookup"):
             for index, key in enumerate(keys):
-                if key in plan.leaders:
-                    plan.leaders[key].append(index)
-                    continue
-                if key in plan.followers:
-                    plan.followers[key][1].append(index)
+                if key in plan.leaders or key in plan.followers:  # met earlier in this request: not cached
+                    count("lookups", tier="local", modality=items[index].modality, result="miss")
+                    if key in plan.leaders:
+                        plan.leaders[key].append(index)
+                    else:
+                        plan.followers[key][1].append(index)
                     continue
                 with self._lock:  # lookup and leader registration are one step: no double decode
                     found, value = self._local.lookup(key)
