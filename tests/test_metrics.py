@@ -143,3 +143,34 @@ def test_tiered_stats_are_exported_per_part():
         exporter.close()
     assert gauges == {("lazymedia_pool_bytes", ""): 5.0, ("lazymedia_pool_free", "nested"): 2.0,
                       ("lazymedia_pool_hits", "tiers[0]"): 1.0, ("lazymedia_pool_hits", "tiers[1]"): 4.0}
+
+
+def test_shared_tier_lookups_are_counted_once_per_item(tmp_path):
+    from lazymedia.cache import HostCache, ProcessorCache, TieredCache
+
+    counted = []
+
+    class Listener:
+        def observe(self, name, seconds, labels):
+            pass
+
+        def count(self, name, amount, labels):
+            if name == "lookups":
+                counted.append((labels["tier"], labels["result"], amount))
+
+    engine = lazymedia.DecodeEngine(max_workers=1, isolate=())
+    host = HostCache(str(tmp_path / "host"))
+    first = lazymedia.Processor(sizes, engine=engine, cache=TieredCache(ProcessorCache(), host))
+    second = lazymedia.Processor(sizes, engine=engine, cache=TieredCache(ProcessorCache(), host))  # another process
+    data = synthetic.jpeg(32, 32)
+    listener = Listener()
+    metrics.add_listener(listener)
+    try:
+        first.apply([lazymedia.load_image(data)])   # local miss, shared miss: decoded
+        second.apply([lazymedia.load_image(data)])  # local miss, shared hit
+        second.apply([lazymedia.load_image(data)])  # local hit
+    finally:
+        metrics.remove_listener(listener)
+        engine.shutdown()
+    assert counted == [("local", "miss", 1), ("shared", "miss", 1), ("local", "miss", 1), ("shared", "hit", 1),
+                       ("local", "hit", 1)]
