@@ -37,9 +37,14 @@ class CacheStats:
     mutated: int = 0  # hits refused because a reader had changed the stored value
 
 
+# Values nothing can change in place: a fingerprint skips them (a tuple's items are still walked).
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), frozenset)
+
+
 def fingerprint(value: Any, freeze: bool = False) -> tuple:
-    """The identity of `value`'s containers and leaves and the versions of its torch tensors, in
-    one walk; `freeze` also makes its numpy arrays read-only (what `LruCache.put` does)."""
+    """The identity of `value`'s mutable containers and leaves and the versions of its torch
+    tensors, in one walk; `freeze` also makes its numpy arrays read-only (what `LruCache.put`
+    does). Immutable scalars add nothing, so a value of shapes and ints costs almost nothing."""
     found: list = []
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
@@ -47,11 +52,16 @@ def fingerprint(value: Any, freeze: bool = False) -> tuple:
     seen: set[int] = set()
     while pending:
         item = pending.pop()
+        if isinstance(item, _IMMUTABLE):
+            continue
         if torch is not None and isinstance(item, torch.Tensor):
             found.append((id(item), item._version))
         elif id(item) in seen:  # a container met before (a cycle, or shared inside the value)
             found.append(id(item))
-        elif isinstance(item, (list, tuple)):
+        elif isinstance(item, tuple):
+            seen.add(id(item))
+            pending.extend(item)
+        elif isinstance(item, list):
             seen.add(id(item))
             found.append((id(item), len(item)))
             pending.extend(item)

@@ -13,7 +13,6 @@ listener is called on the thread doing the work and must be quick and never rais
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 import threading
@@ -59,18 +58,25 @@ def count(name: str, amount: int = 1, **labels: str) -> None:
             listener.count(name, amount, labels)
 
 
-@contextlib.contextmanager
-def phase(name: str, **labels: str) -> Iterator[None]:
-    """Marks a phase on the NVTX timeline and reports its latency to the listeners (if any)."""
-    with nvtx_range("lazymedia." + name):
-        if not _listeners:
-            yield
-            return
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            observe(name, time.perf_counter() - started, **labels)
+class phase:  # lower case: used as a function, `with phase("decode", backend=...)`
+    """Marks a phase on the NVTX timeline and reports its latency to the listeners (if any); a
+    class, not a generator, since it runs on every request's hit path."""
+
+    __slots__ = ("name", "labels", "started", "range")
+
+    def __init__(self, name: str, **labels: str):
+        self.name = name
+        self.labels = labels
+        self.range = nvtx_range("lazymedia." + name)
+
+    def __enter__(self) -> None:
+        self.range.__enter__()
+        self.started = time.perf_counter() if _listeners else 0.0
+
+    def __exit__(self, *exc_info) -> None:
+        if self.started:
+            observe(self.name, time.perf_counter() - self.started, **self.labels)
+        self.range.__exit__(*exc_info)
 
 
 def reason_kind(reason: str) -> str:

@@ -287,9 +287,12 @@ class IsolatedPool:
                 return worker
 
     def _spawn(self) -> _Worker:
-        """Starts a worker in a slot `_take` reserved."""
+        """Starts a worker in a slot `_take` or `warm_up` reserved."""
         try:
             worker = _Worker(self.shared_folder)
+        except OSError as exc:  # no process could start (out of pids or memory): not the input's fault
+            raise MediaCapacityError("the server could not start a decoder now: retry later",
+                                     hint=f"starting an isolation worker failed: {exc}") from None
         finally:
             with self._lock:
                 self._starting -= 1
@@ -379,10 +382,11 @@ class IsolatedPool:
     def warm_up(self) -> list[dict]:
         """Starts every worker not yet started and waits until each has warmed up; what each reported."""
         started = []
-        with self._lock:
-            missing = 0 if self._closed else self.workers - len(self._all) - self._starting
-            self._starting += max(missing, 0)
-        for _ in range(max(missing, 0)):
+        while True:
+            with self._lock:  # one slot reserved at a time, so a failed start holds none
+                if self._closed or len(self._all) + self._starting >= self.workers:
+                    break
+                self._starting += 1
             started.append(self._spawn())
         for worker in started:
             self._idle.put(worker)
