@@ -78,3 +78,4 @@ def test_example_runs(code, tmp_path, request):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path,
                             env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.stderr == "", result.stderr[-4000:]  # a process exits silently, whatever it decoded
