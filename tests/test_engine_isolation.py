@@ -254,6 +254,14 @@ def test_workers_of_a_killed_parent_exit_silently(tmp_path):
     assert log.read_text() == ""
 
 
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline") as cmdline:
+            return cmdline.read().replace("\0", " ")
+    except OSError:  # ended meanwhile
+        return ""
+
+
 def _state(pid):
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -263,6 +271,8 @@ def _state(pid):
 
 
 def test_the_pool_never_exceeds_its_workers_under_a_burst_of_videos(monkeypatch):
+    import os
+    import threading
     from concurrent.futures import wait
 
     from lazymedia.engine.isolation import configured_workers
@@ -273,11 +283,29 @@ def test_the_pool_never_exceeds_its_workers_under_a_burst_of_videos(monkeypatch)
     with DecodeEngine(max_workers=16, isolation_workers=2) as engine:
         pool = engine.isolation_pool()
         assert pool.stats().workers == 0  # nothing started before the first isolated item
-        futures = [engine.submit(lazymedia.load_video(clip, num_frames=2)) for _ in range(200)]
-        wait(futures)
+        seen: set[int] = set()  # the OS's view besides the pool's own count: its workers alive at once
+        most = [0]
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                alive = [pid for pid in _children(os.getpid()) if str(pool.shared_folder) in _cmdline(pid)]
+                seen.update(alive)
+                most[0] = max(most[0], len(alive))
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            futures = [engine.submit(lazymedia.load_video(clip, num_frames=2)) for _ in range(200)]
+            wait(futures)
+        finally:
+            done.set()
+            watcher.join()
         assert [f.result().frames.shape[0] for f in futures] == [2] * 200
         stats = pool.stats()
     assert stats.limit == 2 and stats.peak == 2 and stats.started == 2 and stats.restarts == 0
+    assert 1 <= most[0] <= 2 and len(seen) <= 2
     assert pool.stats().workers == 0  # closed with the engine
 
 
