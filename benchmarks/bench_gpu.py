@@ -23,7 +23,7 @@ from PIL import Image
 
 import lazymedia
 from lazymedia import synthetic
-from lazymedia.benchmarking.harness import encode, encode_video, median_time, write_json
+from lazymedia.benchmarking.harness import encode, encode_video, median_time, psnr, write_json
 
 SIZES = [(512, 512), (1024, 1024), (1080, 1920), (2160, 3840)]
 BATCHES = [1, 8, 64]
@@ -33,11 +33,6 @@ DISTINCT = 8  # distinct images per size, cycled to fill a batch
 def timed(fn, repeats: int) -> float:
     """Median seconds of fn, each call ended by a device synchronisation."""
     return median_time(fn, repeats, after=torch.cuda.synchronize)
-
-
-def psnr(a, b) -> float:
-    mse = np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2)
-    return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
 
 
 def decoders():

@@ -18,14 +18,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out/gpu-check}
 site=/tmp/lazymedia-site
-STEPS=(probe install build tests bench)
-declare -A BUDGET=([probe]=15 [install]=45 [build]=110 [tests]=180 [bench]=110)
+STEPS=(probe install build tests bench serving)
+declare -A BUDGET=([probe]=15 [install]=45 [build]=110 [tests]=180 [bench]=110 [serving]=100)
 declare -A WHAT=(
   [probe]="nvidia-smi, the driver's video libraries (libnvcuvid), libcuda, nvcc, torch's view of the GPU"
   [install]="wheels from .gpu/wheels and the slimmed PyNvVideoCodec into $site (no network)"
   [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_90, sm_100), both extensions imported (else a serial rebuild), lazymedia info"
   [tests]="pytest -p no:asyncio tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test, junit XML"
   [bench]="benchmarks/bench_gpu.py --quick: nvJPEG vs DALI vs torchvision, NVDEC vs PyAV, PSNR"
+  [serving]="lazymedia bench --device cuda --quick (8 requests, concurrency 8, the miss scenarios): every mode, device checks, verdicts (into bench.txt)"
 )
 
 total=0
@@ -129,5 +130,10 @@ run_step tests "$out/pytest.txt" "
     tests/test_gpu.py tests/test_cuda_build.py"
 
 run_step bench "$out/bench.txt" "python3 benchmarks/bench_gpu.py --quick --json '$out/bench_gpu.json'"
+
+# The serving step logs into bench.txt (the device call brings back 8 files at most); its table,
+# device checks and verdict lines end that file.
+run_step serving "$out/bench.txt" "python3 -m lazymedia bench --device cuda --quick --requests 8 --concurrency 8 \
+  --scenarios unique_720p,unique_4k,video_unique,mixed --json '' --chart ''"
 
 echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s)" | tee -a "$out/summary.txt"

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from . import __version__
 from .bench import add_arguments as add_bench_arguments
+from .engine.availability import BACKENDS
 from .errors import InvalidMediaError, MediaError
 
 EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE, EXIT_CLOSED_PIPE = 0, 1, 2, 141
@@ -288,7 +289,8 @@ def main(argv=None) -> int:
                                    "pipe closed")
     decode.add_argument("sources", nargs="+", metavar="FILE_OR_URL",
                         help="files, or http(s), data: or file: URLs (fetched without the SSRF guard)")
-    decode.add_argument("--backend", choices=("cpu", "nvjpeg", "dali", "auto"), default="auto",
+    decode.add_argument("--backend", choices=(*(name for modality, name in BACKENDS if modality == "image"), "auto"),
+                        default="auto",
                         help="image decoder: auto (nvJPEG where a GPU is usable, else the CPU), or one by name")
     decode.add_argument("--modality", choices=("image", "video", "audio"), help="default: told by the content")
     decode.add_argument("--out", help="directory for the decoded output (PNG, NPZ of frames, WAV)")

@@ -1,7 +1,9 @@
 """The lazymedia command: exit codes, one-line errors, outputs."""
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import lazymedia
 from lazymedia import bench, synthetic
 from lazymedia.benchmarking.harness import busy_warning
 from lazymedia.cli import main
+from lazymedia.engine.availability import BACKENDS
 
 from conftest import encode, make_image, without_gpu
 
@@ -68,8 +71,8 @@ def test_unavailable_backend_is_refused(files, capsys):
 def test_info_lists_every_backend(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    for name in ("cpu", "nvjpeg", "dali", "nvdec"):
-        assert name in out
+    for modality, name in BACKENDS:
+        assert re.search(rf"^  {modality} +{name} +(available|unavailable) ", out, re.M), (modality, name)
     assert f"lazymedia {lazymedia.__version__}" in out and "GPU: " in out
     try:
         from lazymedia import _C_cuda
@@ -280,3 +283,18 @@ def test_hash_threads_advises_a_setting_only_when_every_quiet_run_agrees(crossov
     assert main(["hash-threads", "--runs", str(len(crossovers))]) == 0
     out = capsys.readouterr().out
     assert advice in out and ("export" in out) == advice.startswith("export")
+
+
+def test_the_backend_option_and_design_md_list_the_backends_table(capsys):
+    """BACKENDS is the one list: --backend offers its image rows, docs/design.md names every row."""
+    with pytest.raises(SystemExit):
+        main(["decode", "--backend", "none", "x.jpg"])
+    images = [name for modality, name in BACKENDS if modality == "image"]
+    assert f"(choose from {', '.join(repr(name) for name in [*images, 'auto'])})" in capsys.readouterr().err
+    design = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
+    listed = re.search(r"`availability.BACKENDS` is the one list of decode backends: (.*?)\. ", design, re.S)
+    assert listed is not None
+    rows = {(modality, name) for modality, names in re.findall(r"(image|video|audio) ((?:`\w+`(?:, )?)+)",
+                                                                listed.group(1).replace("\n", " "))
+            for name in re.findall(r"`(\w+)`", names)}
+    assert rows == set(BACKENDS)

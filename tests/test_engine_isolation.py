@@ -9,6 +9,7 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, UnprocessableMediaError
 from lazymedia.engine.isolation import SHARED_MIN_BYTES, IsolatedPool
+from lazymedia.synthetic import tone
 from lazymedia.synthetic import video as make_video
 
 
@@ -47,6 +48,16 @@ def test_isolation_fills_mapped_handles_and_out_buffers(pool):
         out = torch.empty((4, 96, 160, 3), dtype=torch.uint8)
         frames = engine.submit(lazymedia.load_video(data, num_frames=4), out=out).result(timeout=60)
     assert frames.frames.data_ptr() == out.data_ptr()
+
+
+def test_isolated_audio_fills_the_front_of_a_longer_out_buffer(pool):
+    """As a decode into `out` in process does: the result is the filled part of `out`."""
+    data = tone(2.0, rate=48000, channels=2)  # 1.5 MB: through shared memory
+    direct = lazymedia.load_audio(data, mono=False).decode()
+    out = torch.empty((2, direct.samples.shape[1] + 100))
+    with DecodeEngine(max_workers=1, isolate=("audio",), isolation_pool=pool) as engine:
+        isolated = engine.submit(lazymedia.load_audio(data, mono=False), out=out).result(timeout=60)
+    assert isolated.samples.data_ptr() == out.data_ptr() and torch.equal(isolated.samples, direct.samples)
 
 
 def test_not_isolated_modalities_decode_in_process(pool, jpeg_bytes):

@@ -5,8 +5,9 @@ a typed error.
 Workers are fresh interpreters (`python -m lazymedia.engine.isolation`) talking over a socket
 pair: no fork of a threaded server, and no re-import of the server's __main__ as
 multiprocessing's spawn and forkserver would do. A worker warms up before it reports ready: it
-imports torch and the decoders and decodes a tiny video and audio clip (1-9 s, against 17 ms for
-a warm decode), so a pool created early (`DecodeEngine.warm_up`) serves its first miss warm.
+imports torch and the decoders and decodes a tiny video and audio clip (seconds, where a warm
+decode takes milliseconds: docs/benchmarks.md), so a pool created early (`DecodeEngine.warm_up`)
+serves its first miss warm.
 
 Decoded frames and samples of a MiB or more come back through shared memory: the worker writes
 the tensor once into a file of the pool's folder in /dev/shm and replies with its name; the
@@ -48,6 +49,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
 from ..metrics import count
 from ..ops import NO_CUDA_ENV
@@ -63,62 +65,59 @@ DEFAULT_WORKERS = 4
 _STARTUP_TIMEOUT_S = 120.0
 # Decoded tensors at least this large come back through the pool's shared-memory folder.
 SHARED_MIN_BYTES = 1 << 20
-_TENSOR_FIELDS = ("frames", "samples")  # VideoFrames / AudioSamples
 
 
-# A worker's reply carries (_SHARED, file name, shape, dtype name) where a tensor was written to
-# the pool's folder: plain values, since the worker runs this module as __main__.
+# A worker's reply carries (_SHARED, file name, the result) where its tensor was written to the
+# pool's folder, the result holding a one-element stand-in of the tensor's shape and dtype. The
+# marker is a string, not a class of this module, since the worker runs this module as __main__.
 _SHARED = "lazymedia.engine.isolation/shared-tensor"
 
 
 def _export(value, folder: Path | None, names) -> Any:
-    """Worker side: large decoded tensors of `value` written to `folder`, replaced by their names."""
-    if folder is None:
+    """Worker side: a result whose tensor is large, with that tensor written to `folder` (see _SHARED)."""
+    if folder is None or not isinstance(value, TensorResult):
         return value
     import torch
 
-    for field in _TENSOR_FIELDS:
-        tensor = getattr(value, field, None)
-        if tensor is not None and tensor.device.type == "cpu" and tensor.nbytes >= SHARED_MIN_BYTES:
-            name = f"{os.getpid()}-{next(names)}"
-            try:
-                fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:  # any dtype, as its bytes (numpy has no bfloat16)
-                    f.write(memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()))
-            except (OSError, RuntimeError, TypeError):  # /dev/shm full (64 MiB in a default container)
-                (folder / name).unlink(missing_ok=True)
-                continue  # this tensor is pickled instead
-            setattr(value, field, (_SHARED, name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
-    return value
+    tensor = value.tensor
+    if tensor.device.type != "cpu" or tensor.nbytes < SHARED_MIN_BYTES:
+        return value
+    name = f"{os.getpid()}-{next(names)}"
+    try:
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:  # any dtype, as its bytes (numpy has no bfloat16)
+            f.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    except (OSError, RuntimeError, TypeError):  # /dev/shm full (64 MiB in a default container)
+        (folder / name).unlink(missing_ok=True)
+        return value  # the tensor is pickled instead
+    return _SHARED, name, value.with_tensor(torch.empty((), dtype=tensor.dtype).expand(tensor.shape))
 
 
 def _import(value, folder: Path | None) -> Any:
-    """Parent side: each shared tensor of `value` mapped from its file, which is unlinked at once."""
-    for field in _TENSOR_FIELDS:
-        shared = getattr(value, field, None)
-        if isinstance(shared, tuple) and len(shared) == 4 and shared[0] == _SHARED and folder is not None:
-            import torch
+    """Parent side: a shared result's tensor mapped from its file, which is unlinked at once."""
+    if not (isinstance(value, tuple) and len(value) == 3 and value[0] == _SHARED and folder is not None):
+        return value
+    import torch
 
-            _, name, shape, dtype = shared
-            path = folder / name
-            try:
-                element = torch.empty((), dtype=getattr(torch, dtype))
-                count = math.prod(shape)
-                # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
-                if path.stat().st_size != count * element.element_size():
+    _, name, result = value
+    shape, dtype = tuple(result.tensor.shape), result.tensor.dtype
+    path = folder / name
+    try:
+        count = math.prod(shape)
+        # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
+        if path.stat().st_size != count * result.tensor.element_size():
+            raise OSError(f"shared result {name} is incomplete")
+        pinned = result_buffers()
+        if pinned is None:
+            tensor = torch.from_file(str(path), shared=True, size=count, dtype=dtype).view(shape)
+        else:  # one read into page-locked memory instead of a mapping
+            tensor = pinned.empty(shape, dtype)
+            with open(path, "rb") as f:
+                if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != tensor.nbytes:
                     raise OSError(f"shared result {name} is incomplete")
-                pinned = result_buffers()
-                if pinned is None:
-                    tensor = torch.from_file(str(path), shared=True, size=count, dtype=element.dtype).view(shape)
-                else:  # one read into page-locked memory instead of a mapping
-                    tensor = pinned.empty(shape, element.dtype)
-                    with open(path, "rb") as f:
-                        if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != tensor.nbytes:
-                            raise OSError(f"shared result {name} is incomplete")
-            finally:
-                path.unlink(missing_ok=True)
-            setattr(value, field, tensor)
-    return value
+    finally:
+        path.unlink(missing_ok=True)
+    return result.with_tensor(tensor)
 
 
 def result_buffers():
@@ -474,16 +473,14 @@ def decode_encoded(modality: str, data: bytes, header, spec, limits):
 
 
 def copy_into(result, out):
-    """Moves a decode made in a worker into the caller's buffer `out`."""
-    for field in ("frames", "samples"):  # VideoFrames / AudioSamples
-        tensor = getattr(result, field, None)
-        if tensor is not None:
-            view = out[: tensor.shape[0]] if field == "frames" else out
-            view.copy_(tensor)
-            setattr(result, field, view)
-            return result
-    out.copy_(result)
-    return out
+    """Moves a decode made in a worker into the caller's buffer `out`: a result's tensor into the
+    part of `out` it fills (fewer frames or samples than `out` holds, as a decode into `out` leaves)."""
+    if not isinstance(result, TensorResult):
+        out.copy_(result)
+        return out
+    view = out[tuple(slice(size) for size in result.tensor.shape)]
+    view.copy_(result.tensor)
+    return result.with_tensor(view)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 from .. import ops
 from ..codecs import video
 from ..codecs.sampling import sample_indices, sampling_source
-from ..codecs.types import VideoFrames
+from ..codecs.types import TensorResult, VideoFrames
 from ..codecs.video_common import frame_timestamps, memfd_path, video_frames
 from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
 
@@ -85,7 +85,7 @@ class NvdecBatchDecoder:
                     reason = f"nvdec failed: {type(exc).__name__}: {exc}"
                 self.fallbacks.append(reason)
                 results.append(decode_on_host(item, device=self.device))
-            handover([getattr(r, "frames", None) for r in results])
+            handover([r.tensor if isinstance(r, TensorResult) else None for r in results])
         return results
 
     def _decode(self, item: DecodeItem) -> VideoFrames:

@@ -1,4 +1,5 @@
-"""The contract between the decode engine and what it decodes.
+"""The contract between the decode engine and what it decodes, and the CPU fallback the batch
+decoders share (`decode_on_host`, `fallback_log`).
 
 The engine and its batch decoders see a handle only through `DecodeItem` (LazyMedia implements
 it), and the engine sees a batch decoder only through `BatchDecoder`. Neither side reads the
@@ -82,7 +83,7 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
     """The item decoded by its CPU codec, or the exception that says why not (batch decoders
     report failures per item, and the CPU codec decides what is corrupt, as without a GPU).
     A GPU decoder's CPU fallback delivers where its GPU path would: the decoded tensor (a
-    video's frames) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
+    result's `tensor`) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
     `device`."""
     from ..codecs import decode
 
@@ -90,18 +91,24 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
         value = decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
     except Exception as exc:
         return exc
+    return place(value, device, pinned)
+
+
+def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
+    """A decoded image tensor or VideoFrames with its pixels copied into a buffer of `pinned`
+    (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
+    handle may hold it)."""
+    from ..codecs.types import TensorResult
+
     if pinned is None and device is None:
         return value
-    tensor = value.frames if hasattr(value, "frames") else value
+    tensor = value.tensor if isinstance(value, TensorResult) else value
     if pinned is not None:
         placed = pinned.empty(tensor.shape)
         placed.copy_(tensor)
     else:
         placed = tensor.to(device)
-    if tensor is value:
-        return placed
-    value.frames = placed
-    return value
+    return value.with_tensor(placed) if isinstance(value, TensorResult) else placed
 
 
 class FallbackLog(collections.deque):
