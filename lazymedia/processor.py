@@ -39,6 +39,7 @@ from .engine.placement import BYTES_PER_DECODED_BYTE, Placement
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
 from .media import LazyMedia, as_handle, unhashed_bytes
+from .metrics import count, phase
 from .profiling import nvtx_range
 
 
@@ -199,16 +200,17 @@ class Processor:
     # -- phase 1 ----------------------------------------------------------------------------
     def _plan(self, items: Sequence) -> _Plan:
         items = [as_handle(item) for item in items]
-        with nvtx_range("lazymedia.hash"):
+        with phase("hash"):
             keys = [self.cache_key(item) for item in items]
         plan = _Plan(items, [None] * len(items))
-        with nvtx_range("lazymedia.lookup"):
+        with phase("lookup"):
             for index, key in enumerate(keys):
-                if key in plan.leaders:
-                    plan.leaders[key].append(index)
-                    continue
-                if key in plan.followers:
-                    plan.followers[key][1].append(index)
+                if key in plan.leaders or key in plan.followers:  # met earlier in this request: not cached
+                    count("lookups", tier="local", modality=items[index].modality, result="miss")
+                    if key in plan.leaders:
+                        plan.leaders[key].append(index)
+                    else:
+                        plan.followers[key][1].append(index)
                     continue
                 with self._lock:  # lookup and leader registration are one step: no double decode
                     found, value = self._local.lookup(key)
@@ -217,6 +219,7 @@ class Processor:
                         led: Future = Future()
                         led.set_running_or_notify_cancel()  # nobody may cancel a shared result
                         self._inflight[key] = led
+                count("lookups", tier="local", modality=items[index].modality, result="hit" if found else "miss")
                 if found:
                     plan.results[index] = value
                 elif joined is None:
@@ -231,6 +234,8 @@ class Processor:
         with nvtx_range("lazymedia.decode_submit"):
             for key in plan.leaders:
                 if key not in plan.decodes and key not in plan.remote:
+                    if self._shared is not None:
+                        self._count(plan, plan.leaders[key], "shared", "miss")
                     item = plan.items[self._decoding_index(plan, key)]
                     if item.root.has_bytes and self.device is not None:
                         placement = plan.placements[key] = self.engine.place(item, self._bytes_per_decoded_byte)
@@ -274,6 +279,7 @@ class Processor:
             indices = plan.leaders.pop(key, None)
             if indices is None:
                 continue
+            self._count(plan, indices, "shared", "hit")
             self._publish(plan, key, value=value)
             self._fill(plan, indices, value)
 
@@ -310,6 +316,8 @@ class Processor:
                 # right now, a handle this request's server code released) is not the item's
                 # fault, and an id this request could not resolve may be held by a follower:
                 # those keys are abandoned and the followers retry.
+                if isinstance(exc, MediaError):
+                    self._count_errors(plan, plan.leaders[key], exc)
                 if isinstance(exc, MediaError) and exc.status_code < 500 and not isinstance(exc, MediaNotCachedError):
                     self._publish(plan, key, error=exc)
                     self._release_lease(plan, key)
@@ -319,14 +327,14 @@ class Processor:
             raise exc
         keys = list(plan.leaders)
         decoded = [plan.decodes[key].result() for key in keys]
-        with nvtx_range("lazymedia.process"):
+        with phase("process"):
             outputs = list(self.process_fn(decoded))
         if len(outputs) != len(keys):
             raise ValueError(f"process_fn returned {len(outputs)} outputs for {len(keys)} items")
         if self._host_buffers is not None:
             with nvtx_range("lazymedia.to_host"):
                 outputs = self._host_copies(outputs)
-        with nvtx_range("lazymedia.cache_write"):
+        with phase("cache_write"):
             for key, output in zip(keys, outputs):
                 self._publish(plan, key, value=output)
                 self._fill(plan, plan.leaders[key], output)
@@ -404,6 +412,17 @@ class Processor:
         return abandoned
 
     # -- helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _count(plan: _Plan, indices: list[int], tier: str, result: str) -> None:
+        """Counts a key's items (metrics.py), once per item and tier."""
+        for index in indices:
+            count("lookups", tier=tier, modality=plan.items[index].modality, result=result)
+
+    @staticmethod
+    def _count_errors(plan: _Plan, indices: list[int], exc: MediaError) -> None:
+        for index in indices:
+            count("item_errors", stage="decode", modality=plan.items[index].modality, status=str(exc.status_code))
+
     @staticmethod
     def _follower_indices(plan: _Plan) -> list[int]:
         return [index for _, indices in plan.followers.values() for index in indices]

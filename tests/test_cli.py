@@ -229,7 +229,7 @@ def test_a_url_is_downloaded_once(tmp_path, http_server, capsys):
     assert hits == {"/clip.mp4": 1, "/tone.wav": 1, "/missing.jpg": 1}
     assert " video " in captured.out and " audio " in captured.out
     (error,) = captured.err.strip().splitlines()
-    assert error.count(base) == 1 and error.count("HTTP") == 1 and "404" in error and "(HTTP 502)" in error
+    assert error.count(base) == 1 and error.count("HTTP") == 1 and "404" in error and "(HTTP 400)" in error
 
 
 def test_video_decodes_sampled_frames_by_default(tmp_path, capsys):
@@ -253,6 +253,36 @@ def test_usage_errors_exit_2_and_bad_media_exit_1(files, tmp_path):
         assert info.value.code == 2, argv
     assert main(["decode", str(corrupt)]) == 1
     assert main(["decode", str(good)]) == 0
+
+
+def test_audio_decodes_mono_by_default_as_load_audio_does(tmp_path, capsys):
+    path = tmp_path / "tone.wav"
+    path.write_bytes(synthetic.tone(0.25, rate=8000, channels=2))
+    assert lazymedia.load_audio(path).media.samples.shape[0] == 1
+    assert main(["decode", str(path)]) == 0
+    assert "shape=1x2000" in capsys.readouterr().out
+    assert main(["decode", "--no-mono", str(path)]) == 0
+    assert "shape=2x2000" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("crossovers, quiet, advice", [
+    ([4 << 20, 4 << 20], True, "export LAZYMEDIA_HASH_THREADS_MIN_BYTES=4194304"),
+    ([4 << 20, 8 << 20], True, "the runs disagree"),
+    ([None, None], True, "agrees with the current setting"),
+    ([4 << 20, 4 << 20], False, "nothing to set from this measurement"),
+])
+def test_hash_threads_advises_a_setting_only_when_every_quiet_run_agrees(crossovers, quiet, advice, monkeypatch,
+                                                                         capsys):
+    from lazymedia import hashing
+
+    results = iter({"cores": 2, "crossover_bytes": c, "medians_s": {1 << 20: {"one": 1e-4, "all": 2e-4}}}
+                   for c in crossovers)
+    monkeypatch.setattr(hashing, "measure_crossover", lambda: next(results))
+    monkeypatch.setattr(hashing, "multithread_min_bytes", lambda: None)
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0 if quiet else 99.0, 0.0, 0.0))
+    assert main(["hash-threads", "--runs", str(len(crossovers))]) == 0
+    out = capsys.readouterr().out
+    assert advice in out and ("export" in out) == advice.startswith("export")
 
 
 def test_the_backend_option_and_design_md_list_the_backends_table(capsys):

@@ -269,20 +269,19 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
 def check_length(frames: int, seconds: float, limits: Limits, what: str) -> None:
     """Refuses (413) a clip longer than the limits allow, in frames or in seconds."""
     if frames > limits.max_video_frames:
-        raise MediaTooLargeError(f"{what} {frames} frames, over Limits.max_video_frames ({limits.max_video_frames}): "
-                                 "send a shorter clip, or raise the limit", modality="video")
+        raise MediaTooLargeError(f"{what} {frames} frames, over the {limits.max_video_frames} frame limit: send a "
+                                 "shorter clip", hint="raise Limits.max_video_frames", modality="video")
     if seconds > limits.max_video_seconds:
-        raise MediaTooLargeError(f"{what} {seconds:.0f} s, over Limits.max_video_seconds "
-                                 f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
-                                 modality="video")
+        raise MediaTooLargeError(f"{what} {seconds:.0f} s, over the {limits.max_video_seconds:.0f} s limit: send a "
+                                 "shorter clip", hint="raise Limits.max_video_seconds", modality="video")
 
 
 def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_bytes: int) -> None:
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
         raise MediaTooLargeError(f"frames of (height, width)=({header.height}, {header.width}) are over "
-                                 f"Limits.max_pixels ({limits.max_pixels}): send a smaller video, or raise the limit",
-                                 modality="video")
+                                 f"the {limits.max_pixels} pixel limit: send a smaller video",
+                                 hint="raise Limits.max_pixels", modality="video")
     check_length(header.total_frames, header.duration, limits, "the video has")
     count = len(sample_indices(sampling_source(header), spec))
     height, width = spec.size or (header.height, header.width)

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import MediaError
+from ..metrics import observe, phase
 from ..profiling import nvtx_range
 from ..singletons import process_wide
 from .placement import (
@@ -50,15 +51,22 @@ class DecodeEngine:
     batch decoders for the items they accept, and worker processes for isolated modalities.
 
     Batch decoders take precedence over isolation: a GPU decoder that accepts a video decodes it
-    in this process. `isolation_pool` defaults to the process-wide pool of worker processes.
+    in this process. `isolation_pool` defaults to the process-wide pool of worker processes
+    (LAZYMEDIA_ISOLATION_WORKERS of them at most); `isolation_workers` gives this engine a pool of
+    its own of that many instead, closed with the engine. Either starts at the first isolated item.
     `device` (with `device_cap_bytes`, engine/placement.py) lets a Processor place misses on a
     device: the batch decoders are then that device's (nvJPEG output="cuda", NVDEC).
     """
 
     def __init__(self, max_workers: int | None = None, batch_decoders: Sequence[BatchDecoder] = (),
                  batch_window_s: float = 0.001, max_batch: int = 64,
-                 isolate: Iterable[str] = ("video", "audio"), isolation_pool=None, device=None,
+                 isolate: Iterable[str] = ("video", "audio"), isolation_pool=None,
+                 isolation_workers: int | None = None, device=None,
                  device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES):
+        if isolation_workers is not None and isolation_pool is not None:
+            raise ValueError("give isolation_pool or isolation_workers, not both")
+        if isolation_workers is not None and isolation_workers < 1:
+            raise ValueError(f"isolation_workers must be >= 1, got {isolation_workers}")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="lazymedia-decode",
                                         initializer=_mark_decode_thread)
@@ -69,6 +77,8 @@ class DecodeEngine:
         self.max_batch = max_batch
         self.isolate = frozenset(isolate)
         self._isolation_pool = isolation_pool
+        self._isolation_workers = isolation_workers
+        self._owns_pool = False
         # The most recent batch sizes each decoder received, for stats, benchmarks and tests.
         self.batch_sizes: dict[str, collections.deque[int]] = {
             d.name: collections.deque(maxlen=BATCH_HISTORY) for d in self.batch_decoders}
@@ -133,9 +143,20 @@ class DecodeEngine:
         Returns each worker's report (empty without isolation or with batch decoders only)."""
         if not self.isolate:
             return []
-        from .isolation import default_pool
+        return self.isolation_pool().warm_up()
 
-        return (self._isolation_pool or default_pool()).warm_up()
+    def isolation_pool(self):
+        """The pool isolated modalities decode in, built on first use (workers start on demand)."""
+        from .isolation import IsolatedPool, default_pool
+
+        with self._lock:
+            if self._isolation_pool is None:
+                if self._isolation_workers is None:
+                    self._isolation_pool = default_pool()
+                else:
+                    self._isolation_pool = IsolatedPool(workers=self._isolation_workers)
+                    self._owns_pool = True
+            return self._isolation_pool
 
     def _finished(self, _future) -> None:
         with self._lock:
@@ -149,13 +170,14 @@ class DecodeEngine:
     def _decode_one(self, item: DecodeItem, out):
         root = item.root
         if item.modality not in self.isolate or root.is_decoded:
-            return item.decode(out)
-        from .isolation import copy_into, decode_encoded, default_pool
+            with phase("decode", backend="thread", modality=item.modality):
+                return item.decode(out)
+        from .isolation import copy_into, decode_encoded
 
-        pool = self._isolation_pool or default_pool()
         try:
-            value = pool.run(decode_encoded, root.modality, bytes(root.encoded()), root.header, root.spec,
-                             root.limits)
+            with phase("decode", backend="isolated", modality=item.modality):
+                value = self.isolation_pool().run(decode_encoded, root.modality, bytes(root.encoded()), root.header,
+                                                  root.spec, root.limits)
         except MediaError as exc:
             root.fulfil(error=exc)
         else:
@@ -200,10 +222,15 @@ class DecodeEngine:
                 self._pool.submit(self._decode_batch, decoder, live)
 
     def _decode_batch(self, decoder: BatchDecoder, batch) -> None:
-        try:
-            results = decoder.decode_batch([item for item, _ in batch])
-        except BaseException as exc:  # the decoder itself broke: every item of the batch fails
-            results = [exc] * len(batch)
+        started = time.perf_counter()
+        with nvtx_range("lazymedia.decode"):
+            try:
+                results = decoder.decode_batch([item for item, _ in batch])
+            except BaseException as exc:  # the decoder itself broke: every item of the batch fails
+                results = [exc] * len(batch)
+        seconds = time.perf_counter() - started  # each item of the batch waited for all of it
+        for item, _ in batch:
+            observe("decode", seconds, backend=decoder.name, modality=item.modality)
         for (item, future), result in zip(batch, results):
             if isinstance(result, BaseException):
                 item.fulfil(error=result)
@@ -233,6 +260,8 @@ class DecodeEngine:
             if wait:
                 thread.join()
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        if self._owns_pool and self._isolation_pool is not None:
+            self._isolation_pool.close()
 
     def __enter__(self):
         return self
@@ -287,8 +316,7 @@ def _start(decoders: list, name: str, build) -> None:
 
 @process_wide
 def default_engine() -> DecodeEngine:
-    """The process-wide engine that `Processor` uses unless given another; its isolation workers
-    start warming up in the background at once."""
-    engine = DecodeEngine()
-    threading.Thread(target=engine.warm_up, name="lazymedia-warm-up", daemon=True).start()
-    return engine
+    """The process-wide engine that `Processor` uses unless given another. Its isolation workers
+    start at the first isolated item (an image-only process has none); `warm_up()` starts them
+    ahead of traffic."""
+    return DecodeEngine()

@@ -16,6 +16,11 @@ through the socket costs four copies (figures: docs/benchmarks.md). A worker tha
 leaves at most its own files, which are removed with it; the folder goes with the pool. Where
 /dev/shm is not writable, everything is pickled.
 
+Workers start on demand: the first isolated item starts one, and a call that finds none idle
+starts another, up to `workers` (argument, or LAZYMEDIA_ISOLATION_WORKERS for the process-wide
+pool); an image-only process never starts one. A worker whose parent is gone (closed, exited,
+killed) sees its socket close and exits quietly, whatever it was doing.
+
 Workers never initialise CUDA (LAZYMEDIA_NO_CUDA=1, no visible device): page-locked buffers would
 create a CUDA context, about 0.5 GiB of device memory, in every worker. The serving process
 reads a shared result into its own pinned frame buffers where it has a GPU, so frames leave the
@@ -26,6 +31,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import logging
 import math
 import os
 import pickle
@@ -38,16 +44,23 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
+from ..metrics import count
 from ..ops import NO_CUDA_ENV
 from ..singletons import process_wide
 
+logger = logging.getLogger("lazymedia.engine")
+
 _READY = b"ready"
+# Workers of the process-wide pool: each costs about 260 MB of RSS once warm (docs/usage.md).
+WORKERS_VARIABLE = "LAZYMEDIA_ISOLATION_WORKERS"
+DEFAULT_WORKERS = 4
 # A worker imports torch and the decoders before it can serve: minutes would mean it is stuck.
 _STARTUP_TIMEOUT_S = 120.0
 # Decoded tensors at least this large come back through the pool's shared-memory folder.
@@ -144,7 +157,10 @@ def _worker_main(conn, folder: Path | None = None) -> None:
         report = _warm_up()
     except Exception as exc:  # a broken codec install: the worker still serves, cold
         report = {"warm": False, "error": f"{type(exc).__name__}: {exc}"}
-    conn.send_bytes(_READY + json.dumps(report).encode())
+    try:
+        conn.send_bytes(_READY + json.dumps(report).encode())
+    except OSError:  # the parent closed the pool, exited or was killed during the warm-up
+        return
     while True:
         try:
             fn, args = pickle.loads(conn.recv_bytes())
@@ -201,6 +217,11 @@ class _Worker:
         self.conn.close()
 
 
+def _closed_error() -> MediaCapacityError:
+    """A call on a pool that closed (the server is shutting down): not the input's fault, a 503."""
+    return MediaCapacityError("the decoder pool closed (the server is shutting down)")
+
+
 class _WorkerDied(Exception):
     """A worker process ended while it held a call (its exit status as the message); `fresh`:
     it had served no earlier call, so nothing before this input touched its heap."""
@@ -210,27 +231,83 @@ class _WorkerDied(Exception):
         self.fresh = fresh
 
 
+@dataclass(frozen=True)
+class PoolStats:
+    """A pool's workers: `workers` alive now, `peak` the most alive at once (never above `limit`),
+    `started` ever, `restarts` those that died under a call or timed out and were replaced."""
+
+    workers: int
+    peak: int
+    limit: int
+    started: int
+    restarts: int
+
+
 class IsolatedPool:
-    """`workers` decoder processes; `run(fn, *args, timeout_s=...)` executes fn(*args) in one of
-    them. fn and its arguments must pickle (module-level functions, bytes, dataclasses)."""
+    """Up to `workers` decoder processes, started on demand; `run(fn, *args, timeout_s=...)`
+    executes fn(*args) in one of them. fn and its arguments must pickle (module-level functions,
+    bytes, dataclasses)."""
 
     def __init__(self, workers: int = 2, timeout_s: float = 60.0, shared_memory: bool = True):
+        if workers < 1:
+            raise ValueError(f"an isolated pool needs at least 1 worker, got {workers}")
+        self.workers = workers
         self.timeout_s = timeout_s
         self.shared_folder = _shared_folder() if shared_memory else None
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        # Idle workers; None wakes a waiter to start a worker in a freed slot (or see the pool closed).
+        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         self._all: list[_Worker] = []
+        self._starting = 0
+        self._peak = self._started = self._restarts = 0
         self._lock = threading.Lock()
         self._closed = False
-        for _ in range(workers):
-            self._idle.put(self._spawn())
+        atexit.register(self.close)  # workers stop with the process, closed or not
+
+    def _take(self) -> _Worker:
+        """An idle worker, or a new one while fewer than `workers` exist, else the next freed."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    self._idle.put(None)  # wakes the next waiter, which sees it closed too
+                    raise _closed_error()
+                try:
+                    worker = self._idle.get_nowait()
+                except queue.Empty:
+                    worker = None
+                if worker is not None:
+                    return worker
+                grow = len(self._all) + self._starting < self.workers
+                if grow:
+                    self._starting += 1
+            if grow:
+                return self._spawn()
+            worker = self._idle.get()
+            if worker is not None:
+                return worker
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self.shared_folder)
+        """Starts a worker in a slot `_take` or `warm_up` reserved."""
+        try:
+            worker = _Worker(self.shared_folder)
+        except OSError as exc:  # no process could start (out of pids or memory): not the input's fault
+            raise MediaCapacityError("the server could not start a decoder now: retry later",
+                                     hint=f"starting an isolation worker failed: {exc}") from None
+        finally:
+            with self._lock:
+                self._starting -= 1
         with self._lock:
             self._all.append(worker)
+            self._started += 1
+            self._peak = max(self._peak, len(self._all))
+            if self._closed:
+                self._all.remove(worker)
+        if self._closed:
+            worker.kill()
+            raise _closed_error()
         return worker
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker, cause: str) -> None:
+        """Ends a worker that died or timed out; the next call that needs one starts another."""
         try:
             worker.kill()
         except subprocess.TimeoutExpired:  # stuck in the kernel: left to the OS, never reused
@@ -242,8 +319,12 @@ class IsolatedPool:
             if worker in self._all:  # close() may have taken it already
                 self._all.remove(worker)
             closed = self._closed
+            if not closed:
+                self._restarts += 1
         if not closed:
-            self._idle.put(self._spawn())
+            logger.warning("decoder worker %d ended: %s; the next call starts another", worker.process.pid, cause)
+            count("worker_restarts", cause=cause)
+            self._idle.put(None)
 
     def run(self, fn: Callable, *args, timeout_s: float | None = None) -> Any:
         """fn(*args) in a worker. A worker that dies is replaced and the call retried once on
@@ -254,7 +335,7 @@ class IsolatedPool:
             return self._run_once(fn, args, timeout_s)
         except _WorkerDied as died:
             if self._closed:  # shutting down under the call: not the input's fault
-                raise MediaCapacityError("the decoder pool closed during the decode") from None
+                raise _closed_error() from None
             if died.fresh:  # a worker that had decoded nothing else: the input crashed it alone
                 raise UnprocessableMediaError(f"decoder process died ({died})") from None
         try:
@@ -263,17 +344,15 @@ class IsolatedPool:
             raise UnprocessableMediaError(f"decoder process died ({died})") from None
 
     def _run_once(self, fn: Callable, args: tuple, timeout_s: float | None) -> Any:
-        if self._closed:
-            raise RuntimeError("IsolatedPool is closed")
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        worker: _Worker | None = self._idle.get()
-        served = worker.served if worker is not None else 0
+        worker: _Worker | None = self._take()
+        assert worker is not None
+        served = worker.served
         try:
-            assert worker is not None
             worker.wait_ready()
             worker.conn.send_bytes(pickle.dumps((fn, args)))
             if not worker.conn.poll(timeout):
-                self._replace(worker)
+                self._replace(worker, "timed out")
                 worker = None
                 raise UnprocessableMediaError(f"decoder timed out after {timeout:.0f} s", status_code=422)
             status, value = pickle.loads(worker.conn.recv_bytes())
@@ -287,9 +366,10 @@ class IsolatedPool:
                     code = worker.process.wait(1)
                 except subprocess.TimeoutExpired:
                     pass
-                self._replace(worker)
-                worker = None
             status = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            if worker is not None:
+                self._replace(worker, f"died ({status})")
+                worker = None
             raise _WorkerDied(status, fresh=served == 0) from None
         finally:
             if worker is not None:
@@ -299,7 +379,16 @@ class IsolatedPool:
         return value
 
     def warm_up(self) -> list[dict]:
-        """Waits until every worker has started and warmed up; what each reported."""
+        """Starts every worker not yet started and waits until each has warmed up; what each reported."""
+        started = []
+        while True:
+            with self._lock:  # one slot reserved at a time, so a failed start holds none
+                if self._closed or len(self._all) + self._starting >= self.workers:
+                    break
+                self._starting += 1
+            started.append(self._spawn())
+        for worker in started:
+            self._idle.put(worker)
         with self._lock:
             workers = list(self._all)
         for worker in workers:
@@ -314,13 +403,23 @@ class IsolatedPool:
         with self._lock:
             return [w.process.pid for w in self._all]
 
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(len(self._all), self._peak, self.workers, self._started, self._restarts)
+
     def close(self) -> None:
+        """Stops every worker (they exit quietly) and removes the shared folder; idempotent."""
+        atexit.unregister(self.close)
         with self._lock:
             self._closed = True
             workers = list(self._all)
             self._all.clear()
+        self._idle.put(None)  # wakes a call waiting for a worker
         for worker in workers:
-            worker.kill()
+            try:
+                worker.kill()
+            except subprocess.TimeoutExpired:  # stuck in the kernel: left to the OS
+                pass
         if self.shared_folder is not None:
             shutil.rmtree(self.shared_folder, ignore_errors=True)
 
@@ -349,10 +448,21 @@ def _shared_folder() -> Path | None:
     return folder
 
 
+def configured_workers() -> int:
+    """The process-wide pool's size: LAZYMEDIA_ISOLATION_WORKERS, else DEFAULT_WORKERS (at most
+    the cores this process may use). A serving box sizes it by its video/audio load, not its cores."""
+    configured = os.environ.get(WORKERS_VARIABLE, "").strip()
+    if configured:
+        if not configured.isdigit() or int(configured) < 1:
+            raise ValueError(f"{WORKERS_VARIABLE} must be a whole number >= 1, got {configured!r}")
+        return int(configured)
+    return min(DEFAULT_WORKERS, len(os.sched_getaffinity(0)))
+
+
 @process_wide
 def default_pool() -> IsolatedPool:
-    """The process-wide pool that engines isolating a modality use (one worker per core)."""
-    return IsolatedPool(workers=max(1, len(os.sched_getaffinity(0))))
+    """The process-wide pool that engines isolating a modality use, built at the first isolated item."""
+    return IsolatedPool(workers=configured_workers())
 
 
 def decode_encoded(modality: str, data: bytes, header, spec, limits):

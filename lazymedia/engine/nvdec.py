@@ -137,7 +137,7 @@ class NvdecBatchDecoder:
         self._local = threading.local()
         self._count_lock = threading.Lock()
         # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks = fallback_log()
+        self.fallbacks = fallback_log("nvdec")
         self.decoded = 0  # videos NVDEC decoded (tests check that the GPU did the work)
         self.packets_fed = 0  # packets given to NVDEC (only the runs that reach sampled frames)
         self.packets_skipped = 0  # unwanted disposable pictures inside those runs, never fed

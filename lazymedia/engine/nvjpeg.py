@@ -110,7 +110,7 @@ class NvjpegBatchDecoder:
         self._decoder = decoder
         self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
         # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks = fallback_log()
+        self.fallbacks = fallback_log("nvjpeg")
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
         self.decoded_by = {"hardware": 0, "cuda": 0}  # the same, per nvJPEG path
         self.fallback_count = 0  # images nvJPEG refused at run time (their reasons: fallbacks)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..metrics import count, reason_kind
+
 FALLBACK_HISTORY = 256  # fallback reasons a GPU decoder keeps
 
 
@@ -109,7 +111,20 @@ def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
     return value.with_tensor(placed) if isinstance(value, TensorResult) else placed
 
 
-def fallback_log() -> collections.deque[str]:
+class FallbackLog(collections.deque):
+    """A deque of fallback reasons that also counts each one (metrics `fallbacks`, by `backend`
+    and the reason's kind) as it is appended."""
+
+    def __init__(self, backend: str):
+        super().__init__(maxlen=FALLBACK_HISTORY)
+        self.backend = backend
+
+    def append(self, reason: str) -> None:
+        super().append(reason)
+        count("fallbacks", backend=self.backend, reason=reason_kind(reason))
+
+
+def fallback_log(backend: str = "gpu") -> FallbackLog:
     """The reasons of a GPU decoder's latest fallbacks to the CPU, most recent last: bounded, as
-    a server lives long."""
-    return collections.deque(maxlen=FALLBACK_HISTORY)
+    a server lives long; each is counted in the metrics under `backend`."""
+    return FallbackLog(backend)
