@@ -6,6 +6,10 @@ what TieredCache and SharedChain need besides (stored bytes, polling, stats) of 
 chain."""
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -79,3 +83,56 @@ class Cache(Protocol):
     def put(self, key: str, value: Any) -> bool: ...
 
     def stats(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Call:
+    """One step of a tier protocol: a call in its sync form (`run`) and its asyncio form (`arun`),
+    with its arguments. A failure of the call is thrown back into the generator that yielded it."""
+    run: Callable[..., Any]
+    arun: Callable[..., Awaitable[Any]]
+    args: tuple = ()
+
+
+Steps = Generator[Call, Any, Any]
+
+
+def drive(steps: Steps) -> Any:
+    """Runs a generator of `Call`s with their sync forms; returns what the generator returns."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                result = call.run(*call.args)
+            except Exception as exc:  # the generator decides: handle (and go on) or re-raise
+                call = steps.throw(exc)
+            else:
+                call = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def adrive(steps: Steps) -> Any:
+    """`drive` with the asyncio forms: the same protocol, never blocking the event loop."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                result = await call.arun(*call.args)
+            except Exception as exc:
+                call = steps.throw(exc)
+            else:
+                call = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+def threaded(fn: Callable[..., Any], *args) -> Call:
+    """A blocking call (a local store's transaction): direct in sync code, on a thread under
+    asyncio, off the event loop."""
+    return Call(fn, lambda *a: asyncio.to_thread(fn, *a), args)
+
+
+def pause(delay: float) -> Call:
+    """A back-off between polls: time.sleep or asyncio.sleep."""
+    return Call(time.sleep, asyncio.sleep, (delay,))

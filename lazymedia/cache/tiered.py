@@ -10,15 +10,14 @@ key on the host tier and hosts settle it on the farthest; a waiter polls them al
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..lru import CacheStats
 from .local import ProcessorCache
-from .protocol import ChainableTier, SharedTier
-from .redis import SharedCacheStats
+from .protocol import Call, ChainableTier, SharedTier, Steps, adrive, drive, pause, threaded
+from .store import SharedCacheStats
 
 _TOKEN_SEPARATOR = "\x1f"  # joins the tiers' lease tokens into one
 
@@ -31,7 +30,8 @@ class TieredStats:
 
 
 class SharedChain:
-    """Shared tiers (HostCache, RedisCache, or anything with their calls) used as one tier."""
+    """Shared tiers (HostCache, RedisCache, or anything with their calls) used as one tier. Each
+    call is one generator of tier calls, run by `drive` (sync) or `adrive` (asyncio)."""
 
     def __init__(self, tiers: tuple[ChainableTier, ...] | list[ChainableTier]):
         self.tiers = list(tiers)
@@ -41,28 +41,29 @@ class SharedChain:
             for tier in self.tiers[:upto]:
                 tier.put_encoded(key, data)
 
-    def get_many(self, keys: list[str]) -> dict:
+    def _refill(self, upto: int, key: str, value) -> None:
+        data = self.tiers[0].encode(value)
+        if data is not None:
+            for tier in self.tiers[:upto]:
+                tier.put_encoded(key, data)
+
+    def _get_steps(self, keys: list[str]) -> Steps:
         values: dict[str, Any] = {}
         for index, tier in enumerate(self.tiers):
             missing = [key for key in keys if key not in values]
             if not missing:
                 break
-            found = tier.read_many(missing, encoded=index > 0)
-            self._fill(index, found)
+            found = yield Call(tier.read_many, tier.aread_many, (missing, index > 0))
+            if index and found:
+                yield threaded(self._fill, index, found)
             values.update((key, value) for key, (value, _) in found.items())
         return values
 
+    def get_many(self, keys: list[str]) -> dict:
+        return drive(self._get_steps(keys))
+
     async def aget_many(self, keys: list[str]) -> dict:
-        values: dict[str, Any] = {}
-        for index, tier in enumerate(self.tiers):
-            missing = [key for key in keys if key not in values]
-            if not missing:
-                break
-            found = await tier.aread_many(missing, encoded=index > 0)
-            if index and found:
-                await asyncio.to_thread(self._fill, index, found)
-            values.update((key, value) for key, (value, _) in found.items())
-        return values
+        return await adrive(self._get_steps(keys))
 
     def put(self, key: str, value) -> bool:
         data = self.tiers[0].encode(value)
@@ -74,84 +75,60 @@ class SharedChain:
         for tier in self.tiers:
             tier.delete(keys)
 
-    def try_lease(self, key: str) -> str | None:
+    def _lease_steps(self, key: str) -> Steps:
         """Every tier's lease, nearest first, as one token; None (and nothing held) when any tier's
         is held elsewhere."""
         tokens: list[str] = []
         for tier in self.tiers:
-            token = tier.try_lease(key)
+            token = yield Call(tier.try_lease, tier.atry_lease, (key,))
             if token is None:
-                self.release(key, _TOKEN_SEPARATOR.join(tokens))
+                yield from self._release_steps(key, _TOKEN_SEPARATOR.join(tokens))
                 return None
             tokens.append(token)
         return _TOKEN_SEPARATOR.join(tokens) if any(tokens) else ""
+
+    def try_lease(self, key: str) -> str | None:
+        return drive(self._lease_steps(key))
 
     async def atry_lease(self, key: str) -> str | None:
-        tokens: list[str] = []
-        for tier in self.tiers:
-            token = await tier.atry_lease(key)
-            if token is None:
-                await self.arelease(key, _TOKEN_SEPARATOR.join(tokens))
-                return None
-            tokens.append(token)
-        return _TOKEN_SEPARATOR.join(tokens) if any(tokens) else ""
+        return await adrive(self._lease_steps(key))
+
+    def _release_steps(self, key: str, token: str) -> Steps:
+        if token:
+            for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
+                yield Call(tier.release, tier.arelease, (key, part))
 
     def release(self, key: str, token: str) -> None:
-        if token:
-            for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
-                tier.release(key, part)
+        drive(self._release_steps(key, token))
 
     async def arelease(self, key: str, token: str) -> None:
-        if token:
-            for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
-                await tier.arelease(key, part)
+        await adrive(self._release_steps(key, token))
 
-    def _wait_s(self) -> float:
-        return max(tier.wait_s for tier in self.tiers)
-
-    def wait_for(self, key: str) -> tuple[bool, object]:
+    def _wait_steps(self, key: str) -> Steps:
         """Polls every tier until one has the value (filling the nearer ones) or none holds a
         lease, at most the longest of their `wait_s`: (found, value)."""
-        deadline = time.monotonic() + self._wait_s()
+        deadline = time.monotonic() + max(tier.wait_s for tier in self.tiers)
         delay = 0.002
         while time.monotonic() < deadline:
             leased = False
             for index, tier in enumerate(self.tiers):
-                state, value = tier.probe(key)
+                state, value = yield Call(tier.probe, tier.aprobe, (key,))
                 if state == "found":
                     if index:
-                        self._refill(index, key, value)
+                        yield threaded(self._refill, index, key, value)
                     return True, value
                 leased = leased or state == "leased"
             if not leased:
                 return False, None
-            time.sleep(delay)
+            yield pause(delay)
             delay = min(delay * 2, 0.05)
         return False, None
+
+    def wait_for(self, key: str) -> tuple[bool, object]:
+        return drive(self._wait_steps(key))
 
     async def await_for(self, key: str) -> tuple[bool, object]:
-        deadline = time.monotonic() + self._wait_s()
-        delay = 0.002
-        while time.monotonic() < deadline:
-            leased = False
-            for index, tier in enumerate(self.tiers):
-                state, value = await tier.aprobe(key)
-                if state == "found":
-                    if index:
-                        await asyncio.to_thread(self._refill, index, key, value)
-                    return True, value
-                leased = leased or state == "leased"
-            if not leased:
-                return False, None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        return False, None
-
-    def _refill(self, upto: int, key: str, value) -> None:
-        data = self.tiers[0].encode(value)
-        if data is not None:
-            for tier in self.tiers[:upto]:
-                tier.put_encoded(key, data)
+        return await adrive(self._wait_steps(key))
 
 
 class TieredCache:
