@@ -215,7 +215,7 @@ class Processor:
                 plan.leases[key] = token
         leased = [key for key, token in plan.leases.items() if token and key in plan.leaders]
         if leased:  # a value may have landed between the first read and the lease
-            self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (leased,))))
+            self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (leased, True))))
 
     def _remote_steps(self, plan: _Plan, shared: SharedTier):
         """Waits for the keys other processes are decoding; one they do not deliver (gone, too

@@ -121,7 +121,7 @@ def test_a_writer_killed_mid_put_leaves_no_torn_value(store_path):
 
 
 def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_path):
-    entry = len(HostCache(store_path, capacity_bytes=1 << 20).encode(value_for(0)))
+    entry = len(HostCache(store_path, capacity_bytes=1 << 20).encode("k0", value_for(0)))
     cache = HostCache(store_path, capacity_bytes=8 * entry + entry // 2)
     for index in range(40):
         assert cache.put(f"k{index}", value_for(index))
@@ -140,16 +140,34 @@ def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
     assert cache.stats().oversized == 1 and cache.stats().unserializable == 1
 
 
-@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV1" + bytes(64), b"LMV2" + bytes(64)])
+@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV2" + bytes(64), b"LMV3" + bytes(64)])
 def test_bad_values_are_misses_and_are_dropped(store_path, data, caplog):
     cache = HostCache(store_path, capacity_bytes=8 << 20)
-    good = cache.encode(value_for(3))
+    good = cache.encode("k", value_for(3))
     for bad in (data, good[:-10], good[:40] + bytes([good[40] ^ 1]) + good[41:]):
         assert cache.put_encoded("k", bad)
         assert cache.get_many(["k"]) == {}
         assert cache.usage()[0] == 0  # dropped
     assert cache.stats().corrupt == 3
     assert len([r for r in caplog.records if "unreadable value" in r.getMessage()]) == 1  # rate-limited
+
+
+def test_another_items_value_under_a_key_is_a_corrupt_miss(store_path, caplog):
+    """B's valid value planted under A's key in the LMDB store: a miss counted as corrupt and
+    logged, dropped, never A's value; with a secret, a writer without it cannot plant either."""
+    import logging
+
+    cache = HostCache(store_path, capacity_bytes=16 << 20)
+    assert cache.put("b", value_for(2))
+    assert cache.put_encoded("a", cache.read_many(["b"], encoded=True)["b"][1])
+    with caplog.at_level(logging.WARNING, logger="lazymedia.cache"):
+        assert cache.get_many(["a"]) == {}
+    assert cache.stats().corrupt == 1 and "a" not in cache.get_many(["a", "b"])
+    assert any("another key" in r.getMessage() for r in caplog.records)
+    keyed = HostCache(store_path, capacity_bytes=16 << 20, secret="host secret")
+    assert cache.put("c", value_for(3)) and keyed.get_many(["c"]) == {}  # no secret: refused
+    assert keyed.stats().corrupt == 1
+    assert keyed.put("c", value_for(3)) and torch.equal(keyed.get_many(["c"])["c"]["x"], value_for(3)["x"])
 
 
 def test_a_dead_holders_lease_is_free_at_once(store_path):
@@ -220,6 +238,29 @@ def test_chain_local_host_redis(store_path, redis_url):
     assert redis_tier.try_lease("j") is not None  # released in every tier
     assert cache.shared.try_lease("j") is None  # held in Redis (another host): nothing kept here
     assert host.try_lease("j") is not None
+
+
+def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):
+    """One missed item is one miss on each shared tier (the re-read after the lease and the
+    waits count only a find, as a late hit); a hit in another process is one hit."""
+    from lazymedia.cache import RedisCache
+
+    def tiered():
+        return TieredCache(ProcessorCache(), HostCache(store_path, capacity_bytes=64 << 20),
+                           RedisCache(redis_url, namespace="stats"))
+
+    images = [jpeg(16, 16, seed=s) for s in range(3)]
+    first = lazymedia.Processor(lambda decoded: [value_for(0) for _ in decoded], cache=tiered(),
+                                engine=lazymedia.DecodeEngine(isolate=()))
+    first.apply([lazymedia.load_image(b) for b in images[:2]])
+    host, remote = first.cache.stats().tiers
+    assert (host.misses, host.hits, remote.misses, remote.hits) == (2, 0, 2, 0)
+    assert (host.late_hits, remote.late_hits, host.corrupt, remote.corrupt) == (0, 0, 0, 0)
+    second = lazymedia.Processor(lambda decoded: [value_for(0) for _ in decoded], cache=tiered(),
+                                 engine=lazymedia.DecodeEngine(isolate=()))
+    second.apply([lazymedia.load_image(b) for b in images])  # two host hits, one miss everywhere
+    host, remote = second.cache.stats().tiers
+    assert (host.hits, host.misses, remote.hits, remote.misses) == (2, 1, 0, 1)
 
 
 def test_a_full_disk_degrades_to_the_next_tier(store_path, redis_url):

@@ -103,9 +103,62 @@ def test_garbage_and_pickles_under_a_key_are_misses(server):
     client = server.client()
     client.set("lazymedia::garbage", b"\x00\xff not a value")
     client.set("lazymedia::pickle", pickle.dumps({"x": 1}))
-    client.set("lazymedia::truncated", lazymedia.cache.serialize.dumps({"t": torch.ones(100)})[:-7])
+    client.set("lazymedia::truncated", lazymedia.cache.serialize.dumps({"t": torch.ones(100)}, key="truncated")[:-7])
     assert cache.get_many(["garbage", "pickle", "truncated"]) == {}
     assert cache.stats().corrupt == 3
+
+
+def counting_means(counter):
+    def process(decoded):
+        counter.append(len(decoded))
+        return mean_pixels(decoded)
+    return process
+
+
+@requires_redis_server
+def test_another_items_value_under_a_key_is_a_corrupt_miss_and_is_decoded(server, caplog):
+    """B's valid value copied under A's key (a key-space mix-up, a foreign writer): a request
+    for A gets A's own pixels, the planted value counts as corrupt, and A's value replaces it."""
+    import logging
+
+    from lazymedia.cache import RedisCache, TieredCache
+
+    a, b = lazymedia.load_image(jpeg(32, 48, seed=1)), lazymedia.load_image(jpeg(32, 48, seed=2))
+    calls: list[int] = []
+    writer = lazymedia.Processor(counting_means(calls), cache=TieredCache(ProcessorCache(), RedisCache(server.url)))
+    expected_b = writer.apply([b])[0]
+    client = server.client()
+    client.set(f"lazymedia::{a.key}", client.get(f"lazymedia::{b.key}"))  # B's bytes, A's key
+    reader_tier = RedisCache(server.url)
+    reader = lazymedia.Processor(counting_means(calls), cache=TieredCache(ProcessorCache(), reader_tier))
+    with caplog.at_level(logging.WARNING, logger="lazymedia.cache"):
+        got_a = reader.apply([lazymedia.load_image(jpeg(32, 48, seed=1))])[0]
+    expected_a = mean_pixels([lazymedia.load_image(jpeg(32, 48, seed=1)).decode()])[0]
+    assert torch.equal(got_a["mean"], expected_a["mean"]) and not torch.equal(got_a["mean"], expected_b["mean"])
+    assert calls == [1, 1]  # A decoded by the reader
+    assert reader_tier.stats().corrupt == 1 and reader_tier.stats().hits == 0
+    assert any("another key" in r.getMessage() for r in caplog.records)
+    assert torch.equal(RedisCache(server.url).get_many([a.key])[a.key]["mean"], expected_a["mean"])  # replaced
+
+
+@requires_redis_server
+def test_with_a_secret_a_writer_without_it_cannot_plant_values(server, monkeypatch):
+    """A keyed MAC (secret from $LAZYMEDIA_CACHE_SECRET): values written without the secret, or
+    with another one, are corrupt misses even under the right key; the secret's own are hits."""
+    from lazymedia.cache import RedisCache
+    from lazymedia.cache.serialize import SECRET_ENV
+
+    monkeypatch.setenv(SECRET_ENV, "fleet secret")
+    trusted = RedisCache(server.url)
+    assert trusted.put("mine", {"v": torch.arange(4)})
+    monkeypatch.delenv(SECRET_ENV)
+    outsider, other_secret = RedisCache(server.url), RedisCache(server.url, secret="guessed")
+    assert outsider.get_many(["mine"]) == {} and outsider.stats().corrupt == 1  # and cannot read it as valid
+    assert outsider.put("planted", {"v": torch.zeros(4)}) and other_secret.put("guessed", {"v": torch.zeros(4)})
+    reader = RedisCache(server.url, secret="fleet secret")
+    found = reader.get_many(["mine", "planted", "guessed"])
+    assert set(found) == {"mine"} and torch.equal(found["mine"]["v"], torch.arange(4))
+    assert reader.stats().corrupt == 2 and reader.stats().hits == 1
 
 
 @requires_redis_server

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lazymedia.cache.serialize import SerializationError, dumps, loads
+from lazymedia.cache.serialize import SerializationError, dumps, loads, mac_key
 
 
 def sample_value():
@@ -158,3 +158,24 @@ def test_expansion_is_bounded_by_the_reader():
     with pytest.raises(SerializationError):
         loads(data, max_bytes=1 << 20)
     assert torch.equal(loads(data, max_bytes=8 << 20), torch.zeros(1 << 20))
+
+
+def test_a_value_is_bound_to_its_key_and_to_the_secret():
+    value = {"x": torch.arange(10)}
+    data = dumps(value, key="a")
+    assert torch.equal(loads(data, key="a")["x"], value["x"])
+    with pytest.raises(SerializationError, match="another key"):
+        loads(data, key="b")
+    secret = mac_key("s3cret")
+    keyed = dumps(value, key="a", mac=secret)
+    assert torch.equal(loads(keyed, key="a", mac=secret)["x"], value["x"])
+    for reader in (None, mac_key("guess")):  # no secret, or the wrong one
+        with pytest.raises(SerializationError, match="tag mismatch"):
+            loads(keyed, key="a", mac=reader)
+    with pytest.raises(SerializationError, match="tag mismatch"):
+        loads(data, key="a", mac=secret)  # an unkeyed value where a secret is expected
+    forged = bytearray(keyed)
+    forged[8:24] = dumps(value, key="b")[8:24]  # the key digest swapped: the tag covers it
+    with pytest.raises(SerializationError):
+        loads(bytes(forged), key="b", mac=secret)
+    assert mac_key("") is None and mac_key(None) is None and len(mac_key(b"k")) == 32

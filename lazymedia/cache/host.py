@@ -81,10 +81,10 @@ class HostCache(ValueStore):
     def __init__(self, path: str = "/dev/shm/lazymedia-cache", capacity_bytes: int = 4 << 30, *,
                  namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
-                 log_every_s: float = 10.0):
+                 log_every_s: float = 10.0, secret: str | bytes | None = None):
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
-        super().__init__(bfloat16, BadValueLog(log_every_s), "host")
+        super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret)
         self.path = path
         self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()
@@ -111,11 +111,11 @@ class HostCache(ValueStore):
         self._faults.report("host", exc)
 
     # -- values -----------------------------------------------------------------------------------
-    def read_steps(self, keys: list[str], encoded: bool) -> Steps:
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
         """{key: (value, its stored bytes if `encoded`)} for the keys the store holds."""
-        return (yield threaded(self._read, keys, encoded))
+        return (yield threaded(self._read, keys, encoded, again))
 
-    def _read(self, keys: list[str], encoded: bool) -> dict[str, tuple[Any, bytes | None]]:
+    def _read(self, keys: list[str], encoded: bool, again: bool) -> dict[str, tuple[Any, bytes | None]]:
         found: dict[str, tuple[Any, bytes | None]] = {}
         bad, stale = [], []
         try:
@@ -125,7 +125,7 @@ class HostCache(ValueStore):
                 for key in keys:
                     name = self.prefix + key.encode()
                     data = txn.get(name, db=self._values)
-                    ok, value = self.decode(data)
+                    ok, value = self.decode(key, data, again)
                     if not ok:
                         if data is not None:
                             bad.append(name)
@@ -288,7 +288,7 @@ class HostCache(ValueStore):
         return (yield threaded(self._probe, key))
 
     def _probe(self, key: str) -> tuple[str, Any]:
-        found = self._read([key], False)
+        found = self._read([key], False, True)
         if key in found:
             return "found", found[key][0]
         try:

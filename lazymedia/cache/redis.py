@@ -35,13 +35,13 @@ class RedisCache(ValueStore):
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
                  max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 30.0,
                  wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
-                 bfloat16: bool = False, client=None, async_client=None):
+                 bfloat16: bool = False, client=None, async_client=None, secret: str | bytes | None = None):
         try:
             import redis
             import redis.asyncio
         except ImportError as exc:
             raise ImportError('RedisCache needs the redis client: pip install "lazymedia[redis]"') from exc
-        super().__init__(bfloat16, BadValueLog(log_every_s, logger), "shared")
+        super().__init__(bfloat16, BadValueLog(log_every_s, logger), "shared", secret)
 
         self._errors = (redis.RedisError, OSError, asyncio.TimeoutError)
         self.prefix = f"lazymedia:{namespace}:"
@@ -112,15 +112,15 @@ class RedisCache(ValueStore):
         return Call(run, arun)
 
     # -- values -----------------------------------------------------------------------------------
-    def _decoded(self, keys: list[str], raw: list) -> dict[str, tuple[Any, bytes | None]]:
+    def _decoded(self, keys: list[str], raw: list, again: bool) -> dict[str, tuple[Any, bytes | None]]:
         found: dict[str, tuple[Any, bytes | None]] = {}
         for key, data in zip(keys, raw):
-            ok, value = self.decode(data)
+            ok, value = self.decode(key, data, again)
             if ok:
                 found[key] = (value, data)
         return found
 
-    def read_steps(self, keys: list[str], encoded: bool) -> Steps:
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
         """{key: (value, its stored bytes)} for the keys the server holds (one round trip)."""
         if not keys or self._skip():
             return {}
@@ -129,7 +129,7 @@ class RedisCache(ValueStore):
         except self._errors as exc:
             self._fault(exc, "read")
             return {}
-        return self._decoded(keys, raw)
+        return self._decoded(keys, raw, again)
 
     def put_encoded(self, key: str, data: bytes) -> bool:
         """Stores `serialize.dumps` bytes with the TTL; False when over `max_entry_bytes` or the
@@ -193,7 +193,7 @@ class RedisCache(ValueStore):
             self._fault(exc, "wait")
             return "free", None
         if data is not None:
-            found = self._decoded([key], [data])
+            found = self._decoded([key], [data], True)
             return ("found", found[key][0]) if key in found else ("free", None)
         return ("leased" if lease else "free"), None
 

@@ -1,9 +1,12 @@
 """Processed outputs as compact bytes for a shared cache tier, without pickle: whoever can write
 to the cache must not get code execution in every frontend that reads it.
 
-Layout (version 2): b"LMV2", a 4-byte little-endian header length, a 16-byte BLAKE3 digest of
-header and payload, a JSON header describing the value's structure, then the payload: the
-buffers of its tensors, arrays and bytes, each at a 64-byte aligned offset. The header holds
+Layout (version 3): b"LMV3", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
+of the key the value was written under, a 16-byte BLAKE3 tag of everything after it (key digest,
+header, payload; BLAKE3's keyed mode when a secret is set), a JSON header describing the value's
+structure, then the payload: the buffers of its tensors, arrays and bytes, each at a 64-byte
+aligned offset. A value read under another key, or without the writer's secret, is refused: the
+key binds a value to what it is the value of, the secret to who may write it. The header holds
 plain values (None, bool, int, float, str) inline; containers (dict, list, tuple; any Mapping
 comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
 stored, one encoding per tensor, exact unless asked otherwise:
@@ -17,7 +20,7 @@ stored, one encoding per tensor, exact unless asked otherwise:
 - bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
   levels stored as bfloat16 and widened back to their dtype when read.
 
-Reading checks the digest, every range, dtype, shape and size against the bytes and a bound on
+Reading checks the key, the tag, every range, dtype, shape and size against the bytes and a bound on
 what the value may expand to, so a corrupt, truncated, foreign or other-version value is a
 SerializationError (a cache miss), never a crash or an unbounded allocation.
 """
@@ -33,8 +36,11 @@ import blake3
 import lz4.block
 import numpy as np
 
-MAGIC = b"LMV2"
-_PREFIX = 4 + 4 + 16  # magic, header length, digest
+MAGIC = b"LMV3"
+_PREFIX = 4 + 4 + 16 + 16  # magic, header length, key digest, tag
+# The environment variable a shared tier reads its MAC secret from (unset: an unkeyed digest).
+SECRET_ENV = "LAZYMEDIA_CACHE_SECRET"
+_MAC_CONTEXT = "lazymedia 2026-12 cache value MAC key"
 _ALIGN = 64
 MAX_DEPTH = 32
 # What one value may expand to when read, unless the reader says otherwise.
@@ -61,6 +67,23 @@ _LZ4_MAX = 0x7E000000
 
 class SerializationError(ValueError):
     """A value that cannot be written (an unsupported type) or read (corrupt, foreign)."""
+
+
+def key_digest(key: str) -> bytes:
+    """The 16 bytes that bind a value to the key it is stored under."""
+    return blake3.blake3(key.encode()).digest(16)
+
+
+def mac_key(secret: str | bytes | None) -> bytes | None:
+    """The 32-byte BLAKE3 key derived from a secret (None or empty: no MAC, an unkeyed digest)."""
+    if not secret:
+        return None
+    raw = secret.encode() if isinstance(secret, str) else secret
+    return blake3.blake3(raw, derive_key_context=_MAC_CONTEXT).digest()
+
+
+def _tagger(key: bytes | None):
+    return blake3.blake3(key=key) if key is not None else blake3.blake3()
 
 
 class BadValueLog:
@@ -147,9 +170,10 @@ def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
     return memoryview(packed), {"z": "lz4", "n": size}
 
 
-def dumps(value, *, bfloat16: bool = False) -> bytes:
-    """The value as bytes; SerializationError for a type outside the layout above. Exact unless
-    `bfloat16` (float32/float64 tensors that are not level-coded lose precision)."""
+def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False) -> bytes:
+    """The value as bytes bound to `key` (and tagged with `mac`, a `mac_key`); SerializationError
+    for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
+    are not level-coded lose precision)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -218,25 +242,32 @@ def dumps(value, *, bfloat16: bool = False) -> bytes:
 
     header = json.dumps(encode(value, 0), separators=(",", ":")).encode()
     header += b" " * (-(_PREFIX + len(header)) % _ALIGN)  # the payload starts aligned where the value does
-    hasher = blake3.blake3(header)
+    bound = key_digest(key)
+    tagger = _tagger(mac)
+    tagger.update(bound)
+    tagger.update(header)
     for buffer in buffers:
-        hasher.update(buffer)
-    return b"".join([MAGIC, len(header).to_bytes(4, "little"), hasher.digest(16), header, *buffers])
+        tagger.update(buffer)
+    return b"".join([MAGIC, len(header).to_bytes(4, "little"), bound, tagger.digest(16), header, *buffers])
 
 
 # -- reading --------------------------------------------------------------------------------------
-def loads(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_VALUE_BYTES):
+def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | None = None,
+          max_bytes: int = MAX_VALUE_BYTES):
     """The value back; SerializationError for anything that is not a well-formed value of this
-    version, or one that would expand past `max_bytes`. Tensors and arrays own their memory: the
-    input may be a view that dies after this call (a memory map's page)."""
+    version written under `key` with the same `mac` key, or one that would expand past
+    `max_bytes`. Tensors and arrays own their memory: the input may be a view that dies after
+    this call (a memory map's page)."""
     view = memoryview(data).cast("B")
     if view.nbytes < _PREFIX or bytes(view[:4]) != MAGIC:
         raise SerializationError("not a lazymedia cache value of this version")
     header_length = int.from_bytes(view[4:8], "little")
     if header_length > view.nbytes - _PREFIX:
         raise SerializationError("header runs past the value")
-    if blake3.blake3(view[_PREFIX:]).digest(16) != bytes(view[8:_PREFIX]):
-        raise SerializationError("checksum mismatch (truncated or damaged)")
+    if bytes(view[8:24]) != key_digest(key):
+        raise SerializationError("value written under another key")
+    if _tagger(mac).update(view[8:24]).update(view[_PREFIX:]).digest(16) != bytes(view[24:_PREFIX]):
+        raise SerializationError("tag mismatch (truncated, damaged, or written without this tier's secret)")
     try:
         tree = json.loads(bytes(view[_PREFIX:_PREFIX + header_length]))
     except (ValueError, RecursionError) as exc:

@@ -5,19 +5,20 @@ for another process's lease (`ValueStore`). Each protocol step is one generator 
 (`protocol.Call`), run in its sync or asyncio form by `protocol.drive` / `adrive`."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .protocol import Steps, adrive, drive, pause
-from .serialize import BadValueLog, SerializationError, dumps, loads
+from .serialize import SECRET_ENV, BadValueLog, SerializationError, dumps, loads, mac_key
 
 
 @dataclass(frozen=True)
 class SharedCacheStats:
-    hits: int
-    misses: int
+    hits: int  # keys a request's first read found here (each item counted once: hits or misses)
+    misses: int  # keys a request's first read did not find (absent or bad)
     writes: int
     bytes_in: int  # read from the server
     bytes_out: int  # written to it
@@ -29,6 +30,7 @@ class SharedCacheStats:
     oversized: int  # values over max_entry_bytes (not written)
     unserializable: int  # values of types the shared tier cannot hold (kept local)
     evictions: int = 0  # entries this process removed to make room (HostCache; Redis evicts by itself)
+    late_hits: int = 0  # missed keys found later, by a re-read after the lease or while waiting
 
 
 class ValueStore:
@@ -40,8 +42,11 @@ class ValueStore:
     poll_s: tuple[float, float] = (0.002, 0.05)
     wait_s: float
 
-    def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str):
+    def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None):
         self.bfloat16 = bfloat16
+        # Values are tagged with a MAC keyed by the secret (by default $LAZYMEDIA_CACHE_SECRET), so a
+        # writer without it cannot plant values; without one, by an unkeyed digest.
+        self._mac = mac_key(os.environ.get(SECRET_ENV) if secret is None else secret)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(SharedCacheStats.__dataclass_fields__, 0)
         self._bad_values = bad_values
@@ -55,34 +60,39 @@ class ValueStore:
         with self._lock:
             return SharedCacheStats(**self._counts)
 
-    def encode(self, value) -> bytes | None:
-        """`value` as stored bytes; None (counted) for a type no shared tier can hold."""
+    def encode(self, key: str, value) -> bytes | None:
+        """`value` as stored bytes bound to `key`; None (counted) for a type no shared tier can
+        hold."""
         try:
-            return dumps(value, bfloat16=self.bfloat16)
+            return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16)
         except SerializationError:
             self._count("unserializable")
             return None
 
-    def decode(self, data) -> tuple[bool, Any]:
-        """(True, value) for stored bytes a tier read; (False, None) for absent ones (None) or a
-        bad value, counted (a miss) and logged (rate-limited)."""
+    def decode(self, key: str, data, again: bool = False) -> tuple[bool, Any]:
+        """(True, value) for stored bytes a tier read under `key`; (False, None) for absent ones
+        (None) or a bad value (damaged, foreign, another key's, untagged), counted (a miss and
+        corrupt) and logged (rate-limited). `again`: a later read of a key a request already
+        missed (counted once: only a find, as a late hit)."""
         if data is None:
-            self._count("misses")
+            if not again:
+                self._count("misses")
             return False, None
         self._count("bytes_in", len(data))
         try:
-            value = loads(data)
+            value = loads(data, key=key, mac=self._mac)
         except SerializationError as exc:
-            self._count("corrupt")
-            self._count("misses")
-            self._bad_values.report(self._tier, exc)
+            if not again:
+                self._count("corrupt")
+                self._count("misses")
+                self._bad_values.report(self._tier, exc)
             return False, None
-        self._count("hits")
+        self._count("late_hits" if again else "hits")
         return True, value
 
-    def read_steps(self, keys: list[str], encoded: bool) -> Steps:
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
         """Steps returning {key: (value, its stored bytes if `encoded`)} for the keys the tier
-        holds."""
+        holds (`again`: see `decode`)."""
         raise NotImplementedError
 
     def lease_steps(self, key: str) -> Steps:
@@ -93,11 +103,13 @@ class ValueStore:
     def release_steps(self, key: str, token: str) -> Steps:
         raise NotImplementedError
 
-    def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
-        return drive(self.read_steps(keys, encoded))
+    def read_many(self, keys: list[str], encoded: bool = False,
+                  again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+        return drive(self.read_steps(keys, encoded, again))
 
-    async def aread_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
-        return await adrive(self.read_steps(keys, encoded))
+    async def aread_many(self, keys: list[str], encoded: bool = False,
+                         again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+        return await adrive(self.read_steps(keys, encoded, again))
 
     def try_lease(self, key: str) -> str | None:
         return drive(self.lease_steps(key))
@@ -114,15 +126,15 @@ class ValueStore:
     def put_encoded(self, key: str, data: bytes) -> bool:
         raise NotImplementedError
 
-    def get_many(self, keys: list[str]) -> dict:
-        """{key: value} for the keys the tier holds."""
-        return {key: value for key, (value, _) in self.read_many(keys).items()}
+    def get_many(self, keys: list[str], again: bool = False) -> dict:
+        """{key: value} for the keys the tier holds (`again`: see `decode`)."""
+        return {key: value for key, (value, _) in self.read_many(keys, again=again).items()}
 
-    async def aget_many(self, keys: list[str]) -> dict:
-        return {key: value for key, (value, _) in (await self.aread_many(keys)).items()}
+    async def aget_many(self, keys: list[str], again: bool = False) -> dict:
+        return {key: value for key, (value, _) in (await self.aread_many(keys, again=again)).items()}
 
     def put(self, key: str, value) -> bool:
-        data = self.encode(value)
+        data = self.encode(key, value)
         return data is not None and self.put_encoded(key, data)
 
     @property

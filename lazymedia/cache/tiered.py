@@ -42,31 +42,31 @@ class SharedChain:
                 tier.put_encoded(key, data)
 
     def _refill(self, upto: int, key: str, value) -> None:
-        data = self.tiers[0].encode(value)
+        data = self.tiers[0].encode(key, value)
         if data is not None:
             for tier in self.tiers[:upto]:
                 tier.put_encoded(key, data)
 
-    def _get_steps(self, keys: list[str]) -> Steps:
+    def _get_steps(self, keys: list[str], again: bool) -> Steps:
         values: dict[str, Any] = {}
         for index, tier in enumerate(self.tiers):
             missing = [key for key in keys if key not in values]
             if not missing:
                 break
-            found = yield Call(tier.read_many, tier.aread_many, (missing, index > 0))
+            found = yield Call(tier.read_many, tier.aread_many, (missing, index > 0, again))
             if index and found:
                 yield threaded(self._fill, index, found)
             values.update((key, value) for key, (value, _) in found.items())
         return values
 
-    def get_many(self, keys: list[str]) -> dict:
-        return drive(self._get_steps(keys))
+    def get_many(self, keys: list[str], again: bool = False) -> dict:
+        return drive(self._get_steps(keys, again))
 
-    async def aget_many(self, keys: list[str]) -> dict:
-        return await adrive(self._get_steps(keys))
+    async def aget_many(self, keys: list[str], again: bool = False) -> dict:
+        return await adrive(self._get_steps(keys, again))
 
     def put(self, key: str, value) -> bool:
-        data = self.tiers[0].encode(value)
+        data = self.tiers[0].encode(key, value)
         if data is None:
             return False
         return any([tier.put_encoded(key, data) for tier in self.tiers])
