@@ -66,6 +66,18 @@ def lease_and_exit(path, key, taken):
     taken.value = HostCache(path).try_lease(key) is not None
 
 
+def hold_leases_and_hang(path, redis_url, keys, holding):
+    """Takes the leases of `keys` in a host -> Redis chain, then works forever (renewing them)."""
+    from lazymedia.cache import RedisCache
+    from lazymedia.cache.tiered import SharedChain
+
+    chain = SharedChain([HostCache(path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="dying")])
+    tokens = [chain.try_lease(key) for key in keys]
+    holding.value = sum(1 for token in tokens if token)
+    while True:
+        time.sleep(1)
+
+
 def put_with_a_full_disk(path, redis_url, limit, outcome):
     import resource
 
@@ -261,6 +273,57 @@ def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):
     second.apply([lazymedia.load_image(b) for b in images])  # two host hits, one miss everywhere
     host, remote = second.cache.stats().tiers
     assert (host.hits, host.misses, remote.hits, remote.misses) == (2, 1, 0, 1)
+
+
+def test_a_killed_holders_keys_free_within_two_seconds_in_the_chain(store_path, redis_url):
+    """A process holding the leases of 40 keys in a host -> Redis chain is SIGKILLed (at the three
+    moments the torn-write test uses, each after its holder renewed the leases at least once):
+    the host leases are free at once, the Redis leases have at most 2 s left, and another process
+    then takes and decodes every key (before: a 30 s lease stalled every waiter)."""
+    import redis
+
+    from lazymedia.cache import RedisCache
+
+    client = redis.Redis.from_url(redis_url)
+    keys = [lazymedia.load_image(jpeg(16, 16, seed=s)).key for s in range(40)]
+    names = [f"lazymedia:dying:{key}:lease" for key in keys]
+    for delay in (0.0, 0.013, 0.031):
+        holding = SPAWN.Value("i", 0)
+        holder = SPAWN.Process(target=hold_leases_and_hang, args=(store_path, redis_url, keys, holding))
+        holder.start()
+        deadline = time.monotonic() + 120
+        while holding.value < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert holding.value == 40
+        first = client.pttl(names[0])
+        renewed = False
+        for _ in range(2000):  # a renewal shows as a longer time to live than seen before
+            time.sleep(0.01)
+            if client.pttl(names[0]) > first:
+                renewed = True
+                break
+        assert renewed and 0 < client.pttl(names[0]) <= 2000
+        time.sleep(delay)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join()
+        left = [client.pttl(name) for name in names]
+        assert all(ttl <= 2000 for ttl in left)  # gone, or gone within 2 s: no renewer is left
+        host = HostCache(store_path, capacity_bytes=64 << 20)
+        assert all(host.probe(key) == ("free", None) for key in keys)  # the holder's pid is dead
+        calls: list[int] = []
+
+        def process(decoded):
+            calls.append(len(decoded))
+            return [value_for(0) for _ in decoded]
+
+        taker = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), host,
+                                                               RedisCache(redis_url, namespace="dying")),
+                                    engine=lazymedia.DecodeEngine(isolate=()))
+        outputs = taker.apply([lazymedia.load_image(jpeg(16, 16, seed=s)) for s in range(40)])
+        assert len(outputs) == 40 and sum(calls) == 40  # every key decoded here, once
+        assert client.keys("lazymedia:dying:*:lease") == []  # and released
+        client.delete(*[f"lazymedia:dying:{key}" for key in keys])
+        host.clear()
 
 
 def test_a_full_disk_degrades_to_the_next_tier(store_path, redis_url):

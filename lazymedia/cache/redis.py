@@ -4,8 +4,10 @@ frontend process and machine, with leases for cross-process single-flight.
 Keys are `lazymedia:<namespace>:<key>` (content keys, so sharing them is safe); values are
 `serialize.dumps` bytes (no pickle) written with a TTL and refused past `max_entry_bytes`. A
 process that misses takes `<key>:lease` (SET NX PX) before it decodes; the others poll for the
-value with back-off until the lease's holder writes it, gives it up, or dies (the lease expires),
-and decode themselves after `wait_s` at the latest. Every call is bounded by `timeout_s`; any
+value with back-off until the lease's holder writes it, gives it up, or dies, and decode
+themselves after `wait_s` at the latest. A lease lives `lease_s` (1.5 s) and its holder renews it
+while it works (a thread, every quarter of `lease_s`): a holder that dies frees its keys within
+`lease_s`, one that works for minutes keeps them. Every call is bounded by `timeout_s`; any
 fault (server down, slow, out of memory, a foreign or corrupt value) is counted, logged at most
 once per `log_every_s`, and turns into a miss or a no-op, so requests fall back to the local tier
 and their own decodes. After a fault the server is left alone for `retry_after_s`.
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .protocol import Call, Steps
@@ -26,6 +31,48 @@ logger = logging.getLogger("lazymedia.cache")
 
 # Deletes the lease only if it still holds this process's token (the holder may have expired).
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+# Extends the lease only if it still holds this process's token.
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
+          "else return 0 end")
+
+
+class _Renewals:
+    """The leases this process holds, renewed every `every_s` by one thread while any is held
+    (the thread ends when none is; a forked child starts its own and renews only its own)."""
+
+    def __init__(self, renew: Callable[[list[tuple[str, str]]], list[bool]], every_s: float):
+        self._renew = renew
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._held: dict[str, str] = {}
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def hold(self, name: str, token: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's leases are the parent's to renew
+                self._pid, self._held, self._thread = os.getpid(), {}, None
+            self._held[name] = token
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lazymedia-lease-renewal", daemon=True)
+                self._thread.start()
+
+    def drop(self, name: str, token: str) -> None:
+        with self._lock:
+            if self._held.get(name) == token:
+                del self._held[name]
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.every_s)
+            with self._lock:
+                held = list(self._held.items())
+                if not held:
+                    self._thread = None
+                    return
+            for (name, token), kept in zip(held, self._renew(held)):
+                if not kept:  # lost (expired while this process was starved, or released)
+                    self.drop(name, token)
 
 
 class RedisCache(ValueStore):
@@ -33,7 +80,7 @@ class RedisCache(ValueStore):
     (redis-py clients; a Redis Cluster client works for the sync calls)."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
-                 max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 30.0,
+                 max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 1.5,
                  wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
                  bfloat16: bool = False, client=None, async_client=None, secret: str | bytes | None = None):
         try:
@@ -48,7 +95,8 @@ class RedisCache(ValueStore):
         self.ttl_ms = int(ttl_s * 1000)
         self.max_entry_bytes = max_entry_bytes
         self.lease_ms = int(lease_s * 1000)
-        self.wait_s = lease_s if wait_s is None else wait_s
+        self.wait_s = 30.0 if wait_s is None else wait_s
+        self._renewals = _Renewals(self._renew, lease_s / 4)
         self.retry_after_s = retry_after_s
         self.log_every_s = log_every_s
         options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
@@ -171,16 +219,30 @@ class RedisCache(ValueStore):
             return ""
         if taken:
             self._count("leases")
+            self._renewals.hold(key, token)
             return token
         return None
 
     def release_steps(self, key: str, token: str) -> Steps:
+        if token:
+            self._renewals.drop(key, token)
         if not token or self._skip():
             return
         try:
             yield self._command("eval", _RELEASE, 1, self.prefix + key + ":lease", token)
         except self._errors as exc:
             self._fault(exc, "lease release")
+
+    def _renew(self, held: list[tuple[str, str]]) -> list[bool]:
+        """One round trip that extends every held lease still ours; which ones were."""
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key, token in held:
+                    pipe.eval(_RENEW, 1, self.prefix + key + ":lease", token, self.lease_ms)
+                return [bool(kept) for kept in pipe.execute()]
+        except self._errors as exc:
+            self._fault(exc, "lease renewal")
+            return [True] * len(held)  # kept for the next try; they expire if the server stays away
 
     def probe_steps(self, key: str) -> Steps:
         """One poll of `key` (one round trip): ("found", value), ("leased", None) while another
