@@ -68,6 +68,7 @@ class Processor:
         self.cache: Cache = cache if cache is not None else ProcessorCache()
         self._local = self.cache.local  # looked up under the lock
         self._shared = self.cache.shared  # store and network calls, never under the lock
+        self._writer = self.cache.writer  # writes to the shared tier behind the request
         self.engine = engine if engine is not None else default_engine()
         self.namespace = namespace
         self._lock = threading.Lock()
@@ -269,10 +270,9 @@ class Processor:
             for key, output in zip(keys, outputs):
                 self._publish(plan, key, value=output)
                 self._fill(plan, plan.leaders[key], output)
-            if self._shared is not None:
+            if self._writer is not None:  # serialized and stored behind the request, then released
                 for key, output in zip(keys, outputs):
-                    self._shared.put(key, output)
-                    self._release_lease(plan, key)
+                    self._writer.submit(key, output, plan.leases.pop(key, ""))
 
     def _publish(self, plan: _Plan, key: str, value: Any = None, error: BaseException | None = None) -> None:
         future = plan.leader_futures[key]

@@ -91,6 +91,7 @@ def put_with_a_full_disk(path, redis_url, limit, outcome):
                                     engine=lazymedia.DecodeEngine(isolate=()))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     out = processor.apply([lazymedia.load_image(jpeg(16, 16, seed=1))])[0]
+    assert processor.cache.flush(60)
     outcome.put((torch.equal(out["x"], value_for(7)["x"]), host.stats().fallbacks, redis_tier.stats().writes))
 
 
@@ -265,6 +266,7 @@ def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):
     first = lazymedia.Processor(lambda decoded: [value_for(0) for _ in decoded], cache=tiered(),
                                 engine=lazymedia.DecodeEngine(isolate=()))
     first.apply([lazymedia.load_image(b) for b in images[:2]])
+    assert first.cache.flush(60)
     host, remote = first.cache.stats().tiers
     assert (host.misses, host.hits, remote.misses, remote.hits) == (2, 0, 2, 0)
     assert (host.late_hits, remote.late_hits, host.corrupt, remote.corrupt) == (0, 0, 0, 0)
@@ -321,6 +323,7 @@ def test_a_killed_holders_keys_free_within_two_seconds_in_the_chain(store_path, 
                                     engine=lazymedia.DecodeEngine(isolate=()))
         outputs = taker.apply([lazymedia.load_image(jpeg(16, 16, seed=s)) for s in range(40)])
         assert len(outputs) == 40 and sum(calls) == 40  # every key decoded here, once
+        assert taker.cache.flush(60)
         assert client.keys("lazymedia:dying:*:lease") == []  # and released
         client.delete(*[f"lazymedia:dying:{key}" for key in keys])
         host.clear()

@@ -71,6 +71,14 @@ class ChainableTier(SharedTier, Protocol):
     async def aprobe(self, key: str) -> tuple[str, Any]: ...
 
 
+class Writer(Protocol):
+    """Stores values in a shared tier behind the requests (cache/writer.py), bounded."""
+
+    def submit(self, key: str, value: Any, token: str) -> bool: ...
+
+    def flush(self, timeout: float | None = None) -> bool: ...
+
+
 class Cache(Protocol):
     """The cache a Processor is given: lookup/put/stats for callers, the `local` tier the
     Processor uses under its lock and the optional `shared` one it uses outside it."""
@@ -80,6 +88,10 @@ class Cache(Protocol):
 
     @property
     def shared(self) -> SharedTier | None: ...
+
+    @property
+    def writer(self) -> Writer | None:
+        """Writes values to `shared` behind requests (None when there is no shared tier)."""
 
     def lookup(self, key: str) -> tuple[bool, Any]: ...
 

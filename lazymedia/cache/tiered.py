@@ -18,6 +18,7 @@ from ..lru import CacheStats
 from .local import ProcessorCache
 from .protocol import Call, ChainableTier, SharedTier, Steps, adrive, drive, pause, threaded
 from .store import SharedCacheStats
+from .writer import SharedWriter, WriteStats
 
 _TOKEN_SEPARATOR = "\x1f"  # joins the tiers' lease tokens into one
 
@@ -27,6 +28,7 @@ class TieredStats:
     local: CacheStats
     shared: SharedCacheStats  # the nearest shared tier
     tiers: tuple[SharedCacheStats, ...]  # every shared tier, nearest first
+    writes: WriteStats  # the Processor's writes behind its requests
 
 
 class SharedChain:
@@ -133,14 +135,18 @@ class SharedChain:
 
 class TieredCache:
     """`TieredCache(local, shared, ...)`: a ProcessorCache and one or more shared tiers, nearest
-    first. `shared` is the one tier itself, or a SharedChain of several."""
+    first. `shared` is the one tier itself, or a SharedChain of several. A Processor writes its
+    misses' values to them behind its requests, through `writer` (at most `write_queue` values
+    and `write_queue_bytes` of them pending; beyond, writes are skipped and counted)."""
 
-    def __init__(self, local: ProcessorCache, *shared: ChainableTier):
+    def __init__(self, local: ProcessorCache, *shared: ChainableTier, write_queue: int = 64,
+                 write_queue_bytes: int = 1 << 30):
         if not shared:
             raise ValueError("TieredCache needs at least one shared tier")
         self.local = local
         self.tiers = list(shared)
         self.shared: SharedTier = shared[0] if len(shared) == 1 else SharedChain(shared)
+        self.writer: SharedWriter = SharedWriter(self.shared, write_queue, write_queue_bytes)
 
     def lookup(self, key: str) -> tuple[bool, object]:
         """(found, value): the local tier, then the shared ones (a hit there fills the nearer)."""
@@ -159,4 +165,9 @@ class TieredCache:
 
     def stats(self) -> TieredStats:
         tiers = tuple(tier.stats() for tier in self.tiers)
-        return TieredStats(self.local.stats(), tiers[0], tiers)
+        return TieredStats(self.local.stats(), tiers[0], tiers, self.writer.stats())
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits for the writes behind requests to finish (before a benchmark reads the tiers,
+        or a graceful exit); False if `timeout` passed first."""
+        return self.writer.flush(timeout)
