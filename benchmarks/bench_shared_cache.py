@@ -4,7 +4,8 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
 (its frames through the image processor: the PIL processor here takes no videos).
 
 1. Hit costs, side by side in interleaved rounds, per value: a copy of the value's tensors
-   (memcpy of the same bytes), `serialize.dumps` and `loads`, a host hit and a Redis hit
+   (memcpy of the same bytes), `serialize.dumps` and `loads` (and `loads` of the same value
+   stored without LZ4: the layout alternative), a host hit and a Redis hit
    (`get_many`: read + checks + tensors), and a miss through a Processor as its caller sees it
    (the write happens behind it) and until its write is stored (`flush`). Ratios to the memcpy
    per round; verdict lines against issue 36's goals (host hit <= 2 ms, Redis hit <= 5 ms, dumps
@@ -112,6 +113,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         cache.flush()
         key = processor.cache_key(media(kind))
         stored = dumps(value, key=key)
+        stored_raw = dumps(value, key=key, compress=False)  # the layout alternative: no LZ4 on the read
         tensors = list(value.values())
 
         def memcpy():
@@ -130,7 +132,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
 
         times = interleaved({
             "memcpy": (memcpy, 5), "dumps": (lambda: dumps(value, key=key), 1),
-            "loads": (lambda: loads(stored, key=key), 2),
+            "loads": (lambda: loads(stored, key=key), 2), "loads_uncompressed": (lambda: loads(stored_raw, key=key), 2),
             "host_hit": (lambda: host.get_many([key]), 2), "redis_hit": (lambda: redis_tier.get_many([key]), 2),
             "miss_response": (miss, 1), "miss_until_stored": (miss_and_write, 1)}, rounds)
         cache.flush()
@@ -138,10 +140,12 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         exact = all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
                                                                               b.reshape(-1).view(torch.uint8))
                     for a, b in zip(tensors, host.get_many([key])[key].values()))  # bit for bit
-        row = {"value": kind, "value_bytes": value_bytes, "stored_bytes": len(stored), "exact": exact,
+        row = {"value": kind, "value_bytes": value_bytes, "stored_bytes": len(stored),
+               "stored_uncompressed_bytes": len(stored_raw), "exact": exact,
                **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()}}
-        for name in ("host_hit", "redis_hit", "loads", "dumps"):
+        for name in ("host_hit", "redis_hit", "loads", "loads_uncompressed", "dumps"):
             row[f"{name}_vs_memcpy"] = ratio(times[name], times["memcpy"])
+        row["uncompressed_vs_lz4_loads"] = ratio(times["loads_uncompressed"], times["loads"])
         rows.append(row)
     engine.shutdown()
     return rows
@@ -275,6 +279,12 @@ def main(argv=None) -> int:
               f"{r['host_hit_ms']:6.2f} ({r['host_hit_vs_memcpy']['median']:5.1f}x) "
               f"{r['redis_hit_ms']:6.2f} ({r['redis_hit_vs_memcpy']['median']:5.1f}x) "
               f"{r['miss_response_ms']:10.1f} {r['miss_until_stored_ms']:8.1f}")
+    print("\nLayout alternative (the same value, codes and buffers stored without LZ4):")
+    for r in rows:
+        print(f"  {r['value']:6s} stored {r['stored_bytes'] / 2**20:6.2f} MB -> "
+              f"{r['stored_uncompressed_bytes'] / 2**20:6.2f} MB, "
+              f"loads {r['loads_ms']:.2f} -> {r['loads_uncompressed_ms']:.2f} ms "
+              f"({r['uncompressed_vs_lz4_loads']['median']:.2f}x per round)")
     for f in fleets:
         print(f"\nFleet, {f['value']}: {args.processes} processes x {args.requests} requests over {args.pool} items")
         for mode in ("private", "host", "redis"):

@@ -170,10 +170,11 @@ def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
     return memoryview(packed), {"z": "lz4", "n": size}
 
 
-def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False) -> bytes:
+def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True) -> bytes:
     """The value as bytes bound to `key` (and tagged with `mac`, a `mac_key`); SerializationError
     for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
-    are not level-coded lose precision)."""
+    are not level-coded lose precision). `compress=False` stores every buffer as it is (larger,
+    no LZ4 on the read)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -200,7 +201,8 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
             width = flat.itemsize * 8
             floats = torch.from_numpy(flat.view(f"int{width}")).view(getattr(torch, f"float{width}"))
             flat = floats.to(torch.bfloat16).view(torch.int16).numpy()
-        data, fields = _maybe_compress(np.ascontiguousarray(flat).view(np.uint8).data)
+        raw = np.ascontiguousarray(flat).view(np.uint8).data
+        data, fields = _maybe_compress(raw) if compress else (raw, {})
         node.update(fields)
         node["r"] = place(data)
         return node
@@ -252,6 +254,29 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
 
 
 # -- reading --------------------------------------------------------------------------------------
+_PAIRS = {2: np.uint32, 4: np.uint64}  # element size -> the type of two elements side by side
+
+
+def _gather(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """table[codes], exact. uint8 codes of 2- and 4-byte elements are looked up two at a time in a
+    65536-entry table of element pairs (built from the level table): half the gathers, the
+    cheapest step of a hit that cannot be a plain copy. A code past the table is refused."""
+    if codes.dtype != np.uint8 or table.itemsize not in _PAIRS or codes.size < 2:
+        return np.take(table, codes, mode="clip")
+    if len(table) < 256 and int(codes.max()) >= len(table):
+        raise SerializationError("level code past the table")
+    wide = np.zeros(256, _PAIRS[table.itemsize])
+    wide[:len(table)] = table
+    shift = wide.dtype.type(table.itemsize * 8)
+    pairs = (wide[:, None] << shift | wide[None, :]).reshape(-1)  # [hi, lo] at lo | hi << 8 (little-endian)
+    even = codes.size & ~1
+    out = np.empty(codes.size, table.dtype)
+    out[:even] = pairs[codes[:even].view(np.uint16)].view(table.dtype)
+    if even < codes.size:
+        out[even:] = np.take(table, codes[even:])
+    return out
+
+
 def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | None = None,
           max_bytes: int = MAX_VALUE_BYTES):
     """The value back; SerializationError for anything that is not a well-formed value of this
@@ -325,7 +350,7 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
                 raise SerializationError("bad level table")
             spend(count * itemsize)
             table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
-            return (np.take(table, codes, mode="clip") if count else table), False
+            return (_gather(table, codes) if count else table), False
         if node.get("h") == "bfloat16":
             spend(count * itemsize)  # the widened copy
             return np.frombuffer(stored(node, "r", count * 2), np.uint16), True
