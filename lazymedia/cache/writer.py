@@ -1,10 +1,10 @@
 """Writes to the shared tiers off the request path: a miss returns as soon as its value is
-processed, and one thread per TieredCache serializes and stores it behind the request, then
-releases the key's lease (so other processes wait for the value, not for nothing). The queue is
-bounded in entries and in the bytes of the values it holds: when full, the write is skipped and
-counted, and the lease is released at once (the other processes then decode the key
-themselves). An exiting process finishes its queued writes (at most 10 s); one killed loses them,
-and their leases die with it."""
+processed, and a thread per TieredCache (while it has work) serializes and stores the value
+behind the request, then releases the key's lease (so other processes wait for the value, not
+for nothing). The queue is bounded in entries and in the bytes of the values it holds: when
+full, the write is skipped and counted, and the lease is released at once (the other processes
+then decode the key themselves). An exiting process finishes its queued writes (at most 10 s);
+one killed loses them, and their leases die with it."""
 from __future__ import annotations
 
 import atexit
@@ -21,6 +21,7 @@ from .protocol import SharedTier
 logger = logging.getLogger("lazymedia.cache")
 _LIVE: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # writers whose queues exit waits for
 _EXIT_WAIT_S = 10.0
+_IDLE_S = 5.0  # a writer thread without work ends (a later write starts another)
 
 
 @atexit.register
@@ -93,7 +94,10 @@ class SharedWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._queue))
+                if not self._cond.wait_for(lambda: bool(self._queue), _IDLE_S):
+                    self._thread = None
+                    _LIVE.discard(self)
+                    return
                 key, value, token, nbytes = self._queue.popleft()
                 self._busy, self._busy_bytes = True, nbytes
             written = False
