@@ -240,9 +240,9 @@ class RedisCache(ValueStore):
                 for key, token in held:
                     pipe.eval(_RENEW, 1, self.prefix + key + ":lease", token, self.lease_ms)
                 return [bool(kept) for kept in pipe.execute()]
-        except self._errors as exc:
+        except self._errors as exc:  # given up: they expire on the server (a duplicate decode at worst)
             self._fault(exc, "lease renewal")
-            return [True] * len(held)  # kept for the next try; they expire if the server stays away
+            return [False] * len(held)
 
     def probe_steps(self, key: str) -> Steps:
         """One poll of `key` (one round trip): ("found", value), ("leased", None) while another

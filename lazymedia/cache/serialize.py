@@ -318,14 +318,16 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
             raise SerializationError("bad shape")
         return int(np.prod(entry, dtype=object))
 
-    def stored(node: dict, key: str, nbytes: int) -> bytearray:
-        """A writable copy of exactly `nbytes` stored under node[key], decompressed if need be."""
+    def stored(node: dict, key: str, nbytes: int, copy: bool = True) -> bytearray | memoryview:
+        """A writable copy of exactly `nbytes` stored under node[key], decompressed if need be;
+        with `copy=False`, the stored bytes themselves where they need no decompression (codes,
+        read once by the gather that builds the tensor: no copy between the store and it)."""
         spend(nbytes)
         raw = region(node.get(key))
         if node.get("z") is None or key != "r":
             if raw.nbytes != nbytes:
                 raise SerializationError("shape does not match the bytes")
-            return bytearray(raw)
+            return bytearray(raw) if copy else raw
         if node["z"] != "lz4" or node.get("n") != nbytes or nbytes > _LZ4_MAX:
             raise SerializationError("bad compression fields")
         try:
@@ -343,7 +345,7 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
             if node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS:
                 raise SerializationError("bad level coding")
             code_type = np.dtype(node["c"])
-            codes = np.frombuffer(stored(node, "r", count * code_type.itemsize), code_type)
+            codes = np.frombuffer(stored(node, "r", count * code_type.itemsize, copy=False), code_type)
             table_bytes = region(node["k"])
             if count and (table_bytes.nbytes == 0 or table_bytes.nbytes % itemsize
                           or table_bytes.nbytes // itemsize > 1 << 16):
