@@ -1,16 +1,17 @@
 """Writes behind the request (cache/writer.py) on a real LMDB HostCache: a miss returns before its
 value is stored, the queue is bounded (full: skipped, counted, lease released at once), values
 read back bit for bit, and single flight holds while the queue is full."""
-import os
 import threading
 import time
 
-import pytest
+import test_cache_host
 import torch
 
 import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
 from lazymedia.synthetic import jpeg
+
+store_path = test_cache_host.store_path  # the fixture: a fresh store on /dev/shm
 
 
 class GatedHost(HostCache):
@@ -25,18 +26,6 @@ class GatedHost(HostCache):
         self.entered.set()
         assert self.gate.wait(120)
         return super().put_encoded(key, data)
-
-
-@pytest.fixture
-def store_path(tmp_path):
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else str(tmp_path)
-    path = os.path.join(base, f"lazymedia-writer-{os.getpid()}-{time.monotonic_ns()}")
-    yield path
-    for name in ("data.mdb", "lock.mdb"):
-        if os.path.exists(os.path.join(path, name)):
-            os.unlink(os.path.join(path, name))
-    if os.path.isdir(path):
-        os.rmdir(path)
 
 
 def pixels(decoded):
