@@ -151,3 +151,48 @@ def threaded(fn: Callable[..., Any], *args) -> Call:
 def pause(delay: float) -> Call:
     """A back-off between polls: time.sleep or asyncio.sleep."""
     return Call(time.sleep, asyncio.sleep, (delay,))
+
+
+class SteppedTier:
+    """A shared tier's calls in their sync and asyncio forms, each run from one generator of
+    steps the tier writes once: `get_steps`, `lease_steps`, `release_steps`, `wait_steps`."""
+
+    def get_steps(self, keys: list[str], again: bool) -> Steps:
+        """Steps returning {key: value} for the keys the tier holds."""
+        raise NotImplementedError
+
+    def lease_steps(self, key: str) -> Steps:
+        """Steps returning a token when this process may decode `key` for everyone, None when
+        another process holds it, "" (a lease of its own) when the tier is failing."""
+        raise NotImplementedError
+
+    def release_steps(self, key: str, token: str) -> Steps:
+        raise NotImplementedError
+
+    def wait_steps(self, key: str) -> Steps:
+        """Steps returning (found, value) once the key's value appears or nobody holds its lease."""
+        raise NotImplementedError
+
+    def get_many(self, keys: list[str], again: bool = False) -> dict:
+        return drive(self.get_steps(keys, again))
+
+    async def aget_many(self, keys: list[str], again: bool = False) -> dict:
+        return await adrive(self.get_steps(keys, again))
+
+    def try_lease(self, key: str) -> str | None:
+        return drive(self.lease_steps(key))
+
+    async def atry_lease(self, key: str) -> str | None:
+        return await adrive(self.lease_steps(key))
+
+    def release(self, key: str, token: str) -> None:
+        drive(self.release_steps(key, token))
+
+    async def arelease(self, key: str, token: str) -> None:
+        await adrive(self.release_steps(key, token))
+
+    def wait_for(self, key: str) -> tuple[bool, Any]:
+        return drive(self.wait_steps(key))
+
+    async def await_for(self, key: str) -> tuple[bool, Any]:
+        return await adrive(self.wait_steps(key))

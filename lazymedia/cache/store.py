@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import Steps, adrive, drive, pause
+from .protocol import SteppedTier, Steps, adrive, drive, pause
 from .serialize import SECRET_ENV, BadValueLog, SerializationError, dumps, loads, mac_key
 
 
@@ -33,7 +33,7 @@ class SharedCacheStats:
     late_hits: int = 0  # missed keys found later, by a re-read after the lease or while waiting
 
 
-class ValueStore:
+class ValueStore(SteppedTier):
     """What the shared tiers do alike: count what happens, encode a value once, decode the bytes
     a tier read, get or put values through their own `read_many` / `put_encoded`, and wait for
     another process's lease by polling their own `probe_steps` with back-off (`poll_s`: first and
@@ -95,14 +95,6 @@ class ValueStore:
         holds (`again`: see `decode`)."""
         raise NotImplementedError
 
-    def lease_steps(self, key: str) -> Steps:
-        """Steps returning a token when this process may decode `key` for everyone, None when
-        another process holds it, "" (a lease of its own) when the tier is failing."""
-        raise NotImplementedError
-
-    def release_steps(self, key: str, token: str) -> Steps:
-        raise NotImplementedError
-
     def read_many(self, keys: list[str], encoded: bool = False,
                   again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         return drive(self.read_steps(keys, encoded, again))
@@ -111,27 +103,12 @@ class ValueStore:
                          again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         return await adrive(self.read_steps(keys, encoded, again))
 
-    def try_lease(self, key: str) -> str | None:
-        return drive(self.lease_steps(key))
-
-    async def atry_lease(self, key: str) -> str | None:
-        return await adrive(self.lease_steps(key))
-
-    def release(self, key: str, token: str) -> None:
-        drive(self.release_steps(key, token))
-
-    async def arelease(self, key: str, token: str) -> None:
-        await adrive(self.release_steps(key, token))
-
     def put_encoded(self, key: str, data: bytes) -> bool:
         raise NotImplementedError
 
-    def get_many(self, keys: list[str], again: bool = False) -> dict:
-        """{key: value} for the keys the tier holds (`again`: see `decode`)."""
-        return {key: value for key, (value, _) in self.read_many(keys, again=again).items()}
-
-    async def aget_many(self, keys: list[str], again: bool = False) -> dict:
-        return {key: value for key, (value, _) in (await self.aread_many(keys, again=again)).items()}
+    def get_steps(self, keys: list[str], again: bool) -> Steps:
+        found = yield from self.read_steps(keys, False, again)
+        return {key: value for key, (value, _) in found.items()}
 
     def put(self, key: str, value) -> bool:
         data = self.encode(key, value)
@@ -153,7 +130,7 @@ class ValueStore:
     async def aprobe(self, key: str) -> tuple[str, Any]:
         return await adrive(self.probe_steps(key))
 
-    def _wait_steps(self, key: str) -> Steps:
+    def wait_steps(self, key: str) -> Steps:
         """Polls until the value appears, or the lease is gone without one, or `wait_s` passes:
         (found, value). Not found means: decode it yourself."""
         self._count("lease_waits")
@@ -167,9 +144,3 @@ class ValueStore:
             delay = min(delay * 2, longest)
         self._count("lease_timeouts")
         return False, None
-
-    def wait_for(self, key: str) -> tuple[bool, object]:
-        return drive(self._wait_steps(key))
-
-    async def await_for(self, key: str) -> tuple[bool, object]:
-        return await adrive(self._wait_steps(key))

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..lru import CacheStats
 from .local import ProcessorCache
-from .protocol import Call, ChainableTier, SharedTier, Steps, adrive, drive, pause, threaded
+from .protocol import Call, ChainableTier, SharedTier, SteppedTier, Steps, pause, threaded
 from .store import SharedCacheStats
 from .writer import SharedWriter, WriteStats
 
@@ -31,7 +31,7 @@ class TieredStats:
     writes: WriteStats  # the Processor's writes behind its requests
 
 
-class SharedChain:
+class SharedChain(SteppedTier):
     """Shared tiers (HostCache, RedisCache, or anything with their calls) used as one tier. Each
     call is one generator of tier calls, run by `drive` (sync) or `adrive` (asyncio)."""
 
@@ -49,7 +49,7 @@ class SharedChain:
             for tier in self.tiers[:upto]:
                 tier.put_encoded(key, data)
 
-    def _get_steps(self, keys: list[str], again: bool) -> Steps:
+    def get_steps(self, keys: list[str], again: bool) -> Steps:
         values: dict[str, Any] = {}
         for index, tier in enumerate(self.tiers):
             missing = [key for key in keys if key not in values]
@@ -61,12 +61,6 @@ class SharedChain:
             values.update((key, value) for key, (value, _) in found.items())
         return values
 
-    def get_many(self, keys: list[str], again: bool = False) -> dict:
-        return drive(self._get_steps(keys, again))
-
-    async def aget_many(self, keys: list[str], again: bool = False) -> dict:
-        return await adrive(self._get_steps(keys, again))
-
     def put(self, key: str, value) -> bool:
         data = self.tiers[0].encode(key, value)
         if data is None:
@@ -77,36 +71,24 @@ class SharedChain:
         for tier in self.tiers:
             tier.delete(keys)
 
-    def _lease_steps(self, key: str) -> Steps:
+    def lease_steps(self, key: str) -> Steps:
         """Every tier's lease, nearest first, as one token; None (and nothing held) when any tier's
         is held elsewhere."""
         tokens: list[str] = []
         for tier in self.tiers:
             token = yield Call(tier.try_lease, tier.atry_lease, (key,))
             if token is None:
-                yield from self._release_steps(key, _TOKEN_SEPARATOR.join(tokens))
+                yield from self.release_steps(key, _TOKEN_SEPARATOR.join(tokens))
                 return None
             tokens.append(token)
         return _TOKEN_SEPARATOR.join(tokens) if any(tokens) else ""
 
-    def try_lease(self, key: str) -> str | None:
-        return drive(self._lease_steps(key))
-
-    async def atry_lease(self, key: str) -> str | None:
-        return await adrive(self._lease_steps(key))
-
-    def _release_steps(self, key: str, token: str) -> Steps:
+    def release_steps(self, key: str, token: str) -> Steps:
         if token:
             for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
                 yield Call(tier.release, tier.arelease, (key, part))
 
-    def release(self, key: str, token: str) -> None:
-        drive(self._release_steps(key, token))
-
-    async def arelease(self, key: str, token: str) -> None:
-        await adrive(self._release_steps(key, token))
-
-    def _wait_steps(self, key: str) -> Steps:
+    def wait_steps(self, key: str) -> Steps:
         """Polls every tier until one has the value (filling the nearer ones) or none holds a
         lease, at most the longest of their `wait_s`: (found, value)."""
         deadline = time.monotonic() + max(tier.wait_s for tier in self.tiers)
@@ -125,12 +107,6 @@ class SharedChain:
             yield pause(delay)
             delay = min(delay * 2, 0.05)
         return False, None
-
-    def wait_for(self, key: str) -> tuple[bool, object]:
-        return drive(self._wait_steps(key))
-
-    async def await_for(self, key: str) -> tuple[bool, object]:
-        return await adrive(self._wait_steps(key))
 
 
 class TieredCache:
