@@ -146,6 +146,15 @@ def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_pat
     assert set(cache.get_many([f"k{i}" for i in range(40)])) >= {"k0", "k39"}
 
 
+def test_uncompressed_values_are_larger_and_exact(store_path):
+    """compress=False (no LZ4 on a hit, bench_shared_cache measures the trade) stores the same
+    value, bit for bit, in more bytes."""
+    value = {"x": (torch.arange(1 << 18) % 7).float() / 7}
+    packed, plain = HostCache(store_path), HostCache(store_path, compress=False)
+    assert len(plain.encode("k", value)) > 2 * len(packed.encode("k", value))
+    assert plain.put("k", value) and torch.equal(packed.get_many(["k"])["k"]["x"], value["x"])
+
+
 def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
     cache = HostCache(store_path, capacity_bytes=1 << 20)
     assert not cache.put("big", {"x": torch.randn(1 << 20)})

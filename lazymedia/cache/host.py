@@ -81,10 +81,10 @@ class HostCache(ValueStore):
     def __init__(self, path: str = "/dev/shm/lazymedia-cache", capacity_bytes: int = 4 << 30, *,
                  namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
-                 log_every_s: float = 10.0, secret: str | bytes | None = None):
+                 log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True):
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
-        super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret)
+        super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress)
         self.path = path
         self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()

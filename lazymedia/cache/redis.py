@@ -82,13 +82,14 @@ class RedisCache(ValueStore):
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
                  max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 1.5,
                  wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
-                 bfloat16: bool = False, client=None, async_client=None, secret: str | bytes | None = None):
+                 bfloat16: bool = False, client=None, async_client=None, secret: str | bytes | None = None,
+                 compress: bool = True):
         try:
             import redis
             import redis.asyncio
         except ImportError as exc:
             raise ImportError('RedisCache needs the redis client: pip install "lazymedia[redis]"') from exc
-        super().__init__(bfloat16, BadValueLog(log_every_s, logger), "shared", secret)
+        super().__init__(bfloat16, BadValueLog(log_every_s, logger), "shared", secret, compress)
 
         self._errors = (redis.RedisError, OSError, asyncio.TimeoutError)
         self.prefix = f"lazymedia:{namespace}:"

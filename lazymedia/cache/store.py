@@ -42,8 +42,10 @@ class ValueStore(SteppedTier):
     poll_s: tuple[float, float] = (0.002, 0.05)
     wait_s: float
 
-    def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None):
+    def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None,
+                 compress: bool):
         self.bfloat16 = bfloat16
+        self.compress = compress  # LZ4 where it shrinks a buffer; False: larger values, no LZ4 on a hit
         # Values are tagged with a MAC keyed by the secret (by default $LAZYMEDIA_CACHE_SECRET), so a
         # writer without it cannot plant values; without one, by an unkeyed digest.
         self._mac = mac_key(os.environ.get(SECRET_ENV) if secret is None else secret)
@@ -64,7 +66,7 @@ class ValueStore(SteppedTier):
         """`value` as stored bytes bound to `key`; None (counted) for a type no shared tier can
         hold."""
         try:
-            return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16)
+            return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress)
         except SerializationError:
             self._count("unserializable")
             return None
