@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cache import Cache, ProcessorCache, SharedTier
+from .cache.protocol import Call, adrive, drive
 from .engine import DecodeEngine, default_engine
 from .engine.engine import device_engine
 from .engine.placement import BYTES_PER_DECODED_BYTE, Placement
@@ -60,14 +61,6 @@ class _Plan:
     remote: list[str] = field(default_factory=list)  # keys another process is decoding
 
 
-@dataclass(frozen=True)
-class _TierCall:
-    """One shared-tier call of Processor._shared_steps, in its sync and asyncio forms."""
-    run: Callable[..., Any]
-    arun: Callable[..., Awaitable[Any]]
-    args: tuple
-
-
 class Processor:
     """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order).
 
@@ -91,6 +84,7 @@ class Processor:
         self.cache: Cache = cache if cache is not None else ProcessorCache()
         self._local = self.cache.local  # looked up under the lock
         self._shared = self.cache.shared  # store and network calls, never under the lock
+        self._writer = self.cache.writer  # writes to the shared tier behind the request
         if engine is None:
             engine = default_engine() if device is None else device_engine(device)
         if device is not None and engine.device is None:
@@ -128,10 +122,10 @@ class Processor:
         if plan.leaders:
             try:
                 if self._shared is not None:
-                    self._run_shared(self._shared_steps(plan, self._shared))
+                    drive(self._shared_steps(plan, self._shared))
                 self._submit_decodes(plan)
                 if plan.remote and self._shared is not None:
-                    self._run_shared(self._remote_steps(plan, self._shared))
+                    drive(self._remote_steps(plan, self._shared))
                     self._submit_decodes(plan)
                 wait_futures(plan.decodes.values())
                 if plan.leaders:
@@ -159,10 +153,10 @@ class Processor:
             phase2 = None
             try:
                 if self._shared is not None:
-                    await self._run_shared_async(self._shared_steps(plan, self._shared))
+                    await adrive(self._shared_steps(plan, self._shared))
                 self._submit_decodes(plan)
                 if plan.remote and self._shared is not None:
-                    await self._run_shared_async(self._remote_steps(plan, self._shared))
+                    await adrive(self._remote_steps(plan, self._shared))
                     self._submit_decodes(plan)
                 await _wait_all(list(plan.decodes.values()))
                 if plan.leaders:
@@ -180,7 +174,7 @@ class Processor:
                 if phase2 is None:  # every decode has finished here, so this never blocks
                     self._abandon(plan)
                     if plan.leases and self._shared is not None:  # asyncio, to its end even if cancelled again
-                        await asyncio.shield(self._run_shared_async(self._lease_releases(plan, self._shared)))
+                        await asyncio.shield(adrive(self._lease_releases(plan, self._shared)))
         try:
             if plan.followers:
                 await _wait_all([future for future, _ in plan.followers.values()])
@@ -248,29 +242,29 @@ class Processor:
     # -- phase 1b: the shared tier ------------------------------------------------------------
     def _shared_steps(self, plan: _Plan, shared: SharedTier):
         """The leaders' shared-tier work, written once for apply and apply_async: each
-        `yield _TierCall(...)` is a call on the shared tier, which the caller's driver runs."""
-        self._settle(plan, (yield _TierCall(shared.get_many, shared.aget_many, (list(plan.leaders),))))
+        `yield Call(...)` is a call on the shared tier, which `drive` or `adrive` runs."""
+        self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (list(plan.leaders),))))
         for key in list(plan.leaders):
             if self._decodable(plan, plan.leaders[key]) is None:
                 continue  # known by id alone: nothing to decode, so no lease to hold
-            token = yield _TierCall(shared.try_lease, shared.atry_lease, (key,))
+            token = yield Call(shared.try_lease, shared.atry_lease, (key,))
             if token is None:
                 plan.remote.append(key)
             else:
                 plan.leases[key] = token
         leased = [key for key, token in plan.leases.items() if token and key in plan.leaders]
         if leased:  # a value may have landed between the first read and the lease
-            self._settle(plan, (yield _TierCall(shared.get_many, shared.aget_many, (leased,))))
+            self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (leased, True))))
 
     def _remote_steps(self, plan: _Plan, shared: SharedTier):
         """Waits for the keys other processes are decoding; one they do not deliver (gone, too
         slow) is leased where possible and decoded here."""
         for key in plan.remote:
-            found, value = yield _TierCall(shared.wait_for, shared.await_for, (key,))
+            found, value = yield Call(shared.wait_for, shared.await_for, (key,))
             if found:
                 self._settle(plan, {key: value})
             else:
-                plan.leases[key] = (yield _TierCall(shared.try_lease, shared.atry_lease, (key,))) or ""
+                plan.leases[key] = (yield Call(shared.try_lease, shared.atry_lease, (key,))) or ""
         plan.remote.clear()
 
     def _settle(self, plan: _Plan, found: dict) -> None:
@@ -282,24 +276,6 @@ class Processor:
             self._count(plan, indices, "shared", "hit")
             self._publish(plan, key, value=value)
             self._fill(plan, indices, value)
-
-    def _run_shared(self, steps) -> None:
-        result = None
-        while True:
-            try:
-                call = steps.send(result)
-            except StopIteration:
-                return
-            result = call.run(*call.args)
-
-    async def _run_shared_async(self, steps) -> None:
-        result = None
-        while True:
-            try:
-                call = steps.send(result)
-            except StopIteration:
-                return
-            result = await call.arun(*call.args)
 
     # -- phase 2 ----------------------------------------------------------------------------
     def _finish(self, plan: _Plan) -> None:
@@ -338,10 +314,9 @@ class Processor:
             for key, output in zip(keys, outputs):
                 self._publish(plan, key, value=output)
                 self._fill(plan, plan.leaders[key], output)
-            if self._shared is not None:
+            if self._writer is not None:  # serialized and stored behind the request, then released
                 for key, output in zip(keys, outputs):
-                    self._shared.put(key, output)
-                    self._release_lease(plan, key)
+                    self._writer.submit(key, output, plan.leases.pop(key, ""))
 
     def _publish(self, plan: _Plan, key: str, value: Any = None, error: BaseException | None = None) -> None:
         future = plan.leader_futures[key]
@@ -389,7 +364,7 @@ class Processor:
         while plan.leases:
             key, token = plan.leases.popitem()
             if token:
-                yield _TierCall(shared.release, shared.arelease, (key, token))
+                yield Call(shared.release, shared.arelease, (key, token))
 
     def _release_lease(self, plan: _Plan, key: str) -> None:
         token = plan.leases.pop(key, "")
