@@ -207,14 +207,41 @@ def test_the_allow_list_judges_the_host_the_client_connects_to():
     connector.close()
 
 
-def test_vllm_max_image_pixels_bounds_images(monkeypatch):
-    monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", str(63 * 64))
+def test_vllm_max_image_pixels_is_read_at_each_fetch(monkeypatch):
     connector = VllmMediaConnector()
+    jpeg_url = data_url(synthetic.jpeg(64, 64), "image/jpeg")
+    assert connector.limits_for("image").max_pixels == 178_956_970  # vLLM's default
+    monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", str(63 * 64))  # changed after construction: applies now
     with pytest.raises(lazymedia.MediaTooLargeError):
-        to_vllm(connector.fetch_image(data_url(synthetic.jpeg(64, 64), "image/jpeg")))
-    assert connector.limits.max_pixels == 63 * 64
-    monkeypatch.delenv("VLLM_MAX_IMAGE_PIXELS")
-    assert VllmMediaConnector().limits.max_pixels == 178_956_970  # vLLM's default
+        connector.fetch_image(jpeg_url)
+    monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", "0")  # vLLM: no limit; lazymedia keeps its own bound
+    assert connector.limits_for("image").max_pixels == lazymedia.DEFAULT_LIMITS.max_pixels
+    assert to_vllm(connector.fetch_image(jpeg_url)).size == (64, 64)
+    connector.close()
+
+
+def test_vllm_audio_limits_and_fetch_timeouts_are_read_at_each_fetch(monkeypatch):
+    connector = VllmMediaConnector()
+    wav = synthetic.tone(seconds=3.0, rate=8000)
+    url = data_url(wav, "audio/wav")
+    assert connector.timeout_for("image") == 5 and connector.timeout_for("video") == 30
+    monkeypatch.setenv("VLLM_AUDIO_FETCH_TIMEOUT", "7")
+    assert connector.timeout_for("audio") == 7
+    monkeypatch.setenv("VLLM_MAX_AUDIO_DECODE_DURATION_S", "2")
+    with pytest.raises(lazymedia.MediaTooLargeError):
+        to_vllm(connector.fetch_audio(url))
+    monkeypatch.delenv("VLLM_MAX_AUDIO_DECODE_DURATION_S")
+    monkeypatch.setenv("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "0")  # vLLM: no limit
+    assert connector.limits_for("audio").max_bytes == connector.limits.max_bytes
+    monkeypatch.setenv("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "1")
+    assert connector.limits_for("audio").max_bytes == 1 << 20
+    with pytest.raises(lazymedia.MediaTooLargeError):
+        connector.fetch_audio(data_url(wav + bytes(1 << 20), "audio/wav"))
+    assert to_vllm(connector.fetch_audio(url))[1] == 8000
+    explicit = VllmMediaConnector(timeout_s=1.5, limits=lazymedia.DEFAULT_LIMITS)
+    assert explicit.timeout_for("audio") is None and explicit.limits_for("audio") == explicit.limits
+    explicit.close()
+    connector.close()
 
 
 def test_jpeg_frame_sequences_as_vllm_decodes_them():
