@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..errors import InvalidMediaError
 from ..spec import VideoSpec
@@ -107,6 +106,8 @@ def _qwen2_vl(source: SamplingSource, spec: VideoSpec) -> list[int]:
     if count <= 0:
         raise InvalidMediaError(f"qwen2_vl sampling needs at least {patch} frames; the clip has {total}",
                                 modality="video")
+    import torch  # here: importing lazymedia loads no torch
+
     # float32 steps, as transformers (and vLLM after it) compute them; the last can reach `total`.
     indices = torch.arange(0, total, total / count).int()
     return torch.clamp(indices, max=total - 1).tolist()

@@ -218,7 +218,7 @@ class VllmMediaConnector:
         self._check_backend(self.video_backend, "video_backend" if video.get("video_backend") else
                             "VLLM_VIDEO_LOADER_BACKEND")
         if allowed_local_media_path:
-            _check_local_media_path(allowed_local_media_path)
+            check_local_media_path(allowed_local_media_path)
         self.media_io_kwargs = options
         self.allowed_media_domains = None if allowed_media_domains is None else \
             [d.lower().rstrip(".") for d in allowed_media_domains]
@@ -309,7 +309,7 @@ class VllmMediaConnector:
         if image_mode != "RGB":
             raise InvalidMediaError(f"video frames are RGB; image_mode={image_mode!r} is not supported for video")
         video = self.media_io_kwargs.get("video", {})
-        backend = video.get("video_backend") or _registered_backend(video_processor) or self.video_backend
+        backend = video.get("video_backend") or registered_backend(video_processor) or self.video_backend
         if backend != self.video_backend:
             self._check_backend(backend, f"the video backend for {video_processor}")
         decoder, sampler = VIDEO_BACKENDS[backend]
@@ -333,14 +333,14 @@ class VllmMediaConnector:
 
     async def fetch_video_async(self, video_url: str, *, image_mode: str | None = "RGB",
                                 video_processor: str | None = None) -> LazyMedia:
-        if _is_jpeg_sequence(video_url):
+        if is_jpeg_sequence(video_url):
             return self._jpeg_sequence(video_url)
         spec = self.video_spec(image_mode, video_processor)
         return _named_like_vllm(await self._fetch("video", video_url, spec), spec)
 
     def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB",
                     video_processor: str | None = None) -> LazyMedia:
-        if _is_jpeg_sequence(video_url):
+        if is_jpeg_sequence(video_url):
             return self._jpeg_sequence(video_url)
         spec = self.video_spec(image_mode, video_processor)
         return _named_like_vllm(self._fetch_sync("video", video_url, spec), spec)
@@ -487,7 +487,7 @@ class VllmMediaConnector:
             key="jpeg_sequence:" + json.dumps(metadata, sort_keys=True))
 
 
-def _check_local_media_path(path: str) -> None:
+def check_local_media_path(path: str) -> None:
     """vLLM's start-up check of --allowed-local-media-path, in its words."""
     resolved = os.path.realpath(path)
     if not os.path.exists(resolved):
@@ -508,7 +508,7 @@ def _opencv_dynamic(frames: VideoFrames) -> VideoFrames:
     return dataclasses.replace(frames, metadata={**frames.metadata, "video_backend": "opencv_dynamic"})
 
 
-def _is_jpeg_sequence(url) -> bool:
+def is_jpeg_sequence(url) -> bool:
     return isinstance(url, str) and url[:16].lower() == "data:video/jpeg;"
 
 
@@ -536,7 +536,7 @@ def _sequence_metadata(total: int, video: dict) -> dict:
             "frames_indices": indices, "do_sample_frames": False}
 
 
-def _registered_backend(video_processor: str | None) -> str | None:
+def registered_backend(video_processor: str | None) -> str | None:
     """The loader backend vLLM registers for a video processor class, where vLLM is importable."""
     if video_processor is None:
         return None
