@@ -2,6 +2,7 @@
 giving the objects vLLM's fetch methods return (its rules, re-derived here with Pillow and numpy;
 benchmarks/parity_vllm.py compares against vLLM itself where it is installed)."""
 import base64
+import importlib.util
 import io
 
 import numpy as np
@@ -292,3 +293,88 @@ def test_a_pil_only_processor_sees_identical_inputs():
     theirs = getattr(theirs, "media", theirs)
     assert torch.equal(hf(images=[array])["pixel_values"], hf(images=[theirs])["pixel_values"])
     ours.close()
+
+
+class RecordingBudget:
+    """vLLM's per-request budgets' interface (charge; a ValueError past the limit)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+
+    def charge(self, size: int) -> None:
+        if self.used + size > self.limit:
+            raise ValueError("Request media downloads exceed the limit")
+        self.used += size
+
+
+async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monkeypatch, tmp_path):
+    from aiohttp import web
+
+    import lazymedia.connector
+    import lazymedia.integrations.vllm as adapter
+
+    jpeg = synthetic.jpeg(48, 64)
+    async def image(request):
+        return web.Response(body=jpeg, content_type="image/jpeg")
+
+    async def gone(request):
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/a.jpg", image)
+    app.router.add_get("/gone.jpg", gone)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    reads = []
+
+    def counting(read):
+        def read_http_url(text, base=None):
+            reads.append(text)
+            return read(text, base)
+        return read_http_url
+
+    monkeypatch.setattr(adapter, "read_http_url", counting(adapter.read_http_url))
+    monkeypatch.setattr(lazymedia.connector, "read_http_url", counting(lazymedia.connector.read_http_url))
+    downloads, decoded = RecordingBudget(len(jpeg) + 10), RecordingBudget(48 * 64 * 4 + 10)
+    with pytest.raises(ValueError, match="does not exist"):
+        VllmMediaConnector(allowed_local_media_path=str(tmp_path / "absent"))
+    with VllmMediaConnector(None, object(), allowed_local_media_path=str(tmp_path), allowed_media_domains=None,
+                            decoded_budget=decoded, download_budget=downloads,
+                            allow_private_networks=True) as connector:
+        handle = await connector.fetch_image_async(url + "/a.jpg")
+        assert reads == [url + "/a.jpg"]  # the adapter's reading is the one the client connects with
+        assert downloads.used == len(jpeg) and decoded.used == 48 * 64 * 4 and not handle.is_decoded
+        with pytest.raises(lazymedia.MediaTooLargeError, match="exceed"):  # the request's download budget
+            await connector.fetch_image_async(url + "/a.jpg")
+        with pytest.raises(ValueError) as gone:
+            await connector.fetch_image_async(url + "/gone.jpg")
+        assert isinstance(gone.value, lazymedia.MediaFetchError)
+        await connector.aclose()
+        with pytest.raises(adapter.ConnectorClosedError) as closed:
+            await connector.fetch_image_async(url + "/a.jpg")
+        assert closed.value.status_code == 500
+    await runner.cleanup()
+
+
+def test_an_upstream_client_error_is_422_as_vllm_answers_it():
+    from lazymedia.integrations.vllm import as_vllm_error
+
+    refused = as_vllm_error(lazymedia.MediaFetchError("upstream example.com answered 404", status_code=404))
+    assert isinstance(refused, ValueError) and refused.status_code == 422
+    for status in (408, 429, 502, 504):  # worth a retry, or the upstream's failure: kept
+        assert as_vllm_error(lazymedia.MediaFetchError("upstream", status_code=status)).status_code == status
+
+
+def test_backends_vllm_alone_implements_are_refused_naming_the_alternative(monkeypatch):
+    with pytest.raises(lazymedia.InvalidMediaError, match="VLLM_MEDIA_CONNECTOR=lazymedia"):
+        VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "glm46v"}})
+    monkeypatch.setenv("VLLM_VIDEO_LOADER_BACKEND", "qwen3_vl")
+    if importlib.util.find_spec("cv2") is None:
+        with pytest.raises(lazymedia.InvalidMediaError, match="opencv-python-headless"):
+            VllmMediaConnector()
+        return
+    connector = VllmMediaConnector()
+    assert connector.video_spec()["sampler"] == "qwen3_vl"
+    connector.close()
