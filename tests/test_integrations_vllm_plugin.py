@@ -28,6 +28,8 @@ from vllm.multimodal.processing.inputs import ProcessorInputs
 from lazymedia.integrations import vllm_plugin
 from lazymedia.integrations.vllm_plugin import register
 
+from conftest import corpus_bytes, corpus_rows
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -192,3 +194,58 @@ def test_a_request_over_vllms_decoded_budget_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES") as caught:
         ours.fetch_image(url)
     assert isinstance(caught.value, MediaError)
+
+
+MIME = {"jpeg": "image/jpeg", "png": "image/png", "gif": "image/gif", "webp": "image/webp"}
+
+
+def corpus_urls(kind: str) -> list[tuple[str, str]]:
+    """(path, data: URL) of the corpus files of one kind that decode, up to 1 MB: tests/data's,
+    and the external corpus's where it is beside the checkout (LAZYMEDIA_CORPUS)."""
+    return [(row["path"], data_url(corpus_bytes(row), MIME.get(row["format"], f"{kind}/{row['format']}")))
+            for row in corpus_rows(kind) if row["expected"] == "decodes" and int(row["bytes"]) <= 1 << 20]
+
+
+def test_corpus_images_key_and_decode_as_vllms():
+    parser = MultiModalDataParser()
+    compared = 0
+    for path, url in corpus_urls("image"):
+        sides = []
+        for name in ("http", "lazymedia"):
+            item = connector(name).fetch_image(url)
+            items = parser.parse_mm_data({"image": [item]})
+            digest = ProcessorInputs(prompt=[0], mm_data_items=items).get_mm_hashes("model", "blake3")["image"]
+            sides.append((digest, np.asarray(item.media)))
+        (vllm_digest, vllm_pixels), (digest, pixels) = sides
+        assert digest == vllm_digest, path
+        assert pixels.shape == vllm_pixels.shape and np.array_equal(pixels, vllm_pixels), path
+        compared += 1
+    assert compared >= 5
+
+
+# An MP4 whose first sample is an edit list's pre-roll: OpenCV's frame count (vLLM's) includes it,
+# lazymedia counts the frames a player shows (tests/test_codecs_video.py).
+PRESENTED_FRAMES_DIFFER = {"video/pre_roll.mp4": (29, 30)}
+
+
+@pytest.mark.parametrize("processor", [None, "Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor"])
+def test_corpus_videos_are_vllms(processor):
+    compared = 0
+    for path, url in corpus_urls("video"):
+        outcomes = []
+        for name in ("http", "lazymedia"):
+            try:
+                outcomes.append(connector(name).fetch_video(video_url=url, video_processor=processor).media)
+            except ValueError as exc:  # refused by both, or the test fails below
+                outcomes.append(type(exc))
+        theirs, ours = outcomes
+        if isinstance(theirs, type) or isinstance(ours, type):
+            assert isinstance(theirs, type) and isinstance(ours, type), (path, theirs, ours)
+            continue
+        if path in PRESENTED_FRAMES_DIFFER:  # docs/usage.md, the differences table
+            assert (ours[1]["total_num_frames"], theirs[1]["total_num_frames"]) == PRESENTED_FRAMES_DIFFER[path]
+            continue
+        assert ours[1] == theirs[1], path
+        assert np.array_equal(ours[0], theirs[0]), path
+        compared += 1
+    assert compared >= 1

@@ -220,12 +220,12 @@ def connector_class() -> type:
         @staticmethod
         def _image(handle: LazyMedia, lazy: VllmMediaConnector) -> MediaWithBytes:
             """vLLM's ImageMediaIO result, undecoded: io_config is set when RGB conversion changes
-            the image (the source opens in another mode), as vLLM sets it."""
+            the image (the source opens in another mode, or carries transparency), as vLLM sets it."""
             header = handle.header
             turned = header.orientation in (5, 6, 7, 8)  # EXIF: transposed, as vLLM's normalize_image turns it
             size = (header.height, header.width) if turned else (header.width, header.height)
             io_config = None
-            if header.mode != "RGB":
+            if header.mode != "RGB" or header.has_alpha:  # vLLM's convert_image_mode composites a tRNS RGB too
                 io_config = {"image_mode": "RGB", "rgba_background_color": lazy.background}
             return MediaWithBytes(LazyImage(handle, size, "RGB"), handle.encoded(), io_config)
 
