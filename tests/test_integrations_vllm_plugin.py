@@ -249,3 +249,52 @@ def test_corpus_videos_are_vllms(processor):
         assert np.array_equal(ours[0], theirs[0]), path
         compared += 1
     assert compared >= 1
+
+
+class Tracker:
+    """What vLLM's content parser reads of its item tracker (item_tracker.py), recording items."""
+
+    def __init__(self, video_processor_name):
+        self.media_io_kwargs, self.allowed_local_media_path, self.allowed_media_domains = None, "", None
+        self.decoded_budget, self.download_budget = MediaDecodedBudget(), MediaRequestDownloadBudget()
+        self.video_processor_name = video_processor_name
+        self.items = []
+
+    def add(self, modality, item):
+        self.items.append((modality, item[0]))
+        return f"<{modality}>"
+
+
+@pytest.mark.parametrize("video_processor", ["Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor"])
+def test_vllms_chat_content_parser_gets_vllms_items(monkeypatch, clips, video_processor):
+    """OpenAI-style content parts through vLLM's own parser, once per VLLM_MEDIA_CONNECTOR."""
+    from vllm.renderers.chat_utils.chat_message import parse_chat_message_content_part
+    from vllm.renderers.chat_utils.content_parser import MultiModalContentParser
+
+    wav = synthetic.tone(seconds=0.5, rate=16000)
+    rgba = np.dstack([synthetic.photo(32, 48), np.full((32, 48), 100, np.uint8)])
+    parts = [{"type": "image_url", "image_url": {"url": data_url(synthetic.jpeg(40, 56), "image/jpeg")}},
+             {"type": "image_url", "image_url": {"url": data_url(synthetic.encode_image(rgba, "PNG"), "image/png")}},
+             {"type": "video_url", "video_url": {"url": clips[1][1]}},
+             {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}},
+             {"type": "audio_url", "audio_url": {"url": data_url(wav, "audio/wav")}}]
+    register()
+    seen = {}
+    for name in ("http", "lazymedia"):
+        monkeypatch.setenv("VLLM_MEDIA_CONNECTOR", name)
+        tracker = Tracker(video_processor)
+        parser = MultiModalContentParser(tracker)
+        for part in parts:
+            parse_chat_message_content_part(part, parser, mm_tracker=tracker, wrap_dicts=False,
+                                            interleave_strings=False)
+        seen[name] = tracker.items
+    assert [modality for modality, _ in seen["lazymedia"]] == [modality for modality, _ in seen["http"]]
+    for (modality, ours), (_, theirs) in zip(seen["lazymedia"], seen["http"]):
+        if modality == "image":
+            assert isinstance(ours.media, vllm_plugin.LazyImage)  # lazymedia's connector served it
+            assert ours.original_bytes == theirs.original_bytes and ours.io_config == theirs.io_config
+            assert np.array_equal(np.asarray(ours.media), np.asarray(theirs.media))
+        elif modality == "video":
+            assert ours.media[1] == theirs.media[1] and np.array_equal(ours.media[0], theirs.media[0])
+        else:
+            assert ours[1] == theirs[1] and np.allclose(ours[0], theirs[0], atol=1e-6)
