@@ -27,6 +27,7 @@ count.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -90,7 +91,6 @@ def main() -> int:
     args = parser.parse_args()
     try:
         import vllm
-        from vllm import _version
     except ImportError:
         print("vLLM is not importable: put its --no-deps folder on PYTHONPATH (see the docstring)", file=sys.stderr)
         return 2
@@ -106,7 +106,8 @@ def main() -> int:
     print("   " + "\n   ".join((own.stdout + own.stderr).strip().splitlines()[-4:]))
     commit = subprocess.run(["git", "-C", str(args.vllm_src), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "not a git checkout"
-    print(f"vLLM {vllm.__version__} ({_version.commit_id}) installed; tests from {args.vllm_src} at {commit}")
+    build = importlib.metadata.version("vllm")
+    print(f"vLLM {vllm.__version__} (distribution {build}) installed; tests from {args.vllm_src} at {commit}")
     results = {}
     with tempfile.TemporaryDirectory() as out:
         for side in ("vllm", "lazymedia"):

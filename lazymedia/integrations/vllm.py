@@ -1,4 +1,5 @@
-"""lazymedia in place of vLLM's media layer (vllm.multimodal.media, checked against vLLM 0.33).
+"""lazymedia in place of vLLM's media layer (vllm.multimodal.media, checked against vLLM 0.33), for
+a frontend of one's own; inside `vllm serve` the plugin (vllm_plugin.py) builds on this adapter.
 
 vLLM's `MediaConnector.fetch_image / fetch_video / fetch_audio` download an item and decode it
 at once: a PIL image, `(frames, metadata)`, `(waveform, sample_rate)`. Its processor cache then
@@ -6,7 +7,7 @@ hashes the result, so a cache hit has already paid for the decode. `VllmMediaCon
 the same constructor arguments and `media_io_kwargs` and has the same fetch methods, but returns
 undecoded `LazyMedia` handles, keyed while they download. A frontend then runs
 `Processor.apply` over a request's handles, and `to_vllm(decoded)` inside the processor function
-hands the model the object vLLM's fetch would have returned:
+hands the model what vLLM's parser would have handed it (the media inside vLLM's MediaWithBytes):
 
     connector = VllmMediaConnector(media_io_kwargs={"video": {"num_frames": 16}})
     items = [await connector.fetch_image_async(url) for url in image_urls]
@@ -15,11 +16,13 @@ hands the model the object vLLM's fetch would have returned:
     outputs = await processor.apply_async(items)   # hits: hash + lookup; misses: decoded once
 
 Same inputs as vLLM, by default: images follow `convert_image_mode` (transparency composited
-over `rgba_background_color`, EXIF orientation applied), videos use vLLM's frame selection with
-num_frames=32 and its OpenCV decoder (PyAV where OpenCV is not installed), audio is mono at the
-native rate. Errors are lazymedia's typed `MediaError`s, as the ValueError / RuntimeError /
-NotImplementedError subclasses vLLM's callers catch. What differs is listed in docs/usage.md
-("Switching a vLLM frontend").
+over `rgba_background_color`, EXIF orientation applied), videos use the frame selection of
+vLLM's loader for the request (VIDEO_BACKENDS: opencv with num_frames=32, opencv_dynamic,
+qwen2_vl, qwen3_vl) and its OpenCV decoder (PyAV where OpenCV is not installed), audio is mono at
+the native rate. vLLM's settings (VLLM_MAX_IMAGE_PIXELS, VLLM_MAX_AUDIO_*,
+VLLM_*_FETCH_TIMEOUT) are read at each fetch, as vLLM reads them. Errors are lazymedia's typed
+`MediaError`s, as the ValueError / RuntimeError / NotImplementedError subclasses vLLM's callers
+catch. What differs is listed in docs/usage.md ("Switching a vLLM frontend").
 """
 from __future__ import annotations
 
@@ -558,8 +561,9 @@ def image_type_for(processor) -> str:
 
 
 def to_vllm(decoded, image_type: str = "pil") -> Any:
-    """What vLLM's fetch would have returned, from a handle or its decoded media: an image,
-    `(frames uint8 [T, H, W, 3] ndarray, metadata dict)`, or `(waveform ndarray, sample_rate)`.
+    """What vLLM's parser hands the processor (the media inside the MediaWithBytes vLLM's fetch
+    returns; the plugin returns the MediaWithBytes itself), from a handle or its decoded media: an
+    image, `(frames uint8 [T, H, W, 3] ndarray, metadata dict)`, or `(waveform ndarray, sample_rate)`.
     Images are a PIL image (image_type="pil", one copy for RGB) or a zero-copy uint8 HWC numpy
     view of the decoded tensor (image_type="numpy"), which vLLM's multimodal parser takes as an
     image; never a 3-D torch tensor, which the parser reads as embeddings. Inputs that arrived
