@@ -158,8 +158,8 @@ def _decoded_cache() -> LruCache | None:
 
 
 def _weigh(value) -> int:
-    arrays = value[0] if isinstance(value[0], tuple) else value
-    return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+    """Bytes of a (frames, metadata) or (waveform, rate) pair."""
+    return sum(part.nbytes for part in value if isinstance(part, np.ndarray))
 
 
 @functools.cache
@@ -280,15 +280,18 @@ def connector_class() -> type:
         def _decoded(lazy: VllmMediaConnector, handle: LazyMedia) -> Any:
             """vLLM's result for a video (MediaWithBytes((frames, metadata), bytes)) or an audio clip
             ((waveform, rate)), from the decoded LRU or decoded now; charged to the request's
-            decoded budget either way, as vLLM charges it."""
+            decoded budget either way, as vLLM charges it. Each request gets its own copy: a
+            processor that writes into its input must not change what the next request gets."""
             cache = _decoded_cache()
-            found, value = cache.lookup(handle.key) if cache is not None else (False, None)
+            found, value = cache.lookup(handle.key) if cache is not None else (False, ())
             if not found:
                 value = to_vllm(handle)
                 _count(handle.modality)
                 if cache is not None:
                     cache.put(handle.key, value)
             lazy.charge_decoded(_weigh(value))
+            first, second = value
+            value = (first.copy(), dict(second) if isinstance(second, dict) else second)
             if handle.modality == "video":
                 return MediaWithBytes(value, handle.encoded())
             return value
