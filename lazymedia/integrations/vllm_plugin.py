@@ -283,7 +283,8 @@ def connector_class() -> type:
             decoded budget either way, as vLLM charges it. Each request gets its own copy: a
             processor that writes into its input must not change what the next request gets."""
             cache = _decoded_cache()
-            found, value = cache.lookup(handle.key) if cache is not None else (False, ())
+            value: Any
+            found, value = cache.lookup(handle.key) if cache is not None else (False, None)
             if not found:
                 value = to_vllm(handle)
                 _count(handle.modality)
@@ -291,9 +292,9 @@ def connector_class() -> type:
                     cache.put(handle.key, value)
             lazy.charge_decoded(_weigh(value))
             first, second = value
-            value = (first.copy(), dict(second) if isinstance(second, dict) else second)
+            copied = (first.copy(), dict(second) if isinstance(second, dict) else second)
             if handle.modality == "video":
-                return MediaWithBytes(value, handle.encoded())
-            return value
+                return MediaWithBytes(copied, handle.encoded())
+            return copied
 
     return LazymediaVllmConnector
