@@ -378,3 +378,31 @@ def test_backends_vllm_alone_implements_are_refused_naming_the_alternative(monke
     connector = VllmMediaConnector()
     assert connector.video_spec()["sampler"] == "qwen3_vl"
     connector.close()
+
+
+async def test_vllms_fetch_timeout_bounds_each_download(monkeypatch):
+    """VLLM_IMAGE_FETCH_TIMEOUT replaces the connector's 10 s for the download, read at the fetch."""
+    import asyncio
+
+    from aiohttp import web
+
+    never = asyncio.Event()
+
+    async def stall(request):
+        await never.wait()  # never answers
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/stall.jpg", stall)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/stall.jpg"
+    connector = VllmMediaConnector(allow_private_networks=True)
+    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
+    with pytest.raises(lazymedia.MediaFetchError, match="timed out after 1.0 s") as caught:
+        await connector.fetch_image_async(url)
+    assert caught.value.status_code == 504 and isinstance(caught.value, ValueError)
+    never.set()
+    await connector.aclose()
+    await runner.cleanup()
