@@ -146,7 +146,7 @@ def test_repeated_videos_and_audio_are_decoded_once(clips):
     assert np.allclose(waveform, vllm_waveform, atol=1e-6) and np.array_equal(waveform, audio[0])
 
 
-def test_what_lazymedia_leaves_to_vllm_is_served_by_vllm():
+def test_what_lazymedia_leaves_to_vllm_is_served_by_vllm(caplog):
     rgba = np.dstack([synthetic.photo(24, 32), np.full((24, 32), 7, np.uint8)])
     url = data_url(synthetic.encode_image(rgba, "PNG"), "image/png")
     kept = connector("lazymedia", media_io_kwargs={"image": {"image_mode": None}}).fetch_image(url)
@@ -159,8 +159,11 @@ def test_what_lazymedia_leaves_to_vllm_is_served_by_vllm():
     theirs = connector("http").fetch_video(video_url=sequence)
     assert ours.media[1] == theirs.media[1] and np.array_equal(ours.media[0], theirs.media[0])
     options = {"video": {"num_frames": 8, "frame_recovery": True}}  # an option lazymedia does not implement
-    fallback = connector("lazymedia", media_io_kwargs=options)
+    with caplog.at_level("WARNING", logger="lazymedia.integrations.vllm_plugin"):
+        fallback = connector("lazymedia", media_io_kwargs=options)
+        connector("lazymedia", media_io_kwargs=options)  # the next request: said once
     assert fallback.lazy is None
+    assert len([r for r in caplog.records if "frame_recovery" in r.getMessage()]) == 1
     assert fallback.fetch_video(video_url=data_url(synthetic.video(frames=20), "video/mp4")).media[0].shape[0] == 8
 
 

@@ -63,6 +63,18 @@ _SHARED_LOCK = threading.Lock()
 _DECODED: LruCache | None = None
 
 
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """A warning per distinct message: vLLM builds a connector per request."""
+    with _DECODES_LOCK:
+        if message in _LOGGED or len(_LOGGED) >= 64:
+            return
+        _LOGGED.add(message)
+    logger.warning(message)
+
+
 def _count(modality: str) -> None:
     with _DECODES_LOCK:
         DECODES[modality] += 1
@@ -191,7 +203,7 @@ def connector_class() -> type:
                     download_budget=download_budget,
                     connector=_shared_connector(allowed_local_media_path, allowed_media_domains))
             except InvalidMediaError as exc:  # options lazymedia refuses: vLLM's own code serves the request
-                logger.info("lazymedia: vLLM's media code serves this request: %s", exc)
+                _log_once(f"lazymedia: vLLM's own media code serves requests with these settings: {exc}")
                 self.lazy = None
 
         # -- images -----------------------------------------------------------------------------
