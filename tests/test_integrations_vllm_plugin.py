@@ -304,3 +304,10 @@ def test_vllms_chat_content_parser_gets_vllms_items(monkeypatch, clips, video_pr
             assert ours.media[1] == theirs.media[1] and np.array_equal(ours.media[0], theirs.media[0])
         else:
             assert ours[1] == theirs[1] and np.allclose(ours[0], theirs[0], atol=1e-6)
+
+
+def test_a_malformed_private_network_setting_is_the_servers_error(monkeypatch):
+    monkeypatch.setenv("LAZYMEDIA_ALLOW_PRIVATE_NETWORKS", "10.0.0.0/8,not-a-network")
+    with pytest.raises(MediaError, match="LAZYMEDIA_ALLOW_PRIVATE_NETWORKS") as caught:
+        connector("lazymedia")
+    assert caught.value.status_code == 500 and not isinstance(caught.value, ValueError)  # vLLM: 500

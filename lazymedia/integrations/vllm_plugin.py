@@ -152,9 +152,13 @@ def _shared_connector(allowed_local_media_path: str, allowed_media_domains: list
         connector = _SHARED.get(key)
         if connector is None:
             policy: bool | list[str] = private.strip() == "all" or [n.strip() for n in private.split(",") if n.strip()]
-            connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
-                                       allowed_local_path=allowed_local_media_path or None,
-                                       allow_private_networks=policy)
+            try:
+                connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
+                                           allowed_local_path=allowed_local_media_path or None,
+                                           allow_private_networks=policy)
+            except ValueError as exc:  # a malformed network: the server's configuration, not the request
+                raise MediaError(f"LAZYMEDIA_ALLOW_PRIVATE_NETWORKS={private!r}: {exc}; give 'all' or CIDR networks",
+                                 status_code=500) from None
             _SHARED[key] = connector
         return connector
 
