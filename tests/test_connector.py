@@ -187,7 +187,7 @@ async def test_lying_content_length(server, connector):
 async def test_http_error_status(server, connector):
     with pytest.raises(MediaFetchError) as info:
         await connector.fetch("image", server.url + "/missing")
-    assert info.value.status_code == 502 and "404" in str(info.value)
+    assert info.value.status_code == 400 and "404" in str(info.value)  # the client's URL is wrong: no retry
 
 
 async def test_redirect_to_disallowed_domain(server):

@@ -164,8 +164,9 @@ def test_without_opencv_the_default_decodes_with_pyav_and_a_named_opencv_is_refu
     frames, metadata = to_vllm(connector.fetch_video(data_url(synthetic.video(frames=40, height=32, width=48),
                                                               "video/mp4")))
     assert metadata["video_backend"] == "pyav" and frames.shape == (32, 32, 48, 3)
-    with pytest.raises(ValueError, match="opencv-python-headless"):
+    with pytest.raises(ValueError, match="needs OpenCV") as refused:
         VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "opencv"}})
+    assert "pip install opencv-python-headless" in refused.value.hint
 
 
 def test_dynamic_loader_names_itself_as_vllm_does(connector):
@@ -350,7 +351,7 @@ async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monk
             await connector.fetch_image_async(url + "/a.jpg")
         with pytest.raises(ValueError) as gone:
             await connector.fetch_image_async(url + "/gone.jpg")
-        assert isinstance(gone.value, lazymedia.MediaFetchError)
+        assert isinstance(gone.value, lazymedia.MediaFetchError) and gone.value.status_code == 422  # vLLM's 422
         await connector.aclose()
         with pytest.raises(adapter.ConnectorClosedError) as closed:
             await connector.fetch_image_async(url + "/a.jpg")
@@ -368,11 +369,12 @@ def test_an_upstream_client_error_is_422_as_vllm_answers_it():
 
 
 def test_backends_vllm_alone_implements_are_refused_naming_the_alternative(monkeypatch):
-    with pytest.raises(lazymedia.InvalidMediaError, match="VLLM_MEDIA_CONNECTOR=lazymedia"):
+    with pytest.raises(lazymedia.InvalidMediaError, match="vLLM's own loader") as caught:
         VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "glm46v"}})
+    assert "VLLM_MEDIA_CONNECTOR=lazymedia" in caught.value.hint  # the operator's alternative
     monkeypatch.setenv("VLLM_VIDEO_LOADER_BACKEND", "qwen3_vl")
     if importlib.util.find_spec("cv2") is None:
-        with pytest.raises(lazymedia.InvalidMediaError, match="opencv-python-headless"):
+        with pytest.raises(lazymedia.InvalidMediaError, match="needs OpenCV"):
             VllmMediaConnector()
         return
     connector = VllmMediaConnector()
@@ -400,7 +402,7 @@ async def test_vllms_fetch_timeout_bounds_each_download(monkeypatch):
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/stall.jpg"
     connector = VllmMediaConnector(allow_private_networks=True)
     monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
-    with pytest.raises(lazymedia.MediaFetchError, match="timed out after 1.0 s") as caught:
+    with pytest.raises(lazymedia.MediaFetchError, match="timed out after 1 s") as caught:
         await connector.fetch_image_async(url)
     assert caught.value.status_code == 504 and isinstance(caught.value, ValueError)
     never.set()

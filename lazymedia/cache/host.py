@@ -4,8 +4,8 @@
 Why LMDB: a read maps the value's pages (no copy until `loads` builds the tensors, which is the
 one copy a read costs), writers serialise on LMDB's robust lock, and a write is visible only when
 its transaction commits: a writer killed mid-put leaves nothing readable, and the lock passes on.
-Measured against diskcache (SQLite + files) on /dev/shm, 4.2 MB values: get 0.03 vs 1.2 ms,
-put 2-8 vs 33-38 ms (docs/design.md).
+It reads and writes faster than diskcache (SQLite + files) on /dev/shm: the figures are in
+docs/design.md.
 
 Bounded: the stored values' bytes stay under `capacity_bytes`; a put evicts the oldest entries
 first, and a hit re-stamps an entry that has aged into the older half, so hot entries stay (an

@@ -161,7 +161,8 @@ def env_int(name: str, default: int) -> int:
     try:
         return default if text is None else int(text)
     except ValueError:
-        raise MediaError(f"{name}={text!r} is not an integer: fix the server's environment",
+        raise MediaError("the server's media settings are misconfigured",
+                         hint=f"{name}={text!r} is not an integer: fix the server's environment",
                          status_code=500) from None
 
 
@@ -282,14 +283,14 @@ class VllmMediaConnector:
     @staticmethod
     def _check_backend(backend: str, source: str) -> None:
         if backend in VLLM_ONLY_VIDEO_BACKENDS:
-            raise InvalidMediaError(f"{source}={backend!r} is vLLM's own loader, which lazymedia does not implement: "
-                                    "run it inside vLLM through the lazymedia plugin (VLLM_MEDIA_CONNECTOR=lazymedia "
-                                    f"hands it to vLLM's loader), or name one of {sorted(VIDEO_BACKENDS)}")
+            raise InvalidMediaError(f"{source}={backend!r} is vLLM's own loader, which lazymedia does not implement",
+                                    hint="run it inside vLLM through the lazymedia plugin (VLLM_MEDIA_CONNECTOR="
+                                    f"lazymedia hands it to vLLM's loader), or name one of {sorted(VIDEO_BACKENDS)}")
         if backend not in VIDEO_BACKENDS:
             raise InvalidMediaError(f"{source}={backend!r}: lazymedia implements {sorted(VIDEO_BACKENDS)}")
         if VIDEO_BACKENDS[backend][0] == "opencv" and not _opencv_installed():
-            raise InvalidMediaError(f"{source}={backend!r} needs opencv-python-headless (pip install "
-                                    "opencv-python-headless), or name video_backend='pyav'")
+            raise InvalidMediaError(f"{source}={backend!r} needs OpenCV, which this server lacks",
+                                    hint="pip install opencv-python-headless, or name video_backend='pyav'")
 
     # -- the decode spec vLLM's media IO classes would apply ---------------------------------
     def image_spec(self, image_mode: str | None = "RGB") -> dict:
@@ -427,7 +428,7 @@ class VllmMediaConnector:
         what the connector fetches: the URL as the HTTP client reads it for http(s) (read once,
         here), else the text."""
         if self.closed:
-            raise ConnectorClosedError("this connector is closed: build a new one for new requests")
+            raise ConnectorClosedError("the media connector is closed", hint="build a new connector for new requests")
         if not isinstance(url, str):
             return url  # lazymedia's connector refuses it (400)
         scheme = url[:url.find(":")].lower() if ":" in url else ""
