@@ -157,8 +157,9 @@ def _shared_connector(allowed_local_media_path: str, allowed_media_domains: list
                                            allowed_local_path=allowed_local_media_path or None,
                                            allow_private_networks=policy)
             except ValueError as exc:  # a malformed network: the server's configuration, not the request
-                raise MediaError(f"LAZYMEDIA_ALLOW_PRIVATE_NETWORKS={private!r}: {exc}; give 'all' or CIDR networks",
-                                 status_code=500) from None
+                raise MediaError("the server's media settings are misconfigured", status_code=500,
+                                 hint=f"LAZYMEDIA_ALLOW_PRIVATE_NETWORKS={private!r}: {exc}; give 'all' or CIDR "
+                                 "networks") from None
             _SHARED[key] = connector
         return connector
 
