@@ -312,3 +312,28 @@ def test_a_malformed_private_network_setting_is_the_servers_error(monkeypatch):
         connector("lazymedia")
     assert caught.value.status_code == 500 and not isinstance(caught.value, ValueError)  # vLLM: 500
     assert "LAZYMEDIA_ALLOW_PRIVATE_NETWORKS" in caught.value.hint  # for the operator, not the client
+
+
+def test_vllms_plugin_loader_finds_the_entry_point_in_a_fresh_process(tmp_path):
+    """The whole switch: vLLM's load_general_plugins() (run in every vLLM process) discovers the
+    entry point pyproject.toml declares, and VLLM_MEDIA_CONNECTOR=lazymedia then names it.
+    The entry point is installed the way pip writes it (a dist-info's entry_points.txt)."""
+    import os
+    import subprocess
+    import sys
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    target = project["entry-points"]["vllm.general_plugins"]["lazymedia"]
+    dist = tmp_path / "lazymedia_probe-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lazymedia-probe\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\nlazymedia = {target}\n")
+    code = ("import vllm.plugins, vllm.envs as envs\n"
+            "vllm.plugins.load_general_plugins()\n"
+            "from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY\n"
+            "print(type(MEDIA_CONNECTOR_REGISTRY.load(envs.VLLM_MEDIA_CONNECTOR)).__name__)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]), VLLM_PLUGINS="lazymedia",
+               VLLM_MEDIA_CONNECTOR="lazymedia")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "LazymediaVllmConnector"
