@@ -146,23 +146,28 @@ class MediaConnector:
         self._lock = threading.Lock()
 
     # -- public -----------------------------------------------------------------------------
-    async def fetch(self, modality: str, url: str, **spec) -> LazyMedia:
+    async def fetch(self, modality: str, url: str | URL, *, timeout_s: float | None = None,
+                    limits: Limits | None = None, **spec) -> LazyMedia:
         """An undecoded handle for `url` as `modality` ("image", "video", "audio") under the spec
         settings of load_image / load_video / load_audio; every failure is a MediaError with a
-        status code. Container probes (video, audio) run off the event loop."""
+        status code. Container probes (video, audio) run off the event loop. `url` may be an
+        http(s) URL a caller already read with guard.read_http_url (so one URL is read once);
+        `timeout_s` and `limits` replace the connector's for this fetch (the download itself stays
+        under the connector's max_bytes)."""
         spec_bytes = make_spec(modality, spec).canonical()
         started = time.perf_counter()
         try:
-            data, key = await self._read(url, KeyHasher(modality, spec_bytes))
+            data, key = await self._read(url, KeyHasher(modality, spec_bytes), timeout_s)
         except MediaError as exc:
             exc.modality = exc.modality or modality
             count("item_errors", stage="fetch", modality=modality, status=str(exc.status_code))
             raise
         finally:  # timed by hand: an NVTX range cannot span an await
             observe("fetch", time.perf_counter() - started, modality=modality)
+        limits = limits or self.limits
         if probe_is_instant(modality, data):  # Pillow's parse goes to a thread
-            return load(modality, data, limits=self.limits, key=key, **spec)
-        return await asyncio.to_thread(load, modality, data, limits=self.limits, key=key, **spec)
+            return load(modality, data, limits=limits, key=key, **spec)
+        return await asyncio.to_thread(load, modality, data, limits=limits, key=key, **spec)
 
     async def download(self, url: str) -> bytes:
         """The bytes `url` names, under every check and limit of `fetch`, for a caller that
@@ -186,9 +191,10 @@ class MediaConnector:
             items.append(outcome)
         return items
 
-    def fetch_sync(self, modality: str, url: str, **spec) -> LazyMedia:
+    def fetch_sync(self, modality: str, url: str | URL, *, timeout_s: float | None = None,
+                   limits: Limits | None = None, **spec) -> LazyMedia:
         """`fetch` for code without an event loop (runs on the connector's own loop thread)."""
-        return self._run_sync(self.fetch(modality, url, **spec))
+        return self._run_sync(self.fetch(modality, url, timeout_s=timeout_s, limits=limits, **spec))
 
     def download_sync(self, url: str) -> bytes:
         """`download` for code without an event loop."""
@@ -224,11 +230,14 @@ class MediaConnector:
         """Connection pools held (one per live event loop that fetched)."""
         return len(self._sessions)
 
-    async def _read(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+    async def _read(self, url: str | URL, hasher: KeyHasher | None,
+                    timeout_s: float | None = None) -> tuple[bytes, str | None]:
         """(bytes, key) for any supported URL; the key only when a hasher is given."""
+        if isinstance(url, URL):
+            return await self._fetch_http(url, hasher, timeout_s)
         scheme = _split(url).scheme.lower()
         if scheme in ("http", "https"):
-            return await self._fetch_http(url, hasher)
+            return await self._fetch_http(url, hasher, timeout_s)
         if scheme == "data":
             if len(url) // 4 * 3 > 2 * self.max_bytes + 3:  # before any copy of a huge payload
                 raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over the {self.max_bytes}-byte "
@@ -273,20 +282,25 @@ class MediaConnector:
             self.guard.check(ip, host)
         return host
 
-    async def _fetch_http(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
-        cached = self._cache_path(url)
+    async def _fetch_http(self, url: str | URL, hasher: KeyHasher | None,
+                          timeout_s: float | None = None) -> tuple[bytes, str | None]:
+        if isinstance(url, URL) and url.scheme not in ("http", "https"):
+            raise InvalidMediaError(f"unsupported URL scheme {url.scheme!r}: use http(s), data: or file:")
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        cached = self._cache_path(str(url))
         if cached is not None and cached.is_file():
-            host = self._check_url(read_http_url(url))  # the checks of a fresh fetch, before serving it
+            parsed = url if isinstance(url, URL) else read_http_url(url)
+            host = self._check_url(parsed)  # the checks of a fresh fetch, before serving it
             if canonical_ip(host) is None:
                 await self._check_resolves(host)
             data = await asyncio.to_thread(cached.read_bytes)
             if len(data) <= self.max_bytes:
                 return data, _finish(hasher, data)
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(timeout_s):
                 data, key = await self._follow(url, hasher)
         except TimeoutError:
-            raise MediaFetchError(f"fetching the URL timed out after {self.timeout_s:g} s: retry, or send a URL that "
+            raise MediaFetchError(f"fetching the URL timed out after {timeout_s:g} s: retry, or send a URL that "
                                   "answers sooner", hint="raise MediaConnector(timeout_s=)", status_code=504) from None
         if cached is not None:
             await asyncio.to_thread(_write_atomically, cached, data)
@@ -309,8 +323,8 @@ class MediaConnector:
             return None
         return self.download_cache_dir / (media_key("url", b"", url.encode()) + ".bin")
 
-    async def _follow(self, text: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
-        url = read_http_url(text)
+    async def _follow(self, text: str | URL, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+        url = text if isinstance(text, URL) else read_http_url(text)
         refused: list[str] = []
         token = _REFUSED.set(refused)
         try:

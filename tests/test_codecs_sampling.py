@@ -79,3 +79,30 @@ def test_unknown_sampler_and_bad_choices_are_typed():
     sampling.register_sampler("out-of-range", lambda source, spec: [0, source.total_frames + 5])
     with pytest.raises(lazymedia.InvalidMediaError):
         lazymedia.load_video(data, sampler="out-of-range")
+
+
+@pytest.mark.parametrize("total, source_fps", [(100, 30.0), (451, 30.0), (61, 25.0), (9, 5.0), (3000, 60.0),
+                                                (100000, 30.0)])
+def test_qwen_samplers_follow_vllms_qwen_loaders(total, source_fps):
+    """vLLM 0.33's qwen2_vl / qwen3_vl rules at fps 2 (num_frames ignored): counts clamped to
+    [4, 768] and the clip, qwen2_vl's a multiple of 2 (tests/test_integrations_vllm_plugin.py
+    compares the frames with vLLM's own loaders)."""
+    source = sampling.SamplingSource.of(total, source_fps, 0.0)
+    qwen2 = sampling.sample_indices(source, VideoSpec(sampler="qwen2_vl", num_frames=3))
+    qwen3 = sampling.sample_indices(source, VideoSpec(sampler="qwen3_vl", num_frames=3))
+    wanted = total / source_fps * 2
+    assert len(qwen3) == min(max(int(wanted), 4), 768, total)
+    assert len(qwen2) == math.floor(min(max(wanted, 4), min(768, total) // 2 * 2, total) / 2) * 2
+    for indices in (qwen2, qwen3):
+        assert indices[0] == 0 and indices[-1] <= total - 1 and indices == sorted(set(indices))
+    assert qwen3[-1] == total - 1  # linspace reaches the last frame
+
+
+def test_qwen_samplers_on_an_unknown_rate():
+    """qwen2_vl needs the clip's rate (vLLM raises too); qwen3_vl assumes 24 fps, as transformers."""
+    unknown = sampling.SamplingSource(240, 0.0, 0.0)
+    with pytest.raises(lazymedia.InvalidMediaError, match="frame rate"):
+        sampling.sample_indices(unknown, VideoSpec(sampler="qwen2_vl"))
+    assert len(sampling.sample_indices(unknown, VideoSpec(sampler="qwen3_vl"))) == 20  # 240 / 24 x 2
+    with pytest.raises(lazymedia.InvalidMediaError, match="at least 2 frames"):
+        sampling.sample_indices(sampling.SamplingSource(1, 30.0, 1 / 30), VideoSpec(sampler="qwen2_vl"))

@@ -2,6 +2,7 @@
 giving the objects vLLM's fetch methods return (its rules, re-derived here with Pillow and numpy;
 benchmarks/parity_vllm.py compares against vLLM itself where it is installed)."""
 import base64
+import importlib.util
 import io
 
 import numpy as np
@@ -208,14 +209,41 @@ def test_the_allow_list_judges_the_host_the_client_connects_to():
     connector.close()
 
 
-def test_vllm_max_image_pixels_bounds_images(monkeypatch):
-    monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", str(63 * 64))
+def test_vllm_max_image_pixels_is_read_at_each_fetch(monkeypatch):
     connector = VllmMediaConnector()
+    jpeg_url = data_url(synthetic.jpeg(64, 64), "image/jpeg")
+    assert connector.limits_for("image").max_pixels == 178_956_970  # vLLM's default
+    monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", str(63 * 64))  # changed after construction: applies now
     with pytest.raises(lazymedia.MediaTooLargeError):
-        to_vllm(connector.fetch_image(data_url(synthetic.jpeg(64, 64), "image/jpeg")))
-    assert connector.limits.max_pixels == 63 * 64
-    monkeypatch.delenv("VLLM_MAX_IMAGE_PIXELS")
-    assert VllmMediaConnector().limits.max_pixels == 178_956_970  # vLLM's default
+        connector.fetch_image(jpeg_url)
+    monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", "0")  # vLLM: no limit; lazymedia keeps its own bound
+    assert connector.limits_for("image").max_pixels == lazymedia.DEFAULT_LIMITS.max_pixels
+    assert to_vllm(connector.fetch_image(jpeg_url)).size == (64, 64)
+    connector.close()
+
+
+def test_vllm_audio_limits_and_fetch_timeouts_are_read_at_each_fetch(monkeypatch):
+    connector = VllmMediaConnector()
+    wav = synthetic.tone(seconds=3.0, rate=8000)
+    url = data_url(wav, "audio/wav")
+    assert connector.timeout_for("image") == 5 and connector.timeout_for("video") == 30
+    monkeypatch.setenv("VLLM_AUDIO_FETCH_TIMEOUT", "7")
+    assert connector.timeout_for("audio") == 7
+    monkeypatch.setenv("VLLM_MAX_AUDIO_DECODE_DURATION_S", "2")
+    with pytest.raises(lazymedia.MediaTooLargeError):
+        to_vllm(connector.fetch_audio(url))
+    monkeypatch.delenv("VLLM_MAX_AUDIO_DECODE_DURATION_S")
+    monkeypatch.setenv("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "0")  # vLLM: no limit
+    assert connector.limits_for("audio").max_bytes == connector.limits.max_bytes
+    monkeypatch.setenv("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "1")
+    assert connector.limits_for("audio").max_bytes == 1 << 20
+    with pytest.raises(lazymedia.MediaTooLargeError):
+        connector.fetch_audio(data_url(wav + bytes(1 << 20), "audio/wav"))
+    assert to_vllm(connector.fetch_audio(url))[1] == 8000
+    explicit = VllmMediaConnector(timeout_s=1.5, limits=lazymedia.DEFAULT_LIMITS)
+    assert explicit.timeout_for("audio") is None and explicit.limits_for("audio") == explicit.limits
+    explicit.close()
+    connector.close()
 
 
 def test_jpeg_frame_sequences_as_vllm_decodes_them():
@@ -266,3 +294,117 @@ def test_a_pil_only_processor_sees_identical_inputs():
     theirs = getattr(theirs, "media", theirs)
     assert torch.equal(hf(images=[array])["pixel_values"], hf(images=[theirs])["pixel_values"])
     ours.close()
+
+
+class RecordingBudget:
+    """vLLM's per-request budgets' interface (charge; a ValueError past the limit)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+
+    def charge(self, size: int) -> None:
+        if self.used + size > self.limit:
+            raise ValueError("Request media downloads exceed the limit")
+        self.used += size
+
+
+async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monkeypatch, tmp_path):
+    from aiohttp import web
+
+    import lazymedia.connector
+    import lazymedia.integrations.vllm as adapter
+
+    jpeg = synthetic.jpeg(48, 64)
+    async def image(request):
+        return web.Response(body=jpeg, content_type="image/jpeg")
+
+    async def gone(request):
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/a.jpg", image)
+    app.router.add_get("/gone.jpg", gone)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    reads = []
+
+    def counting(read):
+        def read_http_url(text, base=None):
+            reads.append(text)
+            return read(text, base)
+        return read_http_url
+
+    monkeypatch.setattr(adapter, "read_http_url", counting(adapter.read_http_url))
+    monkeypatch.setattr(lazymedia.connector, "read_http_url", counting(lazymedia.connector.read_http_url))
+    downloads, decoded = RecordingBudget(len(jpeg) + 10), RecordingBudget(48 * 64 * 4 + 10)
+    with pytest.raises(ValueError, match="does not exist"):
+        VllmMediaConnector(allowed_local_media_path=str(tmp_path / "absent"))
+    with VllmMediaConnector(None, object(), allowed_local_media_path=str(tmp_path), allowed_media_domains=None,
+                            decoded_budget=decoded, download_budget=downloads,
+                            allow_private_networks=True) as connector:
+        handle = await connector.fetch_image_async(url + "/a.jpg")
+        assert reads == [url + "/a.jpg"]  # the adapter's reading is the one the client connects with
+        assert downloads.used == len(jpeg) and decoded.used == 48 * 64 * 4 and not handle.is_decoded
+        with pytest.raises(lazymedia.MediaTooLargeError, match="exceed"):  # the request's download budget
+            await connector.fetch_image_async(url + "/a.jpg")
+        with pytest.raises(ValueError) as gone:
+            await connector.fetch_image_async(url + "/gone.jpg")
+        assert isinstance(gone.value, lazymedia.MediaFetchError) and gone.value.status_code == 422  # vLLM's 422
+        await connector.aclose()
+        with pytest.raises(adapter.ConnectorClosedError) as closed:
+            await connector.fetch_image_async(url + "/a.jpg")
+        assert closed.value.status_code == 500
+    await runner.cleanup()
+
+
+def test_an_upstream_client_error_is_422_as_vllm_answers_it():
+    from lazymedia.integrations.vllm import as_vllm_error
+
+    refused = as_vllm_error(lazymedia.MediaFetchError("upstream example.com answered 404", status_code=404))
+    assert isinstance(refused, ValueError) and refused.status_code == 422
+    for status in (408, 429, 502, 504):  # worth a retry, or the upstream's failure: kept
+        assert as_vllm_error(lazymedia.MediaFetchError("upstream", status_code=status)).status_code == status
+
+
+def test_backends_vllm_alone_implements_are_refused_naming_the_alternative(monkeypatch):
+    with pytest.raises(lazymedia.InvalidMediaError, match="vLLM's own loader") as caught:
+        VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "glm46v"}})
+    assert "VLLM_MEDIA_CONNECTOR=lazymedia" in caught.value.hint  # the operator's alternative
+    monkeypatch.setenv("VLLM_VIDEO_LOADER_BACKEND", "qwen3_vl")
+    if importlib.util.find_spec("cv2") is None:
+        with pytest.raises(lazymedia.InvalidMediaError, match="needs OpenCV"):
+            VllmMediaConnector()
+        return
+    connector = VllmMediaConnector()
+    assert connector.video_spec()["sampler"] == "qwen3_vl"
+    connector.close()
+
+
+async def test_vllms_fetch_timeout_bounds_each_download(monkeypatch):
+    """VLLM_IMAGE_FETCH_TIMEOUT replaces the connector's 10 s for the download, read at the fetch."""
+    import asyncio
+
+    from aiohttp import web
+
+    never = asyncio.Event()
+
+    async def stall(request):
+        await never.wait()  # never answers
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/stall.jpg", stall)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/stall.jpg"
+    connector = VllmMediaConnector(allow_private_networks=True)
+    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
+    with pytest.raises(lazymedia.MediaFetchError, match="timed out after 1 s") as caught:
+        await connector.fetch_image_async(url)
+    assert caught.value.status_code == 504 and isinstance(caught.value, ValueError)
+    never.set()
+    await connector.aclose()
+    await runner.cleanup()

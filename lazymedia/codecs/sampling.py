@@ -8,6 +8,12 @@ Samplers are named, and the name is part of the key (VideoSpec.sampler):
   np.linspace(0, total - 1, count) truncated to int (every frame when the count is the total).
 - "dynamic": vLLM's dynamic loader: one frame every 1/fps seconds (fps defaults to 2) up to
   max_duration seconds; a longer clip is sampled uniformly in time instead.
+- "qwen2_vl": vLLM's Qwen2-VL / Qwen2.5-VL loader (transformers' Qwen2VLVideoProcessor):
+  total / source fps x fps frames (fps defaults to 2, at most 30), clamped to [4, 768] and to the
+  clip, floored to a multiple of 2 (the temporal patch), at float32 torch.arange steps.
+  num_frames is ignored, as in vLLM.
+- "qwen3_vl": vLLM's Qwen3-VL loader: int(total / source fps x fps) frames clamped to [4, 768]
+  and to the clip, np.linspace rounded; an unknown source rate reads as 24 fps (transformers').
 - "rounded": lazymedia's earlier rule: every (source fps / fps)-th frame for fps (at most
   num_frames of them, spread by np.linspace rounded); without fps, np.linspace rounded for
   num_frames.
@@ -79,6 +85,42 @@ def _dynamic(source: SamplingSource, spec: VideoSpec) -> list[int]:
     return sorted({min(last, int(math.ceil(t * source.fps))) for t in seconds})
 
 
+# vLLM 0.33's Qwen loaders (vllm/multimodal/video.py Qwen2VLVideoBackend, Qwen3VLVideoBackend).
+QWEN_DEFAULT_FPS = 2.0
+QWEN_MAX_FPS = 30.0
+QWEN_MIN_FRAMES = 4
+QWEN_MAX_FRAMES = 768
+QWEN2_TEMPORAL_PATCH = 2
+
+
+def _qwen2_vl(source: SamplingSource, spec: VideoSpec) -> list[int]:
+    total = source.total_frames
+    if source.fps <= 0:
+        raise InvalidMediaError("qwen2_vl sampling needs the clip's frame rate, and the container reports none "
+                                "(variable or unknown rate): re-encode it at a constant rate", modality="video")
+    fps = min(spec.fps if spec.fps is not None else QWEN_DEFAULT_FPS, QWEN_MAX_FPS)
+    patch = QWEN2_TEMPORAL_PATCH
+    ceiling = math.floor(min(QWEN_MAX_FRAMES, total) / patch) * patch
+    count = min(max(total / source.fps * fps, QWEN_MIN_FRAMES), ceiling, total)
+    count = math.floor(count / patch) * patch
+    if count <= 0:
+        raise InvalidMediaError(f"qwen2_vl sampling needs at least {patch} frames; the clip has {total}",
+                                modality="video")
+    import torch  # here: importing lazymedia loads no torch
+
+    # float32 steps, as transformers (and vLLM after it) compute them; the last can reach `total`.
+    indices = torch.arange(0, total, total / count).int()
+    return torch.clamp(indices, max=total - 1).tolist()
+
+
+def _qwen3_vl(source: SamplingSource, spec: VideoSpec) -> list[int]:
+    total = source.total_frames
+    source_fps = source.fps if source.fps > 0 else 24.0
+    fps = min(spec.fps if spec.fps is not None else QWEN_DEFAULT_FPS, QWEN_MAX_FPS)
+    count = min(max(int(total / source_fps * fps), QWEN_MIN_FRAMES), QWEN_MAX_FRAMES, total)
+    return np.linspace(0, total - 1, count).round().astype(int).tolist()
+
+
 def _rounded(source: SamplingSource, spec: VideoSpec) -> list[int]:
     total = source.total_frames
     if spec.fps is not None and source.fps > 0:  # the stride rule, then at most num_frames of those
@@ -92,7 +134,8 @@ def _rounded(source: SamplingSource, spec: VideoSpec) -> list[int]:
     return list(range(total))
 
 
-SAMPLERS: dict[str, Sampler] = {"uniform": _uniform, "dynamic": _dynamic, "rounded": _rounded}
+SAMPLERS: dict[str, Sampler] = {"uniform": _uniform, "dynamic": _dynamic, "rounded": _rounded,
+                                "qwen2_vl": _qwen2_vl, "qwen3_vl": _qwen3_vl}
 
 
 def register_sampler(name: str, sampler: Sampler) -> None:

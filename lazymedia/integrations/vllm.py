@@ -1,4 +1,5 @@
-"""lazymedia in place of vLLM's media layer (vllm.multimodal.media, checked against vLLM 0.33).
+"""lazymedia in place of vLLM's media layer (vllm.multimodal.media, checked against vLLM 0.33), for
+a frontend of one's own; inside `vllm serve` the plugin (vllm_plugin.py) builds on this adapter.
 
 vLLM's `MediaConnector.fetch_image / fetch_video / fetch_audio` download an item and decode it
 at once: a PIL image, `(frames, metadata)`, `(waveform, sample_rate)`. Its processor cache then
@@ -6,7 +7,7 @@ hashes the result, so a cache hit has already paid for the decode. `VllmMediaCon
 the same constructor arguments and `media_io_kwargs` and has the same fetch methods, but returns
 undecoded `LazyMedia` handles, keyed while they download. A frontend then runs
 `Processor.apply` over a request's handles, and `to_vllm(decoded)` inside the processor function
-hands the model the object vLLM's fetch would have returned:
+hands the model what vLLM's parser would have handed it (the media inside vLLM's MediaWithBytes):
 
     connector = VllmMediaConnector(media_io_kwargs={"video": {"num_frames": 16}})
     items = [await connector.fetch_image_async(url) for url in image_urls]
@@ -15,11 +16,13 @@ hands the model the object vLLM's fetch would have returned:
     outputs = await processor.apply_async(items)   # hits: hash + lookup; misses: decoded once
 
 Same inputs as vLLM, by default: images follow `convert_image_mode` (transparency composited
-over `rgba_background_color`, EXIF orientation applied), videos use vLLM's frame selection with
-num_frames=32 and its OpenCV decoder (PyAV where OpenCV is not installed), audio is mono at the
-native rate. Errors are lazymedia's typed `MediaError`s, as the ValueError / RuntimeError /
-NotImplementedError subclasses vLLM's callers catch. What differs is listed in docs/usage.md
-("Switching a vLLM frontend").
+over `rgba_background_color`, EXIF orientation applied), videos use the frame selection of
+vLLM's loader for the request (VIDEO_BACKENDS: opencv with num_frames=32, opencv_dynamic,
+qwen2_vl, qwen3_vl) and its OpenCV decoder (PyAV where OpenCV is not installed), audio is mono at
+the native rate. vLLM's settings (VLLM_MAX_IMAGE_PIXELS, VLLM_MAX_AUDIO_*,
+VLLM_*_FETCH_TIMEOUT) are read at each fetch, as vLLM reads them. Errors are lazymedia's typed
+`MediaError`s, as the ValueError / RuntimeError / NotImplementedError subclasses vLLM's callers
+catch. What differs is listed in docs/usage.md ("Switching a vLLM frontend").
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
+from yarl import URL
 
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, UnprocessableMediaError
@@ -42,10 +46,22 @@ from ..spec import DEFAULT_LIMITS, Limits
 
 # vLLM's VideoMediaIO and VIDEO_LOADER_REGISTRY defaults (vllm/multimodal/media/video.py).
 DEFAULT_NUM_FRAMES = 32
-_VIDEO_BACKENDS = {"opencv": ("opencv", "uniform"), "pyav": ("pyav", "uniform"),
-                   "opencv_dynamic": ("opencv", "dynamic")}
-# vLLM's envs.VLLM_MAX_IMAGE_PIXELS default (a Pillow decompression-bomb bound).
+# vLLM 0.33's loaders lazymedia implements: (decoder, sampler); "pyav" is lazymedia's own.
+VIDEO_BACKENDS = {"opencv": ("opencv", "uniform"), "pyav": ("pyav", "uniform"),
+                  "opencv_dynamic": ("opencv", "dynamic"), "qwen2_vl": ("opencv", "qwen2_vl"),
+                  "qwen3_vl": ("opencv", "qwen3_vl")}
+# The rest of vLLM 0.33's VIDEO_LOADER_REGISTRY (vllm/multimodal/video.py and model files): the
+# lazymedia vLLM plugin hands these to vLLM's own loader; this adapter refuses them.
+VLLM_ONLY_VIDEO_BACKENDS = ("pynvvideocodec", "embedding_gemma2", "glm46v", "glm5next", "glmga", "molmo2",
+                            "nemotron_vl", "openpangu", "clef_omni", "llava_onevision2", "minimax_m3_vl",
+                            "muse_spark")
+# vLLM's envs defaults (vllm/envs.py), read at each call as vLLM reads them.
 VLLM_MAX_IMAGE_PIXELS = 178_956_970
+_FETCH_TIMEOUTS = {"image": ("VLLM_IMAGE_FETCH_TIMEOUT", 5), "video": ("VLLM_VIDEO_FETCH_TIMEOUT", 30),
+                   "audio": ("VLLM_AUDIO_FETCH_TIMEOUT", 10)}
+_AUDIO_FILESIZE_MB = ("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", 25)
+_AUDIO_DURATION_S = ("VLLM_MAX_AUDIO_DECODE_DURATION_S", 600)
+_AUDIO_DECODE_BYTES = ("VLLM_MAX_AUDIO_DECODE_BYTES", 268_435_456)
 # vllm/multimodal/media/audio.py AUDIO_BACKENDS.
 _VLLM_AUDIO_BACKENDS = ("auto", "soundfile", "pyav", "torchcodec")
 _IMAGE_KEYS = {"image_mode", "rgba_background_color"}
@@ -81,21 +97,35 @@ class DataUrlEncodingError(InvalidMediaError, NotImplementedError):
     """A data: URL that is not base64 (vLLM raises NotImplementedError)."""
 
 
+class ConnectorClosedError(MediaError, RuntimeError):
+    """A fetch after close(): the server's misuse, not the client's (HTTP 500)."""
+
+    status_code = 500
+
+
+def upstream_refused(exc: MediaError) -> bool:
+    """A download the upstream refused with a client error (404, 403, ...; not 408 or 429, which
+    are worth a retry): vLLM answers these 422 ("Failed to fetch media from URL")."""
+    return isinstance(exc, MediaFetchError) and 400 <= exc.status_code < 500 and exc.status_code not in (408, 429)
+
+
 def as_vllm_error(exc: MediaError, *, loading_image: bool = False) -> MediaError:
-    """`exc` as the exception type vLLM raises for the same failure, with its status code,
-    modality and index: fetch and decode failures become ValueErrors; an image that failed to
-    load (`loading_image`) says so in vLLM's words ("Failed to load image: ...")."""
+    """`exc` as the exception type vLLM raises for the same failure, with modality and index:
+    fetch and decode failures become ValueErrors; an upstream's client error is 422, as vLLM
+    answers it; an image that failed to load (`loading_image`) says so in vLLM's words ("Failed
+    to load image: ...")."""
     message = exc.message
     if loading_image and not isinstance(exc, MediaFetchError) and not message.startswith("Failed to load image"):
         message = f"Failed to load image: {message}"
-    if isinstance(exc, ValueError) and message == exc.message:
+    status = 422 if upstream_refused(exc) else exc.status_code
+    if isinstance(exc, ValueError) and message == exc.message and status == exc.status_code:
         return exc
     vllm_type: type[MediaError] = type(exc)
     for base, converted_type in ((MediaFetchError, VllmMediaFetchError),
                                  (UnprocessableMediaError, VllmUnprocessableMediaError)):
         if isinstance(exc, base) and not isinstance(exc, ValueError):
             vllm_type = converted_type
-    converted = vllm_type(message, modality=exc.modality, index=exc.index, status_code=exc.status_code)
+    converted = vllm_type(message, modality=exc.modality, index=exc.index, status_code=status)
     converted.__cause__ = exc.__cause__
     return converted
 
@@ -124,18 +154,25 @@ def _opencv_installed() -> bool:
     return importlib.util.find_spec("cv2") is not None
 
 
-def _max_pixels() -> int:
-    """VLLM_MAX_IMAGE_PIXELS as vLLM reads it; 0 or less (vLLM: no limit) keeps lazymedia's bound."""
-    value = int(os.environ.get("VLLM_MAX_IMAGE_PIXELS", VLLM_MAX_IMAGE_PIXELS))
-    return value if value > 0 else DEFAULT_LIMITS.max_pixels
-
-
-def _authority_host(url: str) -> str:
-    """The host the HTTP client (aiohttp, through yarl) connects to. An authority that parsers
-    read differently (a backslash before '@', a host yarl and urllib disagree on) is refused:
-    no allow-list can judge a host that depends on who reads it."""
+def env_int(name: str, default: int) -> int:
+    """A vLLM integer setting as vLLM reads it (int(os.getenv(name, default))), read at each call
+    so a changed environment applies without a restart; a malformed value is a 500, naming it."""
+    text = os.environ.get(name)
     try:
-        client_host = (read_http_url(url).host or "").lower().rstrip(".")
+        return default if text is None else int(text)
+    except ValueError:
+        raise MediaError("the server's media settings are misconfigured",
+                         hint=f"{name}={text!r} is not an integer: fix the server's environment",
+                         status_code=500) from None
+
+
+def _read_http(url: str) -> tuple[URL, str]:
+    """The URL the HTTP client (aiohttp, through yarl) connects to, and its host. An authority
+    that parsers read differently (a backslash before '@', a host yarl and urllib disagree on)
+    is refused: no allow-list can judge a host that depends on who reads it."""
+    try:
+        parsed = read_http_url(url)
+        client_host = (parsed.host or "").lower().rstrip(".")
         other = (urlsplit(url).hostname or "").lower().rstrip(".")
     except ValueError as exc:  # InvalidMediaError from the client's reading, or urllib's
         raise InvalidMediaError(f"refused a URL whose host is ambiguous, so not checkable against the allowed "
@@ -143,23 +180,33 @@ def _authority_host(url: str) -> str:
     if other.isascii() and client_host != other.strip("[]"):
         raise InvalidMediaError(f"refused a URL whose host is ambiguous ({client_host!r} or {other!r}), so not "
                                 "checkable against the allowed domains")
-    return client_host
+    return parsed, client_host
 
 
 class VllmMediaConnector:
     """vLLM's MediaConnector surface over lazymedia's connector: same arguments, handles out.
 
-    media_io_kwargs: vLLM's per-modality options ({"image": {"image_mode", "rgba_background_color"},
-    "video": {"num_frames", "fps", "max_duration", "video_backend", ...}, "audio": {"audio_backend"}}),
-    validated as vLLM validates them; options lazymedia does not implement are refused here, at
-    start-up, rather than ignored. The video backend is resolved here too (video_backend, else
-    VLLM_VIDEO_LOADER_BACKEND, else opencv, or pyav where OpenCV is not installed and nothing
-    named it). Other keyword arguments go to lazymedia.MediaConnector (limits, time-outs,
-    private-network policy); without `limits`, VLLM_MAX_IMAGE_PIXELS bounds the pixels."""
+    Takes exactly vLLM 0.33's constructor arguments. media_io_kwargs: vLLM's per-modality
+    options ({"image": {"image_mode", "rgba_background_color"}, "video": {"num_frames", "fps",
+    "max_duration", "video_backend", ...}, "audio": {"audio_backend"}}), validated as vLLM
+    validates them; options and loaders lazymedia does not implement are refused here, at
+    start-up, naming the alternative, rather than ignored. The video backend is resolved here too
+    (video_backend, else VLLM_VIDEO_LOADER_BACKEND, else opencv, or pyav where OpenCV is not
+    installed and nothing named it). allowed_local_media_path must be an existing directory, as
+    in vLLM. connection: vLLM's HTTP client, not used: lazymedia downloads with its own (the SSRF
+    guard, the allow-lists on every redirect hop). download_budget / decoded_budget: vLLM's
+    per-request budgets, charged with each http(s) download and each image's decoded size (from
+    its header, as vLLM charges it at fetch time); `charge_decoded` charges what a caller decodes.
+    connector: a lazymedia.MediaConnector to share (vLLM builds a connector per request; the
+    plugin keeps one per configuration); else one is built from the other keyword arguments
+    (limits, time-outs, private-network policy). Without `limits`, VLLM_MAX_IMAGE_PIXELS bounds
+    the pixels and VLLM_MAX_AUDIO_* the audio, read at each call; without `timeout_s`,
+    VLLM_{IMAGE,VIDEO,AUDIO}_FETCH_TIMEOUT bound each download."""
 
-    def __init__(self, media_io_kwargs: dict[str, dict[str, Any]] | None = None, *,
+    def __init__(self, media_io_kwargs: dict[str, dict[str, Any]] | None = None, connection: Any = None, *,
                  allowed_local_media_path: str = "", allowed_media_domains: list[str] | None = None,
-                 **connector_options):
+                 decoded_budget: Any = None, download_budget: Any = None,
+                 connector: MediaConnector | None = None, **connector_options):
         options = {modality: dict(values) for modality, values in (media_io_kwargs or {}).items()}
         for modality, known in (("image", _IMAGE_KEYS), ("video", _VIDEO_KEYS), ("audio", _AUDIO_KEYS)):
             unknown = set(options.get(modality, {})) - known
@@ -174,15 +221,27 @@ class VllmMediaConnector:
         self.video_backend = named or ("opencv" if _opencv_installed() else "pyav")
         self._check_backend(self.video_backend, "video_backend" if video.get("video_backend") else
                             "VLLM_VIDEO_LOADER_BACKEND")
+        if allowed_local_media_path:
+            check_local_media_path(allowed_local_media_path)
         self.media_io_kwargs = options
         self.allowed_media_domains = None if allowed_media_domains is None else \
             [d.lower().rstrip(".") for d in allowed_media_domains]
         self.allowed_local_media_path = allowed_local_media_path
-        if "limits" not in connector_options:
-            connector_options["limits"] = dataclasses.replace(DEFAULT_LIMITS, max_pixels=_max_pixels())
-        # vLLM matches allowed_media_domains exactly: a listed host admits none of its subdomains.
-        self.connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
-                                        allowed_local_path=allowed_local_media_path or None, **connector_options)
+        self.decoded_budget = decoded_budget
+        self.download_budget = download_budget
+        self._own_limits = "limits" in connector_options or connector is not None
+        self._own_timeout = "timeout_s" in connector_options or connector is not None
+        if connector is None:
+            # vLLM matches allowed_media_domains exactly: a listed host admits none of its subdomains.
+            connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
+                                       allowed_local_path=allowed_local_media_path or None, **connector_options)
+            self._owns_connector = True
+        else:
+            if connector_options:
+                raise TypeError(f"pass {sorted(connector_options)} to the shared connector, not here")
+            self._owns_connector = False
+        self.connector = connector
+        self.closed = False
         self._image_specs = {mode: self._image_spec(mode) for mode in ("RGB", None)}
         self._default_video_spec = self._video_spec("RGB", None)
 
@@ -190,11 +249,46 @@ class VllmMediaConnector:
     def limits(self) -> Limits:
         return self.connector.limits
 
+    def limits_for(self, modality: str) -> Limits:
+        """The limits of one fetch: the connector's, with vLLM's settings read now where the caller
+        gave no `limits`: VLLM_MAX_IMAGE_PIXELS (0 or less, vLLM's "no limit", keeps lazymedia's
+        bound) and, for audio, VLLM_MAX_AUDIO_CLIP_FILESIZE_MB / _DECODE_DURATION_S / _DECODE_BYTES."""
+        limits = self.connector.limits
+        if self._own_limits:
+            return limits
+        pixels = env_int("VLLM_MAX_IMAGE_PIXELS", VLLM_MAX_IMAGE_PIXELS)
+        limits = dataclasses.replace(limits, max_pixels=pixels if pixels > 0 else DEFAULT_LIMITS.max_pixels)
+        if modality == "audio":
+            size_mb, seconds, decoded = (env_int(*setting) for setting in
+                                         (_AUDIO_FILESIZE_MB, _AUDIO_DURATION_S, _AUDIO_DECODE_BYTES))
+            limits = dataclasses.replace(
+                limits, max_bytes=min(limits.max_bytes, size_mb << 20) if size_mb > 0 else limits.max_bytes,
+                max_audio_seconds=seconds if seconds > 0 else limits.max_audio_seconds,
+                max_decoded_bytes=decoded if decoded > 0 else limits.max_decoded_bytes)
+        return limits
+
+    def timeout_for(self, modality: str) -> float | None:
+        """VLLM_<MODALITY>_FETCH_TIMEOUT read now, or None for the connector's own `timeout_s`."""
+        return None if self._own_timeout else float(env_int(*_FETCH_TIMEOUTS[modality]))
+
+    def charge_decoded(self, nbytes: int) -> None:
+        """Charges vLLM's per-request decoded budget (VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES)."""
+        if self.decoded_budget is None:
+            return
+        try:
+            self.decoded_budget.charge(nbytes)
+        except ValueError as exc:  # vLLM's budget error: the request's items decode to too much
+            raise MediaTooLargeError(str(exc)) from None
+
     @staticmethod
     def _check_backend(backend: str, source: str) -> None:
-        if backend not in _VIDEO_BACKENDS:
-            raise InvalidMediaError(f"{source}={backend!r}: lazymedia implements {sorted(_VIDEO_BACKENDS)}")
-        if _VIDEO_BACKENDS[backend][0] == "opencv" and not _opencv_installed():
+        if backend in VLLM_ONLY_VIDEO_BACKENDS:
+            raise InvalidMediaError(f"{source}={backend!r} is vLLM's own loader, which lazymedia does not implement",
+                                    hint="run it inside vLLM through the lazymedia plugin (VLLM_MEDIA_CONNECTOR="
+                                    f"lazymedia hands it to vLLM's loader), or name one of {sorted(VIDEO_BACKENDS)}")
+        if backend not in VIDEO_BACKENDS:
+            raise InvalidMediaError(f"{source}={backend!r}: lazymedia implements {sorted(VIDEO_BACKENDS)}")
+        if VIDEO_BACKENDS[backend][0] == "opencv" and not _opencv_installed():
             raise InvalidMediaError(f"{source}={backend!r} needs OpenCV, which this server lacks",
                                     hint="pip install opencv-python-headless, or name video_backend='pyav'")
 
@@ -219,10 +313,10 @@ class VllmMediaConnector:
         if image_mode != "RGB":
             raise InvalidMediaError(f"video frames are RGB; image_mode={image_mode!r} is not supported for video")
         video = self.media_io_kwargs.get("video", {})
-        backend = video.get("video_backend") or _registered_backend(video_processor) or self.video_backend
+        backend = video.get("video_backend") or registered_backend(video_processor) or self.video_backend
         if backend != self.video_backend:
             self._check_backend(backend, f"the video backend for {video_processor}")
-        decoder, sampler = _VIDEO_BACKENDS[backend]
+        decoder, sampler = VIDEO_BACKENDS[backend]
         num_frames = video.get("num_frames", DEFAULT_NUM_FRAMES)
         spec = {"num_frames": None if num_frames is not None and num_frames < 0 else num_frames,  # -1: every frame
                 "fps": video.get("fps"), "decoder": decoder, "sampler": sampler}
@@ -243,14 +337,14 @@ class VllmMediaConnector:
 
     async def fetch_video_async(self, video_url: str, *, image_mode: str | None = "RGB",
                                 video_processor: str | None = None) -> LazyMedia:
-        if _is_jpeg_sequence(video_url):
+        if is_jpeg_sequence(video_url):
             return self._jpeg_sequence(video_url)
         spec = self.video_spec(image_mode, video_processor)
         return _named_like_vllm(await self._fetch("video", video_url, spec), spec)
 
     def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB",
                     video_processor: str | None = None) -> LazyMedia:
-        if _is_jpeg_sequence(video_url):
+        if is_jpeg_sequence(video_url):
             return self._jpeg_sequence(video_url)
         spec = self.video_spec(image_mode, video_processor)
         return _named_like_vllm(self._fetch_sync("video", video_url, spec), spec)
@@ -262,41 +356,81 @@ class VllmMediaConnector:
         return self._fetch_sync("audio", audio_url, self.audio_spec())
 
     async def aclose(self) -> None:
-        await self.connector.aclose()
+        """Refuses later fetches; closes the connector this adapter built (a shared one stays)."""
+        self.closed = True
+        if self._owns_connector:
+            await self.connector.aclose()
 
     def close(self) -> None:
-        self.connector.close()
+        self.closed = True
+        if self._owns_connector:
+            self.connector.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
 
     # -- fetching ---------------------------------------------------------------------------
     async def _fetch(self, modality: str, url: str, spec: dict) -> LazyMedia:
-        self._check_like_vllm(url)
+        target = self._check_like_vllm(url)
         try:
-            return await self.connector.fetch(modality, url, **spec)
+            handle = await self.connector.fetch(modality, target, timeout_s=self.timeout_for(modality),
+                                                limits=self.limits_for(modality), **spec)
         except UnprocessableMediaError as exc:  # raised by the loader, never by the download
             raise as_vllm_error(exc, loading_image=modality == "image") from None
         except MediaError as exc:
             raise as_vllm_error(exc) from None
+        return self._charged(handle, downloaded=isinstance(target, URL))
 
     def _fetch_sync(self, modality: str, url: str, spec: dict) -> LazyMedia:
         """data: URLs are read in the calling thread (no hop to the connector's loop thread: a
         hit then costs what lazymedia's own hit costs); http(s) and file: go through the
         connector's loop."""
-        self._check_like_vllm(url)
+        target = self._check_like_vllm(url)
+        limits = self.limits_for(modality)
         try:
-            data = from_base64(url, self.limits) if url[:5].lower() == "data:" else None
+            data = from_base64(url, limits) if isinstance(target, str) and target[:5].lower() == "data:" else None
             if data is None:
-                return self.connector.fetch_sync(modality, url, **spec)
+                handle = self.connector.fetch_sync(modality, target, timeout_s=self.timeout_for(modality),
+                                                   limits=limits, **spec)
+                return self._charged(handle, downloaded=isinstance(target, URL))
         except MediaError as exc:
-            raise as_vllm_error(exc) from None
+            raise as_vllm_error(exc, loading_image=modality == "image" and isinstance(exc, UnprocessableMediaError)) \
+                from None
         try:
-            return load(modality, data, limits=self.limits, **spec)
+            return self._charged(load(modality, data, limits=limits, **spec), downloaded=False)
         except MediaError as exc:
             raise as_vllm_error(exc, loading_image=modality == "image") from None
 
-    def _check_like_vllm(self, url: str) -> None:
-        """vLLM's URL checks, with its exception types and wording, before lazymedia's own."""
+    def _charged(self, handle: LazyMedia, *, downloaded: bool) -> LazyMedia:
+        """Charges vLLM's request budgets as vLLM's fetch does: the bytes of an http(s) download,
+        and an image's decoded size (width x height x 4, from the header)."""
+        if downloaded and self.download_budget is not None:
+            try:
+                self.download_budget.charge(handle.nbytes)
+            except ValueError as exc:  # vLLM's MediaRequestDownloadSizeExceededError
+                raise MediaTooLargeError(str(exc), modality=handle.modality) from None
+        if handle.modality == "image":
+            header = handle.header
+            self.charge_decoded(header.width * header.height * 4)
+        return handle
+
+    def _check_like_vllm(self, url: str) -> str | URL:
+        """vLLM's URL checks, with its exception types and wording, before lazymedia's own; gives
+        what the connector fetches: the URL as the HTTP client reads it for http(s) (read once,
+        here), else the text."""
+        if self.closed:
+            raise ConnectorClosedError("the media connector is closed", hint="build a new connector for new requests")
         if not isinstance(url, str):
-            return  # lazymedia's connector refuses it (400)
+            return url  # lazymedia's connector refuses it (400)
         scheme = url[:url.find(":")].lower() if ":" in url else ""
         if scheme == "data":
             comma = url.find(",")  # no copy of a payload of megabytes
@@ -313,24 +447,27 @@ class VllmMediaConnector:
                 raise InvalidMediaError(f"The file path {path} must be a subpath of `--allowed-local-media-path` "
                                         f"{self.allowed_local_media_path}.")
         elif scheme in ("http", "https"):
-            host = _authority_host(url)
+            parsed, host = _read_http(url)
             if self.allowed_media_domains is not None and host not in self.allowed_media_domains:
                 raise InvalidMediaError(f"The URL must be from one of the allowed domains: "
                                         f"{self.allowed_media_domains}. Input URL domain: {host}")
+            return parsed
+        return url
 
     def _jpeg_sequence(self, url: str) -> LazyMedia:
         """vLLM's `video/jpeg` data URL: comma-separated base64 JPEG frames, decoded here (as vLLM
         does) with lazymedia's image decoder under this connector's limits; metadata from the
         video kwargs (fps, frames_indices, total_num_frames, duration) by vLLM's rules."""
         self._check_like_vllm(url)
+        limits = self.limits_for("image")
         video = self.media_io_kwargs.get("video", {})
         num_frames = video.get("num_frames", DEFAULT_NUM_FRAMES)
         if num_frames == 0:
             raise InvalidMediaError("num_frames must be greater than 0 or -1")
         payload = url.partition(",")[2]
         parts = payload.split(",", num_frames)[:num_frames] if num_frames > 0 else payload.split(",")
-        if len(payload) // 4 * 3 > 2 * self.limits.max_bytes:
-            raise MediaTooLargeError(f"video/jpeg data URL over the {self.limits.max_bytes} byte limit")
+        if len(payload) // 4 * 3 > 2 * limits.max_bytes:
+            raise MediaTooLargeError(f"video/jpeg data URL over the {limits.max_bytes} byte limit")
         frames = []
         try:
             for part in parts:
@@ -338,7 +475,7 @@ class VllmMediaConnector:
                     data = base64.b64decode(part, validate=True)
                 except (binascii.Error, ValueError):
                     raise InvalidMediaError("video/jpeg data URL: a frame is not valid base64") from None
-                frames.append(load("image", data, limits=self.limits, **self._image_specs["RGB"]).decode())
+                frames.append(load("image", data, limits=limits, **self._image_specs["RGB"]).decode())
             if len({tuple(frame.shape) for frame in frames}) > 1:
                 raise InvalidMediaError("video/jpeg data URL: frames differ in size")
         except MediaError as exc:
@@ -354,6 +491,15 @@ class VllmMediaConnector:
             key="jpeg_sequence:" + json.dumps(metadata, sort_keys=True))
 
 
+def check_local_media_path(path: str) -> None:
+    """vLLM's start-up check of --allowed-local-media-path, in its words."""
+    resolved = os.path.realpath(path)
+    if not os.path.exists(resolved):
+        raise InvalidMediaError(f"Invalid `--allowed-local-media-path`: The path {resolved} does not exist.")
+    if not os.path.isdir(resolved):
+        raise InvalidMediaError(f"Invalid `--allowed-local-media-path`: The path {resolved} must be a directory.")
+
+
 def _named_like_vllm(handle: LazyMedia, spec: dict) -> LazyMedia:
     """vLLM names its dynamic loader "opencv_dynamic" in the metadata; lazymedia's says which
     decoder ran ("opencv"), so a dynamic-sampled handle renames it (part of the derived key)."""
@@ -366,7 +512,7 @@ def _opencv_dynamic(frames: VideoFrames) -> VideoFrames:
     return dataclasses.replace(frames, metadata={**frames.metadata, "video_backend": "opencv_dynamic"})
 
 
-def _is_jpeg_sequence(url) -> bool:
+def is_jpeg_sequence(url) -> bool:
     return isinstance(url, str) and url[:16].lower() == "data:video/jpeg;"
 
 
@@ -394,7 +540,7 @@ def _sequence_metadata(total: int, video: dict) -> dict:
             "frames_indices": indices, "do_sample_frames": False}
 
 
-def _registered_backend(video_processor: str | None) -> str | None:
+def registered_backend(video_processor: str | None) -> str | None:
     """The loader backend vLLM registers for a video processor class, where vLLM is importable."""
     if video_processor is None:
         return None
@@ -416,8 +562,9 @@ def image_type_for(processor) -> str:
 
 
 def to_vllm(decoded, image_type: str = "pil") -> Any:
-    """What vLLM's fetch would have returned, from a handle or its decoded media: an image,
-    `(frames uint8 [T, H, W, 3] ndarray, metadata dict)`, or `(waveform ndarray, sample_rate)`.
+    """What vLLM's parser hands the processor (the media inside the MediaWithBytes vLLM's fetch
+    returns; the plugin returns the MediaWithBytes itself), from a handle or its decoded media: an
+    image, `(frames uint8 [T, H, W, 3] ndarray, metadata dict)`, or `(waveform ndarray, sample_rate)`.
     Images are a PIL image (image_type="pil", one copy for RGB) or a zero-copy uint8 HWC numpy
     view of the decoded tensor (image_type="numpy"), which vLLM's multimodal parser takes as an
     image; never a 3-D torch tensor, which the parser reads as embeddings. Inputs that arrived

@@ -1,0 +1,317 @@
+"""The "lazymedia" media connector inside an unmodified `vllm serve` (vLLM 0.33).
+
+`pip install lazymedia[vllm]` installs the `vllm.general_plugins` entry point
+(`lazymedia.integrations.vllm_plugin:register`), which registers `connector_class()` in vLLM's
+MEDIA_CONNECTOR_REGISTRY; `VLLM_MEDIA_CONNECTOR=lazymedia vllm serve ...` then selects it. vLLM
+builds one per request with its own arguments and hands the results to its parser, hasher and
+processor cache, so the results are vLLM's types:
+
+- images: `MediaWithBytes(LazyImage, encoded bytes, io_config)`. vLLM hashes a MediaWithBytes
+  image by its bytes (vllm/multimodal/hasher.py:117-127) and reads only `.size` before its
+  processor cache, so a cache hit never decodes; a miss decodes when vLLM's parser or the HF
+  processor first reads the pixels (`LazyImage.load`).
+- videos: `MediaWithBytes((frames, metadata), encoded bytes)` and audio `(waveform, rate)`,
+  decoded here, because vLLM's hasher needs the arrays (hasher.py:129-136, 160-177). A repeat
+  of the same bytes and settings is served from a decoded LRU keyed by lazymedia's hash
+  (LAZYMEDIA_VLLM_DECODED_CACHE_MB, default 512; 0 turns it off).
+
+What lazymedia does not implement goes to vLLM's own code, so a request vLLM serves is never
+refused here: images with an image_mode other than RGB, vLLM's `video/jpeg` frame sequences,
+embeddings, the decisions endpoint's `load_from_url_async`, the video loaders of
+VLLM_ONLY_VIDEO_BACKENDS, and media_io_kwargs lazymedia refuses. Private addresses stay refused
+unless LAZYMEDIA_ALLOW_PRIVATE_NETWORKS is "all" or a comma list of networks (CIDR).
+
+vLLM is optional: this module imports it only in `register()` and `connector_class()`.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..connector import MediaConnector
+from ..errors import InvalidMediaError, MediaError, MediaFetchError
+from ..lru import LruCache
+from ..media import LazyMedia, image_to_pil
+from .vllm import (
+    VLLM_ONLY_VIDEO_BACKENDS,
+    VllmMediaConnector,
+    as_vllm_error,
+    check_local_media_path,
+    env_int,
+    is_jpeg_sequence,
+    registered_backend,
+    to_vllm,
+    upstream_refused,
+)
+
+logger = logging.getLogger(__name__)
+
+# What the plugin decoded, per modality: a processor-cache hit adds nothing for images.
+DECODES: Counter[str] = Counter()
+_DECODES_LOCK = threading.Lock()
+# One lazymedia connector (connection pools, loop thread) per configuration: vLLM builds a
+# connector per request.
+_SHARED: dict[tuple, MediaConnector] = {}
+_SHARED_LOCK = threading.Lock()
+_DECODED: LruCache | None = None
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """A warning per distinct message: vLLM builds a connector per request."""
+    with _DECODES_LOCK:
+        if message in _LOGGED or len(_LOGGED) >= 64:
+            return
+        _LOGGED.add(message)
+    logger.warning(message)
+
+
+def _count(modality: str) -> None:
+    with _DECODES_LOCK:
+        DECODES[modality] += 1
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: registers connector_class() as "lazymedia" in
+    vLLM's MEDIA_CONNECTOR_REGISTRY (VLLM_MEDIA_CONNECTOR=lazymedia selects it). vLLM calls it in
+    every process it starts, so it is idempotent and imports only vLLM's media module."""
+    from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
+
+    if MEDIA_CONNECTOR_REGISTRY.name2class.get("lazymedia") is not connector_class():
+        MEDIA_CONNECTOR_REGISTRY.register("lazymedia")(connector_class())
+
+
+@functools.cache
+def fetch_error_class() -> type[MediaFetchError]:
+    """A download the upstream refused (404, 403, ...), as vLLM raises it: its
+    VLLMUnprocessableEntityError (422), and a MediaFetchError."""
+    from vllm.exceptions import VLLMUnprocessableEntityError
+
+    class VllmFetchUnprocessableError(MediaFetchError, VLLMUnprocessableEntityError):
+        status_code = 422
+
+    return VllmFetchUnprocessableError
+
+
+def vllm_error(exc: MediaError, modality: str) -> Exception:
+    """vLLM's exception for a fetch failure: an upstream client error becomes vLLM's
+    VLLMUnprocessableEntityError (422, "Failed to fetch media from URL"); the rest are the
+    adapter's ValueError / RuntimeError / NotImplementedError types."""
+    if upstream_refused(exc):
+        converted: Any = fetch_error_class()(f"Failed to fetch media from URL: {exc.message}",
+                                             modality=exc.modality, index=exc.index)
+        converted.parameter = f"{modality}_url"  # vLLM's error field
+        return converted
+    return exc
+
+
+class LazyImage(Image.Image):
+    """A PIL image that reports its size and mode from the header and decodes through lazymedia
+    on the first pixel access (`load`, which every pixel-reading PIL method calls first)."""
+
+    def __init__(self, handle: LazyMedia, size: tuple[int, int], mode: str):
+        super().__init__()
+        self._handle = handle
+        self._size = size
+        self._mode = mode
+
+    @property
+    def im(self):
+        if self._im is None:
+            self.load()
+        return super().im
+
+    @im.setter
+    def im(self, value) -> None:
+        self._im = value
+
+    def load(self):
+        if self._im is None:
+            try:
+                decoded = image_to_pil(self._handle.decode())
+            except MediaError as exc:
+                raise as_vllm_error(exc, loading_image=True) from None
+            _count("image")
+            self._im, self._size, self._mode = decoded.im, decoded.size, decoded.mode
+        return super().load()
+
+
+def _shared_connector(allowed_local_media_path: str, allowed_media_domains: list[str] | None) -> MediaConnector:
+    private = os.environ.get("LAZYMEDIA_ALLOW_PRIVATE_NETWORKS", "")
+    key = (allowed_local_media_path, tuple(allowed_media_domains or ()), private)
+    with _SHARED_LOCK:
+        connector = _SHARED.get(key)
+        if connector is None:
+            policy: bool | list[str] = private.strip() == "all" or [n.strip() for n in private.split(",") if n.strip()]
+            try:
+                connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
+                                           allowed_local_path=allowed_local_media_path or None,
+                                           allow_private_networks=policy)
+            except ValueError as exc:  # a malformed network: the server's configuration, not the request
+                raise MediaError("the server's media settings are misconfigured", status_code=500,
+                                 hint=f"LAZYMEDIA_ALLOW_PRIVATE_NETWORKS={private!r}: {exc}; give 'all' or CIDR "
+                                 "networks") from None
+            _SHARED[key] = connector
+        return connector
+
+
+def _decoded_cache() -> LruCache | None:
+    global _DECODED
+    capacity = env_int("LAZYMEDIA_VLLM_DECODED_CACHE_MB", 512) << 20
+    if capacity <= 0:
+        return None
+    if _DECODED is None or _DECODED.capacity != capacity:
+        _DECODED = LruCache(capacity, weigh=_weigh)
+    return _DECODED
+
+
+def _weigh(value) -> int:
+    """Bytes of a (frames, metadata) or (waveform, rate) pair."""
+    return sum(part.nbytes for part in value if isinstance(part, np.ndarray))
+
+
+@functools.cache
+def connector_class() -> type:
+    """LazymediaVllmConnector: vLLM's MediaConnector with lazymedia's fetch and decode for images,
+    videos and audio, and vLLM's own code for the rest (module docstring). Takes exactly vLLM's
+    arguments. Built on first use, as vLLM is optional."""
+    from vllm.connections import global_http_connection
+    from vllm.multimodal.media import MediaConnector as VllmConnector
+    from vllm.multimodal.media import MediaWithBytes
+
+    class LazymediaVllmConnector(VllmConnector):
+        """vLLM's MediaConnector with lazymedia's fetch and decode for images, videos and audio;
+        vLLM's own code for the rest (module docstring). Takes exactly vLLM's arguments."""
+
+        def __init__(self, media_io_kwargs: dict[str, dict[str, Any]] | None = None,
+                     connection=global_http_connection, *, allowed_local_media_path: str = "",
+                     allowed_media_domains: list[str] | None = None, decoded_budget=None, download_budget=None) -> None:
+            if allowed_local_media_path:
+                check_local_media_path(allowed_local_media_path)  # vLLM's start-up check, as a MediaError
+            super().__init__(media_io_kwargs, connection, allowed_local_media_path=allowed_local_media_path,
+                             allowed_media_domains=allowed_media_domains, decoded_budget=decoded_budget,
+                             download_budget=download_budget)
+            self.lazy: VllmMediaConnector | None
+            try:
+                self.lazy = VllmMediaConnector(
+                    media_io_kwargs, connection, allowed_local_media_path=allowed_local_media_path,
+                    allowed_media_domains=allowed_media_domains, decoded_budget=decoded_budget,
+                    download_budget=download_budget,
+                    connector=_shared_connector(allowed_local_media_path, allowed_media_domains))
+            except InvalidMediaError as exc:  # options lazymedia refuses: vLLM's own code serves the request
+                _log_once(f"lazymedia: vLLM's own media code serves requests with these settings: {exc}")
+                self.lazy = None
+
+        # -- images -----------------------------------------------------------------------------
+        def _lazy_image(self, image_mode: str | None) -> VllmMediaConnector | None:
+            lazy = self.lazy
+            return lazy if lazy is not None and lazy.image_spec(image_mode)["mode"] == "RGB" else None
+
+        def fetch_image(self, image_url: str, *, image_mode: str | None = "RGB") -> Any:
+            lazy = self._lazy_image(image_mode)
+            if lazy is None:
+                return super().fetch_image(image_url, image_mode=image_mode)
+            try:
+                return self._image(lazy.fetch_image(image_url, image_mode=image_mode), lazy)
+            except MediaError as exc:
+                raise vllm_error(exc, "image") from None
+
+        async def fetch_image_async(self, image_url: str, *, image_mode: str | None = "RGB") -> Any:
+            lazy = self._lazy_image(image_mode)
+            if lazy is None:
+                return await super().fetch_image_async(image_url, image_mode=image_mode)
+            try:
+                return self._image(await lazy.fetch_image_async(image_url, image_mode=image_mode), lazy)
+            except MediaError as exc:
+                raise vllm_error(exc, "image") from None
+
+        @staticmethod
+        def _image(handle: LazyMedia, lazy: VllmMediaConnector) -> MediaWithBytes:
+            """vLLM's ImageMediaIO result, undecoded: io_config is set when RGB conversion changes
+            the image (the source opens in another mode, or carries transparency), as vLLM sets it."""
+            header = handle.header
+            turned = header.orientation in (5, 6, 7, 8)  # EXIF: transposed, as vLLM's normalize_image turns it
+            size = (header.height, header.width) if turned else (header.width, header.height)
+            io_config = None
+            if header.mode != "RGB" or header.has_alpha:  # vLLM's convert_image_mode composites a tRNS RGB too
+                io_config = {"image_mode": "RGB", "rgba_background_color": lazy.background}
+            return MediaWithBytes(LazyImage(handle, size, "RGB"), handle.encoded(), io_config)
+
+        # -- video and audio: decoded here, as vLLM's hasher needs the arrays ------------------------
+        def _lazy_video(self, video_url: str, video_processor: str | None) -> VllmMediaConnector | None:
+            lazy = self.lazy
+            if lazy is None or is_jpeg_sequence(video_url):
+                return None
+            named = lazy.media_io_kwargs.get("video", {}).get("video_backend") or registered_backend(video_processor)
+            return None if named in VLLM_ONLY_VIDEO_BACKENDS else lazy
+
+        def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB",
+                        video_processor: str | None = None) -> Any:
+            lazy = self._lazy_video(video_url, video_processor)
+            if lazy is None:
+                return super().fetch_video(video_url, image_mode=image_mode, video_processor=video_processor)
+            try:
+                return self._decoded(lazy, lazy.fetch_video(video_url, image_mode=image_mode,
+                                                            video_processor=video_processor))
+            except MediaError as exc:
+                raise vllm_error(exc, "video") from None
+
+        async def fetch_video_async(self, video_url: str, *, image_mode: str | None = "RGB",
+                                    video_processor: str | None = None) -> Any:
+            lazy = self._lazy_video(video_url, video_processor)
+            if lazy is None:
+                return await super().fetch_video_async(video_url, image_mode=image_mode,
+                                                       video_processor=video_processor)
+            try:
+                handle = await lazy.fetch_video_async(video_url, image_mode=image_mode, video_processor=video_processor)
+                return self._decoded(lazy, handle)
+            except MediaError as exc:
+                raise vllm_error(exc, "video") from None
+
+        def fetch_audio(self, audio_url: str) -> Any:
+            if self.lazy is None:
+                return super().fetch_audio(audio_url)
+            try:
+                return self._decoded(self.lazy, self.lazy.fetch_audio(audio_url))
+            except MediaError as exc:
+                raise vllm_error(exc, "audio") from None
+
+        async def fetch_audio_async(self, audio_url: str) -> Any:
+            if self.lazy is None:
+                return await super().fetch_audio_async(audio_url)
+            try:
+                return self._decoded(self.lazy, await self.lazy.fetch_audio_async(audio_url))
+            except MediaError as exc:
+                raise vllm_error(exc, "audio") from None
+
+        @staticmethod
+        def _decoded(lazy: VllmMediaConnector, handle: LazyMedia) -> Any:
+            """vLLM's result for a video (MediaWithBytes((frames, metadata), bytes)) or an audio clip
+            ((waveform, rate)), from the decoded LRU or decoded now; charged to the request's
+            decoded budget either way, as vLLM charges it. Each request gets its own copy: a
+            processor that writes into its input must not change what the next request gets."""
+            cache = _decoded_cache()
+            value: Any
+            found, value = cache.lookup(handle.key) if cache is not None else (False, None)
+            if not found:
+                value = to_vllm(handle)
+                _count(handle.modality)
+                if cache is not None:
+                    cache.put(handle.key, value)
+            lazy.charge_decoded(_weigh(value))
+            first, second = value
+            copied = (first.copy(), dict(second) if isinstance(second, dict) else second)
+            if handle.modality == "video":
+                return MediaWithBytes(copied, handle.encoded())
+            return copied
+
+    return LazymediaVllmConnector
