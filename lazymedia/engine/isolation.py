@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
-from ..ops import NO_CUDA_ENV
+from ..ops import NO_CUDA_ENV, frame_buffers
 from ..singletons import process_wide
 
 _READY = b"ready"
@@ -110,8 +110,6 @@ def _import(value, folder: Path | None) -> Any:
 
 def result_buffers():
     """The serving process's pinned frame buffers where it has them (a GPU), else None."""
-    from ..codecs.video_common import frame_buffers
-
     pool = frame_buffers()
     return pool if pool.pinned else None
 
