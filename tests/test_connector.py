@@ -65,10 +65,10 @@ class Server:
         accepted = "gzip" in request.headers.get("Accept-Encoding", "")
         if encoding == "gzip" and not accepted:
             return web.Response(body=body, content_type="image/png")
-        raw = zlib.compressobj(wbits=-15)
-        packed = {"gzip": lambda: gzip.compress(body), "always-gzip": lambda: gzip.compress(body),
-                  "deflate": lambda: zlib.compress(body), "raw-deflate": lambda: raw.compress(body) + raw.flush(),
-                  "truncated-gzip": lambda: gzip.compress(body)[:-100], "br": lambda: body}[encoding]()
+        raw = zlib.compressobj(1, wbits=-15)
+        packed = {"gzip": lambda: gzip.compress(body, 1), "always-gzip": lambda: gzip.compress(body, 1),
+                  "deflate": lambda: zlib.compress(body, 1), "raw-deflate": lambda: raw.compress(body) + raw.flush(),
+                  "truncated-gzip": lambda: gzip.compress(body, 1)[:-100], "br": lambda: body}[encoding]()
         name = {"always-gzip": "gzip", "truncated-gzip": "gzip", "raw-deflate": "deflate"}.get(encoding, encoding)
         return web.Response(body=packed, content_type="image/png", headers={"Content-Encoding": name})
 
@@ -232,7 +232,8 @@ async def test_a_body_compressed_anyway_is_inflated(server, connector, encoding)
     assert await connector.download(f"{server.url}/encoded/{encoding}") == server.png
 
 
-async def test_compressed_bodies_that_are_not_media(server, connector):
+async def test_compressed_bodies_that_are_not_media(server):
+    connector = MediaConnector(allow_private_networks=LOCAL, timeout_s=60, max_bytes=1 << 20)
     # Inflated past max_bytes (1 MiB) from 4:1 data: 413, counted on the inflated bytes.
     with pytest.raises(MediaTooLargeError, match="inflates to more than max_bytes"):
         await connector.fetch("image", server.url + "/encoded/always-gzip?body=noise")
@@ -242,6 +243,7 @@ async def test_compressed_bodies_that_are_not_media(server, connector):
     with pytest.raises(MediaFetchError, match="'br'") as info:
         await connector.fetch("image", server.url + "/encoded/br")
     assert info.value.status_code == 502
+    await connector.aclose()
 
 
 async def test_a_gzip_bomb_is_refused_at_its_first_chunk(server):
@@ -543,6 +545,26 @@ async def test_non_ascii_spellings_of_addresses_are_400_before_any_connect(host,
             with pytest.raises(InvalidMediaError, match="non-ASCII spelling of an IP address") as info:
                 await c.fetch("image", f"http://{host}:8080/x.jpg")
         assert info.value.status_code == 400 and not no_network
+
+
+@pytest.mark.parametrize("host", ["%31%32%37.0.0.1", "\u0661\u0662\u0667.0.0.1", "0x17f000001", "0x", "1.2.3.4.5",
+                                  "a..b", "%00", "a%2fb", "x" * 64 + ".com"])
+async def test_malformed_hosts_are_400_before_any_resolve(host, no_network):
+    for allow in (False, True):
+        async with MediaConnector(allow_private_networks=allow) as c:
+            with pytest.raises(InvalidMediaError, match="refused host") as info:
+                await c.fetch("image", f"http://{host}/x.jpg")
+        assert info.value.status_code == 400 and not no_network
+
+
+async def test_a_host_with_a_trailing_dot_is_judged_without_it(server, image_bytes):
+    async with MediaConnector() as c:  # "localhost." is localhost: refused by the guard, not a DNS failure
+        with pytest.raises(InvalidMediaError, match="non-public") as info:
+            await c.fetch("image", f"http://localhost.:{server.port}/img.jpg")
+    assert info.value.status_code == 400
+    async with MediaConnector(allow_private_networks=LOCAL) as c:
+        item = await c.fetch("image", f"http://127.0.0.1.:{server.port}/img.jpg")
+    assert item.key == lazymedia.load_image(image_bytes).key
 
 
 async def test_no_spelling_reaches_a_loopback_server(server, image_bytes):
