@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -299,3 +300,17 @@ CASES = {
 def test_hostile_input_is_bounded(case):
     setup, load, refused = CASES[case]
     assert_bounded(run_capped(setup, load), refused)
+
+
+def test_the_fuzz_harness_tells_its_own_memory_error_from_a_decoder_crash():
+    sys.path.insert(0, str(Path(__file__).parent / "fuzz"))
+    try:
+        import fuzz_api
+    finally:
+        sys.path.pop(0)
+    own = "Traceback (most recent call last):\n  File \"fuzz_api.py\", line 120, in child\nMemoryError\n"
+    assert fuzz_api.harness_memory_death(1, own)
+    assert not fuzz_api.harness_memory_death(-11, own)  # killed by SIGSEGV: a crash, whatever it printed
+    assert not fuzz_api.harness_memory_death(1, "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent "
+                                                "call first):\n  File \"codecs/video.py\", line 3 in decode\n")
+    assert not fuzz_api.harness_memory_death(1, "")
