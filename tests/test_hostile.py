@@ -248,7 +248,44 @@ data = buf.getvalue()
 assert len(data) < 1 << 20, len(data)
 """
 
+FLAC_50K_COMMENTS = r"""
+import struct as _struct
+flac = synthetic.tone(0.5, fmt="flac")
+assert flac[:4] == b"fLaC" and flac[4] & 0x7F == 0  # STREAMINFO first
+entries = b"".join(_struct.pack("<I", 7) + b"T=%05d" % i for i in range(50_000))
+body = _struct.pack("<I", 6) + b"vendor" + _struct.pack("<I", 50_000) + entries
+block = bytes([4]) + len(body).to_bytes(3, "big") + body  # VORBIS_COMMENT, not the last block
+data = flac[:4] + bytes([flac[4] & 0x7F]) + flac[5:42] + block + flac[42:]
+"""
+
+MP3_100K_ID3_FRAMES = r"""
+frames = b"".join(b"TXXX" + (3).to_bytes(4, "big") + b"\x00\x00" + b"\x00a\x00" for _ in range(100_000))
+size = len(frames)
+syncsafe = bytes([(size >> 21) & 0x7F, (size >> 14) & 0x7F, (size >> 7) & 0x7F, size & 0x7F])
+data = b"ID3\x03\x00\x00" + syncsafe + frames + synthetic.tone(0.5, fmt="mp3")
+"""
+
+MKV_100K_TAGS = r"""
+def element(element_id, payload):
+    return element_id + (len(payload) | 1 << 56).to_bytes(8, "big") + payload  # 8-byte sizes
+
+clip = synthetic.video(frames=8, height=64, width=64, container="matroska")
+at = clip.index(b"\x18\x53\x80\x67") + 4 + 8  # the Segment's data (its size: 8 bytes)
+simple = element(b"\x67\xc8", element(b"\x45\xa3", b"A") + element(b"\x44\x87", b"1"))
+tags = element(b"\x12\x54\xc3\x67", element(b"\x73\x73", simple * 100_000))
+data = clip[:at - 8] + b"\x01\xff\xff\xff\xff\xff\xff\xff" + tags + clip[at:]  # the Segment's size: unknown
+"""
+
 CASES = {
+    # 350 KB of FLAC Vorbis comments (50,000; FFmpeg's probe: 19 CPU-s): counted and refused before any parse.
+    "flac_50k_vorbis_comments": (FLAC_50K_COMMENTS, "lazymedia.load_audio(data)", 413),
+    # An MP3 behind an ID3v2 tag of 100,000 frames (FFmpeg's probe ran past 120 s).
+    "mp3_100k_id3_frames": (MP3_100K_ID3_FRAMES, "lazymedia.load_audio(data)", 413),
+    # A Matroska file whose Segment holds 100,000 SimpleTags before its tracks (ran past 120 s).
+    "mkv_100k_tags": (MKV_100K_TAGS, "lazymedia.load_video(data, num_frames=4)", 413),
+    # At the cap (2000 entries), the same files decode.
+    "flac_2000_vorbis_comments": (FLAC_50K_COMMENTS.replace("50_000", "2_000"), "lazymedia.load_audio(data)", None),
+    "mp3_2000_id3_frames": (MP3_100K_ID3_FRAMES.replace("100_000", "2_000"), "lazymedia.load_audio(data)", None),
     # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
     "gif_canvas_bomb": ("data = bytearray(synthetic.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
                         "data[6:10] = b'\\xff\\xff\\xff\\xff'",

@@ -12,6 +12,7 @@ import torch
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
 from .ffmpeg import DecodedFrames
+from .metadata import check_metadata
 from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
 from .types import VideoFrames, VideoHeader
 from .video_common import sampled_output, video_frames
@@ -232,8 +233,10 @@ def check_sample_tables(data, limits: Limits) -> int:
 
 def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
     """Container header: stream geometry, rate, duration and frame count, checked against
-    limits; an MP4/MOV's sample tables are checked before FFmpeg reads them."""
+    limits; an MP4/MOV's sample tables and a file's tag count are checked before FFmpeg reads
+    them."""
     index_bytes = check_sample_tables(data, limits)
+    check_metadata(data, "video")
     with _open(data) as container:
         if not container.streams:  # a container with no streams at all lost its header (truncated)
             raise UnprocessableMediaError("video container has no streams:"
