@@ -276,7 +276,21 @@ tags = element(b"\x12\x54\xc3\x67", element(b"\x73\x73", simple * 100_000))
 data = clip[:at - 8] + b"\x01\xff\xff\xff\xff\xff\xff\xff" + tags + clip[at:]  # the Segment's size: unknown
 """
 
+PNG_ICCP_256MB = r"""
+import zlib as _zlib
+packer = _zlib.compressobj(9)
+zeros = bytes(16 << 20)
+profile = b"".join(packer.compress(zeros) for _ in range(16)) + packer.flush()  # 256 MiB of zeros, ~256 KB
+body = b"icc\0\0" + profile
+chunk = len(body).to_bytes(4, "big") + b"iCCP" + body + _zlib.crc32(b"iCCP" + body).to_bytes(4, "big")
+png = synthetic.encode_image(numpy.zeros((64, 64, 3), numpy.uint8), "PNG")
+data = png[:33] + chunk + png[33:]  # after IHDR
+del zeros
+"""
+
 CASES = {
+    # A 64 x 64 PNG whose ICC profile inflates to 256 MiB: refused from an inflate that stops at 1 MiB.
+    "png_iccp_256mb": (PNG_ICCP_256MB, "lazymedia.load_image(data)", 413),
     # 350 KB of FLAC Vorbis comments (50,000; FFmpeg's probe: 19 CPU-s): counted and refused before any parse.
     "flac_50k_vorbis_comments": (FLAC_50K_COMMENTS, "lazymedia.load_audio(data)", 413),
     # An MP3 behind an ID3v2 tag of 100,000 frames (FFmpeg's probe ran past 120 s).

@@ -18,6 +18,7 @@ import dataclasses
 import io
 import struct
 import warnings
+import zlib
 
 import numpy as np
 import simplejpeg
@@ -234,11 +235,43 @@ def composites(header: ImageHeader, target: str) -> bool:
     return target == "RGB" and (header.mode in ("RGBA", "LA", "PA") or header.has_transparency)
 
 
+# What a PNG's ICC profile (iCCP) may inflate to: libspng inflates it whole, without a limit, before
+# the pixels (a 1 MB chunk took 1 GiB). Pillow's bound for its text chunks (MAX_TEXT_CHUNK) too.
+MAX_ICC_BYTES = 1 << 20
+
+
+def check_png_profile(data) -> None:
+    """Refuses (413) a PNG whose iCCP profile inflates past MAX_ICC_BYTES, from an inflate that
+    stops there; walks the chunks before the first IDAT only (where iCCP must be)."""
+    view = memoryview(data).cast("B")
+    offset = 8
+    while offset + 8 <= len(view):
+        length = int.from_bytes(view[offset:offset + 4], "big")
+        kind = bytes(view[offset + 4:offset + 8])
+        if kind in (b"IDAT", b"IEND"):
+            return
+        if kind == b"iCCP":
+            body = bytes(view[offset + 8:offset + 8 + min(length, len(view))])
+            name_end = body.find(b"\0", 0, 80)
+            inflate = zlib.decompressobj()
+            try:
+                profile = inflate.decompress(body[name_end + 2:], MAX_ICC_BYTES + 1) if name_end >= 0 else b""
+            except zlib.error:
+                return  # a broken profile: the decoders ignore it or refuse the file
+            if len(profile) > MAX_ICC_BYTES:
+                raise MediaTooLargeError(f"the PNG's ICC profile inflates past {MAX_ICC_BYTES} bytes: strip or "
+                                         "replace the profile", modality="image")
+            return
+        offset += 12 + length
+
+
 def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
     """8-bit and smaller PNGs through libspng, which expands palettes and low bit depths to G8,
     RGB8 or RGBA8 in one array this module then owns; the alpha is composited and gray widened
     in place. libspng ignores tRNS, so images with a transparent colour go to Pillow, as do the
     conversions it does not mirror (luma, gray with alpha)."""
+    if header.has_icc:
+        check_png_profile(data)
     if header.bit_depth > 8 or header.png_compressed_text or header.png_color_type == 4:
         raise _TryPillow()  # 16 bits, compressed text (Pillow bounds it: a 413), gray with alpha
     decoded = {0: 1, 2: 3, 3: 3, 6: 4}[header.png_color_type]
