@@ -288,7 +288,25 @@ data = png[:33] + chunk + png[33:]  # after IHDR
 del zeros
 """
 
+JPEG_10000_CUT = r"""
+jpeg = bytearray(synthetic.jpeg(64, 64))
+sof = jpeg.index(b"\xff\xc0")
+jpeg[sof + 5:sof + 9] = (10000).to_bytes(2, "big") * 2  # the SOF's height and width
+data = bytes(jpeg[:2048])  # 2 KB of a 10000 x 10000 JPEG
+"""
+
+PNG_10000_CUT = r"""
+import zlib as _zlib
+png = bytearray(synthetic.encode_image(numpy.zeros((64, 64, 3), numpy.uint8), "PNG"))
+png[16:24] = (10000).to_bytes(4, "big") * 2  # IHDR's width and height
+png[29:33] = _zlib.crc32(bytes(png[12:29])).to_bytes(4, "big")
+data = bytes(png)
+"""
+
 CASES = {
+    # Truncated files whose headers declare 10000 x 10000: refused (422) before the 286 MB canvas.
+    "jpeg_10000_cut_at_2kb": (JPEG_10000_CUT, "lazymedia.load_image(data)", 422),
+    "png_10000_cut": (PNG_10000_CUT, "lazymedia.load_image(data)", 422),
     # A 64 x 64 PNG whose ICC profile inflates to 256 MiB: refused from an inflate that stops at 1 MiB.
     "png_iccp_256mb": (PNG_ICCP_256MB, "lazymedia.load_image(data)", 413),
     # 350 KB of FLAC Vorbis comments (50,000; FFmpeg's probe: 19 CPU-s): counted and refused before any parse.

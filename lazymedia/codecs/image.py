@@ -180,6 +180,31 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
     if header.format == "jpeg" and header.bit_depth != 8:
         raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported:"
                                       " re-encode it as 8-bit JPEG or PNG", modality="image")
+    least = least_encoded_bytes(header)
+    if encoded_bytes < least:
+        raise UnprocessableMediaError(f"truncated {header.format.upper()}: {encoded_bytes} bytes, where a "
+                                      f"{header.width}x{header.height} one needs {least} at least: send the whole "
+                                      "file", modality="image")
+
+
+# Deflate's largest ratio: a 258-byte match per 2 bits of code, about 1032:1.
+_DEFLATE_MAX_RATIO = 1032
+_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_HUFFMAN_JPEG = ("baseline", "extended", "progressive")
+
+
+def least_encoded_bytes(header: ImageHeader) -> int:
+    """The fewest bytes a whole file of this header can have, so that a truncated one is refused
+    before its canvas is allocated: a Huffman-coded JPEG codes every 8x8 block of its largest
+    component in at least 1 bit (its DC), a PNG's pixel rows inflate at most 1032:1. 0 where the
+    header tells nothing (arithmetic or lossless JPEG, GIF, WebP, BMP, TIFF: run-length and
+    arithmetic coding have no useful floor)."""
+    if header.format == "jpeg" and header.jpeg_encoding in _HUFFMAN_JPEG:
+        return -(-header.width // 8) * -(-header.height // 8) // 8
+    if header.format == "png" and header.png_color_type in _PNG_SAMPLES:
+        row = -(-header.width * _PNG_SAMPLES[header.png_color_type] * header.bit_depth // 8)
+        return header.height * row // _DEFLATE_MAX_RATIO
+    return 0
 
 
 # -- decoding ------------------------------------------------------------------------------------
