@@ -303,7 +303,29 @@ png[29:33] = _zlib.crc32(bytes(png[12:29])).to_bytes(4, "big")
 data = bytes(png)
 """
 
+APNG_10K_FRAMES_4K = r"""
+import struct as _struct, zlib as _zlib
+
+def chunk(kind, body):
+    return _struct.pack(">I", len(body)) + kind + body + _struct.pack(">I", _zlib.crc32(kind + body))
+
+width, height, frames = 3840, 2160, 10_000
+parts = [b"\x89PNG\r\n\x1a\n", chunk(b"IHDR", _struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)),
+         chunk(b"acTL", _struct.pack(">II", frames, 0)),
+         chunk(b"fcTL", _struct.pack(">IIIIIHHBB", 0, width, height, 0, 0, 1, 30, 0, 0))]
+packer = _zlib.compressobj(9)
+rows = b"".join(packer.compress(b"\0" + bytes(width * 4)) for _ in range(height)) + packer.flush()
+parts.append(chunk(b"IDAT", rows))
+pixel = _zlib.compress(b"\0\xff\0\0\xff")
+for i in range(1, frames):  # 1x1 frames, each painted on the whole canvas
+    parts.append(chunk(b"fcTL", _struct.pack(">IIIIIHHBB", 2 * i - 1, 1, 1, i % 64, 0, 1, 30, 0, 0)))
+    parts.append(chunk(b"fdAT", _struct.pack(">I", 2 * i) + pixel))
+data = b"".join(parts + [chunk(b"IEND", b"")])
+"""
+
 CASES = {
+    # 700 KB of APNG: 10,000 1x1 frames on a 4K canvas; 8 frames sampled paint every canvas (47 CPU-s).
+    "apng_10k_frames_on_4k": (APNG_10K_FRAMES_4K, "lazymedia.load_video(data, num_frames=8)", 413),
     # Truncated files whose headers declare 10000 x 10000: refused (422) before the 286 MB canvas.
     "jpeg_10000_cut_at_2kb": (JPEG_10000_CUT, "lazymedia.load_image(data)", 422),
     "png_10000_cut": (PNG_10000_CUT, "lazymedia.load_image(data)", 422),
