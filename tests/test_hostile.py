@@ -323,6 +323,14 @@ for i in range(1, frames):  # 1x1 frames, each painted on the whole canvas
 data = b"".join(parts + [chunk(b"IEND", b"")])
 """
 
+PNG_64_ZTXT = r"""
+import zlib as _zlib
+body = b"k\0\0" + _zlib.compress(bytes(1 << 20), 9)  # 1 MiB of text: Pillow's limit for one chunk
+chunk = len(body).to_bytes(4, "big") + b"zTXt" + body + _zlib.crc32(b"zTXt" + body).to_bytes(4, "big")
+png = synthetic.encode_image(numpy.zeros((64, 64, 3), numpy.uint8), "PNG")
+data = png[:33] + chunk * 64 + png[33:]
+"""
+
 CASES = {
     # 700 KB of APNG: 10,000 1x1 frames on a 4K canvas; 8 frames sampled paint every canvas (47 CPU-s).
     "apng_10k_frames_on_4k": (APNG_10K_FRAMES_4K, "lazymedia.load_video(data, num_frames=8)", 413),
@@ -330,6 +338,12 @@ CASES = {
     "jpeg_10000_cut_at_2kb": (JPEG_10000_CUT, "lazymedia.load_image(data)", 422),
     "png_10000_cut": (PNG_10000_CUT, "lazymedia.load_image(data)", 422),
     # A 64 x 64 PNG whose ICC profile inflates to 256 MiB: refused from an inflate that stops at 1 MiB.
+    # The same bytes as zTXt and iTXt chunks; 64 zTXt chunks of 1 MiB each (Pillow alone allows 64 MiB).
+    "png_ztxt_256mb": (PNG_ICCP_256MB.replace('b"iCCP"', 'b"zTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\0"'),
+                       "lazymedia.load_image(data)", 413),
+    "png_itxt_256mb": (PNG_ICCP_256MB.replace('b"iCCP"', 'b"iTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\1\\0\\0\\0"'),
+                       "lazymedia.load_image(data)", 413),
+    "png_64_ztxt_of_1mb": (PNG_64_ZTXT, "lazymedia.load_image(data)", 413),
     "png_iccp_256mb": (PNG_ICCP_256MB, "lazymedia.load_image(data)", 413),
     # 350 KB of FLAC Vorbis comments (50,000; FFmpeg's probe: 19 CPU-s): counted and refused before any parse.
     "flac_50k_vorbis_comments": (FLAC_50K_COMMENTS, "lazymedia.load_audio(data)", 413),

@@ -260,34 +260,54 @@ def composites(header: ImageHeader, target: str) -> bool:
     return target == "RGB" and (header.mode in ("RGBA", "LA", "PA") or header.has_transparency)
 
 
-# What a PNG's ICC profile (iCCP) may inflate to: libspng inflates it whole, without a limit, before
-# the pixels (a 1 MB chunk took 1 GiB). Pillow's bound for its text chunks (MAX_TEXT_CHUNK) too.
-MAX_ICC_BYTES = 1 << 20
+# What a PNG's compressed ancillary chunks may inflate to: each iCCP, zTXt or compressed iTXt
+# 1 MiB (Pillow's MAX_TEXT_CHUNK; libspng inflates an iCCP whole, without a limit: a 1 MB chunk
+# took 1 GiB), and all of them together 8 MiB (Pillow allows 64 MiB of text).
+MAX_PNG_CHUNK_INFLATED = 1 << 20
+MAX_PNG_ANCILLARY_INFLATED = 8 << 20
 
 
-def check_png_profile(data) -> None:
-    """Refuses (413) a PNG whose iCCP profile inflates past MAX_ICC_BYTES, from an inflate that
-    stops there; walks the chunks before the first IDAT only (where iCCP must be)."""
+def check_png_ancillary(data) -> None:
+    """Refuses (413) a PNG whose iCCP, zTXt or compressed iTXt chunks inflate past the bounds
+    above, from inflates that stop there; the chunk walk reads lengths only."""
     view = memoryview(data).cast("B")
-    offset = 8
+    offset, total = 8, 0
     while offset + 8 <= len(view):
         length = int.from_bytes(view[offset:offset + 4], "big")
         kind = bytes(view[offset + 4:offset + 8])
-        if kind in (b"IDAT", b"IEND"):
+        if kind == b"IEND":
             return
-        if kind == b"iCCP":
-            body = bytes(view[offset + 8:offset + 8 + min(length, len(view))])
-            name_end = body.find(b"\0", 0, 80)
-            inflate = zlib.decompressobj()
-            try:
-                profile = inflate.decompress(body[name_end + 2:], MAX_ICC_BYTES + 1) if name_end >= 0 else b""
-            except zlib.error:
-                return  # a broken profile: the decoders ignore it or refuse the file
-            if len(profile) > MAX_ICC_BYTES:
-                raise MediaTooLargeError(f"the PNG's ICC profile inflates past {MAX_ICC_BYTES} bytes: strip or "
-                                         "replace the profile", modality="image")
-            return
+        if kind in (b"iCCP", b"zTXt", b"iTXt"):
+            total += _inflated_size(bytes(view[offset + 8:offset + 8 + length]), kind)
+            if total > MAX_PNG_ANCILLARY_INFLATED:
+                raise MediaTooLargeError(f"the PNG's compressed chunks inflate past {MAX_PNG_ANCILLARY_INFLATED} "
+                                         "bytes: strip its text and profile", modality="image")
         offset += 12 + length
+
+
+def _inflated_size(body: bytes, kind: bytes) -> int:
+    """What one chunk's compressed part inflates to (0 when stored or broken: the decoders ignore
+    or refuse it); a 413 past MAX_PNG_CHUNK_INFLATED."""
+    keyword_end = body.find(b"\0", 0, 80)
+    if keyword_end < 0:
+        return 0
+    start = keyword_end + 2  # after the keyword's NUL and the method byte
+    if kind == b"iTXt":
+        if body[keyword_end + 1:keyword_end + 2] != b"\1":
+            return 0  # stored text
+        language_end = body.find(b"\0", keyword_end + 3)
+        translated_end = body.find(b"\0", language_end + 1) if language_end >= 0 else -1
+        if translated_end < 0:
+            return 0
+        start = translated_end + 1
+    try:
+        inflated = len(zlib.decompressobj().decompress(body[start:], MAX_PNG_CHUNK_INFLATED + 1))
+    except zlib.error:
+        return 0
+    if inflated > MAX_PNG_CHUNK_INFLATED:
+        raise MediaTooLargeError(f"a {kind.decode()} chunk of the PNG inflates past {MAX_PNG_CHUNK_INFLATED} bytes: "
+                                 "strip its text and profile", modality="image")
+    return inflated
 
 
 def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
@@ -295,8 +315,8 @@ def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
     RGB8 or RGBA8 in one array this module then owns; the alpha is composited and gray widened
     in place. libspng ignores tRNS, so images with a transparent colour go to Pillow, as do the
     conversions it does not mirror (luma, gray with alpha)."""
-    if header.has_icc:
-        check_png_profile(data)
+    if header.has_icc or header.png_compressed_text:
+        check_png_ancillary(data)
     if header.bit_depth > 8 or header.png_compressed_text or header.png_color_type == 4:
         raise _TryPillow()  # 16 bits, compressed text (Pillow bounds it: a 413), gray with alpha
     decoded = {0: 1, 2: 3, 3: 3, 6: 4}[header.png_color_type]
