@@ -331,7 +331,23 @@ png = synthetic.encode_image(numpy.zeros((64, 64, 3), numpy.uint8), "PNG")
 data = png[:33] + chunk * 64 + png[33:]
 """
 
+BMP_RLE8_1500 = r"""
+import struct as _struct
+width, height = 1500, 1500
+row = bytes([1, 0, 1, 1]) * (width // 2) + b"\0\0"  # 1-pixel runs, then the end of the line
+pixels = row * height + b"\0\1"
+palette = b"".join(bytes([i, 255 - i, i // 2, 0]) for i in range(256))
+info = _struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(pixels), 2835, 2835, 256, 0)
+offset = 14 + len(info) + len(palette)
+data = b"BM" + _struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
+"""
+
 CASES = {
+    # An RLE8 BMP of 1-pixel runs: Pillow's RLE decoder holds about 5 bytes a pixel besides the output,
+    # declared as working memory (6 a pixel): decodes within it, and is refused under the strict limit.
+    "bmp_rle8_1500": (BMP_RLE8_1500, "lazymedia.load_image(data)", None),
+    "bmp_rle8_2500_strict": (BMP_RLE8_1500.replace("1500, 1500", "2500, 2500"),
+                             f"lazymedia.load_image(data, limits={STRICT})", 413),
     # 700 KB of APNG: 10,000 1x1 frames on a 4K canvas; 8 frames sampled paint every canvas (47 CPU-s).
     "apng_10k_frames_on_4k": (APNG_10K_FRAMES_4K, "lazymedia.load_video(data, num_frames=8)", 413),
     # Truncated files whose headers declare 10000 x 10000: refused (422) before the 286 MB canvas.

@@ -105,7 +105,8 @@ def _probe_with_pillow(data, result) -> ImageHeader:
             orientation=orientation if 1 <= orientation <= 8 else 1, has_icc="icc_profile" in image.info,
             jpeg_encoding="", chroma_subsampling="", has_adobe=False, adobe_transform=-1, png_color_type=-1,
             png_interlaced=False, animated=frames > 1, frame_count=frames, max_frame_width=width,
-            max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode)
+            max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode,
+            bmp_rle=image.format == "BMP" and image.info.get("compression") in (1, 2))
 
 
 def _tiff_pages(data) -> int:
