@@ -44,7 +44,7 @@ _SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
 _MAX_TIFF_PAGES = 1024
 
 
-_NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name != "mode"]
+_NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name not in ("mode", "bmp_rle")]
 _PNG_MODES = {2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
 
