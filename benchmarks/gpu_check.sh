@@ -2,14 +2,20 @@
 # The GPU half verified in ONE call on a fresh, offline H200 (the image has torch, nvcc, pytest,
 # pybind11; the rest comes in .gpu/, prepared here by benchmarks/fetch_gpu_wheels.sh):
 #
-#   device run, carry [".gpu"], timeout_s 560:   bash benchmarks/gpu_check.sh
+#   device run, carry [".gpu"], timeout_s 600:   bash benchmarks/gpu_check.sh
+#   the second call (full tables, no tests):      bash benchmarks/gpu_check.sh --full
 #   here, to see the plan:                        bash benchmarks/gpu_check.sh --dry-run
 #
 # Steps run in order, each under its own time limit, and no failure stops a later step: the
 # environment probe first (so a missing driver library is on record even if all else fails), then
-# install, build (all cores), the GPU tests (per-test and overall time-outs, junit XML), and the
-# quick GPU benchmark. Each step's log goes to $OUT (8 files at most); summary.txt has each
-# step's exit status and seconds. The whole stays under 8 minutes.
+# install, build (all cores), the GPU tests (per-test and overall time-outs), the nvJPEG
+# probe (benchmarks/nvjpeg_nvdec_probe.py A: nvjpegDecodeBatched timed directly, per backend,
+# output format, flag and input memory, beside torchvision: nvJPEG's own costs apart from the
+# library's sequencing; a copy of the project's shared/gpu-probes one, as the device run carries
+# only the repository), the GPU benchmark (--quick; --full: all sizes and the knob grid) and the serving job on the
+# device (lazymedia bench --device cuda). Each
+# step's log goes to $OUT (8 files at most); summary.txt has each step's exit status and seconds.
+# The whole stays under 10 minutes.
 #
 # Before the steps, the driver's video libraries (libnvcuvid.so.1 for NVDEC and nvJPEG's hardware
 # engines, libnvidia-encode.so.1 for importing PyNvVideoCodec) are put on the loader path
@@ -18,14 +24,27 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out/gpu-check}
 site=/tmp/lazymedia-site
-STEPS=(probe install build tests bench)
-declare -A BUDGET=([probe]=15 [install]=45 [build]=110 [tests]=180 [bench]=110)
+mode=check
+if [ "${1:-}" = "--full" ]; then mode=full; shift; fi
+if [ $mode = check ]; then
+  STEPS=(probe install build tests nvjprobe bench serving)
+  declare -A BUDGET=([probe]=15 [install]=45 [build]=90 [tests]=130 [nvjprobe]=70 [bench]=130 [serving]=90)
+  bench_args="--quick"
+  serving_args="--quick --requests 8 --concurrency 8 --scenarios unique_720p,unique_4k,video_unique,mixed"
+else  # the second call: the full tables, no tests
+  STEPS=(probe install build bench serving)
+  declare -A BUDGET=([probe]=15 [install]=45 [build]=90 [bench]=250 [serving]=180)
+  bench_args="--grid"
+  serving_args="--requests 64"  # 160 a scenario across 4 modes and 7 scenarios would not fit one call
+fi
 declare -A WHAT=(
   [probe]="nvidia-smi, the driver's video libraries (libnvcuvid), libcuda, nvcc, torch's view of the GPU"
   [install]="wheels from .gpu/wheels and the slimmed PyNvVideoCodec into $site (no network)"
   [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_90, sm_100), both extensions imported (else a serial rebuild), lazymedia info"
-  [tests]="pytest -p no:asyncio tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test, junit XML"
-  [bench]="benchmarks/bench_gpu.py --quick: nvJPEG vs DALI vs torchvision, NVDEC vs PyAV, PSNR"
+  [tests]="pytest -p no:asyncio tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test"
+  [nvjprobe]="benchmarks/nvjpeg_nvdec_probe.py A (nvjpegDecodeBatched per backend x format x flag x input, vs torchvision) and B (the PTS PyNvVideoCodec returns beside PyAV's)"
+  [bench]="benchmarks/bench_gpu.py $bench_args: nvJPEG vs torchvision (ratios, p99, verdicts) and peers (--full: the knob grid), NVDEC vs the CPU path (bench_nvdec)"
+  [serving]="lazymedia bench --device cuda $serving_args: every mode, device checks, verdicts (into bench.txt)"
 )
 
 total=0
@@ -60,6 +79,7 @@ video_libraries() {
 }
 
 if [ "${1:-}" = "--dry-run" ]; then
+  echo "mode: $mode"
   echo "driver video libraries here:"
   video_libraries | sed 's/^/  /'
   if [ -d .gpu ]; then
@@ -70,8 +90,8 @@ if [ "${1:-}" = "--dry-run" ]; then
   echo "working tree that travels besides: $(git ls-files -co --exclude-standard -z | du -ch --files0-from=- 2>/dev/null | tail -1 | cut -f1)"
   printf '%-8s %8s  %s\n' step budget what
   for step in "${STEPS[@]}"; do printf '%-8s %7ss  %s\n' "$step" "${BUDGET[$step]}" "${WHAT[$step]}"; done
-  echo "total budget ${total} s (< 480 s); device call: timeout_s 560, carry [\".gpu\"]; logs in \$OUT:"
-  echo "  probe.txt install.txt build.txt pytest.txt junit.xml bench.txt bench_gpu.json summary.txt"
+  echo "total budget ${total} s (< 580 s); device call: timeout_s 600, carry [\".gpu\"]; logs in \$OUT:"
+  echo "  probe.txt install.txt build.txt pytest.txt nvjpeg_probe.txt bench.txt bench_gpu.json summary.txt (8 files)"
   exit 0
 fi
 
@@ -124,10 +144,16 @@ run_step build "$out/build.txt" '
   python3 -c "import lazymedia._C, lazymedia._C_cuda; print(\"build: lazymedia._C and lazymedia._C_cuda both import\")"
   python3 -m lazymedia info'
 
-run_step tests "$out/pytest.txt" "
-  python3 -m pytest -p no:cacheprovider -p no:asyncio -rA -s --timeout=60 --junitxml='$out/junit.xml' \
+[ $mode = check ] && run_step tests "$out/pytest.txt" "
+  python3 -m pytest -p no:cacheprovider -p no:asyncio -rA -s --timeout=60 \
     tests/test_gpu.py tests/test_cuda_build.py"
 
-run_step bench "$out/bench.txt" "python3 benchmarks/bench_gpu.py --quick --json '$out/bench_gpu.json'"
+[ $mode = check ] && run_step nvjprobe "$out/nvjpeg_probe.txt" "NVJ='$site/nvidia/cu13/lib/libnvjpeg.so.13' python3 benchmarks/nvjpeg_nvdec_probe.py A; python3 benchmarks/nvjpeg_nvdec_probe.py B"
+
+run_step bench "$out/bench.txt" "python3 benchmarks/bench_gpu.py $bench_args --json '$out/bench_gpu.json'"
+
+# The serving step logs into bench.txt (the device call brings back 8 files at most); its table,
+# device checks and verdict lines end that file.
+run_step serving "$out/bench.txt" "python3 -m lazymedia bench --device cuda $serving_args --json '' --chart ''"
 
 echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s)" | tee -a "$out/summary.txt"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .cache import CacheStats, LruCache, ProcessorCache
 from .codecs.sampling import register_sampler
+from .codecs.types import AudioSamples, VideoFrames
 from .engine import DecodeEngine
 from .errors import (
     InvalidMediaError,
@@ -31,15 +32,12 @@ from .spec import DEFAULT_LIMITS, AudioSpec, ImageSpec, Limits, VideoSpec
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
-    from .codecs.types import AudioSamples, VideoFrames
     from .connector import MediaConnector
 
-# Names whose modules pull in heavy dependencies (torch, FFmpeg, aiohttp): imported on first use.
-# The engine's diagnostics (backends, BackendStatus, default_engine) live in lazymedia.engine and
-# are not in __all__; they still resolve here for code written against the earlier surface.
+# MediaConnector's module pulls in aiohttp: imported on first use. The engine's diagnostics
+# (backends, BackendStatus, default_engine) live in lazymedia.engine and are not in __all__; they
+# still resolve here for code written against the earlier surface.
 _LAZY = {
-    "AudioSamples": "lazymedia.codecs.types",
-    "VideoFrames": "lazymedia.codecs.types",
     "MediaConnector": "lazymedia.connector",
     "BackendStatus": "lazymedia.engine",
     "backends": "lazymedia.engine",

@@ -4,9 +4,13 @@ through a real HF processor (transformers' Qwen2-VL image processor), vLLM 0.33'
 tables (image sizes, video, audio, RSS) and their chart. The scenarios live in
 lazymedia.benchmarking.serving, shared with benchmarks/bench_frontend.py.
 
-    lazymedia bench [--requests 160] [--concurrency 32] [--items] [--quick] [--json PATH] [--chart PATH]
+    lazymedia bench [--device auto|cuda|cpu] [--requests 160] [--concurrency 32] [--items] [--quick]
+                    [--json PATH] [--chart PATH]
 
-Exit status 1 when eager and lazy outputs differ, 2 when transformers is missing.
+--device cuda (the default where a GPU, nvJPEG and NVDEC are usable) adds the GPU modes (vLLM's
+path with its processor on the GPU, lazymedia on the GPU) and the scenarios unique_4k,
+video_unique and mixed. Exit status 1 when eager and lazy outputs differ or a device check
+fails (or a GPU request failed), 2 when transformers is missing.
 """
 from __future__ import annotations
 
@@ -20,6 +24,18 @@ import sys
 from . import __version__
 
 REQUESTS, QUICK_REQUESTS = 160, 16
+CPU_SCENARIOS = ("pool_720p", "unique_720p", "pool_4k", "video_pool")
+DEVICE_SCENARIOS = ("unique_4k", "video_unique", "mixed")
+
+
+def resolve_device(choice: str) -> str:
+    """"cuda" or "cpu": auto is cuda where torch sees a GPU and nvJPEG and NVDEC are usable."""
+    if choice != "auto":
+        return choice
+    from .engine import backends
+
+    usable = {status.name for status in backends() if status.available}
+    return "cuda" if {"nvjpeg", "nvdec"} <= usable else "cpu"
 
 
 def scenario_list(text: str) -> list[str]:
@@ -39,8 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32)")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                         help="decode/process threads of each frontend (default: the cores)")
-    parser.add_argument("--scenarios", type=scenario_list, default="pool_720p,unique_720p,pool_4k,video_pool",
-                        help="comma-separated, from pool_720p, unique_720p, pool_4k, video_pool ('' for none)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="where lazymedia's GPU mode decodes and processes (auto: cuda where a GPU, nvJPEG "
+                             "and NVDEC are usable here, else cpu)")
+    parser.add_argument("--scenarios", type=scenario_list, default=None,
+                        help=f"comma-separated, from {', '.join(CPU_SCENARIOS + DEVICE_SCENARIOS)} ('' for none; "
+                             f"default: {','.join(CPU_SCENARIOS)}, and with a device {','.join(DEVICE_SCENARIOS)})")
     parser.add_argument("--items", action="store_true", help="add the per-item tables (images by size, parallel "
                                                              "decode, RSS, batch window, video, audio)")
     parser.add_argument("--quick", action="store_true", help="few requests, small item sizes (a smoke run)")
@@ -61,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     from .benchmarking import items, serving
     from .benchmarking.harness import Progress, busy_warning, write_json
 
+    device = resolve_device(args.device)
     scenarios = args.scenarios
+    if scenarios is None:
+        scenarios = list(CPU_SCENARIOS + (DEVICE_SCENARIOS if device == "cuda" else ()))
     if scenarios and importlib.util.find_spec("transformers") is None:
         print("error: the serving scenarios run transformers' Qwen2-VL processor: pip install 'lazymedia[bench]' "
               "(or --scenarios '' --items for the per-item tables alone)", file=sys.stderr)
@@ -76,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
                     "quick": args.quick, "load_1min_before": os.getloadavg()[0]}
     progress = Progress(total=len(scenarios) + (items.stages(args.quick) if args.items else 0))
     if scenarios:
-        report["serving"] = serving.run(scenarios, requests, args.concurrency, args.workers, progress)
+        report["serving"] = serving.run(scenarios, requests, args.concurrency, args.workers, progress, device,
+                                        args.quick)
     if args.items:
         report["items"] = items.run(args.quick, progress)
     progress.close()
@@ -97,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         for write, part, path in charts:
             if part is not None:
                 print(f"wrote {path}" if write(part, path) else "no chart: matplotlib is not installed")
-    return 0 if report.get("serving", {}).get("identical_outputs", True) else 1
+    serving_report = report.get("serving", {})
+    return 0 if serving_report.get("identical_outputs", True) and serving_report.get("device_ok", True) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

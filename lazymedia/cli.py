@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from . import __version__
 from .bench import add_arguments as add_bench_arguments
+from .engine.availability import BACKENDS
 from .errors import InvalidMediaError, MediaError
 
 EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE, EXIT_CLOSED_PIPE = 0, 1, 2, 141
@@ -148,7 +149,7 @@ def cmd_decode(args) -> int:
                 print(line)
             except MediaError as exc:
                 failures += 1
-                print(f"error: {_shorten(source)}: {exc} (HTTP {exc.status_code})", file=sys.stderr)
+                print(f"error: {_shorten(source)}: {exc.operator_message} (HTTP {exc.status_code})", file=sys.stderr)
     finally:
         connector.close()
     return EXIT_BAD_MEDIA if failures else EXIT_OK
@@ -242,16 +243,29 @@ def cmd_info(args) -> int:
 
 
 def cmd_hash_threads(args) -> int:
+    """Measures the crossover `args.runs` times and advises a setting only when every run agrees
+    on a quiet machine (docs/benchmarks.md: one run on a busy machine is noise)."""
+    from .benchmarking.harness import busy_warning
     from .hashing import THRESHOLD_VARIABLE, measure_crossover, multithread_min_bytes
 
-    result = measure_crossover()
-    print(f"{'size':>8s} {'one thread':>11s} {'all cores':>10s}")
-    for size, medians in result["medians_s"].items():
-        print(f"{size >> 20:5d} MiB {medians['one'] * 1e3:9.2f} ms {medians['all'] * 1e3:8.2f} ms")
-    crossover = result["crossover_bytes"]
-    setting = "never" if crossover is None else str(crossover)
-    print(f"{result['cores']} cores: hashing on all cores pays from {setting} bytes "
-          f"(now: {multithread_min_bytes() or 'never'}); to use it: export {THRESHOLD_VARIABLE}={setting}")
+    results = [measure_crossover() for _ in range(args.runs)]
+    print(f"{'size':>8s} " + " ".join(f"{f'run {n + 1} one/all ms':>21s}" for n in range(len(results))))
+    for size in results[0]["medians_s"]:
+        print(f"{size >> 20:5d} MiB " + " ".join(
+            f"{r['medians_s'][size]['one'] * 1e3:10.2f}/{r['medians_s'][size]['all'] * 1e3:<10.2f}" for r in results))
+    settings = ["never" if r["crossover_bytes"] is None else str(r["crossover_bytes"]) for r in results]
+    now = str(multithread_min_bytes() or "never")
+    print(f"{results[0]['cores']} cores: hashing on all cores pays from {', '.join(settings)} bytes "
+          f"(one figure per run); now: {now}")
+    busy = busy_warning()
+    if busy is not None:
+        print(f"{busy}: nothing to set from this measurement; rerun on a quiet machine")
+    elif len(set(settings)) > 1:
+        print("the runs disagree, so the machine is too noisy to tell: keep the current setting")
+    elif settings[0] == now:
+        print("every run agrees with the current setting: nothing to change")
+    else:
+        print(f"every run agrees: to use it, export {THRESHOLD_VARIABLE}={settings[0]}")
     return EXIT_OK
 
 
@@ -275,7 +289,8 @@ def main(argv=None) -> int:
                                    "pipe closed")
     decode.add_argument("sources", nargs="+", metavar="FILE_OR_URL",
                         help="files, or http(s), data: or file: URLs (fetched without the SSRF guard)")
-    decode.add_argument("--backend", choices=("cpu", "nvjpeg", "dali", "auto"), default="auto",
+    decode.add_argument("--backend", choices=(*(name for modality, name in BACKENDS if modality == "image"), "auto"),
+                        default="auto",
                         help="image decoder: auto (nvJPEG where a GPU is usable, else the CPU), or one by name")
     decode.add_argument("--modality", choices=("image", "video", "audio"), help="default: told by the content")
     decode.add_argument("--out", help="directory for the decoded output (PNG, NPZ of frames, WAV)")
@@ -287,9 +302,12 @@ def main(argv=None) -> int:
                         help="video: sample at this rate instead (at most 32 frames, vLLM's rule)")
     frames.add_argument("--all-frames", action="store_true", help="video: decode every frame")
     decode.add_argument("--sample-rate", type=_positive_int, help="audio: resample to this rate (Hz)")
-    decode.add_argument("--mono", action="store_true", help="audio: average the channels")
+    decode.add_argument("--mono", action=argparse.BooleanOptionalAction, default=True,
+                        help="audio: average the channels, as load_audio does by default (--no-mono keeps them)")
     decode.set_defaults(run=cmd_decode)
     hash_threads = sub.add_parser("hash-threads", help="measure from which size hashing on all cores pays here")
+    hash_threads.add_argument("--runs", type=_positive_int, default=3,
+                              help="independent measurements; a setting is advised only when all agree (default 3)")
     hash_threads.set_defaults(run=cmd_hash_threads)
     info = sub.add_parser("info", help="version, build, backends and devices")
     info.set_defaults(run=cmd_info)

@@ -18,6 +18,7 @@ import dataclasses
 import os
 import socket
 import threading
+import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,10 +29,11 @@ from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
-from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError
+from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, upstream_status_error
 from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
 from .hashing import KeyHasher, media_key
 from .media import LazyMedia, from_base64, load, probe_is_instant
+from .metrics import count, observe
 from .spec import DEFAULT_LIMITS, Limits, make_spec
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -64,8 +66,7 @@ def _guarded_socket_factory(guard: AddressGuard):
             refused = _REFUSED.get()
             if refused is not None:
                 refused.append(str(sockaddr[0]))
-            raise _RefusedAddress(f"{sockaddr[0]} is not a public address (pass allow_private_networks to admit "
-                                  "private networks)")
+            raise _RefusedAddress(f"{sockaddr[0]} is not a public address")
         return socket.socket(family=family, type=type_, proto=proto)
 
     return open_socket
@@ -82,8 +83,7 @@ class _GuardedResolver(AbstractResolver):
         results = await self._resolver.resolve(host, port, family)
         allowed = [r for r in results if self._guard.permits(r["host"])]
         if not allowed:
-            raise _RefusedAddress(f"{host} resolves only to non-public addresses (pass allow_private_networks to "
-                                  "admit them)")
+            raise _RefusedAddress(f"{host} resolves only to non-public addresses")
         return allowed
 
     async def close(self) -> None:
@@ -138,8 +138,8 @@ class _Inflater:
                 raise InvalidMediaError(f"the {self.encoding} body has data after its end: send the file as it is")
             self.inflated += len(piece)
             if self.inflated > self.max_bytes:
-                raise MediaTooLargeError(f"the response inflates to more than max_bytes ({self.max_bytes}): send a "
-                                         "smaller file, or raise MediaConnector(max_bytes=)")
+                raise MediaTooLargeError(f"the response inflates to more than the {self.max_bytes}-byte limit: send a "
+                                         "smaller file", hint="raise MediaConnector(max_bytes=)")
             if len(piece) > allowed:
                 raise MediaTooLargeError(f"the {self.encoding} body inflates more than {INFLATE_RATIO}:1, which "
                                          "media does not: a compression bomb")
@@ -206,11 +206,15 @@ class MediaConnector:
         settings of load_image / load_video / load_audio; every failure is a MediaError with a
         status code. Container probes (video, audio) run off the event loop."""
         spec_bytes = make_spec(modality, spec).canonical()
+        started = time.perf_counter()
         try:
             data, key = await self._read(url, KeyHasher(modality, spec_bytes))
         except MediaError as exc:
             exc.modality = exc.modality or modality
+            count("item_errors", stage="fetch", modality=modality, status=str(exc.status_code))
             raise
+        finally:  # timed by hand: an NVTX range cannot span an await
+            observe("fetch", time.perf_counter() - started, modality=modality)
         if probe_is_instant(modality, data):  # Pillow's parse goes to a thread
             return load(modality, data, limits=self.limits, key=key, **spec)
         return await asyncio.to_thread(load, modality, data, limits=self.limits, key=key, **spec)
@@ -282,8 +286,8 @@ class MediaConnector:
             return await self._fetch_http(url, hasher)
         if scheme == "data":
             if len(url) // 4 * 3 > 2 * self.max_bytes + 3:  # before any copy of a huge payload
-                raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over max_bytes ({self.max_bytes}): "
-                                         "send a smaller file, or raise MediaConnector(max_bytes=)")
+                raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over the {self.max_bytes}-byte "
+                                         "limit: send a smaller file", hint="raise MediaConnector(max_bytes=)")
             return await asyncio.to_thread(self._read_data_url, url, hasher)
         if scheme == "file":
             return await asyncio.to_thread(self._read_file_url, url, hasher)
@@ -318,7 +322,8 @@ class MediaConnector:
             raise InvalidMediaError("URL has no host: send an absolute http(s) URL")
         if self.allowed_domains is not None and not any(
                 host == d or self.allow_subdomains and host.endswith("." + d) for d in self.allowed_domains):
-            raise InvalidMediaError(f"refused {host}: not an allowed domain (the connector's allowed_domains)")
+            raise InvalidMediaError(f"refused {host}: not an allowed domain",
+                                    hint="MediaConnector(allowed_domains=) lists the domains admitted")
         ip = canonical_ip(host)
         if ip is not None:
             self.guard.check(ip, host)
@@ -337,8 +342,8 @@ class MediaConnector:
             async with asyncio.timeout(self.timeout_s):
                 data, key = await self._follow(url, hasher)
         except TimeoutError:
-            raise MediaFetchError(f"timed out after {self.timeout_s} s (MediaConnector timeout_s): retry, or "
-                                  "raise timeout_s", status_code=504) from None
+            raise MediaFetchError(f"fetching the URL timed out after {self.timeout_s:g} s: retry, or send a URL that "
+                                  "answers sooner", hint="raise MediaConnector(timeout_s=)", status_code=504) from None
         if cached is not None:
             await asyncio.to_thread(_write_atomically, cached, data)
         return data, key
@@ -352,8 +357,8 @@ class MediaConnector:
             raise MediaFetchError(f"cannot resolve {host} ({getattr(exc, 'strerror', None) or exc}): check the "
                                   "host name", status_code=502) from None
         if not any(self.guard.permits(str(result[4][0])) for result in results):
-            raise InvalidMediaError(f"refused {host}: it resolves only to non-public addresses (pass "
-                                    "allow_private_networks to admit them)")
+            raise InvalidMediaError(f"refused {host}: it resolves only to non-public addresses",
+                                    hint="MediaConnector(allow_private_networks=) admits private networks")
 
     def _cache_path(self, url: str) -> Path | None:
         if self.download_cache_dir is None:
@@ -377,35 +382,37 @@ class MediaConnector:
                     if response.status in _REDIRECTS:
                         location = response.headers.get("Location")
                         if not self.allow_redirects or not location:
-                            raise MediaFetchError(f"{host} redirects ({response.status}) and allow_redirects is "
-                                                  "off: send the final URL",
+                            raise MediaFetchError(f"{host} redirects ({response.status}): send the final URL",
+                                                  hint="MediaConnector(allow_redirects=True) follows redirects",
                                                   status_code=400)
                         url = read_http_url(location, base=url)
                         continue
                     if response.status != 200:
-                        raise MediaFetchError(f"upstream {host} answered {response.status} {response.reason or ''}"
-                                              .rstrip() + ": check the URL, or retry later", status_code=502)
+                        raise upstream_status_error(host, response.status, response.reason)
                     return await self._read_body(response, hasher)
             except MediaError:
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
                 if refused:
-                    raise InvalidMediaError(f"refused {host}: {refused[0]} is not a public address (pass "
-                                            "allow_private_networks to admit private networks)") from None
+                    raise InvalidMediaError(f"refused {host}: {refused[0]} is not a public address",
+                                            hint="MediaConnector(allow_private_networks=) admits private networks"
+                                            ) from None
                 cause = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
                 if isinstance(cause, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
-                    raise InvalidMediaError(f"refused {cause or exc.__cause__}") from None
+                    raise InvalidMediaError(f"refused {cause or exc.__cause__}",
+                                            hint="MediaConnector(allow_private_networks=) admits private networks"
+                                            ) from None
                 raise MediaFetchError(f"fetching from {host} failed ({type(exc).__name__}: "
                                       f"{getattr(exc, 'strerror', None) or exc}): retry later, or check that the "
                                       "host serves the URL", status_code=502) from None
-        raise MediaFetchError(f"more than {self.max_redirects} redirects (max_redirects):"
-                              " send the final URL", status_code=400)
+        raise MediaFetchError(f"more than {self.max_redirects} redirects: send the final URL",
+                              hint="raise MediaConnector(max_redirects=)", status_code=400)
 
     async def _read_body(self, response, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         declared = response.content_length
         if declared is not None and declared > self.max_bytes:
-            raise MediaTooLargeError(f"the response declares {declared} bytes, over max_bytes ({self.max_bytes}): "
-                                     "send a smaller file, or raise MediaConnector(max_bytes=)")
+            raise MediaTooLargeError(f"the response declares {declared} bytes, over the {self.max_bytes}-byte limit: "
+                                     "send a smaller file", hint="raise MediaConnector(max_bytes=)")
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         inflater = None
         if encoding in ("gzip", "x-gzip", "deflate"):
@@ -419,8 +426,8 @@ class MediaConnector:
             for piece in inflater.feed(chunk) if inflater is not None else (chunk,):
                 received += len(piece)
                 if received > self.max_bytes:
-                    raise MediaTooLargeError(f"the response sent more than max_bytes ({self.max_bytes}): send a "
-                                             "smaller file, or raise MediaConnector(max_bytes=)")
+                    raise MediaTooLargeError(f"the response sent more than the {self.max_bytes}-byte limit: send a "
+                                             "smaller file", hint="raise MediaConnector(max_bytes=)")
                 if hasher is not None:
                     hasher.update(piece)
                 chunks.append(piece)
@@ -435,15 +442,16 @@ class MediaConnector:
 
     def _read_file_url(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
         if self.allowed_local_path is None:
-            raise InvalidMediaError("file: URLs are refused:"
-                                    " a server admits them with MediaConnector(allowed_local_path=)")
+            raise InvalidMediaError("file: URLs are refused by this server",
+                                    hint="MediaConnector(allowed_local_path=) admits file: URLs below a folder")
         parts = _split(url)
         if parts.netloc not in ("", "localhost"):
             raise InvalidMediaError("file: URL names a remote host: use file:///path, or http(s) for a remote file")
         path = unquote(parts.path)
         root = str(self.allowed_local_path)
         if path != root and not path.startswith(root.rstrip("/") + "/"):
-            raise InvalidMediaError("refused a file: URL outside allowed_local_path: name a file below it")
+            raise InvalidMediaError("refused a file: URL outside the folder this server reads",
+                                    hint="MediaConnector(allowed_local_path=) names that folder")
         data = read_beneath(root, path[len(root):], self.max_bytes)
         return data, _finish(hasher, data)
 

@@ -2,6 +2,9 @@
 
 `status_code` is the response code; `index` is the item's position in the request (set by
 `Processor`, or by the caller for load-time errors) so the client learns which item was bad.
+`str(exc)` is safe to send to the client: what was wrong with the request, never a server
+setting. `exc.hint` is for the operator's log: which setting would change the outcome (empty
+where none would); `exc.operator_message` is both, for a log line.
 """
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ class MediaError(Exception):
 
     status_code = 400
 
-    def __init__(self, message: str, *, modality: str | None = None, index: int | None = None,
+    def __init__(self, message: str, *, hint: str = "", modality: str | None = None, index: int | None = None,
                  status_code: int | None = None):
         super().__init__(message)
         self.message = message
+        self.hint = hint
         self.modality = modality
         self.index = index
         if status_code is not None:
@@ -36,12 +40,17 @@ class MediaError(Exception):
             where.append(self.modality)
         return f"{' '.join(where)}: {self.message}" if where else self.message
 
+    @property
+    def operator_message(self) -> str:
+        """The client's message and the operator's hint, for a server log."""
+        return f"{self} [operator: {self.hint}]" if self.hint else str(self)
+
     def __reduce__(self):
-        return (_rebuild_error, (type(self), self.message, self.modality, self.index, self.status_code))
+        return (_rebuild_error, (type(self), self.message, self.hint, self.modality, self.index, self.status_code))
 
 
-def _rebuild_error(cls, message, modality, index, status_code):
-    return cls(message, modality=modality, index=index, status_code=status_code)
+def _rebuild_error(cls, message, hint, modality, index, status_code):
+    return cls(message, hint=hint, modality=modality, index=index, status_code=status_code)
 
 
 class InvalidMediaError(MediaError, ValueError):
@@ -64,7 +73,8 @@ class MediaNotCachedError(InvalidMediaError):
 
 
 class MediaFetchError(MediaError):
-    """Download failed: unreachable host, bad status, time-out (400, 502 or 504)."""
+    """Download failed: the URL's server refused it (its 4xx is a 400: the client's URL is
+    wrong), was unreachable or failed (502), or timed out (504)."""
 
     status_code = 400
 
@@ -87,3 +97,15 @@ class MediaReleasedError(MediaError, RuntimeError):
     server (a released handle reused in a later request), not bad input, hence HTTP 500."""
 
     status_code = 500
+
+
+def upstream_status_error(host: str, status: int, reason: str | None = None) -> MediaFetchError:
+    """The error for a media URL whose server answered `status` instead of the media: its 4xx
+    says the client's URL is wrong (400: retrying will not help), except 408 and 429, which,
+    like a 5xx, say that server cannot answer now (504, 502: retry later)."""
+    answered = f"{host} answered {status} {reason or ''}".rstrip()
+    if status == 408:
+        return MediaFetchError(f"{answered}: retry later", status_code=504)
+    if 400 <= status < 500 and status != 429:
+        return MediaFetchError(f"{answered}: check the URL", status_code=400)
+    return MediaFetchError(f"{answered}: retry later", status_code=502)

@@ -174,8 +174,8 @@ class AddressGuard:
 
     def check(self, address: str | _IPAddress, what: str) -> None:
         if not self.permits(address):
-            raise InvalidMediaError(f"refused {what}: {address} is not a public address (pass allow_private_networks "
-                                    "to admit private networks)")
+            raise InvalidMediaError(f"refused {what}: {address} is not a public address",
+                                    hint="MediaConnector(allow_private_networks=) admits private networks")
 
 
 # Why a file: path would not open, as its reader can act on it (the OS text names no fix).
@@ -183,7 +183,7 @@ _OPEN_FAILURES: dict[int, str | None] = {
     errno.ELOOP: "a symbolic link on the way (file: URLs follow none): name the file itself",
     errno.ENOTDIR: "a part of the path is a symbolic link or a file, not a directory (file: URLs follow no links): "
                    "name the file itself",
-    errno.ENOENT: "no such file below allowed_local_path",
+    errno.ENOENT: "no such file below the folder this server reads",
     errno.EACCES: "the server may not read it"}
 
 
@@ -195,15 +195,16 @@ def read_beneath(root: str | os.PathLike, relative: str, max_bytes: int) -> byte
     on the opened descriptor without blocking; the read stops at the size fstat reported."""
     parts = [p for p in relative.split("/") if p not in ("", ".")]
     if not parts or ".." in parts:
-        raise InvalidMediaError("refused path: it names no file below allowed_local_path, or has '..'")
+        raise InvalidMediaError("refused path: it names no file below the folder this server reads, or has '..'",
+                                hint="MediaConnector(allowed_local_path=) names that folder")
     if any("\0" in p for p in parts):
         raise InvalidMediaError("refused path: it has a NUL byte")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(root, flags | os.O_DIRECTORY)
     except OSError as exc:
-        raise InvalidMediaError(f"the server cannot open its allowed_local_path ({exc.strerror}): check "
-                                "MediaConnector(allowed_local_path=)") from None
+        raise InvalidMediaError("the server cannot read file: URLs now",
+                                hint=f"MediaConnector(allowed_local_path=) cannot be opened ({exc.strerror})") from None
     try:
         for part in parts[:-1]:
             try:
@@ -238,7 +239,8 @@ def _read_regular(fd: int, name: str, max_bytes: int) -> bytes:
     if info.st_size == 0:
         raise InvalidMediaError(f"refused {name}: an empty file")
     if info.st_size > max_bytes:
-        raise MediaTooLargeError(f"{name}: {info.st_size} bytes, over max_bytes ({max_bytes})")
+        raise MediaTooLargeError(f"{name}: {info.st_size} bytes, over the {max_bytes}-byte limit",
+                                 hint="raise MediaConnector(max_bytes=)")
     chunks, received = [], 0
     while received <= info.st_size:  # one byte past the size tells a file that grows while read
         try:

@@ -1,7 +1,18 @@
 """A thread-safe LRU bounded by weight, on the ground floor: the codecs' header memo and the
-processor's output cache (cache/local.py) are both one."""
+processor's output cache (cache/local.py) are both one.
+
+A hit returns the stored object itself (no copy: a hit costs microseconds), so the cache guards
+what a reader could change in it. `put` seals a value: numpy arrays inside it become read-only,
+and the value's fingerprint is kept (the identity of every dict, list, tuple and leaf inside,
+and each torch tensor's version counter, which every in-place torch op bumps). A lookup whose
+value no longer matches its fingerprint (`out["pixel_values"].mul_(0)`, `out["x"] = ...`) drops
+it, counts it `mutated`, logs it and answers a miss, so the next request recomputes it instead of
+receiving the damage. Writes that bypass torch (through `.numpy()` or a data pointer) are not seen.
+"""
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -9,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _MISSING = object()
+logger = logging.getLogger("lazymedia.cache")
 
 
 @dataclass(frozen=True)
@@ -22,6 +34,49 @@ class CacheStats:
     entries: int
     size: int
     capacity: int
+    mutated: int = 0  # hits refused because a reader had changed the stored value
+
+
+# Values nothing can change in place: a fingerprint skips them (a tuple's items are still walked).
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), frozenset)
+
+
+def fingerprint(value: Any, freeze: bool = False) -> tuple:
+    """The identity of `value`'s mutable containers and leaves and the versions of its torch
+    tensors, in one walk; `freeze` also makes its numpy arrays read-only (what `LruCache.put`
+    does). Immutable scalars add nothing, so a value of shapes and ints costs almost nothing."""
+    found: list = []
+    torch = sys.modules.get("torch")
+    numpy = sys.modules.get("numpy")
+    pending = [value]
+    seen: set[int] = set()
+    while pending:
+        item = pending.pop()
+        if isinstance(item, _IMMUTABLE):
+            continue
+        if torch is not None and isinstance(item, torch.Tensor):
+            found.append((id(item), item._version))
+        elif id(item) in seen:  # a container met before (a cycle, or shared inside the value)
+            found.append(id(item))
+        elif isinstance(item, tuple):
+            seen.add(id(item))
+            pending.extend(item)
+        elif isinstance(item, list):
+            seen.add(id(item))
+            found.append((id(item), len(item)))
+            pending.extend(item)
+        elif isinstance(item, dict) or hasattr(item, "items") and callable(item.items) and not isinstance(item, type):
+            seen.add(id(item))
+            entries = list(item.items())
+            found.append((id(item), len(entries)))
+            for key, entry in entries:
+                found.append(id(key))
+                pending.append(entry)
+        else:
+            if freeze and numpy is not None and isinstance(item, numpy.ndarray):
+                item.flags.writeable = False
+            found.append(id(item))
+    return tuple(found)
 
 
 def _one(_value: Any) -> int:
@@ -37,10 +92,10 @@ class LruCache:
             raise ValueError("capacity must be >= 0")
         self.capacity = capacity
         self._weigh = weigh
-        self._entries: OrderedDict[str, Any] = OrderedDict()  # key -> (value, weight)
+        self._entries: OrderedDict[str, Any] = OrderedDict()  # key -> (value, weight, fingerprint)
         self._lock = threading.Lock()
         self._size = 0
-        self._hits = self._misses = self._evictions = 0
+        self._hits = self._misses = self._evictions = self._mutated = 0
 
     def get(self, key: str, default=None):
         """The value for `key` (marking it most recently used), counting a hit or a miss."""
@@ -54,13 +109,23 @@ class LruCache:
             if entry is _MISSING:
                 self._misses += 1
                 return False, None
+            if fingerprint(entry[0]) != entry[2]:  # a reader changed it: recomputed, never served
+                del self._entries[key]
+                self._size -= entry[1]
+                self._mutated += 1
+                self._misses += 1
+                logger.warning("cached value %s was modified in place by a reader; dropped and recomputed "
+                               "(copy a value before changing it: docs/design.md)", key)
+                return False, None
             self._entries.move_to_end(key)
             self._hits += 1
             return True, entry[0]
 
     def put(self, key: str, value: Any) -> bool:
-        """Stores `value`, evicting least recently used entries; False if it can never fit."""
+        """Stores `value` sealed (see the module docstring), evicting least recently used entries;
+        False if it can never fit."""
         weight = self._weigh(value)
+        sealed = fingerprint(value, freeze=True)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -68,10 +133,10 @@ class LruCache:
             if weight > self.capacity:
                 return False
             while self._entries and self._size + weight > self.capacity:
-                _, (_, evicted) = self._entries.popitem(last=False)
+                _, (_, evicted, _) = self._entries.popitem(last=False)
                 self._size -= evicted
                 self._evictions += 1
-            self._entries[key] = (value, weight)
+            self._entries[key] = (value, weight, sealed)
             self._size += weight
             return True
 
@@ -90,4 +155,5 @@ class LruCache:
 
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self._hits, self._misses, self._evictions, len(self._entries), self._size, self.capacity)
+            return CacheStats(self._hits, self._misses, self._evictions, len(self._entries), self._size, self.capacity,
+                              self._mutated)

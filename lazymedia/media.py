@@ -48,8 +48,8 @@ class _Source:
 
     def __getstate__(self):
         if self.data is None and self.item_id is None:
-            raise MediaReleasedError("cannot pickle a handle without its bytes (the pixels are not shipped): "
-                                     "pickle it before release_bytes()")
+            raise MediaReleasedError("internal error: an item was shipped after its bytes were released",
+                                     hint="pickle a handle before release_bytes() (the pixels are not shipped)")
         return {"modality": self.modality, "spec": self.spec, "limits": self.limits,
                 "data": None if self.data is None else bytes(self.data), "header": self.header, "key": self.key,
                 "item_id": self.item_id}
@@ -180,8 +180,9 @@ class LazyMedia(Generic[Decoded]):
             if source.item_id is not None:
                 raise MediaNotCachedError(f"item id {source.item_id!r} is not cached: send the media itself",
                                           modality=self.modality)
-            raise MediaReleasedError("bytes were released before the handle was decoded: call release_bytes() only "
-                                     "after decode(), or load the item again", modality=self.modality)
+            raise MediaReleasedError("internal error: the item's bytes were released before it was decoded",
+                                     hint="call release_bytes() only after decode(), or load the item again",
+                                     modality=self.modality)
         return source.data
 
     @property
@@ -201,9 +202,9 @@ class LazyMedia(Generic[Decoded]):
                 with source.lock:
                     if source.key is None:
                         if source.data is None:
-                            raise MediaReleasedError("bytes were released before the key was computed:"
-                                                     " read .key before "
-                                             "release_bytes(), or load the item again")
+                            raise MediaReleasedError("internal error: the item's bytes were released before its key "
+                                                     "was computed", hint="read .key before release_bytes(), or "
+                                                     "load the item again")
                         source.key = media_key(source.modality, source.spec.canonical(), source.data)
                 self._key = source.key
         return self._key
@@ -339,12 +340,14 @@ def read_file(path: str | os.PathLike, limits: Limits = DEFAULT_LIMITS) -> bytes
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limits.max_bytes:
-                raise MediaTooLargeError(f"the file has {size} bytes, over Limits.max_bytes ({limits.max_bytes})")
+                raise MediaTooLargeError(f"the file has {size} bytes, over the {limits.max_bytes}-byte limit",
+                                         hint="raise Limits.max_bytes")
             data = f.read(limits.max_bytes + 1)
     except OSError as exc:
         raise InvalidMediaError(f"cannot read the file: {exc.strerror} (check the path)") from None
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"the file grew past Limits.max_bytes ({limits.max_bytes}) while read")
+        raise MediaTooLargeError(f"the file grew past the {limits.max_bytes}-byte limit while read",
+                                 hint="raise Limits.max_bytes")
     return data
 
 
@@ -356,15 +359,15 @@ def _encoded_bytes(data, limits: Limits) -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1 or not view.contiguous:
-            raise InvalidMediaError("media bytes must be a contiguous byte buffer: pass bytes(buffer)")
+            raise InvalidMediaError("media bytes must be a contiguous byte buffer", hint="pass bytes(buffer)")
         return bytes(view)
     if isinstance(data, os.PathLike):
         return read_file(data, limits)
     if isinstance(data, str):
-        raise InvalidMediaError("media source is a str: pass the encoded bytes, a pathlib.Path, or "
+        raise InvalidMediaError("media source is a str", hint="pass the encoded bytes, a pathlib.Path, or "
                                 "lazymedia.from_base64(text) for base64 or a data: URL")
-    raise InvalidMediaError(f"media source must be bytes-like or a pathlib.Path, got {type(data).__name__}: "
-                            "pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)")
+    raise InvalidMediaError(f"media source must be bytes-like or a pathlib.Path, got {type(data).__name__}",
+                            hint="pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)")
 
 
 def probe_is_instant(modality: str, data) -> bool:
@@ -392,8 +395,8 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     spec_obj = make_spec(modality, spec)
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"{len(data)} bytes are over Limits.max_bytes ({limits.max_bytes}): send a "
-                                 "smaller file, or raise the limit", modality=modality)
+        raise MediaTooLargeError(f"{len(data)} bytes are over the {limits.max_bytes}-byte limit: send a smaller "
+                                 "file", hint="raise Limits.max_bytes", modality=modality)
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
@@ -463,8 +466,8 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     if not isinstance(text, (str, bytes, bytearray, memoryview)):
         raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
     if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # before any copy; whitespace may pad a payload
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over Limits.max_bytes "
-                                 f"({limits.max_bytes}): send a smaller file, or raise the limit")
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte "
+                                 "limit: send a smaller file", hint="raise Limits.max_bytes")
     if isinstance(text, str):
         try:
             text = text.encode("ascii")
@@ -481,8 +484,8 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     if any(c in text for c in _BASE64_WHITESPACE):
         text = text.translate(None, _BASE64_WHITESPACE)
     if len(text) // 4 * 3 > limits.max_bytes + 3:
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over Limits.max_bytes "
-                                 f"({limits.max_bytes}): send a smaller file, or raise the limit")
+        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte "
+                                 "limit: send a smaller file", hint="raise Limits.max_bytes")
     try:
         return pybase64.b64decode(text, validate=True)  # SIMD decoder; validate rejects stray characters
     except (binascii.Error, ValueError, TypeError) as exc:

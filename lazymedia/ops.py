@@ -117,17 +117,21 @@ def orient(image: torch.Tensor, orientation: int, threads: int | None = None) ->
 
 
 def resize(image: torch.Tensor, size: tuple[int, int], filter: str = "bicubic",
-           threads: int | None = None) -> torch.Tensor:
-    """Antialiased resize of an HWC uint8 image to (height, width), Pillow's algorithm."""
+           threads: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Antialiased resize of an HWC uint8 image to (height, width), Pillow's algorithm; into
+    `out` (a contiguous [height, width, C] uint8 tensor on the image's device) when given."""
+    shape = (int(size[0]), int(size[1]), image.shape[2])
+    device = image.device if isinstance(image, torch.Tensor) else torch.device("cpu")  # numpy: the CPU
+    if out is None:
+        out = torch.empty(shape, dtype=torch.uint8, device=device)
+    elif tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous() or out.device != device:
+        raise TypeError(f"out must be a contiguous uint8 {shape} tensor on {device}")
     if _on_gpu(image):
         src = _gpu_image(image)
         h, w, c = src.shape
-        out = torch.empty((int(size[0]), int(size[1]), c), dtype=torch.uint8, device=src.device)
         _cuda().resize(src.data_ptr(), h, w, c, out.data_ptr(), out.shape[0], out.shape[1], filter, _stream(src))
         return out
-    pixels = _array(image)
-    out = torch.empty((int(size[0]), int(size[1]), pixels.shape[2]), dtype=torch.uint8)
-    _C.resize(pixels, out.numpy(), filter, threads or kernel_threads())
+    _C.resize(_array(image), out.numpy(), filter, threads or kernel_threads())
     return out
 
 
@@ -140,14 +144,20 @@ def nv12_to_rgb(y: torch.Tensor, uv: torch.Tensor, width: int, matrix: str = "bt
 
 
 def nv12_frames_to_rgb(frames: torch.Tensor, height: int, width: int, matrix: str = "bt709",
-                       full_range: bool = False) -> torch.Tensor:
+                       full_range: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """[T, rows, pitch] uint8 NV12 surfaces (rows = height luma rows, then ceil(height/2) UV
-    rows, as NVDEC writes them) to [T, height, width, 3] RGB, on the frames' device."""
+    rows, as NVDEC writes them) to [T, height, width, 3] RGB, on the frames' device; into `out`
+    (a contiguous tensor of that shape there, e.g. slots of a batch) when given."""
     if frames.dtype != torch.uint8 or frames.ndim != 3 or frames.shape[1] < height + (height + 1) // 2:
         raise TypeError("expected uint8 [T, rows, pitch] NV12 frames")
     frames = frames.contiguous()
     count, rows, pitch = frames.shape
-    out = torch.empty((count, height, width, 3), dtype=torch.uint8, device=frames.device)
+    shape = (count, height, width, 3)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.uint8, device=frames.device)
+    elif tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous() or \
+            out.device != frames.device:
+        raise TypeError(f"out must be a contiguous uint8 {shape} tensor on {frames.device}")
     if count == 0:
         return out
     if _on_gpu(frames):

@@ -16,22 +16,31 @@ phase-2 thread) and publishes, so `process_fn` never runs twice for one miss.
 With a shared tier (cache=TieredCache(local, RedisCache(...))) single-flight spans processes:
 a leader first reads the shared tier, then takes the key's lease before decoding; a key another
 process holds is waited for, and decoded here only if that process does not deliver it.
+
+With a device (Processor(fn, device="cuda")) each miss is placed by the engine: on the device
+within its memory cap (nvJPEG / NVDEC decode there, a CPU decode is moved there), else on the
+CPU; process_fn gets each item where it lies, and outputs on the device are copied into pinned
+host memory before they are cached, unless keep_on_device.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cache import Cache, ProcessorCache, SharedTier
+from .cache.protocol import Call, adrive, drive
 from .engine import DecodeEngine, default_engine
+from .engine.engine import device_engine
+from .engine.placement import BYTES_PER_DECODED_BYTE, Placement
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
 from .media import LazyMedia, as_handle, unhashed_bytes
+from .metrics import count, phase
 from .profiling import nvtx_range
 
 
@@ -48,15 +57,8 @@ class _Plan:
     followers: dict[str, tuple[Future, list[int]]] = field(default_factory=dict)
     decodes: dict[str, Future] = field(default_factory=dict)
     leases: dict[str, str] = field(default_factory=dict)  # key -> shared-tier lease token ("" = none)
+    placements: dict[str, Placement] = field(default_factory=dict)  # key -> device budget held (device mode)
     remote: list[str] = field(default_factory=list)  # keys another process is decoding
-
-
-@dataclass(frozen=True)
-class _TierCall:
-    """One shared-tier call of Processor._shared_steps, in its sync and asyncio forms."""
-    run: Callable[..., Any]
-    arun: Callable[..., Awaitable[Any]]
-    args: tuple
 
 
 class Processor:
@@ -67,15 +69,38 @@ class Processor:
     so processors with different settings can share one cache. engine: the DecodeEngine for
     misses (default: the process-wide one). process_workers: threads that run phase 2 for
     apply_async, off the event loop.
+
+    device: misses decode onto it where the engine's cap allows (default engine: the
+    process-wide one of that device, engine.device_engine); bytes_per_decoded_byte: what a miss
+    reserves of the cap per decoded byte (the processor's working set). keep_on_device: cache
+    the outputs where process_fn left them (the local tier's capacity_bytes bounds them; no
+    shared tier) instead of a pinned host copy.
     """
 
     def __init__(self, process_fn: Callable[[list], Sequence], *, cache: Cache | None = None,
-                 engine: DecodeEngine | None = None, namespace: str = "", process_workers: int = 1):
+                 engine: DecodeEngine | None = None, namespace: str = "", process_workers: int = 1,
+                 device=None, keep_on_device: bool = False, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE):
         self.process_fn = process_fn
         self.cache: Cache = cache if cache is not None else ProcessorCache()
         self._local = self.cache.local  # looked up under the lock
         self._shared = self.cache.shared  # store and network calls, never under the lock
-        self.engine = engine if engine is not None else default_engine()
+        self._writer = self.cache.writer  # writes to the shared tier behind the request
+        if engine is None:
+            engine = default_engine() if device is None else device_engine(device)
+        if device is not None and engine.device is None:
+            raise ValueError("a Processor with a device needs an engine with one: DecodeEngine(device=...)")
+        if keep_on_device and (device is None or self._shared is not None):
+            raise ValueError("keep_on_device needs a device and a cache without shared tiers "
+                             "(they store host bytes)")
+        self.engine = engine
+        self.device = engine.device if device is not None else None
+        self.keep_on_device = keep_on_device
+        self._bytes_per_decoded_byte = bytes_per_decoded_byte
+        self._host_buffers = None
+        if self.device is not None and not keep_on_device:
+            from .ops import HostBufferPool
+
+            self._host_buffers = HostBufferPool(max_cached_bytes=256 << 20)  # pinned where a GPU is
         self.namespace = namespace
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
@@ -97,10 +122,10 @@ class Processor:
         if plan.leaders:
             try:
                 if self._shared is not None:
-                    self._run_shared(self._shared_steps(plan, self._shared))
+                    drive(self._shared_steps(plan, self._shared))
                 self._submit_decodes(plan)
                 if plan.remote and self._shared is not None:
-                    self._run_shared(self._remote_steps(plan, self._shared))
+                    drive(self._remote_steps(plan, self._shared))
                     self._submit_decodes(plan)
                 wait_futures(plan.decodes.values())
                 if plan.leaders:
@@ -128,10 +153,10 @@ class Processor:
             phase2 = None
             try:
                 if self._shared is not None:
-                    await self._run_shared_async(self._shared_steps(plan, self._shared))
+                    await adrive(self._shared_steps(plan, self._shared))
                 self._submit_decodes(plan)
                 if plan.remote and self._shared is not None:
-                    await self._run_shared_async(self._remote_steps(plan, self._shared))
+                    await adrive(self._remote_steps(plan, self._shared))
                     self._submit_decodes(plan)
                 await _wait_all(list(plan.decodes.values()))
                 if plan.leaders:
@@ -149,7 +174,7 @@ class Processor:
                 if phase2 is None:  # every decode has finished here, so this never blocks
                     self._abandon(plan)
                     if plan.leases and self._shared is not None:  # asyncio, to its end even if cancelled again
-                        await asyncio.shield(self._run_shared_async(self._lease_releases(plan, self._shared)))
+                        await asyncio.shield(adrive(self._lease_releases(plan, self._shared)))
         try:
             if plan.followers:
                 await _wait_all([future for future, _ in plan.followers.values()])
@@ -169,16 +194,17 @@ class Processor:
     # -- phase 1 ----------------------------------------------------------------------------
     def _plan(self, items: Sequence) -> _Plan:
         items = [as_handle(item) for item in items]
-        with nvtx_range("lazymedia.hash"):
+        with phase("hash"):
             keys = [self.cache_key(item) for item in items]
         plan = _Plan(items, [None] * len(items))
-        with nvtx_range("lazymedia.lookup"):
+        with phase("lookup"):
             for index, key in enumerate(keys):
-                if key in plan.leaders:
-                    plan.leaders[key].append(index)
-                    continue
-                if key in plan.followers:
-                    plan.followers[key][1].append(index)
+                if key in plan.leaders or key in plan.followers:  # met earlier in this request: not cached
+                    count("lookups", tier="local", modality=items[index].modality, result="miss")
+                    if key in plan.leaders:
+                        plan.leaders[key].append(index)
+                    else:
+                        plan.followers[key][1].append(index)
                     continue
                 with self._lock:  # lookup and leader registration are one step: no double decode
                     found, value = self._local.lookup(key)
@@ -187,6 +213,7 @@ class Processor:
                         led: Future = Future()
                         led.set_running_or_notify_cancel()  # nobody may cancel a shared result
                         self._inflight[key] = led
+                count("lookups", tier="local", modality=items[index].modality, result="hit" if found else "miss")
                 if found:
                     plan.results[index] = value
                 elif joined is None:
@@ -201,8 +228,13 @@ class Processor:
         with nvtx_range("lazymedia.decode_submit"):
             for key in plan.leaders:
                 if key not in plan.decodes and key not in plan.remote:
+                    if self._shared is not None:
+                        self._count(plan, plan.leaders[key], "shared", "miss")
                     item = plan.items[self._decoding_index(plan, key)]
-                    if item.root.has_bytes:
+                    if item.root.has_bytes and self.device is not None:
+                        placement = plan.placements[key] = self.engine.place(item, self._bytes_per_decoded_byte)
+                        plan.decodes[key] = self.engine.submit(item, device=placement.device or "cpu")
+                    elif item.root.has_bytes:
                         plan.decodes[key] = self.engine.submit(item)
                     else:  # arrived decoded (a transform may remain), or known by id alone (an error)
                         plan.decodes[key] = _decoded_here(item)
@@ -210,29 +242,29 @@ class Processor:
     # -- phase 1b: the shared tier ------------------------------------------------------------
     def _shared_steps(self, plan: _Plan, shared: SharedTier):
         """The leaders' shared-tier work, written once for apply and apply_async: each
-        `yield _TierCall(...)` is a call on the shared tier, which the caller's driver runs."""
-        self._settle(plan, (yield _TierCall(shared.get_many, shared.aget_many, (list(plan.leaders),))))
+        `yield Call(...)` is a call on the shared tier, which `drive` or `adrive` runs."""
+        self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (list(plan.leaders),))))
         for key in list(plan.leaders):
             if self._decodable(plan, plan.leaders[key]) is None:
                 continue  # known by id alone: nothing to decode, so no lease to hold
-            token = yield _TierCall(shared.try_lease, shared.atry_lease, (key,))
+            token = yield Call(shared.try_lease, shared.atry_lease, (key,))
             if token is None:
                 plan.remote.append(key)
             else:
                 plan.leases[key] = token
         leased = [key for key, token in plan.leases.items() if token and key in plan.leaders]
         if leased:  # a value may have landed between the first read and the lease
-            self._settle(plan, (yield _TierCall(shared.get_many, shared.aget_many, (leased,))))
+            self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (leased, True))))
 
     def _remote_steps(self, plan: _Plan, shared: SharedTier):
         """Waits for the keys other processes are decoding; one they do not deliver (gone, too
         slow) is leased where possible and decoded here."""
         for key in plan.remote:
-            found, value = yield _TierCall(shared.wait_for, shared.await_for, (key,))
+            found, value = yield Call(shared.wait_for, shared.await_for, (key,))
             if found:
                 self._settle(plan, {key: value})
             else:
-                plan.leases[key] = (yield _TierCall(shared.try_lease, shared.atry_lease, (key,))) or ""
+                plan.leases[key] = (yield Call(shared.try_lease, shared.atry_lease, (key,))) or ""
         plan.remote.clear()
 
     def _settle(self, plan: _Plan, found: dict) -> None:
@@ -241,26 +273,9 @@ class Processor:
             indices = plan.leaders.pop(key, None)
             if indices is None:
                 continue
+            self._count(plan, indices, "shared", "hit")
             self._publish(plan, key, value=value)
             self._fill(plan, indices, value)
-
-    def _run_shared(self, steps) -> None:
-        result = None
-        while True:
-            try:
-                call = steps.send(result)
-            except StopIteration:
-                return
-            result = call.run(*call.args)
-
-    async def _run_shared_async(self, steps) -> None:
-        result = None
-        while True:
-            try:
-                call = steps.send(result)
-            except StopIteration:
-                return
-            result = await call.arun(*call.args)
 
     # -- phase 2 ----------------------------------------------------------------------------
     def _finish(self, plan: _Plan) -> None:
@@ -277,6 +292,8 @@ class Processor:
                 # right now, a handle this request's server code released) is not the item's
                 # fault, and an id this request could not resolve may be held by a follower:
                 # those keys are abandoned and the followers retry.
+                if isinstance(exc, MediaError):
+                    self._count_errors(plan, plan.leaders[key], exc)
                 if isinstance(exc, MediaError) and exc.status_code < 500 and not isinstance(exc, MediaNotCachedError):
                     self._publish(plan, key, error=exc)
                     self._release_lease(plan, key)
@@ -286,18 +303,20 @@ class Processor:
             raise exc
         keys = list(plan.leaders)
         decoded = [plan.decodes[key].result() for key in keys]
-        with nvtx_range("lazymedia.process"):
+        with phase("process"):
             outputs = list(self.process_fn(decoded))
         if len(outputs) != len(keys):
             raise ValueError(f"process_fn returned {len(outputs)} outputs for {len(keys)} items")
-        with nvtx_range("lazymedia.cache_write"):
+        if self._host_buffers is not None:
+            with nvtx_range("lazymedia.to_host"):
+                outputs = self._host_copies(outputs)
+        with phase("cache_write"):
             for key, output in zip(keys, outputs):
                 self._publish(plan, key, value=output)
                 self._fill(plan, plan.leaders[key], output)
-            if self._shared is not None:
+            if self._writer is not None:  # serialized and stored behind the request, then released
                 for key, output in zip(keys, outputs):
-                    self._shared.put(key, output)
-                    self._release_lease(plan, key)
+                    self._writer.submit(key, output, plan.leases.pop(key, ""))
 
     def _publish(self, plan: _Plan, key: str, value: Any = None, error: BaseException | None = None) -> None:
         future = plan.leader_futures[key]
@@ -336,6 +355,8 @@ class Processor:
         for key, future in plan.leader_futures.items():
             if not future.done():
                 self._publish(plan, key, error=_Abandoned(key))
+        while plan.placements:  # processing has ended: the device budget they held is free
+            self.engine.unplace(plan.placements.popitem()[1])
         self._release(plan, [index for indices in plan.leaders.values() for index in indices])
 
     def _lease_releases(self, plan: _Plan, shared: SharedTier):
@@ -343,7 +364,7 @@ class Processor:
         while plan.leases:
             key, token = plan.leases.popitem()
             if token:
-                yield _TierCall(shared.release, shared.arelease, (key, token))
+                yield Call(shared.release, shared.arelease, (key, token))
 
     def _release_lease(self, plan: _Plan, key: str) -> None:
         token = plan.leases.pop(key, "")
@@ -366,6 +387,17 @@ class Processor:
         return abandoned
 
     # -- helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _count(plan: _Plan, indices: list[int], tier: str, result: str) -> None:
+        """Counts a key's items (metrics.py), once per item and tier."""
+        for index in indices:
+            count("lookups", tier=tier, modality=plan.items[index].modality, result=result)
+
+    @staticmethod
+    def _count_errors(plan: _Plan, indices: list[int], exc: MediaError) -> None:
+        for index in indices:
+            count("item_errors", stage="decode", modality=plan.items[index].modality, status=str(exc.status_code))
+
     @staticmethod
     def _follower_indices(plan: _Plan) -> list[int]:
         return [index for _, indices in plan.followers.values() for index in indices]
@@ -411,11 +443,36 @@ class Processor:
         except MediaError as exc:
             raise exc.with_index(index) from None
 
+    def _host_copies(self, outputs: list) -> list:
+        """The outputs with every tensor on the device copied into a pinned host buffer
+        (asynchronously, one wait for them all): what the cache keeps and callers get."""
+        import torch
+
+        device = self.engine.device
+        copies = [_copy_tensors(output, device, self._host_buffers) for output in outputs]
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        return copies
+
     def _phase2(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._phase2_pool is None:
                 self._phase2_pool = ThreadPoolExecutor(self._process_workers, thread_name_prefix="lazymedia-process")
             return self._phase2_pool
+
+
+def _copy_tensors(value: Any, device, buffers) -> Any:
+    """`value` (a tensor, or dicts, lists and tuples of them, as HF processors return) with
+    each tensor on `device` copied into a buffer of `buffers`; the rest is kept as is."""
+    if isinstance(value, Mapping):  # a dict, or an HF BatchFeature
+        return type(value)({name: _copy_tensors(v, device, buffers) for name, v in value.items()})  # type: ignore[call-arg]
+    if type(value) in (list, tuple):
+        return type(value)(_copy_tensors(v, device, buffers) for v in value)
+    if getattr(value, "device", None) == device and hasattr(value, "copy_"):
+        host = buffers.empty(value.shape, value.dtype)
+        host.copy_(value, non_blocking=True)
+        return host
+    return value
 
 
 def _decoded_here(item: LazyMedia) -> Future:

@@ -230,13 +230,15 @@ class Limits:
         would take `nbytes` while the decoder holds `working_bytes` besides it."""
         if working_bytes > self.max_working_bytes:
             raise MediaTooLargeError(f"decoding {what} needs {format_bytes(working_bytes)} of working memory, over "
-                                     f"Limits.max_working_bytes ({format_bytes(self.max_working_bytes)}): "
-                                     f"{_SMALLER_OUTPUT[modality]}, or raise the limit", modality=modality)
+                                     f"the {format_bytes(self.max_working_bytes)} limit: send smaller media",
+                                     hint=f"{_SMALLER_OUTPUT[modality]}, or raise Limits.max_working_bytes",
+                                     modality=modality)
         if nbytes + working_bytes > self.max_decoded_bytes:
             raise MediaTooLargeError(f"{what} decode to {format_bytes(nbytes)}" +
                                      (f" (+{format_bytes(working_bytes)} working)" if working_bytes else "") +
-                                     f", over Limits.max_decoded_bytes ({format_bytes(self.max_decoded_bytes)}): "
-                                     f"{_SMALLER_OUTPUT[modality]}, or raise the limit", modality=modality)
+                                     f", over the {format_bytes(self.max_decoded_bytes)} limit: send smaller media",
+                                     hint=f"{_SMALLER_OUTPUT[modality]}, or raise Limits.max_decoded_bytes",
+                                     modality=modality)
 
 
 DEFAULT_LIMITS = Limits()

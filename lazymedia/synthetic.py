@@ -39,13 +39,13 @@ def jpeg(height: int = 480, width: int = 640, seed: int = 0) -> bytes:
 
 def video(frames: int = 60, height: int = 96, width: int = 160, fps: int = 30, gop: int = 12,
           codec: str = "libx264", container: str = "mp4", pix_fmt: str = "yuv420p", vfr: bool = False,
-          preset: str = "ultrafast") -> bytes:
+          preset: str = "ultrafast", seed: int = 0) -> bytes:
     """A clip panning across a photo-like image, with a bright bar at row 3*i of frame i, so
     frames stay distinguishable after lossy coding; a keyframe every `gop` frames. With vfr,
-    frame durations alternate 1 and 3 ticks of 1/(2*fps)."""
+    frame durations alternate 1 and 3 ticks of 1/(2*fps). `seed` picks another photo."""
     import av
 
-    base = photo(height, width + frames * 4)
+    base = photo(height, width + frames * 4, seed)
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         stream = out.add_stream(codec, rate=fps)
@@ -53,6 +53,8 @@ def video(frames: int = 60, height: int = 96, width: int = 160, fps: int = 30, g
         stream.codec_context.gop_size = gop
         if codec == "libx264":
             stream.options = {"preset": preset, "bf": "2"}
+        elif codec == "libx265":
+            stream.options = {"preset": preset}
         if vfr:
             stream.codec_context.time_base = Fraction(1, fps * 2)
         pts = 0

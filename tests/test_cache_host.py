@@ -66,6 +66,18 @@ def lease_and_exit(path, key, taken):
     taken.value = HostCache(path).try_lease(key) is not None
 
 
+def hold_leases_and_hang(path, redis_url, keys, holding):
+    """Takes the leases of `keys` in a host -> Redis chain, then works forever (renewing them)."""
+    from lazymedia.cache import RedisCache
+    from lazymedia.cache.tiered import SharedChain
+
+    chain = SharedChain([HostCache(path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="dying")])
+    tokens = [chain.try_lease(key) for key in keys]
+    holding.value = sum(1 for token in tokens if token)
+    while True:
+        time.sleep(1)
+
+
 def put_with_a_full_disk(path, redis_url, limit, outcome):
     import resource
 
@@ -79,6 +91,7 @@ def put_with_a_full_disk(path, redis_url, limit, outcome):
                                     engine=lazymedia.DecodeEngine(isolate=()))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     out = processor.apply([lazymedia.load_image(jpeg(16, 16, seed=1))])[0]
+    assert processor.cache.flush(60)
     outcome.put((torch.equal(out["x"], value_for(7)["x"]), host.stats().fallbacks, redis_tier.stats().writes))
 
 
@@ -121,7 +134,7 @@ def test_a_writer_killed_mid_put_leaves_no_torn_value(store_path):
 
 
 def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_path):
-    entry = len(HostCache(store_path, capacity_bytes=1 << 20).encode(value_for(0)))
+    entry = len(HostCache(store_path, capacity_bytes=1 << 20).encode("k0", value_for(0)))
     cache = HostCache(store_path, capacity_bytes=8 * entry + entry // 2)
     for index in range(40):
         assert cache.put(f"k{index}", value_for(index))
@@ -133,6 +146,15 @@ def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_pat
     assert set(cache.get_many([f"k{i}" for i in range(40)])) >= {"k0", "k39"}
 
 
+def test_uncompressed_values_are_larger_and_exact(store_path):
+    """compress=False (no LZ4 on a hit, bench_shared_cache measures the trade) stores the same
+    value, bit for bit, in more bytes."""
+    value = {"x": (torch.arange(1 << 18) % 7).float() / 7}
+    packed, plain = HostCache(store_path), HostCache(store_path, compress=False)
+    assert len(plain.encode("k", value)) > 2 * len(packed.encode("k", value))
+    assert plain.put("k", value) and torch.equal(packed.get_many(["k"])["k"]["x"], value["x"])
+
+
 def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
     cache = HostCache(store_path, capacity_bytes=1 << 20)
     assert not cache.put("big", {"x": torch.randn(1 << 20)})
@@ -140,16 +162,34 @@ def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
     assert cache.stats().oversized == 1 and cache.stats().unserializable == 1
 
 
-@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV1" + bytes(64), b"LMV2" + bytes(64)])
+@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV2" + bytes(64), b"LMV3" + bytes(64)])
 def test_bad_values_are_misses_and_are_dropped(store_path, data, caplog):
     cache = HostCache(store_path, capacity_bytes=8 << 20)
-    good = cache.encode(value_for(3))
+    good = cache.encode("k", value_for(3))
     for bad in (data, good[:-10], good[:40] + bytes([good[40] ^ 1]) + good[41:]):
         assert cache.put_encoded("k", bad)
         assert cache.get_many(["k"]) == {}
         assert cache.usage()[0] == 0  # dropped
     assert cache.stats().corrupt == 3
     assert len([r for r in caplog.records if "unreadable value" in r.getMessage()]) == 1  # rate-limited
+
+
+def test_another_items_value_under_a_key_is_a_corrupt_miss(store_path, caplog):
+    """B's valid value planted under A's key in the LMDB store: a miss counted as corrupt and
+    logged, dropped, never A's value; with a secret, a writer without it cannot plant either."""
+    import logging
+
+    cache = HostCache(store_path, capacity_bytes=16 << 20)
+    assert cache.put("b", value_for(2))
+    assert cache.put_encoded("a", cache.read_many(["b"], encoded=True)["b"][1])
+    with caplog.at_level(logging.WARNING, logger="lazymedia.cache"):
+        assert cache.get_many(["a"]) == {}
+    assert cache.stats().corrupt == 1 and "a" not in cache.get_many(["a", "b"])
+    assert any("another key" in r.getMessage() for r in caplog.records)
+    keyed = HostCache(store_path, capacity_bytes=16 << 20, secret="host secret")
+    assert cache.put("c", value_for(3)) and keyed.get_many(["c"]) == {}  # no secret: refused
+    assert keyed.stats().corrupt == 1
+    assert keyed.put("c", value_for(3)) and torch.equal(keyed.get_many(["c"])["c"]["x"], value_for(3)["x"])
 
 
 def test_a_dead_holders_lease_is_free_at_once(store_path):
@@ -220,6 +260,82 @@ def test_chain_local_host_redis(store_path, redis_url):
     assert redis_tier.try_lease("j") is not None  # released in every tier
     assert cache.shared.try_lease("j") is None  # held in Redis (another host): nothing kept here
     assert host.try_lease("j") is not None
+
+
+def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):
+    """One missed item is one miss on each shared tier (the re-read after the lease and the
+    waits count only a find, as a late hit); a hit in another process is one hit."""
+    from lazymedia.cache import RedisCache
+
+    def tiered():
+        return TieredCache(ProcessorCache(), HostCache(store_path, capacity_bytes=64 << 20),
+                           RedisCache(redis_url, namespace="stats"))
+
+    images = [jpeg(16, 16, seed=s) for s in range(3)]
+    first = lazymedia.Processor(lambda decoded: [value_for(0) for _ in decoded], cache=tiered(),
+                                engine=lazymedia.DecodeEngine(isolate=()))
+    first.apply([lazymedia.load_image(b) for b in images[:2]])
+    assert first.cache.flush(60)
+    host, remote = first.cache.stats().tiers
+    assert (host.misses, host.hits, remote.misses, remote.hits) == (2, 0, 2, 0)
+    assert (host.late_hits, remote.late_hits, host.corrupt, remote.corrupt) == (0, 0, 0, 0)
+    second = lazymedia.Processor(lambda decoded: [value_for(0) for _ in decoded], cache=tiered(),
+                                 engine=lazymedia.DecodeEngine(isolate=()))
+    second.apply([lazymedia.load_image(b) for b in images])  # two host hits, one miss everywhere
+    host, remote = second.cache.stats().tiers
+    assert (host.hits, host.misses, remote.hits, remote.misses) == (2, 1, 0, 1)
+
+
+def test_a_killed_holders_keys_free_within_two_seconds_in_the_chain(store_path, redis_url):
+    """A process holding the leases of 40 keys in a host -> Redis chain is SIGKILLed (at the three
+    moments the torn-write test uses, each after its holder renewed the leases at least once):
+    the host leases are free at once, the Redis leases have at most 2 s left, and another process
+    then takes and decodes every key (before: a 30 s lease stalled every waiter)."""
+    import redis
+
+    from lazymedia.cache import RedisCache
+
+    client = redis.Redis.from_url(redis_url)
+    keys = [lazymedia.load_image(jpeg(16, 16, seed=s)).key for s in range(40)]
+    names = [f"lazymedia:dying:{key}:lease" for key in keys]
+    for delay in (0.0, 0.013, 0.031):
+        holding = SPAWN.Value("i", 0)
+        holder = SPAWN.Process(target=hold_leases_and_hang, args=(store_path, redis_url, keys, holding))
+        holder.start()
+        deadline = time.monotonic() + 120
+        while holding.value < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert holding.value == 40
+        first = client.pttl(names[0])
+        renewed = False
+        for _ in range(2000):  # a renewal shows as a longer time to live than seen before
+            time.sleep(0.01)
+            if client.pttl(names[0]) > first:
+                renewed = True
+                break
+        assert renewed and 0 < client.pttl(names[0]) <= 2000
+        time.sleep(delay)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join()
+        left = [client.pttl(name) for name in names]
+        assert all(ttl <= 2000 for ttl in left)  # gone, or gone within 2 s: no renewer is left
+        host = HostCache(store_path, capacity_bytes=64 << 20)
+        assert all(host.probe(key) == ("free", None) for key in keys)  # the holder's pid is dead
+        calls: list[int] = []
+
+        def process(decoded):
+            calls.append(len(decoded))
+            return [value_for(0) for _ in decoded]
+
+        taker = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), host,
+                                                               RedisCache(redis_url, namespace="dying")),
+                                    engine=lazymedia.DecodeEngine(isolate=()))
+        outputs = taker.apply([lazymedia.load_image(jpeg(16, 16, seed=s)) for s in range(40)])
+        assert len(outputs) == 40 and sum(calls) == 40  # every key decoded here, once
+        assert taker.cache.flush(60)
+        assert client.keys("lazymedia:dying:*:lease") == []  # and released
+        client.delete(*[f"lazymedia:dying:{key}" for key in keys])
+        host.clear()
 
 
 def test_a_full_disk_degrades_to_the_next_tier(store_path, redis_url):

@@ -103,9 +103,64 @@ def test_garbage_and_pickles_under_a_key_are_misses(server):
     client = server.client()
     client.set("lazymedia::garbage", b"\x00\xff not a value")
     client.set("lazymedia::pickle", pickle.dumps({"x": 1}))
-    client.set("lazymedia::truncated", lazymedia.cache.serialize.dumps({"t": torch.ones(100)})[:-7])
+    client.set("lazymedia::truncated", lazymedia.cache.serialize.dumps({"t": torch.ones(100)}, key="truncated")[:-7])
     assert cache.get_many(["garbage", "pickle", "truncated"]) == {}
     assert cache.stats().corrupt == 3
+
+
+def counting_means(counter):
+    def process(decoded):
+        counter.append(len(decoded))
+        return mean_pixels(decoded)
+    return process
+
+
+@requires_redis_server
+def test_another_items_value_under_a_key_is_a_corrupt_miss_and_is_decoded(server, caplog):
+    """B's valid value copied under A's key (a key-space mix-up, a foreign writer): a request
+    for A gets A's own pixels, the planted value counts as corrupt, and A's value replaces it."""
+    import logging
+
+    from lazymedia.cache import RedisCache, TieredCache
+
+    a, b = lazymedia.load_image(jpeg(32, 48, seed=1)), lazymedia.load_image(jpeg(32, 48, seed=2))
+    calls: list[int] = []
+    writer = lazymedia.Processor(counting_means(calls), cache=TieredCache(ProcessorCache(), RedisCache(server.url)))
+    expected_b = writer.apply([b])[0]
+    assert writer.cache.flush(60)
+    client = server.client()
+    client.set(f"lazymedia::{a.key}", client.get(f"lazymedia::{b.key}"))  # B's bytes, A's key
+    reader_tier = RedisCache(server.url)
+    reader = lazymedia.Processor(counting_means(calls), cache=TieredCache(ProcessorCache(), reader_tier))
+    with caplog.at_level(logging.WARNING, logger="lazymedia.cache"):
+        got_a = reader.apply([lazymedia.load_image(jpeg(32, 48, seed=1))])[0]
+    expected_a = mean_pixels([lazymedia.load_image(jpeg(32, 48, seed=1)).decode()])[0]
+    assert reader.cache.flush(60)
+    assert torch.equal(got_a["mean"], expected_a["mean"]) and not torch.equal(got_a["mean"], expected_b["mean"])
+    assert calls == [1, 1]  # A decoded by the reader
+    assert reader_tier.stats().corrupt == 1 and reader_tier.stats().hits == 0
+    assert any("another key" in r.getMessage() for r in caplog.records)
+    assert torch.equal(RedisCache(server.url).get_many([a.key])[a.key]["mean"], expected_a["mean"])  # replaced
+
+
+@requires_redis_server
+def test_with_a_secret_a_writer_without_it_cannot_plant_values(server, monkeypatch):
+    """A keyed MAC (secret from $LAZYMEDIA_CACHE_SECRET): values written without the secret, or
+    with another one, are corrupt misses even under the right key; the secret's own are hits."""
+    from lazymedia.cache import RedisCache
+    from lazymedia.cache.serialize import SECRET_ENV
+
+    monkeypatch.setenv(SECRET_ENV, "fleet secret")
+    trusted = RedisCache(server.url)
+    assert trusted.put("mine", {"v": torch.arange(4)})
+    monkeypatch.delenv(SECRET_ENV)
+    outsider, other_secret = RedisCache(server.url), RedisCache(server.url, secret="guessed")
+    assert outsider.get_many(["mine"]) == {} and outsider.stats().corrupt == 1  # and cannot read it as valid
+    assert outsider.put("planted", {"v": torch.zeros(4)}) and other_secret.put("guessed", {"v": torch.zeros(4)})
+    reader = RedisCache(server.url, secret="fleet secret")
+    found = reader.get_many(["mine", "planted", "guessed"])
+    assert set(found) == {"mine"} and torch.equal(found["mine"]["v"], torch.arange(4))
+    assert reader.stats().corrupt == 2 and reader.stats().hits == 1
 
 
 @requires_redis_server
@@ -140,7 +195,8 @@ async def test_two_processors_share_decodes_sync_and_async(server):
     assert sum(calls) == 4  # the second processor decoded nothing
     for a, b in zip(first, second):
         assert torch.equal(a["mean"], b["mean"])
-    assert two.cache.stats().shared.hits == 4
+    stats = two.cache.stats().shared  # found at once, or after waiting for one's writes behind its request
+    assert stats.hits + stats.late_hits == 4 and stats.misses == 4 - stats.hits
     engine.shutdown()
 
 
@@ -317,14 +373,17 @@ def test_requests_keep_succeeding_when_redis_dies(server, caplog):
     processor = lazymedia.Processor(mean_pixels, cache=TieredCache(ProcessorCache(), shared))
     images = [jpeg(32, 48, seed=s) for s in range(6)]
     processor.apply([lazymedia.load_image(images[0])])
+    assert processor.cache.flush(60)
     server.kill()
     with caplog.at_level(logging.WARNING, logger="lazymedia.cache"):
         outputs = processor.apply([lazymedia.load_image(b) for b in images])  # one local hit, five decoded here
         outputs += processor.apply([lazymedia.load_image(b) for b in images[1:]])  # local hits now
+        assert processor.cache.flush(60)
     assert len(outputs) == 11 and all(o["shape"].tolist() == [32, 48, 3] for o in outputs)
     assert shared.stats().fallbacks >= 1 and not shared.available
     assert 1 <= len([r for r in caplog.records if "shared cache" in r.getMessage()]) <= 2  # rate-limited
     server.start()  # back: the tier is used again after retry_after_s
     time.sleep(0.6)
     processor.apply([lazymedia.load_image(jpeg(32, 48, seed=99))])
+    assert processor.cache.flush(60)
     assert shared.stats().writes >= 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lazymedia.cache.serialize import SerializationError, dumps, loads
+from lazymedia.cache.serialize import SerializationError, dumps, key_digest, loads, mac_key
 
 
 def sample_value():
@@ -76,8 +76,16 @@ def test_deep_nesting_is_bounded():
     with pytest.raises(SerializationError):
         dumps(value)
     header = b"[" * 100000 + b"]" * 100000
-    with pytest.raises(SerializationError):
-        loads(b"LMV2" + len(header).to_bytes(4, "little") + blake3.blake3(header).digest(16) + header)
+    with pytest.raises(SerializationError, match="unreadable header"):
+        loads(sealed(header, b""))
+
+
+def sealed(header: bytes, payload: bytes, key: str = "") -> bytes:
+    """A well-tagged LMV3 value around any header and payload (what a writer without a secret
+    can produce)."""
+    bound = key_digest(key)
+    tag = blake3.blake3(bound + header + payload).digest(16)
+    return b"LMV3" + len(header).to_bytes(4, "little") + bound + tag + header + payload
 
 
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -158,3 +166,47 @@ def test_expansion_is_bounded_by_the_reader():
     with pytest.raises(SerializationError):
         loads(data, max_bytes=1 << 20)
     assert torch.equal(loads(data, max_bytes=8 << 20), torch.zeros(1 << 20))
+
+
+def test_a_value_is_bound_to_its_key_and_to_the_secret():
+    value = {"x": torch.arange(10)}
+    data = dumps(value, key="a")
+    assert torch.equal(loads(data, key="a")["x"], value["x"])
+    with pytest.raises(SerializationError, match="another key"):
+        loads(data, key="b")
+    secret = mac_key("s3cret")
+    keyed = dumps(value, key="a", mac=secret)
+    assert torch.equal(loads(keyed, key="a", mac=secret)["x"], value["x"])
+    for reader in (None, mac_key("guess")):  # no secret, or the wrong one
+        with pytest.raises(SerializationError, match="tag mismatch"):
+            loads(keyed, key="a", mac=reader)
+    with pytest.raises(SerializationError, match="tag mismatch"):
+        loads(data, key="a", mac=secret)  # an unkeyed value where a secret is expected
+    forged = bytearray(keyed)
+    forged[8:24] = dumps(value, key="b")[8:24]  # the key digest swapped: the tag covers it
+    with pytest.raises(SerializationError):
+        loads(bytes(forged), key="b", mac=secret)
+    assert mac_key("") is None and mac_key(None) is None and len(mac_key(b"k")) == 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("count", [40000, 40001])
+def test_level_codes_read_back_exact_in_every_layout(dtype, count):
+    """uint8 codes are looked up two at a time (odd counts included); uncompressed values too."""
+    value = levels_tensor(200, shape=(count,), dtype=dtype, seed=count)
+    for compress in (True, False):
+        assert bit_equal(loads(dumps(value, compress=compress)), value)
+    assert len(dumps(value, compress=False)) >= count  # one byte per code, as stored
+
+
+def test_a_level_code_past_the_table_is_refused():
+    value = levels_tensor(10, shape=(40000,))
+    data = dumps(value, compress=False)
+    header_length = int.from_bytes(data[4:8], "little")
+    header, payload = data[40:40 + header_length], bytearray(data[40 + header_length:])
+    import json
+
+    start, length = json.loads(header)["r"]
+    payload[start + length - 3] = 200  # a code no level has (the table holds 10)
+    with pytest.raises(SerializationError, match="past the table"):
+        loads(sealed(header, bytes(payload)))  # before: silently clipped to the last level

@@ -1,7 +1,9 @@
 """The lazymedia command: exit codes, one-line errors, outputs."""
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import lazymedia
 from lazymedia import bench, synthetic
 from lazymedia.benchmarking.harness import busy_warning
 from lazymedia.cli import main
+from lazymedia.engine.availability import BACKENDS
 
 from conftest import encode, make_image, without_gpu
 
@@ -68,8 +71,8 @@ def test_unavailable_backend_is_refused(files, capsys):
 def test_info_lists_every_backend(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    for name in ("cpu", "nvjpeg", "dali", "nvdec"):
-        assert name in out
+    for modality, name in BACKENDS:
+        assert re.search(rf"^  {modality} +{name} +(available|unavailable) ", out, re.M), (modality, name)
     assert f"lazymedia {lazymedia.__version__}" in out and "GPU: " in out
     try:
         from lazymedia import _C_cuda
@@ -226,7 +229,7 @@ def test_a_url_is_downloaded_once(tmp_path, http_server, capsys):
     assert hits == {"/clip.mp4": 1, "/tone.wav": 1, "/missing.jpg": 1}
     assert " video " in captured.out and " audio " in captured.out
     (error,) = captured.err.strip().splitlines()
-    assert error.count(base) == 1 and error.count("HTTP") == 1 and "404" in error and "(HTTP 502)" in error
+    assert error.count(base) == 1 and error.count("HTTP") == 1 and "404" in error and "(HTTP 400)" in error
 
 
 def test_video_decodes_sampled_frames_by_default(tmp_path, capsys):
@@ -250,3 +253,48 @@ def test_usage_errors_exit_2_and_bad_media_exit_1(files, tmp_path):
         assert info.value.code == 2, argv
     assert main(["decode", str(corrupt)]) == 1
     assert main(["decode", str(good)]) == 0
+
+
+def test_audio_decodes_mono_by_default_as_load_audio_does(tmp_path, capsys):
+    path = tmp_path / "tone.wav"
+    path.write_bytes(synthetic.tone(0.25, rate=8000, channels=2))
+    assert lazymedia.load_audio(path).media.samples.shape[0] == 1
+    assert main(["decode", str(path)]) == 0
+    assert "shape=1x2000" in capsys.readouterr().out
+    assert main(["decode", "--no-mono", str(path)]) == 0
+    assert "shape=2x2000" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("crossovers, quiet, advice", [
+    ([4 << 20, 4 << 20], True, "export LAZYMEDIA_HASH_THREADS_MIN_BYTES=4194304"),
+    ([4 << 20, 8 << 20], True, "the runs disagree"),
+    ([None, None], True, "agrees with the current setting"),
+    ([4 << 20, 4 << 20], False, "nothing to set from this measurement"),
+])
+def test_hash_threads_advises_a_setting_only_when_every_quiet_run_agrees(crossovers, quiet, advice, monkeypatch,
+                                                                         capsys):
+    from lazymedia import hashing
+
+    results = iter({"cores": 2, "crossover_bytes": c, "medians_s": {1 << 20: {"one": 1e-4, "all": 2e-4}}}
+                   for c in crossovers)
+    monkeypatch.setattr(hashing, "measure_crossover", lambda: next(results))
+    monkeypatch.setattr(hashing, "multithread_min_bytes", lambda: None)
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0 if quiet else 99.0, 0.0, 0.0))
+    assert main(["hash-threads", "--runs", str(len(crossovers))]) == 0
+    out = capsys.readouterr().out
+    assert advice in out and ("export" in out) == advice.startswith("export")
+
+
+def test_the_backend_option_and_design_md_list_the_backends_table(capsys):
+    """BACKENDS is the one list: --backend offers its image rows, docs/design.md names every row."""
+    with pytest.raises(SystemExit):
+        main(["decode", "--backend", "none", "x.jpg"])
+    images = [name for modality, name in BACKENDS if modality == "image"]
+    assert f"(choose from {', '.join(repr(name) for name in [*images, 'auto'])})" in capsys.readouterr().err
+    design = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
+    listed = re.search(r"`availability.BACKENDS` is the one list of decode backends: (.*?)\. ", design, re.S)
+    assert listed is not None
+    rows = {(modality, name) for modality, names in re.findall(r"(image|video|audio) ((?:`\w+`(?:, )?)+)",
+                                                                listed.group(1).replace("\n", " "))
+            for name in re.findall(r"`(\w+)`", names)}
+    assert rows == set(BACKENDS)

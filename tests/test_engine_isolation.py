@@ -9,6 +9,7 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, UnprocessableMediaError
 from lazymedia.engine.isolation import SHARED_MIN_BYTES, IsolatedPool
+from lazymedia.synthetic import tone
 from lazymedia.synthetic import video as make_video
 
 
@@ -47,6 +48,16 @@ def test_isolation_fills_mapped_handles_and_out_buffers(pool):
         out = torch.empty((4, 96, 160, 3), dtype=torch.uint8)
         frames = engine.submit(lazymedia.load_video(data, num_frames=4), out=out).result(timeout=60)
     assert frames.frames.data_ptr() == out.data_ptr()
+
+
+def test_isolated_audio_fills_the_front_of_a_longer_out_buffer(pool):
+    """As a decode into `out` in process does: the result is the filled part of `out`."""
+    data = tone(2.0, rate=48000, channels=2)  # 1.5 MB: through shared memory
+    direct = lazymedia.load_audio(data, mono=False).decode()
+    out = torch.empty((2, direct.samples.shape[1] + 100))
+    with DecodeEngine(max_workers=1, isolate=("audio",), isolation_pool=pool) as engine:
+        isolated = engine.submit(lazymedia.load_audio(data, mono=False), out=out).result(timeout=60)
+    assert isolated.samples.data_ptr() == out.data_ptr() and torch.equal(isolated.samples, direct.samples)
 
 
 def test_not_isolated_modalities_decode_in_process(pool, jpeg_bytes):
@@ -180,3 +191,156 @@ def test_workers_warm_up_before_the_first_request():
 def test_an_engine_without_isolation_has_nothing_to_warm():
     with DecodeEngine(max_workers=1, isolate=()) as engine:
         assert engine.warm_up() == []
+
+
+ISSUE_COMMAND = ("import lazymedia;from lazymedia import synthetic;print("
+                 "lazymedia.Processor(lambda d:[m.shape for m in d]).apply([lazymedia.load_image(synthetic.jpeg())]))")
+
+
+def _run_python(code, **kwargs):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def _children(pid):
+    """The live child processes of `pid`, from /proc (no psutil)."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_an_image_only_process_exits_silently_and_starts_no_worker():
+    code = ISSUE_COMMAND + (";import os,glob;print('children', sum(open(s).read().rsplit(')',1)[1].split()[1]"
+                            "==str(os.getpid()) for s in glob.glob('/proc/[0-9]*/stat')))")
+    result = _run_python(code)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.splitlines() == ["[torch.Size([480, 640, 3])]", "children 0"]
+
+
+def test_a_process_that_decoded_video_exits_silently_with_its_workers_mid_warm_up():
+    # The parent exits while its workers are still importing (the issue's BrokenPipeError).
+    code = ("import lazymedia;from lazymedia import synthetic;"
+            "lazymedia.DecodeEngine().isolation_pool().run(sum, [1]);"
+            "p=lazymedia.Processor(lambda d:[len(m.frames) for m in d]);"
+            "print(p.apply([lazymedia.load_video(synthetic.video(frames=4,height=16,width=16),num_frames=2)]))")
+    result = _run_python(code)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.strip() == "[2]"
+
+
+def test_workers_of_a_killed_parent_exit_silently(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    log = tmp_path / "workers.err"
+    # Killed while its workers warm up: each then finds its socket closed when it reports ready.
+    code = ("import threading,time;from lazymedia.engine.isolation import IsolatedPool;p=IsolatedPool(workers=2);"
+            "threading.Thread(target=p.warm_up,daemon=True).start();"
+            "[time.sleep(0.01) for _ in iter(lambda:p.stats().workers<2,False)];"
+            "print('ready',flush=True);time.sleep(300)")
+    with open(log, "w") as err:  # the workers inherit the parent's stderr
+        parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True)
+        assert parent.stdout.readline().strip() == "ready"
+        workers = _children(parent.pid)
+        assert len(workers) == 2
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(60)
+        for pid in workers:  # each sees its socket close and exits on its own
+            deadline = time.monotonic() + 120
+            while os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not os.path.exists(f"/proc/{pid}") or "Z" in _state(pid)
+    assert log.read_text() == ""
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline") as cmdline:
+            return cmdline.read().replace("\0", " ")
+    except OSError:  # ended meanwhile
+        return ""
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_the_pool_never_exceeds_its_workers_under_a_burst_of_videos(monkeypatch):
+    import os
+    import threading
+    from concurrent.futures import wait
+
+    from lazymedia.engine.isolation import configured_workers
+
+    monkeypatch.setenv("LAZYMEDIA_ISOLATION_WORKERS", "3")
+    assert configured_workers() == 3
+    clip = make_video(frames=2, height=16, width=16)
+    with DecodeEngine(max_workers=16, isolation_workers=2) as engine:
+        pool = engine.isolation_pool()
+        assert pool.stats().workers == 0  # nothing started before the first isolated item
+        seen: set[int] = set()  # the OS's view besides the pool's own count: its workers alive at once
+        most = [0]
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                alive = [pid for pid in _children(os.getpid()) if str(pool.shared_folder) in _cmdline(pid)]
+                seen.update(alive)
+                most[0] = max(most[0], len(alive))
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            futures = [engine.submit(lazymedia.load_video(clip, num_frames=2)) for _ in range(200)]
+            wait(futures)
+        finally:
+            done.set()
+            watcher.join()
+        assert [f.result().frames.shape[0] for f in futures] == [2] * 200
+        stats = pool.stats()
+    assert stats.limit == 2 and stats.peak == 2 and stats.started == 2 and stats.restarts == 0
+    assert 1 <= most[0] <= 2 and len(seen) <= 2
+    assert pool.stats().workers == 0  # closed with the engine
+
+
+def test_the_worker_count_setting_is_checked(monkeypatch):
+    from lazymedia.engine.isolation import DEFAULT_WORKERS, configured_workers
+
+    monkeypatch.delenv("LAZYMEDIA_ISOLATION_WORKERS", raising=False)
+    assert 1 <= configured_workers() <= DEFAULT_WORKERS
+    monkeypatch.setenv("LAZYMEDIA_ISOLATION_WORKERS", "0")
+    with pytest.raises(ValueError, match="LAZYMEDIA_ISOLATION_WORKERS"):
+        configured_workers()
+    with pytest.raises(ValueError, match="isolation_workers"):
+        DecodeEngine(max_workers=1, isolation_workers=0)
+
+
+def test_a_worker_death_is_logged_with_its_cause(caplog):
+    own = IsolatedPool(workers=1, timeout_s=30)
+    try:
+        assert own.run(sum, [1]) == 1
+        pid = own.pids[0]
+        with caplog.at_level("WARNING", logger="lazymedia.engine"):
+            with pytest.raises(UnprocessableMediaError):
+                own.run(ctypes.string_at, 0)
+        assert f"decoder worker {pid} ended: died (signal 11)" in caplog.text
+        assert own.stats().restarts >= 1
+    finally:
+        own.close()

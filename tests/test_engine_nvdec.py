@@ -1,11 +1,18 @@
 """The NVDEC path without a GPU: the colour matrix both paths share (PyAV's NV12 through the NV12
-kernel against the CPU decode), the NVDEC backend driven by a stand-in PyNvVideoCodec that decodes
-with FFmpeg (frame identity from the PTS it returns, reconfiguring across sizes and crops, a
-failing clip then a good one), and where CUDA may run: never in an isolation worker, NVDEC in the
-serving process, shared results read into the serving process's pinned buffers."""
+kernel against the CPU decode); the index mapping on real streams (an edit list whose pre-roll is
+discarded, B-frames without an edit list, VFR, a rotation tag) with the PTS a stand-in decoder
+returns under NVDEC's stream-time convention (each frame carries the PTS of the packet that started
+it); the runs that decode only the sampled frames; the backend's session pool (reuse across sizes
+and crops, concurrent sessions, a failing clip then a good one, caps-based refusals, a corrupt
+stream's 422); and where CUDA may run: never in an isolation worker, NVDEC in the serving process,
+shared results read into the serving process's pinned buffers."""
+import ctypes
+import enum
 import io
 import os
+import threading
 import types
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -15,8 +22,9 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, ops, synthetic
-from lazymedia.codecs import video
+from lazymedia.codecs import video, video_packets
 from lazymedia.engine import isolation, nvdec
+from lazymedia.errors import UnprocessableMediaError
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -86,6 +94,147 @@ def test_matrices_the_kernel_lacks_go_to_the_cpu():
     assert not decision.gpu and "avcol_spc_9" in decision.reason
 
 
+# -- clips whose frame order, timing and geometry the index mapping must survive ---------------------
+
+def encoded(frames: int = 12, height: int = 96, width: int = 160, gop: int = 6, preroll: int = 0, vfr: bool = False,
+            rotate: int = 0, mux: dict | None = None) -> bytes:
+    """H.264 with B-frames panning across a photo: `preroll` frames before time 0 (FFmpeg writes an
+    edit list, and its demuxer marks them discard: decoded as references, never presented), frame
+    durations alternating 1 and 3 ticks (vfr), a display rotation, or muxer options."""
+    base = synthetic.photo(height, width + frames * 4)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4", options=mux or {}) as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"preset": "ultrafast", "bf": "2"}
+        stream.codec_context.gop_size = gop
+        stream.codec_context.time_base = Fraction(1, 60)
+        if rotate:
+            stream.set_display_rotation(rotate)
+        pts = -2 * preroll  # ticks of 1/60 s, two a frame
+        for i in range(frames):
+            image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
+            image[(i * 3) % height] = 255
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = pts, Fraction(1, 60)
+            pts += (1 if i % 2 == 0 else 3) if vfr else 2
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def rotated(data: bytes) -> bool:
+    """Whether the video track's tkhd matrix rotates (its first coefficient is 0, not 1.0)."""
+    at = data.index(b"tkhd") + 4
+    return data[at] == 0 and int.from_bytes(data[at + 40:at + 44], "big") == 0
+
+
+def packets(data: bytes) -> list:
+    with av.open(io.BytesIO(data)) as container:
+        return [(p.pts, p.is_keyframe, p.is_discard) for p in container.demux(video=0) if p.size]
+
+
+def resized_midway(frames: int = 8) -> bytes:
+    """An MP4 whose second half is another encode at another size (its SPS in-band, at every
+    keyframe): one stream, one sample description, two frame sizes."""
+    packets_, contexts = [], []
+    for part, (width, height) in enumerate(((160, 96), (128, 80))):
+        context = av.CodecContext.create("libx264", "w")
+        context.width, context.height, context.pix_fmt = width, height, "yuv420p"
+        context.time_base, context.gop_size = Fraction(1, 30), 4
+        context.options = {"preset": "ultrafast", "bf": "2", "x264-params": "repeat-headers=1"}
+        base = synthetic.photo(height, width + frames * 4, seed=part)
+        for i in range(frames):
+            image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
+            image[(i * 3) % height] = 255
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = part * frames + i, Fraction(1, 30)
+            packets_ += context.encode(frame)
+        packets_ += context.encode(None)
+        contexts.append(context)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
+        stream.codec_context.extradata = contexts[0].extradata
+        for packet in packets_:
+            packet.stream = stream
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def frame_sizes(data: bytes) -> set:
+    with av.open(io.BytesIO(data)) as container:
+        return {(f.width, f.height) for f in container.decode(video=0)}
+
+
+def leading_pictures(data: bytes) -> bool:
+    """Whether a keyframe after the first is followed in decode order by pictures shown before it
+    (an open GOP: they reference the previous GOP)."""
+    found, key = False, None
+    for position, (pts, keyframe, _) in enumerate(packets(data)):
+        if keyframe:
+            key = pts if position else None
+        elif key is not None and pts < key:
+            found = True
+    return found
+
+
+def decode_order_differs(data: bytes) -> bool:
+    pts = [p for p, _, _ in packets(data)]
+    return pts != sorted(pts)
+
+
+# name -> (clip, what makes it hard: checked on the clip, so it cannot quietly lose it)
+CLIPS = {
+    "edit list": (lambda: encoded(frames=14, preroll=2),  # the first key is a discarded pre-roll
+                  lambda data: sum(d for _, _, d in packets(data)) == 2 and packets(data)[0][1:] == (True, True)),
+    "B-frames, no edit list": (lambda: encoded(frames=14, mux={"use_editlist": "0"}), decode_order_differs),
+    "VFR": (lambda: encoded(frames=14, vfr=True),  # two frame durations
+            lambda data: len(set(np.diff(sorted(p for p, _, _ in packets(data))))) > 1),
+    "rotated": (lambda: encoded(frames=14, rotate=90), rotated),  # the CPU path does not rotate either
+    "size change mid-stream": (resized_midway, lambda data: len(frame_sizes(data)) == 2),
+    "open GOP (HEVC)": (lambda: synthetic.video(frames=40, height=176, width=256, codec="libx265", gop=8),
+                        leading_pictures),  # above NVDEC's HEVC minimum of 144 x 144
+}
+
+
+def test_the_edit_list_clip_has_a_discarded_keyframe_before_frame_0():
+    data = CLIPS["edit list"][0]()
+    demuxed = video_packets.demux(data, lazymedia.load_video(data).header.total_frames)
+    assert demuxed.pts[:3] == [-1024, 512, -512] and demuxed.table.pts[0] == 0
+    assert demuxed.keyframe[0] and 0 not in demuxed.table.keyframes  # frame 0 is a B-frame after the pre-roll key
+    (run,) = video_packets.plan_runs(demuxed, [0])
+    assert (run.first, run.last, run.wanted) == (0, 3, {0: 0})  # from the discarded key to frame 0's packet
+
+
+def test_runs_start_at_a_keyframe_stop_at_the_last_wanted_packet_and_merge_where_they_meet():
+    data = encoded(frames=60, gop=12)
+    demuxed = video_packets.demux(data, 60)
+    runs = video_packets.plan_runs(demuxed, [1, 2, 30, 59])
+    assert [(r.first, r.last) for r in runs] == [(0, demuxed.position(2)), (24, demuxed.position(30)),
+                                                (48, demuxed.position(59))]
+    assert all(demuxed.keyframe[r.first] for r in runs)
+    assert runs[1].wanted == {demuxed.table.pts[30]: 30}
+    (back,) = video_packets.plan_runs(demuxed, [30], back=1)  # the open-GOP retry: one keyframe earlier
+    assert back.first == 12
+
+
+def test_avcc_extradata_becomes_annexb_parameter_sets():
+    data = encoded()
+    with av.open(io.BytesIO(data)) as container:
+        extradata = container.streams.video[0].codec_context.extradata
+    length_size, prefix = video_packets.parameter_sets("h264", extradata)
+    assert length_size == 4 and prefix.startswith(b"\x00\x00\x00\x01\x67")  # SPS (NAL type 7)
+    assert prefix.count(b"\x00\x00\x00\x01") == 2 and b"\x00\x00\x00\x01\x68" in prefix  # then the PPS
+    assert video_packets.to_annexb(b"\x00\x00\x00\x02\x65\x88\x00\x00\x00\x01\x06", 4) == \
+        b"\x00\x00\x00\x01\x65\x88\x00\x00\x00\x01\x06"
+    with pytest.raises(ValueError, match="overruns"):
+        video_packets.to_annexb(b"\x00\x00\x00\x09\x65", 4)
+
+
 # -- the backend, over a stand-in PyNvVideoCodec ------------------------------------------------------
 
 class Frame:
@@ -104,86 +253,301 @@ class Frame:
         return self.pts
 
 
-class FFmpegSimpleDecoder:
-    """SimpleDecoder's calls lazymedia makes, decoding with FFmpeg. `shift` returns the frame
-    that many places after the one asked for (an index that disagrees with the container's);
-    clips wider than `widest` fail like H.264 above 4096 pixels on an H200's NVDEC."""
+class PacketData:
+    def __init__(self):
+        self.bsl_data = self.bsl = self.pts = self.decode_flag = 0
+        self.bDiscontinuity = False
+
+
+class FFmpegNvDecoder:
+    """PyNvVideoCodec's bare decoder as lazymedia drives it, decoding with FFmpeg under NVDEC's
+    conventions: Annex B packets in, each frame out in display order with the PTS of the packet
+    that started it (CUVID_PKT_TIMESTAMP), an empty packet flushes. `shift` relabels every frame's
+    PTS (a decoder that disagrees with the container); frames wider than `widest` fail like H.264
+    above 4096 pixels on an H200. Records the PTS it returned, and each construction's thread."""
 
     shift = 0
     widest = 1 << 30
-    created: list = []  # the pid of each construction
-    reconfigured: list = []  # the path of each reconfigure
+    blind_starts: dict = {}  # keyframe PTS -> PTS a fresh start there cannot present (RASL pictures)
+    created: list = []  # (thread id, max width, max height) of each construction
+    returned: list = []  # every PTS handed back, in order
 
-    def __init__(self, path, gpu_id, use_device_memory, output_color_type):
-        FFmpegSimpleDecoder.created.append(os.getpid())
-        self._load(path)
+    def __init__(self, codec: str, maxwidth: int, maxheight: int, cudastream: int, **kwargs):
+        FFmpegNvDecoder.created.append((threading.get_ident(), maxwidth, maxheight))
+        self.codec = codec
+        self.context = av.CodecContext.create(codec, "r")
+        self.hidden: set = set()  # the PTS this start will not present (blind_starts)
 
-    def _load(self, path: str) -> None:
-        data = Path(path).read_bytes()
-        with av.open(io.BytesIO(data)) as container:
-            if container.streams.video[0].codec_context.width > self.widest:
+    def Decode(self, packet: PacketData) -> list:
+        if packet.bsl == 0:
+            assert packet.decode_flag == PacketFlag.ENDOFSTREAM
+            frames = self.context.decode(None)
+            self.context = av.CodecContext.create(self.codec, "r")  # NVDEC's parser restarts after the flush
+        else:
+            assert packet.decode_flag == PacketFlag.TIMESTAMP  # else NVDEC hands back no PTS
+            if packet.bDiscontinuity and self.codec in ("h264", "hevc"):  # a run starts with the parameter sets
+                assert ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
+            if packet.bDiscontinuity:
+                self.hidden = self.blind_starts.get(packet.pts, set())
+            fed = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
+            fed.pts = packet.pts
+            frames = self.context.decode(fed)
+        out = []
+        for frame in frames:
+            if frame.pts in self.hidden:
+                continue
+            if frame.width > self.widest:
                 raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED: above the NVDEC's maximum size")
-        self.pts, self.frames = nv12_frames(data)
+            FFmpegNvDecoder.returned.append(frame.pts + self.shift)
+            out.append(Frame(torch.from_numpy(np.ascontiguousarray(frame.to_ndarray(format="nv12"))),
+                             frame.pts + self.shift))
+        return out
 
-    def reconfigure_decoder(self, path: str) -> None:
-        FFmpegSimpleDecoder.reconfigured.append(path)
-        self._load(path)
 
-    def get_batch_frames_by_index(self, indices):
-        last = len(self.pts) - 1
-        return [Frame(self.frames[min(i + self.shift, last)], self.pts[min(i + self.shift, last)]) for i in indices]
+class PacketFlag(enum.IntEnum):  # CUvideopacketflags
+    ENDOFSTREAM = 1
+    TIMESTAMP = 2
+
+
+def create_decoder(gpuid, codec, cudacontext, cudastream, usedevicememory, maxwidth, maxheight):
+    return FFmpegNvDecoder(codec, maxwidth, maxheight, cudastream)
+
+
+CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="libdav1d", VP8="vp8", MPEG2="mpeg2video",
+                               MPEG4="mpeg4")
 
 
 @pytest.fixture
 def video_codec(monkeypatch):
-    monkeypatch.setattr(FFmpegSimpleDecoder, "shift", 0)
-    monkeypatch.setattr(FFmpegSimpleDecoder, "widest", 1 << 30)
-    monkeypatch.setattr(FFmpegSimpleDecoder, "created", [])
-    monkeypatch.setattr(FFmpegSimpleDecoder, "reconfigured", [])
-    return types.SimpleNamespace(SimpleDecoder=FFmpegSimpleDecoder, OutputColorType=types.SimpleNamespace(NATIVE=0))
+    monkeypatch.setattr(FFmpegNvDecoder, "shift", 0)
+    monkeypatch.setattr(FFmpegNvDecoder, "widest", 1 << 30)
+    monkeypatch.setattr(FFmpegNvDecoder, "blind_starts", {})
+    monkeypatch.setattr(FFmpegNvDecoder, "created", [])
+    monkeypatch.setattr(FFmpegNvDecoder, "returned", [])
+    return types.SimpleNamespace(CreateDecoder=create_decoder, PacketData=PacketData, cudaVideoCodec=CODECS,
+                                 VideoPacketFlag=PacketFlag)
 
 
 def assert_matches_cpu(frames, data: bytes, num_frames: int) -> None:
     item = lazymedia.load_video(data, num_frames=num_frames)
     reference = video.decode(data, item.header, item.spec)
     table = video.read_frame_table(data, item.header.total_frames)
-    assert frames.info["decoder"] == "nvdec"
+    assert frames.info["decoder"] == "nvdec" and frames.indices == reference.indices
     assert frames.info["pts"] == [table.pts[i] for i in reference.indices]  # what the decoder returned
+    assert frames.timestamps == pytest.approx(reference.timestamps, abs=1e-6)
     assert tuple(frames.frames.shape) == tuple(reference.frames.shape)
     for k in range(len(reference.indices)):
         assert psnr(frames.frames[k].numpy(), reference.frames[k].numpy()) >= 40, k
 
 
-def test_one_decoder_reconfigured_across_sizes_and_a_crop_only_change(video_codec):
-    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
+def assert_resized_frames_match(frames, data: bytes, num_frames: int | None, size=None) -> None:
+    """For frames resized on their way into the batch (a `size`, or a clip whose frames change
+    size): the same indices and PTS as the CPU path, and each frame within 40 dB of that frame
+    decoded at its own size and resized as the GPU resizes. (The CPU path scales in swscale, in
+    YUV: 38-45 dB from this, lowest where one-pixel lines are downscaled; docs/design.md.)"""
+    item = lazymedia.load_video(data, num_frames=num_frames, size=size)
+    reference = video.decode(data, item.header, item.spec)
+    table = video.read_frame_table(data, item.header.total_frames)
+    assert frames.indices == reference.indices and frames.info["pts"] == [table.pts[i] for i in reference.indices]
+    target = size or (item.header.height, item.header.width)
+    with av.open(io.BytesIO(data)) as container:
+        native = {f.pts: f.to_ndarray(format="rgb24") for f in container.decode(video=0)}
+    for k, index in enumerate(reference.indices):
+        image = torch.from_numpy(native[table.pts[index]])
+        if tuple(image.shape[:2]) != tuple(target):
+            image = ops.resize(image, target, "bilinear")
+        assert psnr(frames.frames[k].cpu().numpy(), image.numpy()) >= 40, k
+
+
+@pytest.mark.parametrize("name", list(CLIPS))
+def test_nvdec_frames_are_the_cpu_paths_frames(video_codec, name):
+    make, hard = CLIPS[name]
+    data = make()
+    assert hard(data), f"the {name} clip lost what makes it hard"
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    check = assert_resized_frames_match if name == "size change mid-stream" else assert_matches_cpu
+    for num_frames in (5, None):  # sampled, and every frame
+        (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=num_frames)])
+        check(frames, data, num_frames)
+    assert backend.decoded == 2 and not backend.fallbacks
+    if name == "edit list":  # the pre-roll came out of the decoder, and was dropped by its PTS
+        assert -1024 in FFmpegNvDecoder.returned and -1024 not in frames.info["pts"]
+
+
+def test_hevc_from_hvcc_extradata(video_codec):
+    data = synthetic.video(frames=16, codec="libx265", gop=8)
+    with av.open(io.BytesIO(data)) as container:
+        extradata = container.streams.video[0].codec_context.extradata
+    length_size, prefix = video_packets.parameter_sets("hevc", extradata)
+    types_ = [unit[0] >> 1 & 63 for unit in prefix.split(b"\x00\x00\x00\x01")[1:]]
+    assert length_size == 4 and types_[:3] == [32, 33, 34]  # VPS, SPS, PPS (x265 adds an SEI)
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=5)])
+    assert_matches_cpu(frames, data, 5)
+    assert backend.decoded == 1 and not backend.fallbacks
+
+
+@pytest.mark.parametrize("size", [(180, 320), (224, 224), (540, 960)])
+def test_a_resized_spec_is_resized_into_the_batch(video_codec, size):
+    data = synthetic.video(frames=6, height=360, width=640, gop=3)
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=3, size=size)])
+    assert tuple(frames.frames.shape) == (3, *size, 3) and backend.decoded == 1
+    assert_resized_frames_match(frames, data, 3, size)
+
+
+@pytest.mark.parametrize("encoder,container", [("libvpx-vp9", "webm"), ("libsvtav1", "mp4")])
+def test_vp9_and_av1_packets_are_fed_with_their_headers(video_codec, encoder, container):
+    data = synthetic.video(frames=12, gop=6, codec=encoder, container=container)
+    demuxed = video_packets.demux(data, 12)
+    if encoder == "libsvtav1":
+        assert demuxed.prefix[0] >> 3 & 15 == 1  # av1C's sequence header OBU (type 1)
+    else:
+        assert demuxed.prefix == b""
+    video_codec.GetDecoderCaps = lambda gpuid, codec: {"supported": 1, "width_max": 8192, "height_max": 8192,
+                                                       "mb_num_max": 262144, "num_decoder_engines": 1}
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)  # AV1 as on Blackwell
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert backend.decoded == 1 and not backend.fallbacks
+    assert_matches_cpu(frames, data, 4)
+
+
+def test_only_the_runs_to_the_sampled_frames_are_decoded(video_codec):
+    data = encoded(frames=96, gop=12)
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert_matches_cpu(frames, data, 4)
+    demuxed = video_packets.demux(data, 96)
+    runs = video_packets.plan_runs(demuxed, frames.indices)
+    expected = sum(len(r.feeds(demuxed)) for r in runs)
+    assert backend.packets_fed == expected and expected < 96 // 2  # 4 GOP prefixes, not 96 packets
+    assert backend.packets_skipped == sum(r.last + 1 - r.first for r in runs) - expected > 0  # disposable B-frames
+    assert len(FFmpegNvDecoder.returned) == expected  # one picture a packet fed
+    (every,) = backend.decode_batch([lazymedia.load_video(data, num_frames=None)])
+    assert_matches_cpu(every, data, None)  # every frame wanted: nothing skipped
+    assert backend.packets_skipped == sum(r.last + 1 - r.first for r in runs) - expected
+
+
+def test_disposable_h264_pictures_are_those_no_picture_references():
+    start = b"\x00\x00\x00\x01"
+    assert video_packets.h264_disposable(start + b"\x09\xf0" + start + b"\x01\x9e" + start + b"\x01\x9f")
+    assert not video_packets.h264_disposable(start + b"\x01\x9e" + start + b"\x21\x9a")  # one slice has ref_idc 1
+    assert not video_packets.h264_disposable(start + b"\x06\x05")  # no slice: an SEI alone
+    assert not video_packets.h264_disposable(start + b"\x65\x88")  # IDR
+
+
+def test_a_frame_a_fresh_start_cannot_present_is_decoded_from_a_keyframe_earlier(video_codec):
+    data = encoded(frames=48, gop=12)
+    demuxed = video_packets.demux(data, 48)
+    pts = demuxed.table.pts
+    FFmpegNvDecoder.blind_starts = {pts[12]: {pts[15]}}  # as NVDEC drops RASL pictures after a CRA
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert frames.indices == [0, 15, 31, 47] and backend.retried_runs == 1 and backend.decoded == 1
+    assert_matches_cpu(frames, data, 4)
+    FFmpegNvDecoder.blind_starts = {pts[0]: {pts[0]}}  # no keyframe before it: the CPU decodes the clip
+    item = lazymedia.load_video(data, num_frames=4)
+    (fallback,) = backend.decode_batch([item])
+    assert "no frame with the PTS of frames [0]" in backend.fallbacks[-1] and backend.retried_runs == 2
+    assert torch.equal(fallback.frames, video.decode(data, item.header, item.spec).frames)
+
+
+@pytest.mark.parametrize("shift", [512, -512, 1])
+def test_a_decoder_whose_pts_are_not_the_packets_goes_to_the_cpu(video_codec, shift):
+    FFmpegNvDecoder.shift = shift  # every frame claims its successor's / predecessor's PTS, or none fed
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    data = encoded()
+    item = lazymedia.load_video(data, num_frames=4)
+    (frames,) = backend.decode_batch([item])
+    assert backend.decoded == 0 and "which no packet of the run carried" in backend.fallbacks[-1]
+    assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)
+
+
+def test_one_decoder_reused_across_sizes_and_a_crop_only_change(video_codec):
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
     clips = [clip(532, 1280), clip(530, 1280), clip(360, 640)]  # 532 -> 530: one coded size, another crop
     for data in clips:
         (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=5)])
         assert_matches_cpu(frames, data, 5)
     assert backend.decoded == 3 and not backend.fallbacks
-    assert len(FFmpegSimpleDecoder.created) == 1 and len(FFmpegSimpleDecoder.reconfigured) == 2
+    assert backend.decoders_created == 1 and backend.clips_on_reused_decoders == 2
+    (big,) = backend.decode_batch([lazymedia.load_video(clip(1200, 1280, frames=3), num_frames=2)])
+    assert backend.decoders_created == 2 and FFmpegNvDecoder.created[-1][1:] == (1920, 1216)  # larger: new, whole CTBs
 
 
-def test_frames_whose_pts_is_not_the_containers_go_to_the_cpu(video_codec):
-    FFmpegSimpleDecoder.shift = 1  # an off-by-one index: 30-31 dB, which a PSNR floor of 30 lets through
-    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
-    data = clip(96, 160)
-    item = lazymedia.load_video(data, num_frames=4)
-    (frames,) = backend.decode_batch([item])
-    assert backend.decoded == 0 and "PTS" in backend.fallbacks[-1]
-    assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)
-
-
-def test_a_failing_clip_resets_the_decoder_and_the_next_clip_decodes(video_codec):
-    FFmpegSimpleDecoder.widest = 1000
-    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
+def test_a_failing_clip_leaves_the_pool_usable(video_codec):
+    FFmpegNvDecoder.widest = 1000
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
     small, wide, after = clip(96, 160), clip(96, 1280), clip(120, 200)
     backend.decode_batch([lazymedia.load_video(small, num_frames=3)])
-    (fallback,) = backend.decode_batch([lazymedia.load_video(wide, num_frames=3)])  # fails on reconfigure
+    (fallback,) = backend.decode_batch([lazymedia.load_video(wide, num_frames=3)])
     assert "NOT_SUPPORTED" in backend.fallbacks[-1] and fallback.frames.shape[1:3] == (96, 1280)
     (frames,) = backend.decode_batch([lazymedia.load_video(after, num_frames=3)])
     assert_matches_cpu(frames, after, 3)
-    assert backend.decoded == 2 and len(FFmpegSimpleDecoder.created) == 2  # a fresh decoder after the failure
+    assert backend.decoded == 2 and backend.decoders_created == 2  # the failed decoder was dropped, not reused
+
+
+def test_concurrent_clips_decode_in_concurrent_sessions(video_codec):
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=3)
+    datas = [encoded(frames=10 + k, width=160 + 16 * k) for k in range(6)]
+    results = backend.decode_batch([lazymedia.load_video(d, num_frames=3) for d in datas])
+    for frames, data in zip(results, datas):
+        assert_matches_cpu(frames, data, 3)
+    threads = {thread for thread, _, _ in FFmpegNvDecoder.created}
+    assert backend.decoded == 6 and 1 <= len(threads) <= 3 == backend.sessions
+    assert backend.decoders_created == len(threads)  # one decoder a session, reused for its next clips
+
+
+def header(codec: str = "h264", width: int = 1920, height: int = 1080):
+    return types.SimpleNamespace(codec=codec, width=width, height=height, pixel_format="yuv420p",
+                                 color_matrix="bt709")
+
+
+def test_route_refuses_what_the_nvdec_cannot_decode_before_a_session_opens():
+    assert nvdec.route(header(width=8192, height=4320), (9, 0)).reason.startswith("H.264 8192x4320 (138240 MBs)")
+    assert not nvdec.route(header(width=4096, height=4112), (9, 0)).gpu  # a side over 4096
+    assert nvdec.route(header(width=4096, height=4096), (9, 0)).gpu  # 65,536 MBs: the limit itself
+    assert nvdec.route(header(width=8192, height=4320), (10, 0)).gpu  # Blackwell
+    assert nvdec.route(header("hevc", 8192, 4320), (9, 0)).gpu
+    assert not nvdec.route(header("av1"), (9, 0)).gpu and nvdec.route(header("av1"), (10, 0)).gpu
+    caps = {"h264": nvdec.Caps(True, 4096, 4096, 65536, 7), "av1": nvdec.Caps(False, 0, 0, 0, 7)}
+    refused = nvdec.route(header(width=4112, height=2160), (10, 0), caps)  # the caps, not the generation, decide
+    assert not refused.gpu and "4096x4096, 65536 MBs" in refused.reason
+    assert not nvdec.route(header("av1"), (10, 0), caps).gpu
+
+
+def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
+    asked = []
+
+    def caps(gpuid, codec):
+        asked.append(codec)
+        if codec == CODECS.AV1:
+            raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED")
+        return {"supported": 1, "width_max": 4096, "height_max": 4096, "mb_num_max": 65536,
+                "num_decoder_engines": 7, "width_min": 144 if codec == "hevc" else 48, "height_min": 144}
+
+    video_codec.GetDecoderCaps = caps
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
+    assert sorted(asked) == sorted(vars(CODECS).values()) and backend.sessions == 7
+    assert "av1" not in backend.caps and backend.caps["hevc"].max_width == 4096
+    assert backend.caps_note.startswith("cuvidGetDecoderCaps, failed for av1: RuntimeError")
+    assert not nvdec.route(header("av1"), (9, 0), backend.caps).gpu  # the generation decides for AV1
+    small = nvdec.route(header("hevc", 160, 96), (9, 0), backend.caps)
+    assert not small.gpu and small.reason == "160x96 is under this NVDEC's hevc minimum (144x144)"
+    data = clip(64, 4112, frames=2, photo=False)
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=2)])
+    assert "over this NVDEC's h264 limit" in backend.fallbacks[-1] and not FFmpegNvDecoder.created
+    assert frames.frames.shape[1:3] == (64, 4112) and backend.decoded == 0
+
+
+def test_a_corrupt_stream_is_the_cpu_paths_422(video_codec):
+    data = bytearray(encoded())
+    at = bytes(data).index(b"mdat") + 4
+    data[at:at + 4] = b"\xff\xff\xff\xff"  # the first NAL unit's length overruns every packet
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (result,) = backend.decode_batch([lazymedia.load_video(bytes(data), num_frames=3)])
+    assert isinstance(result, UnprocessableMediaError) and result.status_code == 422
+    assert backend.decoded == 0 and len(backend.fallbacks) == 1
 
 
 # -- where CUDA runs -----------------------------------------------------------------------------------
@@ -237,22 +601,27 @@ def test_shared_results_are_read_into_the_serving_processs_pinned_buffers(pool, 
     assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)
 
 
-def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
+def test_a_clip_nvdec_cannot_take_goes_to_the_engines_isolated_cpu_path(pool, video_codec):
+    video_codec.GetDecoderCaps = lambda gpuid, codec: {"supported": 1, "width_max": 1024, "height_max": 1024,
+                                                       "mb_num_max": 4096, "num_decoder_engines": 1}
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
+    engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolation_pool=pool)
+    wide, small = clip(64, 1280, frames=3, photo=False), clip(96, 160)
+    wide_frames, small_frames = engine.decode_all([lazymedia.load_video(wide, num_frames=2),
+                                                   lazymedia.load_video(small, num_frames=3)])
+    engine.shutdown()
+    assert list(backend.fallbacks) == ["1280x64 (320 MBs) is over this NVDEC's h264 limit (1024x1024, 4096 MBs)"]
+    assert "decoder" not in wide_frames.info and wide_frames.frames.shape == (2, 64, 1280, 3)  # PyAV, in a worker
+    assert len(FFmpegNvDecoder.created) == 1 and backend.decoded == 1  # only the small clip reached NVDEC
+    assert_matches_cpu(small_frames, small, 3)
+
+
+def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
     engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolation_pool=pool)  # video is isolated
     assert "video" in engine.isolate
     data = clip(96, 160)
     (frames,) = engine.decode_all([lazymedia.load_video(data, num_frames=3)])
     engine.shutdown()
-    assert FFmpegSimpleDecoder.created == [os.getpid()] and backend.decoded == 1
+    assert len(FFmpegNvDecoder.created) == 1 and backend.decoded == 1  # built here: a worker has no stand-in
     assert_matches_cpu(frames, data, 3)
-
-
-def test_vfr_timestamps_come_from_the_container(video_codec):
-    data = synthetic.video(frames=12, height=64, width=96, vfr=True)
-    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
-    item = lazymedia.load_video(data, num_frames=4)
-    (frames,) = backend.decode_batch([item])
-    reference = video.decode(data, item.header, item.spec)
-    assert frames.timestamps == pytest.approx(reference.timestamps, abs=1e-6)
-    assert_matches_cpu(frames, data, 4)

@@ -52,7 +52,8 @@ def test_rgb_coded_jpegs_go_to_the_cpu(jpeg_bytes):
 
 class HostDecoder:
     """Stands in for _C_cuda.NvjpegDecoder: honours the native contract (write the oriented RGB
-    pixels to the out pointer) with the CPU decoder, and refuses progressive images at run time."""
+    pixels to the out pointer) with the CPU decoder, and refuses progressive images at run time.
+    Baseline images count as the engines', the rest as the CUDA path's."""
 
     hardware = True
     upsampling_interpolated = True
@@ -60,6 +61,10 @@ class HostDecoder:
 
     def __init__(self):
         self.calls = []
+        self.stats = {}
+
+    def load(self, size_class):  # the engines' share per size class, as the native split keeps it
+        return (1.0, 0.75, 0.5)[size_class]
 
     def decode(self, requests, stream):
         self.calls.append(len(requests))
@@ -67,17 +72,18 @@ class HostDecoder:
         for data, width, height, orientation, out_ptr in requests:
             header = image_codec.probe(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
             if header.jpeg_encoding == "progressive":
-                statuses.append((False, "decoupled decode: JPEG not supported"))
+                statuses.append((False, "CUDA path decode: JPEG not supported", ""))
                 continue
             assert (header.width, header.height) == (width, height)
             spec = lazymedia.ImageSpec(apply_orientation=orientation != 1)
             try:
                 pixels = np.ascontiguousarray(image_codec.decode(data, header, spec).numpy())
             except lazymedia.MediaError:
-                statuses.append((False, "decoupled decode: bad JPEG"))
+                statuses.append((False, "CUDA path decode: bad JPEG", ""))
                 continue
             ctypes.memmove(out_ptr, pixels.ctypes.data, pixels.nbytes)
-            statuses.append((True, ""))
+            statuses.append((True, "", "hardware" if header.jpeg_encoding == "baseline" else "cuda"))
+        self.stats = {"hardware_items": sum(s[2] == "hardware" for s in statuses)}
         return statuses
 
 
@@ -98,6 +104,9 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     assert torch.equal(results[6], resized)
     assert any("progressive" in r or "not supported" in r for r in backend.fallbacks)
     assert backend.decoded == 3  # hopper_orientation_6, hopper.jpg and its resize; not 3.jpg or the corrupt one
+    assert backend.decoded_by == {"hardware": 3, "cuda": 0} and backend.fallback_count == 2
+    assert backend.stats == {"hardware_items": 3}
+    assert backend.split_load == {"<0.5MP": 1.0, "<2.5MP": 0.75, "larger": 0.5}
 
 
 def ops_resize_reference(item):
@@ -129,17 +138,31 @@ def test_one_released_item_or_a_failed_native_call_never_fails_the_batch(jpeg_by
     assert isinstance(out_released, lazymedia.MediaReleasedError) and decoder.calls == [1]
     assert torch.equal(out_good, image_codec.decode(jpeg_bytes, good.header, good.spec))
 
-    class Failing:
-        hardware = True
+    class Failing(HostDecoder):  # fails `failures` whole calls, then decodes
+        def __init__(self, failures):
+            super().__init__()
+            self.failures = failures
 
         def decode(self, requests, stream):
-            raise RuntimeError("cudaErrorIllegalAddress")
+            if len(self.calls) < self.failures:
+                self.calls.append(len(requests))
+                raise RuntimeError("cudaErrorIllegalAddress")
+            return super().decode(requests, stream)
 
-    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=Failing())
     item = lazymedia.load_image(jpeg_bytes)
-    (out,) = backend.decode_batch([item])  # the CPU decodes what the device could not
-    assert torch.equal(out, image_codec.decode(jpeg_bytes, item.header, item.spec))
-    assert "cudaErrorIllegalAddress" in backend.fallbacks[-1]
+    expected = image_codec.decode(jpeg_bytes, item.header, item.spec)
+    failing = Failing(failures=2)
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
+    (out,) = backend.decode_batch([item])  # failed twice: the CPU decodes what the device could not
+    assert torch.equal(out, expected) and backend.decoded == 0 and failing.calls == [1, 1]
+    assert backend.fallback_count == 1
+    assert "cudaErrorIllegalAddress" in backend.fallbacks[-1] and "retry attempt" in backend.fallbacks[-1]
+    failing = Failing(failures=1)
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
+    (out,) = backend.decode_batch([item])  # one transient failure: the retry decodes it on the device
+    assert torch.equal(out, expected) and backend.decoded == 1 and len(failing.calls) == 2
+    assert backend.fallback_count == 0
+    assert list(backend.fallbacks) == ["batch failed (first attempt): cudaErrorIllegalAddress"]
 
 
 def test_draft_and_non_rgb_modes_stay_on_the_cpu(jpeg_bytes):
@@ -162,30 +185,33 @@ COMPILER, NVJPEG_INCLUDE = shutil.which("g++"), _nvjpeg_include()
 requires_native_toolchain = pytest.mark.skipif(
     COMPILER is None or NVJPEG_INCLUDE is None or not Path("/usr/local/cuda/include/cuda_runtime_api.h").exists(),
     reason="needs g++, nvjpeg.h (nvidia-nvjpeg wheel) and the CUDA toolkit's headers")
+NATIVE_SOURCES = ["csrc/cuda/nvjpeg_decoder.cpp", "csrc/cuda/nvjpeg_api.cpp", "csrc/cuda/nvjpeg_split.cpp",
+                  "csrc/cuda/nvjpeg_workers.cpp", "tests/native/nvjpeg_decoder_fakes.cpp"]
 
 
 @pytest.fixture(scope="module")
 def fakes(tmp_path_factory):
     """Builds the real decoder against the fakes (tests using it carry requires_native_toolchain)."""
     binary = tmp_path_factory.mktemp("fakes") / "nvjpeg_decoder_fakes"
-    sources = ["csrc/cuda/nvjpeg_decoder.cpp", "csrc/cuda/nvjpeg_api.cpp", "tests/native/nvjpeg_decoder_fakes.cpp"]
     build = subprocess.run([COMPILER, "-std=c++17", "-O1", "-Wall", "-Werror", "-fsanitize=address,undefined",
-                            "-I", "csrc", "-I", "/usr/local/cuda/include", "-I", str(NVJPEG_INCLUDE), *sources, "-ldl",
-                            "-o", str(binary)], cwd=REPO, capture_output=True, text=True)
+                            "-I", "csrc", "-I", "/usr/local/cuda/include", "-I", str(NVJPEG_INCLUDE), *NATIVE_SOURCES,
+                            "-ldl", "-lpthread", "-o", str(binary)], cwd=REPO, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
 
-    def run(scenario: str) -> list[list[str]]:
+    def run(scenario: str, raw: bool = False):
         """The calls of one scenario, split into [setup, batch 1, batch 2, ...]; the teardown's
-        calls are left out."""
-        result = subprocess.run([str(binary), scenario], capture_output=True, text=True, timeout=60)
+        calls are left out. raw: the output's lines as they are."""
+        result = subprocess.run([str(binary), scenario], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-4000:]
+        if raw:
+            return result.stdout.splitlines()
         sections: list[list[str]] = [[]]
         for line in result.stdout.splitlines():
             if line.startswith("-- "):
                 sections.append([])
             else:
                 sections[-1].append(line)
-        assert len(sections) >= 5, result.stdout
+        assert len(sections) >= 3, result.stdout
         return sections[:-1]
 
     return run
@@ -193,6 +219,23 @@ def fakes(tmp_path_factory):
 
 def _index(calls: list[str], call: str, start: int = 0) -> int:
     return calls.index(call, start)
+
+
+def _first(calls: list[str], prefix: str, start: int = 0) -> int:
+    """The index of the first call at or after `start` that starts with `prefix`."""
+    return next(i for i in range(start, len(calls)) if calls[i].startswith(prefix))
+
+
+def _all(calls: list[str], prefix: str) -> list[int]:
+    return [i for i, c in enumerate(calls) if c.startswith(prefix)]
+
+
+def _all_calls(calls: list[str], prefix: str) -> list[str]:
+    return [c for c in calls if c.startswith(prefix)]
+
+
+def _results(calls: list[str]) -> list[str]:
+    return [c for c in calls if c.startswith("result ")]
 
 
 @requires_native_toolchain
@@ -213,42 +256,94 @@ def test_batched_initialize_only_after_the_previous_batch_finished(fakes):
     for calls in batches:
         wait = _index(calls, "EventSynchronize stream_idle")
         assert _index(calls, "EventRecord stream_idle private") < wait  # everything queued before it
-        decode = _index(calls, "DecodeBatched 0 1 2")
+        decode = _index(calls, "DecodeBatched 0 1 2 (pinned)")  # one call over the batch, from pinned memory
         assert wait < decode
         if "DecodeBatchedInitialize 3" in calls:
             assert wait < _index(calls, "DecodeBatchedInitialize 3") < decode
         assert _index(calls, "EventRecord done private") > decode
         made = [c for c in calls if not c.startswith("result ")]  # the scenario logs batch 2's results
         assert made[-1] == "StreamWaitEvent consumer done"  # the caller's stream orders after the outputs
+        # a batch within one round of the engines is not timed: the host never waits for it
+        assert "EventSynchronize hardware_done" not in calls and "StreamSynchronize private" not in calls
     assert ["DecodeBatchedInitialize 3" in calls for calls in batches] == [True, False, False]  # same size: once
 
 
 @requires_native_toolchain
-def test_a_failed_batch_is_reinitialised_and_retried_per_image(fakes):
-    _, first, failed, after = fakes("hardware_failure")
-    assert "DecodeBatchedInitialize 3" in first
-    assert "DecodeBatched failed" in failed and "DecodeBatchedInitialize 3" not in failed
-    assert failed.count("DecodeJpegDevice") == 3  # each image of the failed batch retried alone
-    # whatever the engines started writing finishes before the retry writes the same outputs
-    synchronised = _index(failed, "StreamSynchronize private", _index(failed, "DecodeBatched failed"))
-    assert synchronised < _index(failed, "DecodeJpegHost") < _index(failed, "DecodeJpegTransferToDevice")
-    assert _index(after, "EventSynchronize stream_idle") < _index(after, "DecodeBatchedInitialize 3") \
-        < _index(after, "DecodeBatched 0 1 2")
+def test_the_pinned_staging_ring_is_rewritten_only_after_its_batch_and_then_reused(fakes):
+    _, *batches = fakes("hardware")
+    slots = ["staging_free0", "staging_free1", "staging_free0"]
+    for calls, slot in zip(batches, slots):
+        # the slot's previous reader finished before the copy into it (host side) ...
+        wait = _index(calls, f"EventSynchronize {slot}")
+        assert wait < _first(calls, "DecodeBatched ") < _index(calls, f"EventRecord {slot} private")
+        # ... and it is released behind the batch that reads it, not before
+        assert _first(calls, "DecodeBatched ") < _index(calls, f"EventRecord {slot} private")
+    assert [len(_all(calls, "HostAlloc")) for calls in batches] == [1, 1, 0]  # two slots, then reused
 
 
 @requires_native_toolchain
-def test_hardware_candidates_are_parsed_whole_and_a_cut_scan_falls_back_alone(fakes):
-    _, first, cut, after = fakes("truncated_scan")
+def test_a_second_caller_stages_its_bitstreams_while_the_first_batch_is_on_the_engines(fakes):
+    (calls,) = fakes("concurrent")[1:]
+    batches = [c for c in calls if c.startswith("DecodeBatched ")]
+    assert len(batches) == 2 and batches[0].endswith("(the other call staged meanwhile)"), batches
+    # each call its own slot, and each slot freed behind its own batch
+    assert sorted(c for c in calls if c.startswith("EventSynchronize staging_free")) == [
+        "EventSynchronize staging_free0", "EventSynchronize staging_free1"]
+    assert sorted(c for c in calls if c.startswith("EventRecord staging_free")) == [
+        "EventRecord staging_free0 private", "EventRecord staging_free1 private"]
+    assert _results(calls) == ["result 0 decoded hardware", "result 1 decoded hardware",
+                               "result 2 decoded hardware"] * 2
+
+
+@requires_native_toolchain
+def test_a_failed_batch_is_reinitialised_and_retried_on_the_cuda_path(fakes):
+    _, first, failed, after = fakes("hardware_failure")
+    assert "DecodeBatchedInitialize 3" in first
+    assert "DecodeBatched failed" in failed and "DecodeBatchedInitialize 3" not in failed
+    assert len(_all(failed, "DecodeJpegDevice")) == 3  # each image of the failed batch retried alone
+    # whatever the engines started writing finishes before the retry writes the same outputs
+    synchronised = _index(failed, "StreamSynchronize private", _index(failed, "DecodeBatched failed"))
+    assert synchronised < _first(failed, "DecodeJpegHost") < _first(failed, "DecodeJpegTransferToDevice")
+    assert [r.split()[-1] for r in _results(failed)] == ["cuda"] * 3
+    assert _index(after, "EventSynchronize stream_idle") < _index(after, "DecodeBatchedInitialize 3") \
+        < _index(after, "DecodeBatched 0 1 2 (pinned)")
+
+
+@requires_native_toolchain
+def test_with_full_parse_hardware_candidates_are_parsed_whole_and_a_cut_scan_falls_back_alone(fakes):
+    _, first, cut, after = fakes("full_parse")
     for calls in (first, cut, after):  # every candidate parsed whole before the engines see the batch
-        parses = [i for i, c in enumerate(calls) if c.startswith("JpegStreamParse")]
+        parses = _all(calls, "JpegStreamParse")
         assert len(parses) == 3 and max(parses) < _index(calls, "EventSynchronize stream_idle")
     assert "JpegStreamParse 1 failed" in cut
-    batch = [c for c in cut if c.startswith("DecodeBatched ")]
-    assert batch == ["DecodeBatched 0 2"], cut  # the good images still go to the engines, together
-    assert "DecodeJpegHost" not in cut  # no retry: the cut image alone goes to the CPU (which answers 422)
-    assert [c for c in cut if c.startswith("result")] == [
-        "result 0 decoded", "result 1 fallback parse: incomplete bitstream", "result 2 decoded"]
-    assert "DecodeBatchedInitialize 3" in after and "DecodeBatched 0 1 2" in after
+    assert [c for c in cut if c.startswith("DecodeBatched ")] == ["DecodeBatched 0 2 (pinned)"], cut
+    assert not _all(cut, "DecodeJpegHost")  # no retry: the cut image alone goes to the CPU (which answers 422)
+    assert _results(cut) == ["result 0 decoded hardware", "result 1 fallback parse: incomplete bitstream",
+                             "result 2 decoded hardware"]
+    assert "DecodeBatchedInitialize 3" in after and "DecodeBatched 0 1 2 (pinned)" in after
+
+
+@requires_native_toolchain
+def test_a_stream_cut_short_falls_back_alone_without_a_host_pass_over_its_scan(fakes):
+    _, first, cut, after = fakes("truncated_scan")  # the default: a structural check, no full parse
+    assert not any(_all(calls, "JpegStreamParse") for calls in (first, cut, after))
+    assert [c for c in cut if c.startswith("DecodeBatched ")] == ["DecodeBatched 0 2 (pinned)"]
+    assert _results(cut) == ["result 0 decoded hardware",
+                             "result 1 fallback parse: no scan or no EOI marker (cut short)",
+                             "result 2 decoded hardware"]
+    assert "DecodeBatchedInitialize 3" in after and "DecodeBatched 0 1 2 (pinned)" in after
+
+
+@requires_native_toolchain
+def test_planar_output_is_interleaved_by_one_kernel_per_image_after_the_batch(fakes):
+    setup, *batches = fakes("planar")
+    assert any(c.startswith("DecodeBatchedPreAllocate") for c in setup)
+    first = batches[0]
+    assert "DecodeBatchedInitialize 3 planar" in first
+    decode = _index(first, "DecodeBatched 0 1 2 (pinned) (planar)")
+    kernels = _all(first, "PlanarToInterleaved 1 private")
+    assert len(kernels) == 3 and decode < min(kernels) and max(kernels) < _index(first, "EventRecord done private")
+    assert "Orient 1" not in first
 
 
 @requires_native_toolchain
@@ -256,8 +351,9 @@ def test_the_host_sleeps_on_the_events_it_waits_for(fakes):
     setup = fakes("hardware")[0]
     events = [c.removeprefix("EventCreate ") for c in setup if c.startswith("EventCreate")]
     created = dict(e.split(" blocking_sync=") for e in events)
-    assert created == {"consumer_ready": "0", "done": "0", "stream_idle": "1", "device_done": "1",
-                       "pinned_free0": "1", "pinned_free1": "1"}
+    host_waited = {"stream_idle", "hardware_done", "staging_free0", "staging_free1"} | {
+        f"w{w}.{e}" for w in (0, 1) for e in ("device_done", "pinned_free0", "pinned_free1")}
+    assert created == {"consumer_ready": "0", "done": "0", "scratch_ready": "0", **{e: "1" for e in host_waited}}
 
 
 @requires_native_toolchain
@@ -280,32 +376,136 @@ def test_creation_says_what_each_attempt_returned(fakes):
     log = next(c for c in setup if c.startswith("creation log: "))
     assert "flags=36, lazymedia's allocators): invalid parameter" in log
     assert "flags=4, lazymedia's allocators): success" in log and "1 engines x 4 cores" in log
+    assert "CUDA path: 2 worker threads, GPU-assisted Huffman above 1000000 pixels" in log
     assert log.endswith("(plain)")
-    assert "DecodeBatchedPreAllocate 16" in setup  # the hardware batch's buffers reserved up front
+    # the hardware batch's buffers reserved up front for the real batch (64, whole rounds of 4)
+    assert "DecodeBatchedPreAllocate 64 1024x1024" in setup
+    assert "DecoderCreate hybrid" in setup and "DecoderCreate gpu_hybrid" in setup
     assert fakes("hardware")[0][-1].endswith("(interpolated)")
 
 
+def _worker_calls(calls: list[str]) -> dict[str, list[str]]:
+    """The CUDA path's calls per worker, in order: its stream ("worker0"), events ("w0.device_done")
+    and states ("w0.p1.h") name it."""
+    per_worker: dict[str, list[str]] = {}
+    for c in calls:
+        if c.split()[0] not in ("DecodeJpegHost", "DecodeJpegTransferToDevice", "DecodeJpegDevice",
+                                "EventSynchronize", "EventRecord"):
+            continue
+        owners = {"worker" + w[1] for w in c.split() if w[:1] == "w" and w[1:2].isdigit() and w[2:3] == "."}
+        owners |= {w for w in c.split() if w.startswith("worker")}
+        assert len(owners) <= 1, f"{c}: a state, event or stream of two workers"
+        if owners:
+            per_worker.setdefault(owners.pop(), []).append(c)
+    return per_worker
+
+
+def _assert_worker_order(calls: list[str]) -> int:
+    """Each worker's rules; returns how many images the workers decoded."""
+    decoded = 0
+    for worker, mine in _worker_calls(calls).items():
+        w = worker[-1]
+        hosts = _all(mine, "DecodeJpegHost")
+        pages = [int(mine[host].split()[2].split(".")[1][1]) for host in hosts]
+        assert all(a != b for a, b in zip(pages, pages[1:])), mine  # a worker alternates its two pages
+        for host, page in zip(hosts, pages):
+            # the page's pinned buffer is refilled only after that page's last device phase
+            assert mine[host - 1] == f"EventSynchronize w{w}.pinned_free{page}", (worker, mine)
+            # the transfer (or the next image) waits for the worker's previous device phase
+            wait = _index(mine, f"EventSynchronize w{w}.device_done", host)
+            released = _index(mine, f"EventRecord w{w}.pinned_free{page} {worker}", host)
+            assert _index(mine, f"EventRecord w{w}.device_done {worker}", wait) < released
+            if mine[host].endswith("failed"):
+                continue
+            decoded += 1
+            transfer = _first(mine, "DecodeJpegTransferToDevice", host)
+            device = _first(mine, "DecodeJpegDevice", transfer)
+            assert host < wait < transfer < device < released
+            state = mine[host].split()[2]
+            assert mine[transfer].split()[2:] == [state, worker] and mine[device].split()[1:] == [state, worker]
+    return decoded
+
+
 @requires_native_toolchain
-def test_decoupled_transfer_waits_for_the_previous_device_phase(fakes):
-    _, *batches = fakes("decoupled")
+def test_cuda_path_workers_keep_their_own_state_and_page_order(fakes):
+    setup, *batches = fakes("decoupled")  # no engines: everything on the CUDA path
+    assert not any(c.startswith("DecodeBatched") for c in sum(batches, []))
     for calls in batches:
-        devices = [i for i, c in enumerate(calls) if c == "DecodeJpegDevice"]
-        transfers = [i for i, c in enumerate(calls) if c == "DecodeJpegTransferToDevice"]
-        hosts = [i for i, c in enumerate(calls) if c == "DecodeJpegHost"]
-        assert len(devices) == len(transfers) == len(hosts) == 3
-        for k in range(3):
-            slot = f"pinned_free{k % 2}"
-            # the pinned buffer is reused only once its last reader (the device phase) finished
-            assert calls[hosts[k] - 1] == f"EventSynchronize {slot}"
-            released = _index(calls, f"EventRecord {slot} private", devices[k])
-            assert _index(calls, "EventRecord device_done private", devices[k]) < released
-            assert released < (hosts[k + 1] if k < 2 else len(calls))
-            # transfer k waits for the previous device phase (k-1, or the previous call's last);
-            # host phase k may overlap it
-            wait = _index(calls, "EventSynchronize device_done", devices[k - 1] if k else 0)
-            assert hosts[k] < wait < transfers[k]
-    orient = [i for i, c in enumerate(batches[2]) if c == "Orient 6"]
-    assert len(orient) == 3 and orient[0] > max(i for i, c in enumerate(batches[2]) if c == "DecodeJpegDevice")
+        assert _assert_worker_order(calls) == 3
+        # the workers' streams order after the caller's work and this call's scratch (orientation 6)
+        waits = [c for c in calls if c.startswith("StreamWaitEvent worker")]
+        assert waits == ["StreamWaitEvent worker0 scratch_ready", "StreamWaitEvent worker1 scratch_ready"]
+        ready = _index(calls, "EventRecord scratch_ready private")
+        assert _index(calls, "StreamWaitEvent private consumer_ready") < ready < _index(calls, waits[0])
+        assert all(i < ready for i in _all(calls, "MallocFromPoolAsync"))
+        # the private stream joins every worker that decoded, before the outputs are announced
+        joined = [c.split()[-1] for c in calls if c.startswith("StreamWaitEvent private w")]
+        assert joined and all(_index(calls, f"StreamWaitEvent private {e}") < _index(calls, "EventRecord done private")
+                              for e in joined)
+    orient = _all(batches[2], "Orient 6")
+    assert len(orient) == 3 and min(orient) > max(_all(batches[2], "StreamWaitEvent private w"))
+
+
+@requires_native_toolchain
+def test_the_split_sends_the_smallest_to_the_cuda_path_in_whole_rounds_of_the_engines(fakes):
+    (batch,) = fakes("split")[1:]
+    # 12 candidates, load 0.5: 6, rounded up to whole rounds of the engines (1 x 4): 8, the largest
+    assert [c for c in batch if c.startswith("DecodeBatched ")] == ["DecodeBatched 11 10 9 8 7 6 5 4 (pinned)"]
+    hosts = {int(c.split()[1]): c.split()[3] for c in batch if c.startswith("DecodeJpegHost")}
+    assert all(c.split()[2].endswith(".g" if c.split()[3] == "gpu_hybrid" else ".h")  # its own decoder's state
+               for c in _all_calls(batch, "DecodeJpegHost"))
+    assert sorted(hosts) == [0, 1, 2, 3]
+    assert hosts == {0: "hybrid", 1: "hybrid", 2: "hybrid", 3: "gpu_hybrid"}  # above 40 pixels: GPU-assisted
+    # both run at once: the CUDA path starts before the host waits for the engines
+    assert _first(batch, "DecodeBatched ") < _first(batch, "DecodeJpegHost")
+    assert _index(batch, "EventRecord hardware_done private") < _first(batch, "StreamWaitEvent worker")
+    assert _assert_worker_order(batch) == 4
+    assert _results(batch) == [f"result {i} decoded {'cuda' if i < 4 else 'hardware'}" for i in range(12)]
+
+
+@requires_native_toolchain
+def test_a_damaged_image_in_each_share_falls_back_alone(fakes):
+    (batch,) = fakes("damaged")[1:]
+    # image 6 (engines' share) is cut: it leaves before the split; 7 candidates -> 4 on the engines
+    assert [c for c in batch if c.startswith("DecodeBatched ")] == ["DecodeBatched 7 5 4 3 (pinned)"]
+    assert "DecodeJpegHost 1 " in " ".join(c + " " for c in batch if c.endswith("failed"))  # CUDA share: bad Huffman
+    assert _results(batch) == [
+        "result 0 decoded cuda", "result 1 fallback CUDA path decode: bad JPEG", "result 2 decoded cuda",
+        "result 3 decoded hardware", "result 4 decoded hardware", "result 5 decoded hardware",
+        "result 6 fallback parse: no scan or no EOI marker (cut short)", "result 7 decoded hardware"]
+    assert _assert_worker_order(batch) == 2
+
+
+@requires_native_toolchain
+def test_the_adaptive_split_follows_whichever_side_finishes_later(fakes):
+    lines = fakes("adaptive", raw=True)
+    splits = [line.split() for line in lines if line.startswith("split ")]
+    shares = [int(s[1].removeprefix("hardware=")) for s in splits]
+    loads = [float(s[3].removeprefix("load=")) for s in splits]
+    assert len(splits) == 12 and shares[0] == 12  # it starts with everything on the engines
+    # batches 1-6: the engines are slower, so the CUDA path takes a growing share, in rounds of 4
+    assert loads[:6] == sorted(loads[:6], reverse=True) and loads[5] < 0.6 and shares[5] == 8
+    assert all(share % 4 == 0 for share in shares)
+    # batches 7-12: the CUDA path is slower, so the share moves back to the engines
+    assert loads[6] > loads[5] and shares[-1] == 12
+    assert all(b >= a for a, b in zip(loads[5:], loads[6:]))
+
+
+@requires_native_toolchain
+def test_split_scheduler_shares_rounding_and_adaptation(fakes):
+    out = fakes("scheduler", raw=True)
+    fixed = [line for line in out if line.startswith("fixed0.5")]
+    assert [int(line.split()[-1]) for line in fixed] == [0, 1, 3, 7, 7, 7, 35]  # ceil(0.5 n) up to a round of 7
+    assert "fixed0 n=12 -> 0" in out  # load 0: everything on the CUDA path
+    assert "adaptive start 1.0000 n=64 unit=7 -> 64" in out
+    steps = [line for line in out if line.startswith("observe")]
+    assert steps[0].endswith("load 0.9000 step 0.0905; class 0 load 1.0000")  # CUDA idle first: it takes more
+    assert steps[1].endswith("load 0.8095 step 0.0819; class 0 load 1.0000")  # the step decays toward 0.5%
+    assert "load 0.8095 step 0.0819" in steps[2]  # within the 2 ms dead band: no move
+    assert "load 0.8914" in steps[3]  # the engines idle first: they take more back
+    assert "load 0.8914" in steps[4]
+    assert "fixed after observe 0.5000" in out  # a fixed load never moves
+    assert [line.split()[-1] for line in out if line.startswith("size class")] == ["0", "1", "1", "2"]
 
 
 @requires_native_toolchain

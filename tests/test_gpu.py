@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
-from test_engine_nvdec import clip
+from test_engine_nvdec import CLIPS as NVDEC_CLIPS
+from test_engine_nvdec import assert_resized_frames_match, clip
 
 import lazymedia
-from lazymedia import DecodeEngine, Processor, ops
+from lazymedia import DecodeEngine, Processor, ops, synthetic
 from lazymedia.codecs import video
 from lazymedia.engine import nvjpeg as nvjpeg_engine
 
@@ -142,9 +143,7 @@ def test_nvjpeg_batches_behind_queued_work_on_the_callers_stream(nvjpeg_backend)
 
 def test_a_scan_cut_short_is_a_422_and_the_rest_of_its_batch_decodes_on_the_gpu(nvjpeg_backend):
     blobs = [encode(make_image(256, 320, seed=s), "JPEG", quality=90) for s in range(4)]
-    sos = blobs[2].index(b"\xff\xda")
-    scan = sos + 2 + int.from_bytes(blobs[2][sos + 2:sos + 4], "big")
-    cut = blobs[2][:scan + (blobs[2].rindex(b"\xff\xd9") - scan) // 2]  # half the entropy-coded data
+    cut = cut_scan(blobs[2])  # half the entropy-coded data
     items = [lazymedia.load_image(b) for b in blobs[:2]] + [lazymedia.load_image(cut), lazymedia.load_image(blobs[3])]
     decoded, fallbacks = nvjpeg_backend.decoded, len(nvjpeg_backend.fallbacks)
     results = nvjpeg_backend.decode_batch(items)
@@ -155,6 +154,73 @@ def test_a_scan_cut_short_is_a_422_and_the_rest_of_its_batch_decodes_on_the_gpu(
         assert_close_to_pillow(results[k], blobs[k], f"batch with a cut scan, image {k}")
 
 
+def cut_scan(data: bytes) -> bytes:
+    """`data` with half its entropy-coded data gone (the EOI with it)."""
+    sos = data.index(b"\xff\xda")
+    scan = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    return data[:scan + (data.rindex(b"\xff\xd9") - scan) // 2]
+
+
+def test_split_batch_engines_and_cuda_path_each_decode_and_a_damaged_image_in_each_share_is_a_422():
+    """Half the candidates on the CUDA path (hardware_load=0.5, rounded up to whole rounds of the
+    engines): both paths decode, every image is within 40 dB of Pillow, and a cut image in each
+    share is a 422 with the other 62 still decoded on the GPU."""
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+
+    backend = NvjpegBatchDecoder(device=0, hardware_load=0.5)
+    # areas grow with the index: the split keeps the largest on the engines
+    blobs = [encode(make_image(200 + 2 * s, 256, seed=s), "JPEG", quality=90) for s in range(64)]
+    results = decode_counted(backend, [lazymedia.load_image(b) for b in blobs], on_gpu=64)
+    print("split:", backend.stats, backend.decoded_by)
+    if backend.hardware:
+        unit = backend.engines * backend.cores_per_engine
+        on_engines = min(64, -(-32 // unit) * unit)
+        assert backend.decoded_by == {"hardware": on_engines, "cuda": 64 - on_engines}
+    for k, (out, data) in enumerate(zip(results, blobs)):
+        assert_close_to_pillow(out, data, f"split image {k}")
+    damaged = list(blobs)
+    # the engines' share: the largest, cut (the parse before the split catches it); the CUDA
+    # path's: a progressive image (no engine takes one), cut (the worker's parse catches it)
+    progressive = encode(make_image(200, 256, seed=0), "JPEG", quality=90, progressive=True)
+    damaged[63], damaged[0] = cut_scan(blobs[63]), cut_scan(progressive)
+    decoded = backend.decoded
+    results = backend.decode_batch([lazymedia.load_image(b) for b in damaged])
+    assert [k for k, r in enumerate(results) if isinstance(r, lazymedia.UnprocessableMediaError)] == [0, 63]
+    assert backend.decoded - decoded == 62
+    for k in range(1, 63):
+        assert_close_to_pillow(results[k], blobs[k], f"split with damaged images, image {k}")
+
+
+def test_cuda_path_alone_uses_its_threads_and_gpu_assisted_huffman_for_large_images():
+    """Without engines (as on L4/L40S/A10): baseline images above 1 MP take GPU_HYBRID, progressive
+    ones HYBRID, on several worker threads; all within 40 dB of Pillow."""
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+
+    backend = NvjpegBatchDecoder(device=0, allow_hardware=False)
+    assert backend.cuda_workers >= 1 and not backend.hardware
+    large = [encode(make_image(1080, 1920, seed=s), "JPEG", quality=90) for s in range(4)]
+    progressive = [encode(make_image(720, 1280, seed=s), "JPEG", quality=90, progressive=True) for s in range(4)]
+    results = decode_counted(backend, [lazymedia.load_image(b) for b in large + progressive], on_gpu=8)
+    print("CUDA path:", backend.stats)
+    assert backend.decoded_by == {"hardware": 0, "cuda": 8}
+    if "GPU_HYBRID): success" in backend.creation_log:
+        assert backend.stats["gpu_hybrid_items"] == 4, backend.stats
+    for k, (out, data) in enumerate(zip(results, large + progressive)):
+        assert_close_to_pillow(out, data, f"CUDA path image {k}")
+
+
+@requires_corpus
+def test_planar_output_interleaved_and_oriented_by_our_kernel():
+    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+
+    backend = NvjpegBatchDecoder(device=0, planar=True, hardware_load=1.0)
+    names = [f"hopper_orientation_{i}.jpg" for i in range(2, 9)] + ["hopper.jpg"]
+    items = [lazymedia.load_image((CORPUS / "images" / n).read_bytes()) for n in names]
+    results = decode_counted(backend, items, on_gpu=len(names))
+    for name, item, out in zip(names, items, results):
+        assert_close_to_pillow(out, item.encoded(), f"planar {name}")
+
+
 def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
     streams = []
 
@@ -163,7 +229,7 @@ def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
 
         def decode(self, requests, stream):
             streams.append(stream)
-            return [(False, "stand-in")] * len(requests)
+            return [(False, "stand-in", "")] * len(requests)
 
     backend = nvjpeg_engine.NvjpegBatchDecoder(device=0, decoder=Recording())
     caller = torch.cuda.Stream()
@@ -208,7 +274,7 @@ def test_dali_mixed_decoder_psnr():
     assert_close_to_pillow(out, data, "DALI mixed")
 
 
-def nvdec_matches_cpu(backend, data: bytes, label: str, num_frames: int = 8) -> None:
+def nvdec_matches_cpu(backend, data: bytes, label: str, num_frames: int | None = 8) -> None:
     """One clip through `backend`: decoded by NVDEC (no fallback), the frames the CPU path
     samples by the PTS NVDEC returned, each within the floor of the CPU frame."""
     item = lazymedia.load_video(data, num_frames=num_frames)
@@ -217,6 +283,7 @@ def nvdec_matches_cpu(backend, data: bytes, label: str, num_frames: int = 8) -> 
     assert backend.decoded - decoded == 1, list(backend.fallbacks)
     reference = video.decode(data, item.header, item.spec)
     table = video.read_frame_table(data, item.header.total_frames)
+    print(f"NVDEC {label}: PTS {frames.info['pts'][:8]}, container {[table.pts[i] for i in reference.indices][:8]}")
     assert frames.info["pts"] == [table.pts[i] for i in reference.indices]
     assert frames.frames.is_cuda and tuple(frames.frames.shape) == tuple(reference.frames.shape)
     for k in range(len(reference.indices)):
@@ -228,7 +295,9 @@ def nvdec_matches_cpu(backend, data: bytes, label: str, num_frames: int = 8) -> 
 def nvdec_backend():
     from lazymedia.engine.nvdec import NvdecBatchDecoder
 
-    return NvdecBatchDecoder(device=0)
+    backend = NvdecBatchDecoder(device=0)
+    print(f"NVDEC: {backend.sessions} sessions, caps from {backend.caps_note}: {backend.caps}")
+    return backend
 
 
 @requires_nvdec
@@ -237,6 +306,64 @@ def test_nvdec_sampled_frames_match_cpu_path(nvdec_backend):
 
     nvdec_matches_cpu(nvdec_backend, encode_video(3, 1080, 1920), "1080p untagged")
     nvdec_matches_cpu(nvdec_backend, clip(1080, 1920, frames=30, colorspace=1), "1080p BT.709")
+
+
+@requires_nvdec
+@pytest.mark.parametrize("name", list(NVDEC_CLIPS))
+def test_nvdec_frames_across_edit_lists_b_frames_vfr_rotation_and_size_changes(nvdec_backend, name):
+    data = NVDEC_CLIPS[name][0]()
+    if name == "size change mid-stream":  # frames of the other size are resized as the GPU resizes
+        for num_frames in (5, None):
+            decoded = nvdec_backend.decoded
+            (frames,) = nvdec_backend.decode_batch([lazymedia.load_video(data, num_frames=num_frames)])
+            assert nvdec_backend.decoded - decoded == 1, list(nvdec_backend.fallbacks)
+            assert_resized_frames_match(frames, data, num_frames)
+        return
+    nvdec_matches_cpu(nvdec_backend, data, name, num_frames=5)
+    nvdec_matches_cpu(nvdec_backend, data, f"{name}, every frame", num_frames=None)
+
+
+@requires_nvdec
+def test_nvdec_hevc(nvdec_backend):
+    nvdec_matches_cpu(nvdec_backend, synthetic.video(frames=30, height=1080, width=1920, codec="libx265", gop=10),
+                      "1080p HEVC")
+
+
+@requires_nvdec
+def test_nvdec_decodes_only_the_runs_to_the_sampled_frames(nvdec_backend):
+    data = synthetic.video(frames=300, height=360, width=640, gop=30)
+    fed = nvdec_backend.packets_fed
+    nvdec_matches_cpu(nvdec_backend, data, "300 frames, 8 sampled")
+    print("packets fed for 8 of 300 frames:", nvdec_backend.packets_fed - fed)
+    assert nvdec_backend.packets_fed - fed < 300 // 2
+
+
+@requires_nvdec
+def test_nvdec_concurrent_clips_on_concurrent_sessions(nvdec_backend):
+    datas = [clip(360, 640, frames=30) for _ in range(2)] + [clip(532, 1280, frames=30)]
+    items = [lazymedia.load_video(datas[k % 3], num_frames=8) for k in range(2 * nvdec_backend.sessions)]
+    decoded, fallbacks = nvdec_backend.decoded, len(nvdec_backend.fallbacks)
+    results = nvdec_backend.decode_batch(items)
+    assert nvdec_backend.decoded - decoded == len(items), list(nvdec_backend.fallbacks)[fallbacks:]
+    for k, frames in enumerate(results):
+        reference = video.decode(datas[k % 3], items[k].header, items[k].spec)
+        assert_close(frames.frames[-1], reference.frames[-1].numpy(), f"concurrent clip {k} last frame")
+    assert nvdec_backend.decoders_created <= nvdec_backend.sessions * 2  # reused: at most one per codec a session
+
+
+@requires_nvdec
+def test_nvdec_resized_spec_into_the_batch(nvdec_backend):
+    data = clip(1080, 1920, frames=30, colorspace=1)
+    for size in ((448, 448), (540, 960)):
+        item = lazymedia.load_video(data, num_frames=8, size=size)
+        decoded = nvdec_backend.decoded
+        (frames,) = nvdec_backend.decode_batch([item])
+        assert nvdec_backend.decoded - decoded == 1, list(nvdec_backend.fallbacks)
+        assert frames.frames.is_cuda and tuple(frames.frames.shape) == (8, *size, 3)
+        assert_resized_frames_match(frames, data, 8, size)
+        reference = video.decode(data, item.header, item.spec).frames.numpy()
+        worst = min(psnr(frames.frames[k].cpu().numpy(), reference[k]) for k in range(8))
+        print(f"PSNR NVDEC resized to {size} vs the CPU path (swscale): worst frame {worst:.2f} dB")
 
 
 @requires_nvdec
@@ -258,13 +385,17 @@ def test_isolated_video_frames_land_pinned_in_the_serving_process():
 
 @requires_nvdec
 def test_nvdec_after_a_clip_it_cannot_decode(nvdec_backend):
-    """Last in the file: H.264 above 4096 pixels wide fails on an H200's NVDEC (vLLM #51138); the
-    CPU decodes it, and the next clip decodes on NVDEC with a fresh decoder."""
+    """Last in the file: H.264 above 4096 pixels wide is beyond an H200's NVDEC (vLLM #51138):
+    refused from the decoder caps before a session opens (no decoder built), decoded on the CPU,
+    and the next clip decodes on NVDEC."""
     data = clip(4320, 8192, frames=2, photo=False)
     item = lazymedia.load_video(data, num_frames=2)
-    decoded, fallbacks = nvdec_backend.decoded, len(nvdec_backend.fallbacks)
+    decoded, fallbacks, created = nvdec_backend.decoded, len(nvdec_backend.fallbacks), nvdec_backend.decoders_created
     (frames,) = nvdec_backend.decode_batch([item])
-    print("8K:", list(nvdec_backend.fallbacks)[fallbacks:], "decoded on NVDEC:", nvdec_backend.decoded - decoded)
+    reasons = list(nvdec_backend.fallbacks)[fallbacks:]
+    print("8K:", reasons, "decoded on NVDEC:", nvdec_backend.decoded - decoded)
+    if torch.cuda.get_device_capability(0) < (10, 0):
+        assert len(reasons) == 1 and "limit" in reasons[0] and nvdec_backend.decoders_created == created
     reference = video.decode(data, item.header, item.spec)
     assert_close(frames.frames[0], reference.frames[0].numpy(), "8K frame 0")
     nvdec_matches_cpu(nvdec_backend, clip(360, 640, frames=30), "after 8K")

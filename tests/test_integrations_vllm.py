@@ -163,8 +163,9 @@ def test_without_opencv_the_default_decodes_with_pyav_and_a_named_opencv_is_refu
     frames, metadata = to_vllm(connector.fetch_video(data_url(synthetic.video(frames=40, height=32, width=48),
                                                               "video/mp4")))
     assert metadata["video_backend"] == "pyav" and frames.shape == (32, 32, 48, 3)
-    with pytest.raises(ValueError, match="opencv-python-headless"):
+    with pytest.raises(ValueError, match="needs OpenCV") as refused:
         VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "opencv"}})
+    assert "pip install opencv-python-headless" in refused.value.hint
 
 
 def test_dynamic_loader_names_itself_as_vllm_does(connector):

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import dataclasses
 import inspect
+from pathlib import Path
 from typing import Any, assert_type
 
 import torch
@@ -40,20 +41,21 @@ SIGNATURES = {
     "load_video": (["data"], ["num_frames", "fps", "max_frames", "max_duration", "sampler", "size", "decoder",
                               "limits", "key", "item_id"]),
     "load_audio": (["data"], ["sample_rate", "mono", "limits", "key", "item_id"]),
-    "Processor": (["process_fn"], ["cache", "engine", "namespace", "process_workers"]),
+    "Processor": (["process_fn"], ["cache", "engine", "namespace", "process_workers", "device", "keep_on_device",
+                                   "bytes_per_decoded_byte"]),
 }
 
 LOADER_SPECS = {"load_image": lazymedia.ImageSpec, "load_video": lazymedia.VideoSpec,
                 "load_audio": lazymedia.AudioSpec}
 
 
-def test_all_is_pinned_and_every_name_resolves():
+def test_all_is_pinned_and_every_name_resolves() -> None:
     assert sorted(lazymedia.__all__) == sorted(PUBLIC_NAMES)
     for name in lazymedia.__all__:
         assert getattr(lazymedia, name) is not None, name
 
 
-def test_engine_diagnostics_live_in_the_engine_package():
+def test_engine_diagnostics_live_in_the_engine_package() -> None:
     """backends, BackendStatus and default_engine are diagnostics, not the user API: their home is
     lazymedia.engine; the top-level names still resolve (the same objects) for earlier code."""
     from lazymedia import engine
@@ -64,14 +66,14 @@ def test_engine_diagnostics_live_in_the_engine_package():
     assert all(isinstance(status, engine.BackendStatus) for status in engine.backends())
 
 
-def test_entry_points_take_their_settings_by_keyword_only():
+def test_entry_points_take_their_settings_by_keyword_only() -> None:
     for name, (positional, keyword_only) in SIGNATURES.items():
         parameters = inspect.signature(getattr(lazymedia, name)).parameters.values()
         assert [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD] == positional, name
         assert [p.name for p in parameters if p.kind is p.KEYWORD_ONLY] == keyword_only, name
 
 
-def test_loader_defaults_are_the_spec_defaults():
+def test_loader_defaults_are_the_spec_defaults() -> None:
     """load_video's num_frames=32 and VideoSpec's must not drift apart (a handle loaded with the
     defaults and a connector's fetch with no settings must share a key)."""
     for name, spec_cls in LOADER_SPECS.items():
@@ -80,7 +82,7 @@ def test_loader_defaults_are_the_spec_defaults():
             assert parameters[field.name].default == field.default, (name, field.name)
 
 
-def test_decoded_values_are_typed_for_checkers():
+def test_decoded_values_are_typed_for_checkers() -> None:
     image = lazymedia.load_image(synthetic.jpeg(48, 64))
     assert_type(image, lazymedia.LazyMedia[torch.Tensor])
     pixels = image.decode()
@@ -107,7 +109,7 @@ def test_decoded_values_are_typed_for_checkers():
     assert_type(generic, lazymedia.LazyMedia[Any])
 
 
-def test_lazily_imported_names_are_classes_for_checkers():
+def test_lazily_imported_names_are_classes_for_checkers() -> None:
     connector: lazymedia.MediaConnector = lazymedia.MediaConnector()
     try:
         url = "data:image/jpeg;base64," + base64.b64encode(synthetic.jpeg(8, 8)).decode()
@@ -117,12 +119,12 @@ def test_lazily_imported_names_are_classes_for_checkers():
         connector.close()
     processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded],
                                     cache=ProcessorCache(capacity_bytes=1 << 20))
-    outputs: list = processor.apply([lazymedia.load_image(synthetic.jpeg(8, 8))])
+    outputs: list[object] = processor.apply([lazymedia.load_image(synthetic.jpeg(8, 8))])
     assert outputs == [(8, 8, 3)]
     assert isinstance(TieredCache, type) and isinstance(lazymedia.VideoFrames, type)
 
 
-def test_every_cache_a_processor_takes_is_its_cache_protocol(tmp_path):
+def test_every_cache_a_processor_takes_is_its_cache_protocol(tmp_path: Path) -> None:
     """mypy checks that ProcessorCache, TieredCache and the shared tiers (HostCache, RedisCache,
     their SharedChain) satisfy the protocols Processor's `cache` parameter names; pytest that a
     Processor works over each (the Redis tier here is unreachable, so it degrades to misses)."""

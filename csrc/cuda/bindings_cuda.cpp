@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../host_ops.h"
@@ -176,8 +177,9 @@ void py_to_chw_normalized(uintptr_t src, int h, int w, int c, std::vector<float>
 }
 
 // items: (encoded bytes, coded width, coded height, orientation, output device pointer).
-std::vector<std::pair<bool, std::string>> decode_jpegs(cuda::NvjpegDecoder& decoder, py::list items,
-                                                       uintptr_t consumer_stream) {
+// Returns one (decoded, fallback_reason, path) per item; path is "hardware", "cuda" or "".
+std::vector<std::tuple<bool, std::string, std::string>> decode_jpegs(cuda::NvjpegDecoder& decoder, py::list items,
+                                                                     uintptr_t consumer_stream) {
   std::vector<cuda::JpegRequest> requests;
   std::vector<py::buffer_info> keep;  // the buffers stay valid while the GIL is released
   requests.reserve(items.size());
@@ -197,10 +199,47 @@ std::vector<std::pair<bool, std::string>> decode_jpegs(cuda::NvjpegDecoder& deco
     py::gil_scoped_release release;
     results = decoder.decode(requests, stream_of(consumer_stream));
   }
-  std::vector<std::pair<bool, std::string>> out;
+  std::vector<std::tuple<bool, std::string, std::string>> out;
   out.reserve(results.size());
-  for (const auto& r : results) out.emplace_back(r.outcome == cuda::JpegOutcome::Decoded, r.reason);
+  for (const auto& r : results)
+    out.emplace_back(r.outcome == cuda::JpegOutcome::Decoded, r.reason,
+                     r.path == cuda::JpegPath::Hardware ? "hardware" : r.path == cuda::JpegPath::Cuda ? "cuda" : "");
   return out;
+}
+
+// NvjpegOptions from keyword arguments (bench_gpu.py --grid); an unknown knob is a ValueError.
+cuda::NvjpegOptions nvjpeg_options(const py::dict& given) {
+  cuda::NvjpegOptions o;
+  for (auto item : given) {
+    const std::string key = py::str(item.first);
+    py::handle v = item.second;
+    if (key == "interpolation") o.interpolation = v.cast<bool>();
+    else if (key == "planar") o.planar = v.cast<bool>();
+    else if (key == "preallocate_batch") o.preallocate_batch = v.cast<int>();
+    else if (key == "preallocate_height") o.preallocate_height = v.cast<int>();
+    else if (key == "preallocate_width") o.preallocate_width = v.cast<int>();
+    else if (key == "pool_threshold") o.pool_threshold = v.cast<uint64_t>();
+    else if (key == "full_parse") o.full_parse = v.cast<bool>();
+    else if (key == "pinned_staging") o.pinned_staging = v.cast<bool>();
+    else if (key == "hardware_load") o.hardware_load = v.cast<double>();
+    else if (key == "cuda_workers") o.cuda_workers = v.cast<int>();
+    else if (key == "gpu_hybrid_pixels") o.gpu_hybrid_pixels = v.cast<long long>();
+    else throw py::value_error("unknown nvJPEG option: " + key);
+  }
+  if (o.hardware_load > 1) throw py::value_error("hardware_load must be in [0, 1], or negative for adaptive");
+  return o;
+}
+
+py::dict nvjpeg_stats(cuda::NvjpegDecoder& decoder) {
+  const cuda::NvjpegStats s = decoder.stats();
+  py::dict d;
+  d["prepare_us"] = s.prepare_us, d["stage_us"] = s.stage_us, d["hardware_submit_us"] = s.hardware_submit_us;
+  d["hardware_ms"] = s.hardware_ms, d["cuda_ms"] = s.cuda_ms, d["total_us"] = s.total_us;
+  d["hardware_items"] = s.hardware_items, d["cuda_items"] = s.cuda_items, d["gpu_hybrid_items"] = s.gpu_hybrid_items;
+  d["size_class"] = s.size_class, d["load"] = s.load;
+  d["device_mallocs"] = s.device_mallocs, d["device_frees"] = s.device_frees;
+  d["device_malloc_bytes"] = s.device_malloc_bytes, d["staged_bytes"] = s.staged_bytes;
+  return d;
 }
 
 std::string version_text(int version) {  // CUDA's 1000 * major + 10 * minor
@@ -250,8 +289,13 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("to_chw_normalized", &py_to_chw_normalized, py::arg("src"), py::arg("h"), py::arg("w"), py::arg("c"),
         py::arg("mean"), py::arg("std"), py::arg("dst"), py::arg("stream"));
   py::class_<cuda::NvjpegDecoder, std::unique_ptr<cuda::NvjpegDecoder>>(m, "NvjpegDecoder")
-      .def(py::init<int, bool, const std::string&>(), py::arg("device"), py::arg("allow_hardware") = true,
-           py::arg("library_path") = "", py::call_guard<py::gil_scoped_release>())
+      .def(py::init([](int device, bool allow_hardware, const std::string& library_path, py::kwargs options) {
+             cuda::NvjpegOptions parsed = nvjpeg_options(options);
+             py::gil_scoped_release release;
+             return std::make_unique<cuda::NvjpegDecoder>(device, allow_hardware, library_path, parsed);
+           }),
+           py::arg("device"), py::arg("allow_hardware") = true, py::arg("library_path") = "",
+           "Keyword options: the knobs of NvjpegOptions (nvjpeg_decoder.h).")
       .def_property_readonly("hardware", &cuda::NvjpegDecoder::hardware)
       .def_property_readonly("engines", &cuda::NvjpegDecoder::engines)
       .def_property_readonly("cores_per_engine", &cuda::NvjpegDecoder::cores_per_engine)
@@ -259,6 +303,10 @@ PYBIND11_MODULE(_C_cuda, m) {
       .def_property_readonly("upsampling_interpolated", &cuda::NvjpegDecoder::upsampling_interpolated)
       .def_property_readonly("stream_ordered_pool", &cuda::NvjpegDecoder::stream_ordered_pool)
       .def_property_readonly("creation_log", &cuda::NvjpegDecoder::creation_log)
+      .def_property_readonly("cuda_workers", &cuda::NvjpegDecoder::cuda_workers)
+      .def_property_readonly("stats", &nvjpeg_stats, "What the latest decode did: phase times, items per path, allocations.")
+      .def("load", &cuda::NvjpegDecoder::load, py::arg("size_class"),
+           "The engines' share of the hardware candidates for a size class (0: < 0.5 MP, 1: < 2.5 MP, 2: larger).")
       .def("decode", &decode_jpegs, py::arg("items"), py::arg("consumer_stream"),
-           "Decode JPEGs into device buffers; one (decoded, fallback_reason) per item.");
+           "Decode JPEGs into device buffers; one (decoded, fallback_reason, path) per item.");
 }

@@ -30,6 +30,8 @@ bool bind_all(void* lib, NvjpegApi* api, std::string* missing) {
          bind(lib, "nvjpegJpegStreamParseHeader", &api->JpegStreamParseHeader, missing) &&
          bind(lib, "nvjpegJpegStreamGetFrameDimensions", &api->JpegStreamGetFrameDimensions, missing) &&
          bind(lib, "nvjpegJpegStreamGetComponentsNum", &api->JpegStreamGetComponentsNum, missing) &&
+         bind(lib, "nvjpegJpegStreamGetJpegEncoding", &api->JpegStreamGetJpegEncoding, missing) &&
+         bind(lib, "nvjpegDecoderJpegSupported", &api->DecoderJpegSupported, missing) &&
          bind(lib, "nvjpegDecoderCreate", &api->DecoderCreate, missing) &&
          bind(lib, "nvjpegDecoderDestroy", &api->DecoderDestroy, missing) &&
          bind(lib, "nvjpegDecoderStateCreate", &api->DecoderStateCreate, missing) &&

@@ -25,6 +25,8 @@ struct NvjpegApi {
   decltype(&nvjpegJpegStreamParseHeader) JpegStreamParseHeader;
   decltype(&nvjpegJpegStreamGetFrameDimensions) JpegStreamGetFrameDimensions;
   decltype(&nvjpegJpegStreamGetComponentsNum) JpegStreamGetComponentsNum;
+  decltype(&nvjpegJpegStreamGetJpegEncoding) JpegStreamGetJpegEncoding;
+  decltype(&nvjpegDecoderJpegSupported) DecoderJpegSupported;
   decltype(&nvjpegDecoderCreate) DecoderCreate;
   decltype(&nvjpegDecoderDestroy) DecoderDestroy;
   decltype(&nvjpegDecoderStateCreate) DecoderStateCreate;

@@ -1,6 +1,7 @@
 #include "runtime_api.h"
 
 #include "device_ops.h"
+#include "nvjpeg_kernels.h"
 
 namespace lazymedia {
 namespace cuda {
@@ -12,7 +13,7 @@ const CudaApi& cuda_runtime() {
       &cudaEventDestroy,     &cudaEventRecord,         &cudaEventSynchronize,    &cudaMemPoolCreate,
       &cudaMemPoolDestroy,   &cudaMemPoolSetAttribute, &cudaMallocFromPoolAsync, &cudaFreeAsync,
       &cudaHostAlloc,        &cudaFreeHost,            &cudaMalloc,              &cudaFree,
-      &cudaDeviceGetAttribute, &launch_orient,
+      &cudaDeviceGetAttribute, &launch_orient, &launch_planar_to_interleaved,
   };
   return api;
 }

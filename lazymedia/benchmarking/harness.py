@@ -23,6 +23,12 @@ def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: in
     return synthetic.video(frames=int(seconds * fps), height=height, width=width, fps=fps, gop=gop, preset="veryfast")
 
 
+def psnr(a, b) -> float:
+    """Peak signal-to-noise ratio (dB) of two uint8 images or frame stacks; inf when equal."""
+    mse = np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2)
+    return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
+
+
 def shape_of(items):
     return [tuple(item.shape) for item in items]
 

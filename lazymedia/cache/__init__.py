@@ -12,11 +12,12 @@ from .protocol import Cache, ChainableTier, LocalTier, SharedTier
 
 if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
     from .host import HostCache
-    from .redis import RedisCache, SharedCacheStats
+    from .redis import RedisCache
+    from .store import SharedCacheStats
     from .tiered import SharedChain, TieredCache, TieredStats
 
 _LAZY = {"HostCache": "lazymedia.cache.host", "SharedChain": "lazymedia.cache.tiered",
-         "RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.redis",
+         "RedisCache": "lazymedia.cache.redis", "SharedCacheStats": "lazymedia.cache.store",
          "TieredCache": "lazymedia.cache.tiered", "TieredStats": "lazymedia.cache.tiered"}
 
 

@@ -4,8 +4,8 @@
 Why LMDB: a read maps the value's pages (no copy until `loads` builds the tensors, which is the
 one copy a read costs), writers serialise on LMDB's robust lock, and a write is visible only when
 its transaction commits: a writer killed mid-put leaves nothing readable, and the lock passes on.
-Measured against diskcache (SQLite + files) on /dev/shm, 4.2 MB values: get 0.03 vs 1.2 ms,
-put 2-8 vs 33-38 ms (docs/design.md).
+It reads and writes faster than diskcache (SQLite + files) on /dev/shm: the figures are in
+docs/design.md.
 
 Bounded: the stored values' bytes stay under `capacity_bytes`; a put evicts the oldest entries
 first, and a hit re-stamps an entry that has aged into the older half, so hot entries stay (an
@@ -20,7 +20,6 @@ free at once, one whose holder hangs after `lease_s`.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import struct
@@ -30,8 +29,9 @@ from typing import Any
 
 import lmdb
 
-from .redis import ValueStore
-from .serialize import BadValueLog, SerializationError, loads
+from .protocol import Steps, threaded
+from .serialize import BadValueLog
+from .store import ValueStore
 
 _ENVS: dict[str, tuple[int, Any]] = {}  # real path -> (pid, lmdb.Environment): one per process
 # Environments a forked child inherited: never used, never closed (closing one would drop the
@@ -81,10 +81,10 @@ class HostCache(ValueStore):
     def __init__(self, path: str = "/dev/shm/lazymedia-cache", capacity_bytes: int = 4 << 30, *,
                  namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
-                 log_every_s: float = 10.0):
+                 log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True):
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
-        super().__init__(bfloat16)
+        super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress)
         self.path = path
         self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()
@@ -97,7 +97,6 @@ class HostCache(ValueStore):
         self._order = self._env.open_db(b"order")
         self._meta = self._env.open_db(b"meta")
         self._leases = self._env.open_db(b"leases")
-        self._bad_values = BadValueLog(log_every_s)
         self._faults = BadValueLog(log_every_s)
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -112,8 +111,11 @@ class HostCache(ValueStore):
         self._faults.report("host", exc)
 
     # -- values -----------------------------------------------------------------------------------
-    def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
         """{key: (value, its stored bytes if `encoded`)} for the keys the store holds."""
+        return (yield threaded(self._read, keys, encoded, again))
+
+    def _read(self, keys: list[str], encoded: bool, again: bool) -> dict[str, tuple[Any, bytes | None]]:
         found: dict[str, tuple[Any, bytes | None]] = {}
         bad, stale = [], []
         try:
@@ -123,19 +125,12 @@ class HostCache(ValueStore):
                 for key in keys:
                     name = self.prefix + key.encode()
                     data = txn.get(name, db=self._values)
-                    if data is None:
-                        self._count("misses")
+                    ok, value = self.decode(key, data, again)
+                    if not ok:
+                        if data is not None:
+                            bad.append(name)
                         continue
-                    self._count("bytes_in", len(data))
-                    try:
-                        found[key] = (loads(data), bytes(data) if encoded else None)
-                    except SerializationError as exc:
-                        self._count("corrupt")
-                        self._count("misses")
-                        self._bad_values.report("host", exc)
-                        bad.append(name)
-                        continue
-                    self._count("hits")
+                    found[key] = (value, bytes(data) if encoded else None)
                     entry = txn.get(name, db=self._meta)
                     if entry is not None and _ENTRY.unpack(entry)[0] < half:
                         stale.append(name)
@@ -255,9 +250,12 @@ class HostCache(ValueStore):
         _, expiry, pid = _LEASE.unpack(raw)
         return expiry > time.monotonic() and _alive(pid)
 
-    def try_lease(self, key: str) -> str | None:
+    def lease_steps(self, key: str) -> Steps:
         """A token when this process may decode `key` for everyone, None when another holds it.
         With the store failing every process decodes: "" (a lease of its own)."""
+        return (yield threaded(self._lease, key))
+
+    def _lease(self, key: str) -> str | None:
         token = secrets.token_hex(8)
         name = self.prefix + key.encode()
         try:
@@ -271,9 +269,11 @@ class HostCache(ValueStore):
         self._count("leases")
         return token
 
-    def release(self, key: str, token: str) -> None:
-        if not token:
-            return
+    def release_steps(self, key: str, token: str) -> Steps:
+        if token:
+            yield threaded(self._release, key, token)
+
+    def _release(self, key: str, token: str) -> None:
         name = self.prefix + key.encode()
 
         def drop(txn):
@@ -282,10 +282,13 @@ class HostCache(ValueStore):
                 txn.delete(name, db=self._leases)
         self._write(drop)
 
-    def probe(self, key: str) -> tuple[str, Any]:
+    def probe_steps(self, key: str) -> Steps:
         """One look at `key`: ("found", value), ("leased", None) while a live process holds its
         lease, or ("free", None)."""
-        found = self.read_many([key])
+        return (yield threaded(self._probe, key))
+
+    def _probe(self, key: str) -> tuple[str, Any]:
+        found = self._read([key], False, True)
         if key in found:
             return "found", found[key][0]
         try:
@@ -295,18 +298,3 @@ class HostCache(ValueStore):
             self._fault(exc)
             return "free", None
 
-    # -- asyncio twins: the store is local, so its calls run on a thread, off the event loop --------
-    async def aget_many(self, keys: list[str]) -> dict:
-        return await asyncio.to_thread(self.get_many, keys)
-
-    async def aread_many(self, keys: list[str], encoded: bool = False) -> dict:
-        return await asyncio.to_thread(self.read_many, keys, encoded)
-
-    async def atry_lease(self, key: str) -> str | None:
-        return await asyncio.to_thread(self.try_lease, key)
-
-    async def aprobe(self, key: str) -> tuple[str, Any]:
-        return await asyncio.to_thread(self.probe, key)
-
-    async def arelease(self, key: str, token: str) -> None:
-        await asyncio.to_thread(self.release, key, token)

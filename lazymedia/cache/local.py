@@ -40,3 +40,8 @@ class ProcessorCache(LruCache):
     def shared(self) -> None:
         """No tier beyond this process."""
         return None
+
+    @property
+    def writer(self) -> None:
+        """No writes behind requests: there is no shared tier."""
+        return None

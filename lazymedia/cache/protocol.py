@@ -6,6 +6,10 @@ what TieredCache and SharedChain need besides (stored bytes, polling, stats) of 
 chain."""
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -20,9 +24,10 @@ class LocalTier(Protocol):
 class SharedTier(Protocol):
     """A tier other processes see. Every call is bounded and degrades to a miss / no-op on a
     fault. A lease token is a str ("" where the tier keeps none); None from try_lease means
-    another process holds the key (wait_for it)."""
+    another process holds the key (wait_for it). `again`: a re-read of keys this request already
+    missed, so each item is counted once (a find counts as a late hit)."""
 
-    def get_many(self, keys: list[str]) -> dict: ...
+    def get_many(self, keys: list[str], again: bool = False) -> dict: ...
 
     def put(self, key: str, value: Any) -> bool: ...
 
@@ -32,7 +37,7 @@ class SharedTier(Protocol):
 
     def wait_for(self, key: str) -> tuple[bool, Any]: ...
 
-    async def aget_many(self, keys: list[str]) -> dict: ...
+    async def aget_many(self, keys: list[str], again: bool = False) -> dict: ...
 
     async def atry_lease(self, key: str) -> str | None: ...
 
@@ -49,11 +54,13 @@ class ChainableTier(SharedTier, Protocol):
 
     def stats(self) -> Any: ...
 
-    def encode(self, value: Any) -> bytes | None: ...
+    def encode(self, key: str, value: Any) -> bytes | None: ...
 
-    def read_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
+    def read_many(self, keys: list[str], encoded: bool = False,
+                  again: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
 
-    async def aread_many(self, keys: list[str], encoded: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
+    async def aread_many(self, keys: list[str], encoded: bool = False,
+                         again: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
 
     def put_encoded(self, key: str, data: bytes) -> bool: ...
 
@@ -62,6 +69,14 @@ class ChainableTier(SharedTier, Protocol):
     def probe(self, key: str) -> tuple[str, Any]: ...
 
     async def aprobe(self, key: str) -> tuple[str, Any]: ...
+
+
+class Writer(Protocol):
+    """Stores values in a shared tier behind the requests (cache/writer.py), bounded."""
+
+    def submit(self, key: str, value: Any, token: str) -> bool: ...
+
+    def flush(self, timeout: float | None = None) -> bool: ...
 
 
 class Cache(Protocol):
@@ -74,8 +89,110 @@ class Cache(Protocol):
     @property
     def shared(self) -> SharedTier | None: ...
 
+    @property
+    def writer(self) -> Writer | None:
+        """Writes values to `shared` behind requests (None when there is no shared tier)."""
+
     def lookup(self, key: str) -> tuple[bool, Any]: ...
 
     def put(self, key: str, value: Any) -> bool: ...
 
     def stats(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Call:
+    """One step of a tier protocol: a call in its sync form (`run`) and its asyncio form (`arun`),
+    with its arguments. A failure of the call is thrown back into the generator that yielded it."""
+    run: Callable[..., Any]
+    arun: Callable[..., Awaitable[Any]]
+    args: tuple = ()
+
+
+Steps = Generator[Call, Any, Any]
+
+
+def drive(steps: Steps) -> Any:
+    """Runs a generator of `Call`s with their sync forms; returns what the generator returns."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                result = call.run(*call.args)
+            except Exception as exc:  # the generator decides: handle (and go on) or re-raise
+                call = steps.throw(exc)
+            else:
+                call = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def adrive(steps: Steps) -> Any:
+    """`drive` with the asyncio forms: the same protocol, never blocking the event loop."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                result = await call.arun(*call.args)
+            except Exception as exc:
+                call = steps.throw(exc)
+            else:
+                call = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+def threaded(fn: Callable[..., Any], *args) -> Call:
+    """A blocking call (a local store's transaction): direct in sync code, on a thread under
+    asyncio, off the event loop."""
+    return Call(fn, lambda *a: asyncio.to_thread(fn, *a), args)
+
+
+def pause(delay: float) -> Call:
+    """A back-off between polls: time.sleep or asyncio.sleep."""
+    return Call(time.sleep, asyncio.sleep, (delay,))
+
+
+class SteppedTier:
+    """A shared tier's calls in their sync and asyncio forms, each run from one generator of
+    steps the tier writes once: `get_steps`, `lease_steps`, `release_steps`, `wait_steps`."""
+
+    def get_steps(self, keys: list[str], again: bool) -> Steps:
+        """Steps returning {key: value} for the keys the tier holds."""
+        raise NotImplementedError
+
+    def lease_steps(self, key: str) -> Steps:
+        """Steps returning a token when this process may decode `key` for everyone, None when
+        another process holds it, "" (a lease of its own) when the tier is failing."""
+        raise NotImplementedError
+
+    def release_steps(self, key: str, token: str) -> Steps:
+        raise NotImplementedError
+
+    def wait_steps(self, key: str) -> Steps:
+        """Steps returning (found, value) once the key's value appears or nobody holds its lease."""
+        raise NotImplementedError
+
+    def get_many(self, keys: list[str], again: bool = False) -> dict:
+        return drive(self.get_steps(keys, again))
+
+    async def aget_many(self, keys: list[str], again: bool = False) -> dict:
+        return await adrive(self.get_steps(keys, again))
+
+    def try_lease(self, key: str) -> str | None:
+        return drive(self.lease_steps(key))
+
+    async def atry_lease(self, key: str) -> str | None:
+        return await adrive(self.lease_steps(key))
+
+    def release(self, key: str, token: str) -> None:
+        drive(self.release_steps(key, token))
+
+    async def arelease(self, key: str, token: str) -> None:
+        await adrive(self.release_steps(key, token))
+
+    def wait_for(self, key: str) -> tuple[bool, Any]:
+        return drive(self.wait_steps(key))
+
+    async def await_for(self, key: str) -> tuple[bool, Any]:
+        return await adrive(self.wait_steps(key))

@@ -1,9 +1,12 @@
 """Processed outputs as compact bytes for a shared cache tier, without pickle: whoever can write
 to the cache must not get code execution in every frontend that reads it.
 
-Layout (version 2): b"LMV2", a 4-byte little-endian header length, a 16-byte BLAKE3 digest of
-header and payload, a JSON header describing the value's structure, then the payload: the
-buffers of its tensors, arrays and bytes, each at a 64-byte aligned offset. The header holds
+Layout (version 3): b"LMV3", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
+of the key the value was written under, a 16-byte BLAKE3 tag of everything after it (key digest,
+header, payload; BLAKE3's keyed mode when a secret is set), a JSON header describing the value's
+structure, then the payload: the buffers of its tensors, arrays and bytes, each at a 64-byte
+aligned offset. A value read under another key, or without the writer's secret, is refused: the
+key binds a value to what it is the value of, the secret to who may write it. The header holds
 plain values (None, bool, int, float, str) inline; containers (dict, list, tuple; any Mapping
 comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
 stored, one encoding per tensor, exact unless asked otherwise:
@@ -17,7 +20,7 @@ stored, one encoding per tensor, exact unless asked otherwise:
 - bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
   levels stored as bfloat16 and widened back to their dtype when read.
 
-Reading checks the digest, every range, dtype, shape and size against the bytes and a bound on
+Reading checks the key, the tag, every range, dtype, shape and size against the bytes and a bound on
 what the value may expand to, so a corrupt, truncated, foreign or other-version value is a
 SerializationError (a cache miss), never a crash or an unbounded allocation.
 """
@@ -33,8 +36,11 @@ import blake3
 import lz4.block
 import numpy as np
 
-MAGIC = b"LMV2"
-_PREFIX = 4 + 4 + 16  # magic, header length, digest
+MAGIC = b"LMV3"
+_PREFIX = 4 + 4 + 16 + 16  # magic, header length, key digest, tag
+# The environment variable a shared tier reads its MAC secret from (unset: an unkeyed digest).
+SECRET_ENV = "LAZYMEDIA_CACHE_SECRET"
+_MAC_CONTEXT = "lazymedia 2026-12 cache value MAC key"
 _ALIGN = 64
 MAX_DEPTH = 32
 # What one value may expand to when read, unless the reader says otherwise.
@@ -61,6 +67,23 @@ _LZ4_MAX = 0x7E000000
 
 class SerializationError(ValueError):
     """A value that cannot be written (an unsupported type) or read (corrupt, foreign)."""
+
+
+def key_digest(key: str) -> bytes:
+    """The 16 bytes that bind a value to the key it is stored under."""
+    return blake3.blake3(key.encode()).digest(16)
+
+
+def mac_key(secret: str | bytes | None) -> bytes | None:
+    """The 32-byte BLAKE3 key derived from a secret (None or empty: no MAC, an unkeyed digest)."""
+    if not secret:
+        return None
+    raw = secret.encode() if isinstance(secret, str) else secret
+    return blake3.blake3(raw, derive_key_context=_MAC_CONTEXT).digest()
+
+
+def _tagger(key: bytes | None):
+    return blake3.blake3(key=key) if key is not None else blake3.blake3()
 
 
 class BadValueLog:
@@ -147,9 +170,11 @@ def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
     return memoryview(packed), {"z": "lz4", "n": size}
 
 
-def dumps(value, *, bfloat16: bool = False) -> bytes:
-    """The value as bytes; SerializationError for a type outside the layout above. Exact unless
-    `bfloat16` (float32/float64 tensors that are not level-coded lose precision)."""
+def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True) -> bytes:
+    """The value as bytes bound to `key` (and tagged with `mac`, a `mac_key`); SerializationError
+    for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
+    are not level-coded lose precision). `compress=False` stores every buffer as it is (larger,
+    no LZ4 on the read)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -176,7 +201,8 @@ def dumps(value, *, bfloat16: bool = False) -> bytes:
             width = flat.itemsize * 8
             floats = torch.from_numpy(flat.view(f"int{width}")).view(getattr(torch, f"float{width}"))
             flat = floats.to(torch.bfloat16).view(torch.int16).numpy()
-        data, fields = _maybe_compress(np.ascontiguousarray(flat).view(np.uint8).data)
+        raw = np.ascontiguousarray(flat).view(np.uint8).data
+        data, fields = _maybe_compress(raw) if compress else (raw, {})
         node.update(fields)
         node["r"] = place(data)
         return node
@@ -218,25 +244,55 @@ def dumps(value, *, bfloat16: bool = False) -> bytes:
 
     header = json.dumps(encode(value, 0), separators=(",", ":")).encode()
     header += b" " * (-(_PREFIX + len(header)) % _ALIGN)  # the payload starts aligned where the value does
-    hasher = blake3.blake3(header)
+    bound = key_digest(key)
+    tagger = _tagger(mac)
+    tagger.update(bound)
+    tagger.update(header)
     for buffer in buffers:
-        hasher.update(buffer)
-    return b"".join([MAGIC, len(header).to_bytes(4, "little"), hasher.digest(16), header, *buffers])
+        tagger.update(buffer)
+    return b"".join([MAGIC, len(header).to_bytes(4, "little"), bound, tagger.digest(16), header, *buffers])
 
 
 # -- reading --------------------------------------------------------------------------------------
-def loads(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_VALUE_BYTES):
+_PAIRS = {2: np.uint32, 4: np.uint64}  # element size -> the type of two elements side by side
+
+
+def _gather(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """table[codes], exact. uint8 codes of 2- and 4-byte elements are looked up two at a time in a
+    65536-entry table of element pairs (built from the level table): half the gathers, the
+    cheapest step of a hit that cannot be a plain copy. A code past the table is refused."""
+    if codes.dtype != np.uint8 or table.itemsize not in _PAIRS or codes.size < 2:
+        return np.take(table, codes, mode="clip")
+    if len(table) < 256 and int(codes.max()) >= len(table):
+        raise SerializationError("level code past the table")
+    wide = np.zeros(256, _PAIRS[table.itemsize])
+    wide[:len(table)] = table
+    shift = wide.dtype.type(table.itemsize * 8)
+    pairs = (wide[:, None] << shift | wide[None, :]).reshape(-1)  # [hi, lo] at lo | hi << 8 (little-endian)
+    even = codes.size & ~1
+    out = np.empty(codes.size, table.dtype)
+    out[:even] = pairs[codes[:even].view(np.uint16)].view(table.dtype)
+    if even < codes.size:
+        out[even:] = np.take(table, codes[even:])
+    return out
+
+
+def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | None = None,
+          max_bytes: int = MAX_VALUE_BYTES):
     """The value back; SerializationError for anything that is not a well-formed value of this
-    version, or one that would expand past `max_bytes`. Tensors and arrays own their memory: the
-    input may be a view that dies after this call (a memory map's page)."""
+    version written under `key` with the same `mac` key, or one that would expand past
+    `max_bytes`. Tensors and arrays own their memory: the input may be a view that dies after
+    this call (a memory map's page)."""
     view = memoryview(data).cast("B")
     if view.nbytes < _PREFIX or bytes(view[:4]) != MAGIC:
         raise SerializationError("not a lazymedia cache value of this version")
     header_length = int.from_bytes(view[4:8], "little")
     if header_length > view.nbytes - _PREFIX:
         raise SerializationError("header runs past the value")
-    if blake3.blake3(view[_PREFIX:]).digest(16) != bytes(view[8:_PREFIX]):
-        raise SerializationError("checksum mismatch (truncated or damaged)")
+    if bytes(view[8:24]) != key_digest(key):
+        raise SerializationError("value written under another key")
+    if _tagger(mac).update(view[8:24]).update(view[_PREFIX:]).digest(16) != bytes(view[24:_PREFIX]):
+        raise SerializationError("tag mismatch (truncated, damaged, or written without this tier's secret)")
     try:
         tree = json.loads(bytes(view[_PREFIX:_PREFIX + header_length]))
     except (ValueError, RecursionError) as exc:
@@ -262,14 +318,16 @@ def loads(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_VALUE_BY
             raise SerializationError("bad shape")
         return int(np.prod(entry, dtype=object))
 
-    def stored(node: dict, key: str, nbytes: int) -> bytearray:
-        """A writable copy of exactly `nbytes` stored under node[key], decompressed if need be."""
+    def stored(node: dict, key: str, nbytes: int, copy: bool = True) -> bytearray | memoryview:
+        """A writable copy of exactly `nbytes` stored under node[key], decompressed if need be;
+        with `copy=False`, the stored bytes themselves where they need no decompression (codes,
+        read once by the gather that builds the tensor: no copy between the store and it)."""
         spend(nbytes)
         raw = region(node.get(key))
         if node.get("z") is None or key != "r":
             if raw.nbytes != nbytes:
                 raise SerializationError("shape does not match the bytes")
-            return bytearray(raw)
+            return bytearray(raw) if copy else raw
         if node["z"] != "lz4" or node.get("n") != nbytes or nbytes > _LZ4_MAX:
             raise SerializationError("bad compression fields")
         try:
@@ -287,14 +345,14 @@ def loads(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_VALUE_BY
             if node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS:
                 raise SerializationError("bad level coding")
             code_type = np.dtype(node["c"])
-            codes = np.frombuffer(stored(node, "r", count * code_type.itemsize), code_type)
+            codes = np.frombuffer(stored(node, "r", count * code_type.itemsize, copy=False), code_type)
             table_bytes = region(node["k"])
             if count and (table_bytes.nbytes == 0 or table_bytes.nbytes % itemsize
                           or table_bytes.nbytes // itemsize > 1 << 16):
                 raise SerializationError("bad level table")
             spend(count * itemsize)
             table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
-            return (np.take(table, codes, mode="clip") if count else table), False
+            return (_gather(table, codes) if count else table), False
         if node.get("h") == "bfloat16":
             spend(count * itemsize)  # the widened copy
             return np.frombuffer(stored(node, "r", count * 2), np.uint16), True

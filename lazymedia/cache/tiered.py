@@ -10,15 +10,15 @@ key on the host tier and hosts settle it on the farthest; a waiter polls them al
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..lru import CacheStats
 from .local import ProcessorCache
-from .protocol import ChainableTier, SharedTier
-from .redis import SharedCacheStats
+from .protocol import Call, ChainableTier, SharedTier, SteppedTier, Steps, pause, threaded
+from .store import SharedCacheStats
+from .writer import SharedWriter, WriteStats
 
 _TOKEN_SEPARATOR = "\x1f"  # joins the tiers' lease tokens into one
 
@@ -28,10 +28,12 @@ class TieredStats:
     local: CacheStats
     shared: SharedCacheStats  # the nearest shared tier
     tiers: tuple[SharedCacheStats, ...]  # every shared tier, nearest first
+    writes: WriteStats  # the Processor's writes behind its requests
 
 
-class SharedChain:
-    """Shared tiers (HostCache, RedisCache, or anything with their calls) used as one tier."""
+class SharedChain(SteppedTier):
+    """Shared tiers (HostCache, RedisCache, or anything with their calls) used as one tier. Each
+    call is one generator of tier calls, run by `drive` (sync) or `adrive` (asyncio)."""
 
     def __init__(self, tiers: tuple[ChainableTier, ...] | list[ChainableTier]):
         self.tiers = list(tiers)
@@ -41,31 +43,26 @@ class SharedChain:
             for tier in self.tiers[:upto]:
                 tier.put_encoded(key, data)
 
-    def get_many(self, keys: list[str]) -> dict:
-        values: dict[str, Any] = {}
-        for index, tier in enumerate(self.tiers):
-            missing = [key for key in keys if key not in values]
-            if not missing:
-                break
-            found = tier.read_many(missing, encoded=index > 0)
-            self._fill(index, found)
-            values.update((key, value) for key, (value, _) in found.items())
-        return values
+    def _refill(self, upto: int, key: str, value) -> None:
+        data = self.tiers[0].encode(key, value)
+        if data is not None:
+            for tier in self.tiers[:upto]:
+                tier.put_encoded(key, data)
 
-    async def aget_many(self, keys: list[str]) -> dict:
+    def get_steps(self, keys: list[str], again: bool) -> Steps:
         values: dict[str, Any] = {}
         for index, tier in enumerate(self.tiers):
             missing = [key for key in keys if key not in values]
             if not missing:
                 break
-            found = await tier.aread_many(missing, encoded=index > 0)
+            found = yield Call(tier.read_many, tier.aread_many, (missing, index > 0, again))
             if index and found:
-                await asyncio.to_thread(self._fill, index, found)
+                yield threaded(self._fill, index, found)
             values.update((key, value) for key, (value, _) in found.items())
         return values
 
     def put(self, key: str, value) -> bool:
-        data = self.tiers[0].encode(value)
+        data = self.tiers[0].encode(key, value)
         if data is None:
             return False
         return any([tier.put_encoded(key, data) for tier in self.tiers])
@@ -74,96 +71,58 @@ class SharedChain:
         for tier in self.tiers:
             tier.delete(keys)
 
-    def try_lease(self, key: str) -> str | None:
+    def lease_steps(self, key: str) -> Steps:
         """Every tier's lease, nearest first, as one token; None (and nothing held) when any tier's
         is held elsewhere."""
         tokens: list[str] = []
         for tier in self.tiers:
-            token = tier.try_lease(key)
+            token = yield Call(tier.try_lease, tier.atry_lease, (key,))
             if token is None:
-                self.release(key, _TOKEN_SEPARATOR.join(tokens))
+                yield from self.release_steps(key, _TOKEN_SEPARATOR.join(tokens))
                 return None
             tokens.append(token)
         return _TOKEN_SEPARATOR.join(tokens) if any(tokens) else ""
 
-    async def atry_lease(self, key: str) -> str | None:
-        tokens: list[str] = []
-        for tier in self.tiers:
-            token = await tier.atry_lease(key)
-            if token is None:
-                await self.arelease(key, _TOKEN_SEPARATOR.join(tokens))
-                return None
-            tokens.append(token)
-        return _TOKEN_SEPARATOR.join(tokens) if any(tokens) else ""
-
-    def release(self, key: str, token: str) -> None:
+    def release_steps(self, key: str, token: str) -> Steps:
         if token:
             for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
-                tier.release(key, part)
+                yield Call(tier.release, tier.arelease, (key, part))
 
-    async def arelease(self, key: str, token: str) -> None:
-        if token:
-            for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
-                await tier.arelease(key, part)
-
-    def _wait_s(self) -> float:
-        return max(tier.wait_s for tier in self.tiers)
-
-    def wait_for(self, key: str) -> tuple[bool, object]:
+    def wait_steps(self, key: str) -> Steps:
         """Polls every tier until one has the value (filling the nearer ones) or none holds a
         lease, at most the longest of their `wait_s`: (found, value)."""
-        deadline = time.monotonic() + self._wait_s()
+        deadline = time.monotonic() + max(tier.wait_s for tier in self.tiers)
         delay = 0.002
         while time.monotonic() < deadline:
             leased = False
             for index, tier in enumerate(self.tiers):
-                state, value = tier.probe(key)
+                state, value = yield Call(tier.probe, tier.aprobe, (key,))
                 if state == "found":
                     if index:
-                        self._refill(index, key, value)
+                        yield threaded(self._refill, index, key, value)
                     return True, value
                 leased = leased or state == "leased"
             if not leased:
                 return False, None
-            time.sleep(delay)
+            yield pause(delay)
             delay = min(delay * 2, 0.05)
         return False, None
-
-    async def await_for(self, key: str) -> tuple[bool, object]:
-        deadline = time.monotonic() + self._wait_s()
-        delay = 0.002
-        while time.monotonic() < deadline:
-            leased = False
-            for index, tier in enumerate(self.tiers):
-                state, value = await tier.aprobe(key)
-                if state == "found":
-                    if index:
-                        await asyncio.to_thread(self._refill, index, key, value)
-                    return True, value
-                leased = leased or state == "leased"
-            if not leased:
-                return False, None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        return False, None
-
-    def _refill(self, upto: int, key: str, value) -> None:
-        data = self.tiers[0].encode(value)
-        if data is not None:
-            for tier in self.tiers[:upto]:
-                tier.put_encoded(key, data)
 
 
 class TieredCache:
     """`TieredCache(local, shared, ...)`: a ProcessorCache and one or more shared tiers, nearest
-    first. `shared` is the one tier itself, or a SharedChain of several."""
+    first. `shared` is the one tier itself, or a SharedChain of several. A Processor writes its
+    misses' values to them behind its requests, through `writer` (at most `write_queue` values
+    and `write_queue_bytes` of them pending; beyond, writes are skipped and counted)."""
 
-    def __init__(self, local: ProcessorCache, *shared: ChainableTier):
+    def __init__(self, local: ProcessorCache, *shared: ChainableTier, write_queue: int = 64,
+                 write_queue_bytes: int = 1 << 30):
         if not shared:
             raise ValueError("TieredCache needs at least one shared tier")
         self.local = local
         self.tiers = list(shared)
         self.shared: SharedTier = shared[0] if len(shared) == 1 else SharedChain(shared)
+        self.writer: SharedWriter = SharedWriter(self.shared, write_queue, write_queue_bytes)
 
     def lookup(self, key: str) -> tuple[bool, object]:
         """(found, value): the local tier, then the shared ones (a hit there fills the nearer)."""
@@ -182,4 +141,9 @@ class TieredCache:
 
     def stats(self) -> TieredStats:
         tiers = tuple(tier.stats() for tier in self.tiers)
-        return TieredStats(self.local.stats(), tiers[0], tiers)
+        return TieredStats(self.local.stats(), tiers[0], tiers, self.writer.stats())
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits for the writes behind requests to finish (before a benchmark reads the tiers,
+        or a graceful exit); False if `timeout` passed first."""
+        return self.writer.flush(timeout)

@@ -17,49 +17,64 @@ it where `codec()` returns them). Video has two readers: `video` (PyAV) and `vid
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..errors import MediaCapacityError
 from ..lru import LruCache
 from ..spec import DEFAULT_LIMITS, Limits, Spec, spec_type
 
-MODALITIES = ("image", "video", "audio")
+if TYPE_CHECKING:  # annotations only: importing codecs loads neither torch nor a codec module
+    import torch
+
+    from ..spec import AudioSpec, ImageSpec, VideoSpec
+    from .types import AudioHeader, AudioSamples, ImageHeader, VideoFrames, VideoHeader
+
+SpecT = TypeVar("SpecT", bound=Spec, contravariant=True)
+HeaderT = TypeVar("HeaderT")
+ResultT = TypeVar("ResultT", covariant=True)
 
 
-class Codec(Protocol):
-    """What the handle and the engine call on a codec module. `spec` and `header` are the
-    modality's own (ImageSpec and ImageHeader, ...); results are a tensor, VideoFrames or
-    AudioSamples."""
+class Codec(Protocol, Generic[SpecT, HeaderT, ResultT]):
+    """What the handle and the engine call on a codec module, over the modality's own spec,
+    header and result: `Codec[ImageSpec, ImageHeader, torch.Tensor]`,
+    `Codec[VideoSpec, VideoHeader, VideoFrames]`, `Codec[AudioSpec, AudioHeader, AudioSamples]`."""
 
     REMEMBER_HEADERS: bool
 
-    def probe(self, data: Any, limits: Limits, spec: Any) -> Any: ...
+    def probe(self, data: bytes | memoryview, limits: Limits, spec: SpecT) -> HeaderT: ...
 
-    def check_limits(self, header: Any, limits: Limits, spec: Any, encoded_bytes: int) -> None: ...
+    def check_limits(self, header: HeaderT, limits: Limits, spec: SpecT, encoded_bytes: int) -> None: ...
 
-    def decode(self, data: Any, header: Any, spec: Any, out: Any = None, limits: Limits = DEFAULT_LIMITS) -> Any: ...
+    def decode(self, data: bytes | memoryview, header: HeaderT, spec: SpecT, out: torch.Tensor | None = None,
+               limits: Limits = DEFAULT_LIMITS) -> ResultT: ...
 
 
-def codec(modality: str, spec: Spec | None = None) -> Codec:
+def codec(modality: str, spec: Spec | None = None) -> Codec[Any, Any, Any]:
     """The codec module of `modality` (imported now if needed), and for video the reader `spec`
-    names (PyAV unless decoder="opencv"); unknown modalities are 400s."""
+    names (PyAV unless decoder="opencv"); unknown modalities are 400s. Each module is held to
+    `Codec` with its modality's types (mypy checks the assignments)."""
     spec_type(modality)  # raises InvalidMediaError for an unknown modality
     if modality == "image":
         from . import image
 
-        return image
+        image_codec: Codec[ImageSpec, ImageHeader, torch.Tensor] = image
+        return image_codec
     if modality == "audio":
         from . import audio
 
-        return audio
+        audio_codec: Codec[AudioSpec, AudioHeader, AudioSamples] = audio
+        return audio_codec
+    video_codec: Codec[VideoSpec, VideoHeader, VideoFrames]
     if getattr(spec, "decoder", None) == "opencv":
         from . import video_opencv
 
         video_opencv.check_available()
-        return video_opencv
-    from . import video
+        video_codec = video_opencv
+    else:
+        from . import video
 
-    return video
+        video_codec = video
+    return video_codec
 
 
 def decode(modality: str, data, header, spec, out=None, limits: Limits = DEFAULT_LIMITS):

@@ -84,10 +84,10 @@ def check_limits(header: AudioHeader, limits: Limits, spec: AudioSpec, encoded_b
     duration, and the output with the resampler's working memory."""
     if header.channels > limits.max_audio_channels:
         raise MediaTooLargeError(f"{header.channels} audio channels exceed the {limits.max_audio_channels} channel "
-                                 "limit", modality="audio")
+                                 "limit", hint="raise Limits.max_audio_channels", modality="audio")
     if header.duration > limits.max_audio_seconds:
-        raise MediaTooLargeError(f"{header.duration:.0f} s of audio is over Limits.max_audio_seconds "
-                                 f"({limits.max_audio_seconds:.0f} s): send a shorter clip, or raise the limit",
+        raise MediaTooLargeError(f"{header.duration:.0f} s of audio is over the {limits.max_audio_seconds:.0f} s "
+                                 "limit: send a shorter clip", hint="raise Limits.max_audio_seconds",
                                  modality="audio")
     channels, samples = output_shape(header, spec)
     limits.check_decoded(channels * samples * 4, "audio", f"{channels} channels x {samples} samples",
@@ -182,9 +182,9 @@ class _Output:
         end = self.position + count
         if end > self.array.shape[1]:
             if end > self.max_frames:
-                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over "
-                                         "Limits.max_decoded_bytes or Limits.max_audio_seconds: send a shorter clip, "
-                                         "pass mono=True or a lower sample_rate, or raise the limit", modality="audio")
+                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over the limit: "
+                                         "send a shorter clip", hint="pass mono=True or a lower sample_rate, or raise "
+                                         "Limits.max_decoded_bytes or Limits.max_audio_seconds", modality="audio")
             grown = torch.empty((self.channels, min(max(end, self.array.shape[1] * 5 // 4), self.max_frames)),
                                 dtype=torch.float32)
             grown[:, :self.position] = self.tensor[:, :self.position]

@@ -80,8 +80,8 @@ def _probe_with_pillow(data, result) -> ImageHeader:
         raise InvalidMediaError("not an image format this server reads: send JPEG, PNG, GIF, WebP, BMP, TIFF "
                                 "or another format Pillow opens", modality="image") from None
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise Limits.max_pixels)",
-                                 modality="image") from None
+        raise MediaTooLargeError("decompression bomb: the image has more pixels than the limit: send a smaller image",
+                                 hint=f"raise Limits.max_pixels ({exc})", modality="image") from None
     except Exception as exc:  # a recognised format whose header is broken
         raise UnprocessableMediaError(f"broken image header ({type(exc).__name__}: {exc}):"
                                       " re-encode the file or send another", modality="image") from None
@@ -163,8 +163,8 @@ def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
 
 def check_pixels(width: int, height: int, limits: Limits) -> None:
     if width * height > limits.max_pixels:
-        raise MediaTooLargeError(f"an image of (height, width)=({height}, {width}) is over Limits.max_pixels "
-                                 f"({limits.max_pixels}): send a smaller image, or raise the limit",
+        raise MediaTooLargeError(f"an image of (height, width)=({height}, {width}) is over the {limits.max_pixels} "
+                                 "pixel limit: send a smaller image", hint="raise Limits.max_pixels",
                                  modality="image")
 
 
@@ -174,7 +174,8 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
     check_pixels(header.max_frame_width, header.max_frame_height, limits)
     if header.scan_count > limits.max_jpeg_scans:
         raise MediaTooLargeError(f"JPEG has {header.scan_count} scans, over the {limits.max_jpeg_scans} scan limit "
-                                 "(each scan is a pass over the whole image)", modality="image")
+                                 "(each scan is a pass over the whole image)", hint="raise Limits.max_jpeg_scans",
+                                 modality="image")
     height, width, channels = header.output_shape(spec)
     limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels",
                          header.working_bytes)
@@ -427,12 +428,13 @@ def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None 
     except MediaError:
         raise
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise Limits.max_pixels)",
-                                 modality="image") from None
+        raise MediaTooLargeError("decompression bomb: the image has more pixels than the limit: send a smaller image",
+                                 hint=f"raise Limits.max_pixels ({exc})", modality="image") from None
     except ValueError as exc:
         if "Decompressed data too large" in str(exc):
-            raise MediaTooLargeError(f"decompression bomb: {exc} (send a smaller image, or raise "
-                                     "Limits.max_decoded_bytes)", modality="image") from None
+            raise MediaTooLargeError("decompression bomb: the image's data inflates past the limit: send a smaller "
+                                     "image", hint=f"raise Limits.max_decoded_bytes ({exc})",
+                                     modality="image") from None
         raise UnprocessableMediaError(f"corrupt {header.format} ({exc}): re-encode the file or send another",
                                       modality="image") from None
     except Exception as exc:  # decoders raise OSError, SyntaxError, EOFError, struct.error, ...

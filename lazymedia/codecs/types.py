@@ -1,10 +1,12 @@
 """The headers and results of every codec, in one place: what a probe reads (`ImageHeader`,
-`VideoHeader`, `AudioHeader`) and what a decode returns (`VideoFrames`, `AudioSamples`; an image
-decodes to a plain uint8 tensor [H, W, C] with `CHANNELS[mode]` channels)."""
+`VideoHeader`, `AudioHeader`) and what a decode returns (`VideoFrames`, `AudioSamples`, both a
+`TensorResult`; an image decodes to a plain uint8 tensor [H, W, C] with `CHANNELS[mode]`
+channels)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Self
 
 from ..spec import ImageSpec
 
@@ -95,6 +97,23 @@ class ImageHeader:
 # every component at full resolution).
 _COMPONENT_PLANES = {"gray": 1, "444": 3, "422": 2, "440": 2, "420": 1.5, "411": 1.5, "410": 1.25}
 
+
+class TensorResult(ABC):
+    """A decoded result that carries its media as one tensor beside plain fields (`VideoFrames`,
+    `AudioSamples`): the engine places, ships and copies that tensor through `tensor` and
+    `with_tensor` without knowing which result it is."""
+
+    @property
+    @abstractmethod
+    def tensor(self) -> torch.Tensor:
+        """The result's one tensor."""
+
+    @abstractmethod
+    def with_tensor(self, tensor: torch.Tensor) -> Self:
+        """This result with `tensor` (of the same shape, or fewer leading entries) in place of its
+        own; the other fields are shared, not copied."""
+
+
 @dataclass(frozen=True)
 class VideoHeader:
     """The container's header, with `total_frames` counted from the packets the decoder will
@@ -115,7 +134,7 @@ class VideoHeader:
 
 
 @dataclass
-class VideoFrames:
+class VideoFrames(TensorResult):
     """Sampled frames `[T, H, W, 3]` uint8 with the indices and timestamps (s) they came from.
     `metadata` holds exactly the transformers VideoMetadata keys (total_num_frames, fps,
     duration, frames_indices, video_backend, do_sample_frames), as vLLM hands them to a model's
@@ -141,6 +160,14 @@ class VideoFrames:
         return _repr(self, frames=self.frames, fps=self.fps, duration=self.duration,
                      total_frames=self.total_frames, indices=self.indices, info=self.info)
 
+    @property
+    def tensor(self) -> torch.Tensor:
+        """`frames`."""
+        return self.frames
+
+    def with_tensor(self, tensor: torch.Tensor) -> VideoFrames:
+        return replace(self, frames=tensor)
+
 
 @dataclass(frozen=True)
 class AudioHeader:
@@ -157,7 +184,7 @@ class AudioHeader:
 
 
 @dataclass
-class AudioSamples:
+class AudioSamples(TensorResult):
     """Decoded audio: float32 `samples` [channels, samples] at `sample_rate`. `metadata` says
     which reader decoded it and how many damaged packets it skipped."""
 
@@ -176,6 +203,14 @@ class AudioSamples:
     def data(self) -> torch.Tensor:
         """`samples` under torchcodec's name (AudioSamples.data there)."""
         return self.samples
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """`samples`."""
+        return self.samples
+
+    def with_tensor(self, tensor: torch.Tensor) -> AudioSamples:
+        return replace(self, samples=tensor)
 
     def numpy(self) -> np.ndarray:
         """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""

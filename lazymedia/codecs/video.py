@@ -41,7 +41,7 @@ def _open(data):
                                 "FFmpeg reads", modality="video") from None
 
 
-def _presented(packet) -> bool:
+def presented(packet) -> bool:
     """A packet the decoder turns into a presented frame: not empty, and not an edit list's
     pre-roll (FFmpeg marks those discard: decoded for reference, never output)."""
     return packet.size > 0 and not packet.is_discard
@@ -54,7 +54,7 @@ def _count_packets(container, stream, cap: int) -> int:
     count = 0
     try:
         for packet in container.demux(stream):
-            if _presented(packet):
+            if presented(packet):
                 count += 1
                 if count > cap:
                     break
@@ -273,12 +273,11 @@ def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
 def check_length(frames: int, seconds: float, limits: Limits, what: str) -> None:
     """Refuses (413) a clip longer than the limits allow, in frames or in seconds."""
     if frames > limits.max_video_frames:
-        raise MediaTooLargeError(f"{what} {frames} frames, over Limits.max_video_frames ({limits.max_video_frames}): "
-                                 "send a shorter clip, or raise the limit", modality="video")
+        raise MediaTooLargeError(f"{what} {frames} frames, over the {limits.max_video_frames} frame limit: send a "
+                                 "shorter clip", hint="raise Limits.max_video_frames", modality="video")
     if seconds > limits.max_video_seconds:
-        raise MediaTooLargeError(f"{what} {seconds:.0f} s, over Limits.max_video_seconds "
-                                 f"({limits.max_video_seconds:.0f} s): send a shorter clip, or raise the limit",
-                                 modality="video")
+        raise MediaTooLargeError(f"{what} {seconds:.0f} s, over the {limits.max_video_seconds:.0f} s limit: send a "
+                                 "shorter clip", hint="raise Limits.max_video_seconds", modality="video")
 
 
 # Codecs that paint every frame onto the full canvas and have no keyframe after the first
@@ -313,8 +312,8 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
         raise MediaTooLargeError(f"frames of (height, width)=({header.height}, {header.width}) are over "
-                                 f"Limits.max_pixels ({limits.max_pixels}): send a smaller video, or raise the limit",
-                                 modality="video")
+                                 f"the {limits.max_pixels} pixel limit: send a smaller video",
+                                 hint="raise Limits.max_pixels", modality="video")
     check_length(header.total_frames, header.duration, limits, "the video has")
     indices = sample_indices(sampling_source(header), spec)
     if header.codec in _CANVAS_CODECS and indices:
@@ -339,7 +338,7 @@ def read_frame_table(data, total_frames: int) -> FrameTable | None:
             stream = container.streams.video[0]
             time_base = float(stream.time_base) if stream.time_base else 0.0
             for packet in container.demux(stream):
-                if not _presented(packet):
+                if not presented(packet):
                     continue
                 if packet.pts is None:
                     return None
@@ -348,7 +347,14 @@ def read_frame_table(data, total_frames: int) -> FrameTable | None:
                     key_pts.add(packet.pts)
     except av.error.FFmpegError:
         return None
-    pts.sort()
+    return frame_table(pts, key_pts, time_base, total_frames)
+
+
+def frame_table(pts: list[int], key_pts: set[int], time_base: float, total_frames: int) -> FrameTable | None:
+    """The frame table of the presented packets' `pts` (any order) and keyframes' `key_pts`; None
+    when they cannot identify the header's frames (a count that differs, a repeated pts, no
+    keyframe)."""
+    pts = sorted(pts)
     if len(pts) != total_frames or len(set(pts)) != len(pts) or not key_pts:
         return None
     return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)

@@ -23,8 +23,9 @@ def check_available() -> None:
     """Refuses (400) the OpenCV reader where OpenCV is not installed; checked where the reader
     is chosen (load, decode), not in VideoSpec, so a cache hit by id never needs OpenCV."""
     if importlib.util.find_spec("cv2") is None:
-        raise InvalidMediaError("decoder='opencv' needs OpenCV: pip install opencv-python-headless "
-                                "(the lazymedia[opencv] extra), or use decoder='pyav'", modality="video")
+        raise InvalidMediaError("decoder='opencv' is not installed on this server: use decoder='pyav'",
+                                hint="pip install opencv-python-headless (the lazymedia[opencv] extra)",
+                                modality="video")
 
 
 def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> VideoFrames:

@@ -6,6 +6,7 @@ stack is reported as a reason, never raised.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -49,24 +50,55 @@ def _cuda_extension() -> tuple[bool, str]:
     return True, "built"
 
 
-def backends() -> list[BackendStatus]:
-    """Every backend with whether it is usable here."""
+def _cpu_image() -> tuple[bool, str]:
     import PIL
     import simplejpeg
 
-    found = [BackendStatus("cpu", "image", True,
-                           f"libjpeg-turbo via simplejpeg {simplejpeg.__version__}, Pillow {PIL.__version__}")]
+    return True, f"libjpeg-turbo via simplejpeg {simplejpeg.__version__}, Pillow {PIL.__version__}"
+
+
+def _nvjpeg() -> tuple[bool, str]:
     device_ok, device = _cuda_device()
     ext_ok, ext = _cuda_extension()
-    nvjpeg_ok = device_ok and ext_ok
-    found.append(BackendStatus("nvjpeg", "image", nvjpeg_ok, device if nvjpeg_ok else (ext if not ext_ok else device)))
+    return device_ok and ext_ok, device if ext_ok else ext
+
+
+def _dali() -> tuple[bool, str]:
     dali_ok, dali = _module("nvidia.dali")
-    where = "mixed (GPU) and cpu pipelines" if device_ok else "cpu pipeline only (no GPU)"
-    found.append(BackendStatus("dali", "image", dali_ok, f"DALI {dali}, {where}" if dali_ok else dali))
+    where = "mixed (GPU) and cpu pipelines" if _cuda_device()[0] else "cpu pipeline only (no GPU)"
+    return dali_ok, f"DALI {dali}, {where}" if dali_ok else dali
+
+
+def _cpu_video() -> tuple[bool, str]:
     av_ok, av_version = _module("av")
-    found.append(BackendStatus("cpu", "video", av_ok, f"PyAV {av_version}" if av_ok else av_version))
+    return av_ok, f"PyAV {av_version}" if av_ok else av_version
+
+
+def _nvdec() -> tuple[bool, str]:
     nvdec_ok, nvdec = _module("PyNvVideoCodec")
-    found.append(BackendStatus("nvdec", "video", nvdec_ok and device_ok, nvdec if not nvdec_ok else device))
+    device_ok, device = _cuda_device()
+    return nvdec_ok and device_ok, device if nvdec_ok else nvdec
+
+
+def _cpu_audio() -> tuple[bool, str]:
     sf_ok, sf = _module("soundfile")
-    found.append(BackendStatus("cpu", "audio", sf_ok and av_ok, f"soundfile {sf}, PyAV {av_version}"))
-    return found
+    av_ok, av_version = _module("av")
+    return sf_ok and av_ok, f"soundfile {sf}, PyAV {av_version}"
+
+
+# Every decode backend, by modality, with the check that says whether this process can use it: what
+# backends() reports (`lazymedia info`), `lazymedia decode --backend` offers (the image rows) and
+# docs/design.md lists (tests hold both).
+BACKENDS: dict[tuple[str, str], Callable[[], tuple[bool, str]]] = {
+    ("image", "cpu"): _cpu_image,
+    ("image", "nvjpeg"): _nvjpeg,
+    ("image", "dali"): _dali,
+    ("video", "cpu"): _cpu_video,
+    ("video", "nvdec"): _nvdec,
+    ("audio", "cpu"): _cpu_audio,
+}
+
+
+def backends() -> list[BackendStatus]:
+    """Every backend with whether it is usable here."""
+    return [BackendStatus(name, modality, *check()) for (modality, name), check in BACKENDS.items()]

@@ -12,16 +12,28 @@ one call.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from ..errors import MediaError
+from ..metrics import observe, phase
+from ..profiling import nvtx_range
 from ..singletons import process_wide
-from .protocol import BatchDecoder, DecodeItem
+from .placement import (
+    BYTES_PER_DECODED_BYTE,
+    DEFAULT_DEVICE_CAP_BYTES,
+    DeviceBudget,
+    Placement,
+    decoded_nbytes,
+    normalize_device,
+)
+from .protocol import BatchDecoder, DecodeItem, place
 
 # Batch sizes kept per decoder, for stats and benchmarks (older ones are dropped).
 BATCH_HISTORY = 1024
@@ -39,12 +51,22 @@ class DecodeEngine:
     batch decoders for the items they accept, and worker processes for isolated modalities.
 
     Batch decoders take precedence over isolation: a GPU decoder that accepts a video decodes it
-    in this process. `isolation_pool` defaults to the process-wide pool of worker processes.
+    in this process. `isolation_pool` defaults to the process-wide pool of worker processes
+    (LAZYMEDIA_ISOLATION_WORKERS of them at most); `isolation_workers` gives this engine a pool of
+    its own of that many instead, closed with the engine. Either starts at the first isolated item.
+    `device` (with `device_cap_bytes`, engine/placement.py) lets a Processor place misses on a
+    device: the batch decoders are then that device's (nvJPEG output="cuda", NVDEC).
     """
 
     def __init__(self, max_workers: int | None = None, batch_decoders: Sequence[BatchDecoder] = (),
                  batch_window_s: float = 0.001, max_batch: int = 64,
-                 isolate: Iterable[str] = ("video", "audio"), isolation_pool=None):
+                 isolate: Iterable[str] = ("video", "audio"), isolation_pool=None,
+                 isolation_workers: int | None = None, device=None,
+                 device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES):
+        if isolation_workers is not None and isolation_pool is not None:
+            raise ValueError("give isolation_pool or isolation_workers, not both")
+        if isolation_workers is not None and isolation_workers < 1:
+            raise ValueError(f"isolation_workers must be >= 1, got {isolation_workers}")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="lazymedia-decode",
                                         initializer=_mark_decode_thread)
@@ -55,12 +77,18 @@ class DecodeEngine:
         self.max_batch = max_batch
         self.isolate = frozenset(isolate)
         self._isolation_pool = isolation_pool
+        self._isolation_workers = isolation_workers
+        self._owns_pool = False
         # The most recent batch sizes each decoder received, for stats, benchmarks and tests.
         self.batch_sizes: dict[str, collections.deque[int]] = {
             d.name: collections.deque(maxlen=BATCH_HISTORY) for d in self.batch_decoders}
+        # Every item each decoder was handed (its own `decoded` counts those its GPU path took).
+        self.batched_items: dict[str, int] = {d.name: 0 for d in self.batch_decoders}
         self._queues: dict[str, queue.SimpleQueue] = {d.name: queue.SimpleQueue() for d in self.batch_decoders}
         self._batchers: dict[str, threading.Thread] = {}
         self._closed = False
+        self.device: Any = normalize_device(device) if device is not None else None  # a torch.device
+        self.device_budget = DeviceBudget(device_cap_bytes) if device is not None else None
 
     @property
     def in_flight(self) -> int:
@@ -68,18 +96,39 @@ class DecodeEngine:
         with self._lock:
             return self._in_flight
 
-    def submit(self, item: DecodeItem, out=None) -> Future:
-        """Decodes `item`; the future's result is what `item.decode()` returns."""
+    def place(self, item: DecodeItem, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE) -> Placement:
+        """Where a miss of `item` decodes and is processed: on this engine's device, holding
+        its estimated bytes of the device budget until `unplace`, or on the CPU (no device,
+        a modality that stays on the CPU, or the cap is full: never a wait)."""
+        budget = self.device_budget
+        nbytes = decoded_nbytes(item) if budget is not None else None
+        if budget is None or nbytes is None or not budget.reserve(nbytes * bytes_per_decoded_byte):
+            return Placement(None, 0)
+        return Placement(self.device, nbytes * bytes_per_decoded_byte)
+
+    def unplace(self, placement: Placement) -> None:
+        """Gives back what `place` reserved (the miss's processing has ended)."""
+        if placement.reserved and self.device_budget is not None:
+            self.device_budget.release(placement.reserved)
+
+    def submit(self, item: DecodeItem, out=None, device=None) -> Future:
+        """Decodes `item`; the future's result is what `item.decode()` returns. With `device`,
+        the result lies there: "cpu" decodes on the pool only (never a GPU batch decoder),
+        another device takes the batch decoders first and moves a pool decode there."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("DecodeEngine is shut down")
             self._in_flight += 1
         try:
-            decoder = next((d for d in self.batch_decoders if out is None and d.accepts(item)), None)
+            on_host = device is not None and str(device) == "cpu"
+            decoder = next((d for d in self.batch_decoders if out is None and not on_host and d.accepts(item)),
+                           None)
             if decoder is not None:
                 future: Future = Future()
                 self._start_batcher(decoder)
                 self._queues[decoder.name].put((item, future))
+            elif device is not None and not on_host:
+                future = self._pool.submit(self._decode_to, item, device)
             else:
                 future = self._pool.submit(self._decode_one, item, out)
         except BaseException:
@@ -94,24 +143,41 @@ class DecodeEngine:
         Returns each worker's report (empty without isolation or with batch decoders only)."""
         if not self.isolate:
             return []
-        from .isolation import default_pool
+        return self.isolation_pool().warm_up()
 
-        return (self._isolation_pool or default_pool()).warm_up()
+    def isolation_pool(self):
+        """The pool isolated modalities decode in, built on first use (workers start on demand)."""
+        from .isolation import IsolatedPool, default_pool
+
+        with self._lock:
+            if self._isolation_pool is None:
+                if self._isolation_workers is None:
+                    self._isolation_pool = default_pool()
+                else:
+                    self._isolation_pool = IsolatedPool(workers=self._isolation_workers)
+                    self._owns_pool = True
+            return self._isolation_pool
 
     def _finished(self, _future) -> None:
         with self._lock:
             self._in_flight -= 1
 
+    def _decode_to(self, item: DecodeItem, device):
+        """A pool decode moved to `device`; the handle keeps the host decode."""
+        with nvtx_range("lazymedia.to_device"):
+            return place(self._decode_one(item, None), device)
+
     def _decode_one(self, item: DecodeItem, out):
         root = item.root
         if item.modality not in self.isolate or root.is_decoded:
-            return item.decode(out)
-        from .isolation import copy_into, decode_encoded, default_pool
+            with phase("decode", backend="thread", modality=item.modality):
+                return item.decode(out)
+        from .isolation import copy_into, decode_encoded
 
-        pool = self._isolation_pool or default_pool()
         try:
-            value = pool.run(decode_encoded, root.modality, bytes(root.encoded()), root.header, root.spec,
-                             root.limits)
+            with phase("decode", backend="isolated", modality=item.modality):
+                value = self.isolation_pool().run(decode_encoded, root.modality, bytes(root.encoded()), root.header,
+                                                  root.spec, root.limits)
         except MediaError as exc:
             root.fulfil(error=exc)
         else:
@@ -152,13 +218,19 @@ class DecodeEngine:
             live = [(item, future) for item, future in batch if future.set_running_or_notify_cancel()]
             if live:
                 self.batch_sizes[decoder.name].append(len(live))
+                self.batched_items[decoder.name] += len(live)
                 self._pool.submit(self._decode_batch, decoder, live)
 
     def _decode_batch(self, decoder: BatchDecoder, batch) -> None:
-        try:
-            results = decoder.decode_batch([item for item, _ in batch])
-        except BaseException as exc:  # the decoder itself broke: every item of the batch fails
-            results = [exc] * len(batch)
+        started = time.perf_counter()
+        with nvtx_range("lazymedia.decode"):
+            try:
+                results = decoder.decode_batch([item for item, _ in batch])
+            except BaseException as exc:  # the decoder itself broke: every item of the batch fails
+                results = [exc] * len(batch)
+        seconds = time.perf_counter() - started  # each item of the batch waited for all of it
+        for item, _ in batch:
+            observe("decode", seconds, backend=decoder.name, modality=item.modality)
         for (item, future), result in zip(batch, results):
             if isinstance(result, BaseException):
                 item.fulfil(error=result)
@@ -188,6 +260,8 @@ class DecodeEngine:
             if wait:
                 thread.join()
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        if self._owns_pool and self._isolation_pool is not None:
+            self._isolation_pool.close()
 
     def __enter__(self):
         return self
@@ -196,10 +270,53 @@ class DecodeEngine:
         self.shutdown()
 
 
+_DEVICE_ENGINES: dict[str, DecodeEngine] = {}
+_DEVICE_ENGINES_LOCK = threading.Lock()
+
+
+def device_engine(device="cuda", device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES) -> DecodeEngine:
+    """The process-wide engine for `device` (one per device: one nvJPEG handle, one NVDEC
+    decoder): nvJPEG into device tensors and NVDEC where this process can run them, the CPU
+    for the rest (moved to the device); the cap of its first call holds."""
+    device = normalize_device(device)
+    with _DEVICE_ENGINES_LOCK:
+        engine = _DEVICE_ENGINES.get(str(device))
+        if engine is None:
+            engine = DecodeEngine(batch_decoders=gpu_decoders(device), device=device,
+                                  device_cap_bytes=device_cap_bytes)
+            _DEVICE_ENGINES[str(device)] = engine
+        return engine
+
+
+def gpu_decoders(device) -> list[BatchDecoder]:
+    """nvJPEG (device outputs) and NVDEC on `device`, those this process can run (engine
+    availability); one that fails to start is left out and logged, so its items decode on
+    the CPU."""
+    from .availability import backends
+
+    usable = {status.name for status in backends() if status.available}
+    decoders: list[BatchDecoder] = []
+    if "nvjpeg" in usable:
+        from .nvjpeg import NvjpegBatchDecoder
+
+        _start(decoders, "nvjpeg", lambda: NvjpegBatchDecoder(device, output="cuda"))
+    if "nvdec" in usable:
+        from .nvdec import NvdecBatchDecoder
+
+        _start(decoders, "nvdec", lambda: NvdecBatchDecoder(device))
+    return decoders
+
+
+def _start(decoders: list, name: str, build) -> None:
+    try:
+        decoders.append(build())
+    except Exception as exc:  # a driver or library that imports but cannot start: the CPU decodes
+        logging.getLogger("lazymedia.engine").warning("%s is not used: %s: %s", name, type(exc).__name__, exc)
+
+
 @process_wide
 def default_engine() -> DecodeEngine:
-    """The process-wide engine that `Processor` uses unless given another; its isolation workers
-    start warming up in the background at once."""
-    engine = DecodeEngine()
-    threading.Thread(target=engine.warm_up, name="lazymedia-warm-up", daemon=True).start()
-    return engine
+    """The process-wide engine that `Processor` uses unless given another. Its isolation workers
+    start at the first isolated item (an image-only process has none); `warm_up()` starts them
+    ahead of traffic."""
+    return DecodeEngine()

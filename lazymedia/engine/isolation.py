@@ -5,8 +5,9 @@ a typed error.
 Workers are fresh interpreters (`python -m lazymedia.engine.isolation`) talking over a socket
 pair: no fork of a threaded server, and no re-import of the server's __main__ as
 multiprocessing's spawn and forkserver would do. A worker warms up before it reports ready: it
-imports torch and the decoders and decodes a tiny video and audio clip (1-9 s, against 17 ms for
-a warm decode), so a pool created early (`DecodeEngine.warm_up`) serves its first miss warm.
+imports torch and the decoders and decodes a tiny video and audio clip (seconds, where a warm
+decode takes milliseconds: docs/benchmarks.md), so a pool created early (`DecodeEngine.warm_up`)
+serves its first miss warm.
 
 Decoded frames and samples of a MiB or more come back through shared memory: the worker writes
 the tensor once into a file of the pool's folder in /dev/shm and replies with its name; the
@@ -14,6 +15,11 @@ parent maps it (the tensor's storage is that mapping) and unlinks it at once, wh
 through the socket costs four copies (figures: docs/benchmarks.md). A worker that dies
 leaves at most its own files, which are removed with it; the folder goes with the pool. Where
 /dev/shm is not writable, everything is pickled.
+
+Workers start on demand: the first isolated item starts one, and a call that finds none idle
+starts another, up to `workers` (argument, or LAZYMEDIA_ISOLATION_WORKERS for the process-wide
+pool); an image-only process never starts one. A worker whose parent is gone (closed, exited,
+killed) sees its socket close and exits quietly, whatever it was doing.
 
 Workers never initialise CUDA (LAZYMEDIA_NO_CUDA=1, no visible device): page-locked buffers would
 create a CUDA context, about 0.5 GiB of device memory, in every worker. The serving process
@@ -25,6 +31,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import logging
 import math
 import os
 import pickle
@@ -37,75 +44,80 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
+from ..metrics import count
 from ..ops import NO_CUDA_ENV, frame_buffers
 from ..singletons import process_wide
 
+logger = logging.getLogger("lazymedia.engine")
+
 _READY = b"ready"
+# Workers of the process-wide pool: each costs about 260 MB of RSS once warm (docs/usage.md).
+WORKERS_VARIABLE = "LAZYMEDIA_ISOLATION_WORKERS"
+DEFAULT_WORKERS = 4
 # A worker imports torch and the decoders before it can serve: minutes would mean it is stuck.
 _STARTUP_TIMEOUT_S = 120.0
 # Decoded tensors at least this large come back through the pool's shared-memory folder.
 SHARED_MIN_BYTES = 1 << 20
-_TENSOR_FIELDS = ("frames", "samples")  # VideoFrames / AudioSamples
 
 
-# A worker's reply carries (_SHARED, file name, shape, dtype name) where a tensor was written to
-# the pool's folder: plain values, since the worker runs this module as __main__.
+# A worker's reply carries (_SHARED, file name, the result) where its tensor was written to the
+# pool's folder, the result holding a one-element stand-in of the tensor's shape and dtype. The
+# marker is a string, not a class of this module, since the worker runs this module as __main__.
 _SHARED = "lazymedia.engine.isolation/shared-tensor"
 
 
 def _export(value, folder: Path | None, names) -> Any:
-    """Worker side: large decoded tensors of `value` written to `folder`, replaced by their names."""
-    if folder is None:
+    """Worker side: a result whose tensor is large, with that tensor written to `folder` (see _SHARED)."""
+    if folder is None or not isinstance(value, TensorResult):
         return value
     import torch
 
-    for field in _TENSOR_FIELDS:
-        tensor = getattr(value, field, None)
-        if tensor is not None and tensor.device.type == "cpu" and tensor.nbytes >= SHARED_MIN_BYTES:
-            name = f"{os.getpid()}-{next(names)}"
-            try:
-                fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:  # any dtype, as its bytes (numpy has no bfloat16)
-                    f.write(memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()))
-            except (OSError, RuntimeError, TypeError):  # /dev/shm full (64 MiB in a default container)
-                (folder / name).unlink(missing_ok=True)
-                continue  # this tensor is pickled instead
-            setattr(value, field, (_SHARED, name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
-    return value
+    tensor = value.tensor
+    if tensor.device.type != "cpu" or tensor.nbytes < SHARED_MIN_BYTES:
+        return value
+    name = f"{os.getpid()}-{next(names)}"
+    try:
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:  # any dtype, as its bytes (numpy has no bfloat16)
+            f.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    except (OSError, RuntimeError, TypeError):  # /dev/shm full (64 MiB in a default container)
+        (folder / name).unlink(missing_ok=True)
+        return value  # the tensor is pickled instead
+    return _SHARED, name, value.with_tensor(torch.empty((), dtype=tensor.dtype).expand(tensor.shape))
 
 
 def _import(value, folder: Path | None) -> Any:
-    """Parent side: each shared tensor of `value` mapped from its file, which is unlinked at once."""
-    for field in _TENSOR_FIELDS:
-        shared = getattr(value, field, None)
-        if isinstance(shared, tuple) and len(shared) == 4 and shared[0] == _SHARED and folder is not None:
-            import torch
+    """Parent side: a shared result's tensor mapped from its file, which is unlinked at once."""
+    if not (isinstance(value, tuple) and len(value) == 3 and value[0] == _SHARED and folder is not None):
+        return value
+    import torch
 
-            _, name, shape, dtype = shared
-            path = folder / name
-            try:
-                element = torch.empty((), dtype=getattr(torch, dtype))
-                count = math.prod(shape)
-                # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
-                if path.stat().st_size != count * element.element_size():
+    _, name, result = value
+    shape, dtype = tuple(result.tensor.shape), result.tensor.dtype
+    path = folder / name
+    try:
+        count = math.prod(shape)
+        # torch.from_file creates and zero-fills a missing file: check it is the worker's, whole.
+        if path.stat().st_size != count * result.tensor.element_size():
+            raise OSError(f"shared result {name} is incomplete")
+        pinned = result_buffers()
+        if pinned is None:
+            tensor = torch.from_file(str(path), shared=True, size=count, dtype=dtype).view(shape)
+        else:  # one read into page-locked memory instead of a mapping
+            tensor = pinned.empty(shape, dtype)
+            with open(path, "rb") as f:
+                if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != tensor.nbytes:
                     raise OSError(f"shared result {name} is incomplete")
-                pinned = result_buffers()
-                if pinned is None:
-                    tensor = torch.from_file(str(path), shared=True, size=count, dtype=element.dtype).view(shape)
-                else:  # one read into page-locked memory instead of a mapping
-                    tensor = pinned.empty(shape, element.dtype)
-                    with open(path, "rb") as f:
-                        if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != tensor.nbytes:
-                            raise OSError(f"shared result {name} is incomplete")
-            finally:
-                path.unlink(missing_ok=True)
-            setattr(value, field, tensor)
-    return value
+    finally:
+        path.unlink(missing_ok=True)
+    return result.with_tensor(tensor)
 
 
 def result_buffers():
@@ -143,7 +155,10 @@ def _worker_main(conn, folder: Path | None = None) -> None:
         report = _warm_up()
     except Exception as exc:  # a broken codec install: the worker still serves, cold
         report = {"warm": False, "error": f"{type(exc).__name__}: {exc}"}
-    conn.send_bytes(_READY + json.dumps(report).encode())
+    try:
+        conn.send_bytes(_READY + json.dumps(report).encode())
+    except OSError:  # the parent closed the pool, exited or was killed during the warm-up
+        return
     while True:
         try:
             fn, args = pickle.loads(conn.recv_bytes())
@@ -200,6 +215,11 @@ class _Worker:
         self.conn.close()
 
 
+def _closed_error() -> MediaCapacityError:
+    """A call on a pool that closed (the server is shutting down): not the input's fault, a 503."""
+    return MediaCapacityError("the decoder pool closed (the server is shutting down)")
+
+
 class _WorkerDied(Exception):
     """A worker process ended while it held a call (its exit status as the message); `fresh`:
     it had served no earlier call, so nothing before this input touched its heap."""
@@ -209,27 +229,83 @@ class _WorkerDied(Exception):
         self.fresh = fresh
 
 
+@dataclass(frozen=True)
+class PoolStats:
+    """A pool's workers: `workers` alive now, `peak` the most alive at once (never above `limit`),
+    `started` ever, `restarts` those that died under a call or timed out and were replaced."""
+
+    workers: int
+    peak: int
+    limit: int
+    started: int
+    restarts: int
+
+
 class IsolatedPool:
-    """`workers` decoder processes; `run(fn, *args, timeout_s=...)` executes fn(*args) in one of
-    them. fn and its arguments must pickle (module-level functions, bytes, dataclasses)."""
+    """Up to `workers` decoder processes, started on demand; `run(fn, *args, timeout_s=...)`
+    executes fn(*args) in one of them. fn and its arguments must pickle (module-level functions,
+    bytes, dataclasses)."""
 
     def __init__(self, workers: int = 2, timeout_s: float = 60.0, shared_memory: bool = True):
+        if workers < 1:
+            raise ValueError(f"an isolated pool needs at least 1 worker, got {workers}")
+        self.workers = workers
         self.timeout_s = timeout_s
         self.shared_folder = _shared_folder() if shared_memory else None
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        # Idle workers; None wakes a waiter to start a worker in a freed slot (or see the pool closed).
+        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         self._all: list[_Worker] = []
+        self._starting = 0
+        self._peak = self._started = self._restarts = 0
         self._lock = threading.Lock()
         self._closed = False
-        for _ in range(workers):
-            self._idle.put(self._spawn())
+        atexit.register(self.close)  # workers stop with the process, closed or not
+
+    def _take(self) -> _Worker:
+        """An idle worker, or a new one while fewer than `workers` exist, else the next freed."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    self._idle.put(None)  # wakes the next waiter, which sees it closed too
+                    raise _closed_error()
+                try:
+                    worker = self._idle.get_nowait()
+                except queue.Empty:
+                    worker = None
+                if worker is not None:
+                    return worker
+                grow = len(self._all) + self._starting < self.workers
+                if grow:
+                    self._starting += 1
+            if grow:
+                return self._spawn()
+            worker = self._idle.get()
+            if worker is not None:
+                return worker
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self.shared_folder)
+        """Starts a worker in a slot `_take` or `warm_up` reserved."""
+        try:
+            worker = _Worker(self.shared_folder)
+        except OSError as exc:  # no process could start (out of pids or memory): not the input's fault
+            raise MediaCapacityError("the server could not start a decoder now: retry later",
+                                     hint=f"starting an isolation worker failed: {exc}") from None
+        finally:
+            with self._lock:
+                self._starting -= 1
         with self._lock:
             self._all.append(worker)
+            self._started += 1
+            self._peak = max(self._peak, len(self._all))
+            if self._closed:
+                self._all.remove(worker)
+        if self._closed:
+            worker.kill()
+            raise _closed_error()
         return worker
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker, cause: str) -> None:
+        """Ends a worker that died or timed out; the next call that needs one starts another."""
         try:
             worker.kill()
         except subprocess.TimeoutExpired:  # stuck in the kernel: left to the OS, never reused
@@ -241,8 +317,12 @@ class IsolatedPool:
             if worker in self._all:  # close() may have taken it already
                 self._all.remove(worker)
             closed = self._closed
+            if not closed:
+                self._restarts += 1
         if not closed:
-            self._idle.put(self._spawn())
+            logger.warning("decoder worker %d ended: %s; the next call starts another", worker.process.pid, cause)
+            count("worker_restarts", cause=cause)
+            self._idle.put(None)
 
     def run(self, fn: Callable, *args, timeout_s: float | None = None) -> Any:
         """fn(*args) in a worker. A worker that dies is replaced and the call retried once on
@@ -253,7 +333,7 @@ class IsolatedPool:
             return self._run_once(fn, args, timeout_s)
         except _WorkerDied as died:
             if self._closed:  # shutting down under the call: not the input's fault
-                raise MediaCapacityError("the decoder pool closed during the decode") from None
+                raise _closed_error() from None
             if died.fresh:  # a worker that had decoded nothing else: the input crashed it alone
                 raise UnprocessableMediaError(f"decoder process died ({died})") from None
         try:
@@ -262,17 +342,15 @@ class IsolatedPool:
             raise UnprocessableMediaError(f"decoder process died ({died})") from None
 
     def _run_once(self, fn: Callable, args: tuple, timeout_s: float | None) -> Any:
-        if self._closed:
-            raise RuntimeError("IsolatedPool is closed")
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        worker: _Worker | None = self._idle.get()
-        served = worker.served if worker is not None else 0
+        worker: _Worker | None = self._take()
+        assert worker is not None
+        served = worker.served
         try:
-            assert worker is not None
             worker.wait_ready()
             worker.conn.send_bytes(pickle.dumps((fn, args)))
             if not worker.conn.poll(timeout):
-                self._replace(worker)
+                self._replace(worker, "timed out")
                 worker = None
                 raise UnprocessableMediaError(f"decoder timed out after {timeout:.0f} s", status_code=422)
             status, value = pickle.loads(worker.conn.recv_bytes())
@@ -286,9 +364,10 @@ class IsolatedPool:
                     code = worker.process.wait(1)
                 except subprocess.TimeoutExpired:
                     pass
-                self._replace(worker)
-                worker = None
             status = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            if worker is not None:
+                self._replace(worker, f"died ({status})")
+                worker = None
             raise _WorkerDied(status, fresh=served == 0) from None
         finally:
             if worker is not None:
@@ -298,7 +377,16 @@ class IsolatedPool:
         return value
 
     def warm_up(self) -> list[dict]:
-        """Waits until every worker has started and warmed up; what each reported."""
+        """Starts every worker not yet started and waits until each has warmed up; what each reported."""
+        started = []
+        while True:
+            with self._lock:  # one slot reserved at a time, so a failed start holds none
+                if self._closed or len(self._all) + self._starting >= self.workers:
+                    break
+                self._starting += 1
+            started.append(self._spawn())
+        for worker in started:
+            self._idle.put(worker)
         with self._lock:
             workers = list(self._all)
         for worker in workers:
@@ -313,13 +401,23 @@ class IsolatedPool:
         with self._lock:
             return [w.process.pid for w in self._all]
 
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(len(self._all), self._peak, self.workers, self._started, self._restarts)
+
     def close(self) -> None:
+        """Stops every worker (they exit quietly) and removes the shared folder; idempotent."""
+        atexit.unregister(self.close)
         with self._lock:
             self._closed = True
             workers = list(self._all)
             self._all.clear()
+        self._idle.put(None)  # wakes a call waiting for a worker
         for worker in workers:
-            worker.kill()
+            try:
+                worker.kill()
+            except subprocess.TimeoutExpired:  # stuck in the kernel: left to the OS
+                pass
         if self.shared_folder is not None:
             shutil.rmtree(self.shared_folder, ignore_errors=True)
 
@@ -348,10 +446,21 @@ def _shared_folder() -> Path | None:
     return folder
 
 
+def configured_workers() -> int:
+    """The process-wide pool's size: LAZYMEDIA_ISOLATION_WORKERS, else DEFAULT_WORKERS (at most
+    the cores this process may use). A serving box sizes it by its video/audio load, not its cores."""
+    configured = os.environ.get(WORKERS_VARIABLE, "").strip()
+    if configured:
+        if not configured.isdigit() or int(configured) < 1:
+            raise ValueError(f"{WORKERS_VARIABLE} must be a whole number >= 1, got {configured!r}")
+        return int(configured)
+    return min(DEFAULT_WORKERS, len(os.sched_getaffinity(0)))
+
+
 @process_wide
 def default_pool() -> IsolatedPool:
-    """The process-wide pool that engines isolating a modality use (one worker per core)."""
-    return IsolatedPool(workers=max(1, len(os.sched_getaffinity(0))))
+    """The process-wide pool that engines isolating a modality use, built at the first isolated item."""
+    return IsolatedPool(workers=configured_workers())
 
 
 def decode_encoded(modality: str, data: bytes, header, spec, limits):
@@ -362,16 +471,14 @@ def decode_encoded(modality: str, data: bytes, header, spec, limits):
 
 
 def copy_into(result, out):
-    """Moves a decode made in a worker into the caller's buffer `out`."""
-    for field in ("frames", "samples"):  # VideoFrames / AudioSamples
-        tensor = getattr(result, field, None)
-        if tensor is not None:
-            view = out[: tensor.shape[0]] if field == "frames" else out
-            view.copy_(tensor)
-            setattr(result, field, view)
-            return result
-    out.copy_(result)
-    return out
+    """Moves a decode made in a worker into the caller's buffer `out`: a result's tensor into the
+    part of `out` it fills (fewer frames or samples than `out` holds, as a decode into `out` leaves)."""
+    if not isinstance(result, TensorResult):
+        out.copy_(result)
+        return out
+    view = out[tuple(slice(size) for size in result.tensor.shape)]
+    view.copy_(result.tensor)
+    return result.with_tensor(view)
 
 
 if __name__ == "__main__":

@@ -5,16 +5,20 @@ What nvJPEG cannot decode goes to the CPU decoder per image: 4-component (CMYK/Y
 grayscale, RGB-coded (Adobe transform 0), lossless, arithmetic-coded and hierarchical JPEGs,
 non-JPEG formats, modes other than RGB and draft decodes are routed to the CPU up front; any
 image the native decoder refuses at run time (its handles are strict about damaged bitstreams,
-and parse hardware candidates whole) falls back the same way. The CPU decoder
+and let the engines take only streams that are whole) falls back the same way. The CPU decoder
 then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG upsamples chroma
 by interpolation, as libjpeg-turbo does, where the library accepts the flag; its pixels differ
 from libjpeg-turbo's within what tests/test_gpu.py measures (40 dB).
 
 Batches run on the calling thread's own CUDA stream (ops.own_stream), and `decoded` counts the
-images nvJPEG decoded, so a test can tell a GPU decode from a silent CPU fallback.
+images nvJPEG decoded, so a test can tell a GPU decode from a silent CPU fallback; `decoded_by`
+splits that count between the hardware engines and the CUDA path (which run at once, the split
+tuned from measured times: csrc/cuda/nvjpeg_decoder.h), and `stats` says what the latest native
+call did, phase by phase.
 """
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Sequence
@@ -26,6 +30,7 @@ from .. import ops
 from ..errors import MediaError
 from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
 
+_log = logging.getLogger(__name__)
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
 # nvJPEG's hardware engines take baseline, single-scan JPEG without 4:1:1 / 4:1:0 chroma.
 _HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}
@@ -88,7 +93,7 @@ class NvjpegBatchDecoder:
     name = "nvjpeg"
 
     def __init__(self, device: int | str | torch.device = 0, output: str = "cuda", allow_hardware: bool = True,
-                 decoder=None):
+                 decoder=None, **options):
         if output not in ("cuda", "pinned"):
             raise ValueError("output must be 'cuda' or 'pinned'")
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -98,12 +103,17 @@ class NvjpegBatchDecoder:
         if decoder is None:
             from .. import _C_cuda
 
-            decoder = _C_cuda.NvjpegDecoder(self.device.index or 0, allow_hardware, wheel_library())
+            # options: the native decoder's knobs (NvjpegOptions), for benchmarks and tests
+            decoder = _C_cuda.NvjpegDecoder(self.device.index or 0, allow_hardware, wheel_library(), **options)
+        elif options:
+            raise ValueError("options configure the native decoder; a given decoder is already configured")
         self._decoder = decoder
         self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
         # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks = fallback_log()
+        self.fallbacks = fallback_log("nvjpeg")
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
+        self.decoded_by = {"hardware": 0, "cuda": 0}  # the same, per nvJPEG path
+        self.fallback_count = 0  # images nvJPEG refused at run time (their reasons: fallbacks)
         self._count_lock = threading.Lock()
 
     @property
@@ -129,6 +139,17 @@ class NvjpegBatchDecoder:
     @property
     def cores_per_engine(self) -> int:
         return int(self._decoder.cores_per_engine)
+
+    @property
+    def stats(self) -> dict:
+        """The latest native call: host µs per phase, the engines' and the CUDA path's ms, items
+        per path, the split's size class and load, nvJPEG's device allocations."""
+        return dict(self._decoder.stats)
+
+    @property
+    def split_load(self) -> dict[str, float]:
+        """The engines' share of the hardware candidates per size class, as tuned so far."""
+        return {name: float(self._decoder.load(c)) for c, name in enumerate(("<0.5MP", "<2.5MP", "larger"))}
 
     def accepts(self, item: DecodeItem) -> bool:
         return is_root(item, "image")
@@ -167,23 +188,36 @@ class NvjpegBatchDecoder:
             sent.append(index)
         if not requests:
             return []
-        try:
-            statuses = self._decoder.decode(requests, self._stream())
-        except RuntimeError as exc:  # the device or nvJPEG failed the whole call: the CPU decodes
-            self.fallbacks.append(f"batch failed: {exc}")
+        statuses = None
+        for attempt in ("first", "retry"):  # one transient device failure is retried on the GPU
+            try:
+                statuses = self._decoder.decode(requests, self._stream())
+                break
+            except RuntimeError as exc:  # the device or nvJPEG failed the whole call
+                self.fallbacks.append(f"batch failed ({attempt} attempt): {exc}")
+                _log.warning("nvJPEG batch of %d failed (%s attempt): %s", len(requests), attempt, exc)
+        if statuses is None:  # failed twice: the CPU decodes
+            with self._count_lock:
+                self.fallback_count += len(sent)
             return sent
         fallback = []
-        for index, out, (decoded, reason) in zip(sent, outputs, statuses):
+        counts = {"hardware": 0, "cuda": 0}
+        for index, out, (decoded, reason, path) in zip(sent, outputs, statuses):
             if not decoded:
                 self.fallbacks.append(reason)
+                _log.info("nvJPEG fell back to the CPU for item %d: %s", index, reason)
                 fallback.append(index)
                 continue
-            with self._count_lock:
-                self.decoded += 1
+            counts[path] += 1
             spec = items[index].spec
             if spec.size is not None:
                 out = ops.resize(out, spec.size, spec.resample)
             results[index] = self._deliver(out)
+        with self._count_lock:  # once a batch
+            self.decoded += counts["hardware"] + counts["cuda"]
+            self.fallback_count += len(fallback)
+            for path, count in counts.items():
+                self.decoded_by[path] += count
         return fallback
 
     def _decode_on_cpu(self, item):

@@ -1,4 +1,5 @@
-"""The contract between the decode engine and what it decodes.
+"""The contract between the decode engine and what it decodes, and the CPU fallback the batch
+decoders share (`decode_on_host`, `fallback_log`).
 
 The engine and its batch decoders see a handle only through `DecodeItem` (LazyMedia implements
 it), and the engine sees a batch decoder only through `BatchDecoder`. Neither side reads the
@@ -10,6 +11,8 @@ import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from ..metrics import count, reason_kind
 
 FALLBACK_HISTORY = 256  # fallback reasons a GPU decoder keeps
 
@@ -80,7 +83,7 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
     """The item decoded by its CPU codec, or the exception that says why not (batch decoders
     report failures per item, and the CPU codec decides what is corrupt, as without a GPU).
     A GPU decoder's CPU fallback delivers where its GPU path would: the decoded tensor (a
-    video's frames) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
+    result's `tensor`) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
     `device`."""
     from ..codecs import decode
 
@@ -88,21 +91,40 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
         value = decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
     except Exception as exc:
         return exc
+    return place(value, device, pinned)
+
+
+def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
+    """A decoded image tensor or VideoFrames with its pixels copied into a buffer of `pinned`
+    (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
+    handle may hold it)."""
+    from ..codecs.types import TensorResult
+
     if pinned is None and device is None:
         return value
-    tensor = value.frames if hasattr(value, "frames") else value
+    tensor = value.tensor if isinstance(value, TensorResult) else value
     if pinned is not None:
         placed = pinned.empty(tensor.shape)
         placed.copy_(tensor)
     else:
         placed = tensor.to(device)
-    if tensor is value:
-        return placed
-    value.frames = placed
-    return value
+    return value.with_tensor(placed) if isinstance(value, TensorResult) else placed
 
 
-def fallback_log() -> collections.deque[str]:
+class FallbackLog(collections.deque):
+    """A deque of fallback reasons that also counts each one (metrics `fallbacks`, by `backend`
+    and the reason's kind) as it is appended."""
+
+    def __init__(self, backend: str):
+        super().__init__(maxlen=FALLBACK_HISTORY)
+        self.backend = backend
+
+    def append(self, reason: str) -> None:
+        super().append(reason)
+        count("fallbacks", backend=self.backend, reason=reason_kind(reason))
+
+
+def fallback_log(backend: str = "gpu") -> FallbackLog:
     """The reasons of a GPU decoder's latest fallbacks to the CPU, most recent last: bounded, as
-    a server lives long."""
-    return collections.deque(maxlen=FALLBACK_HISTORY)
+    a server lives long; each is counted in the metrics under `backend`."""
+    return FallbackLog(backend)

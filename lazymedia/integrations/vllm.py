@@ -195,8 +195,8 @@ class VllmMediaConnector:
         if backend not in _VIDEO_BACKENDS:
             raise InvalidMediaError(f"{source}={backend!r}: lazymedia implements {sorted(_VIDEO_BACKENDS)}")
         if _VIDEO_BACKENDS[backend][0] == "opencv" and not _opencv_installed():
-            raise InvalidMediaError(f"{source}={backend!r} needs opencv-python-headless (pip install "
-                                    "opencv-python-headless), or name video_backend='pyav'")
+            raise InvalidMediaError(f"{source}={backend!r} needs OpenCV, which this server lacks",
+                                    hint="pip install opencv-python-headless, or name video_backend='pyav'")
 
     # -- the decode spec vLLM's media IO classes would apply ---------------------------------
     def image_spec(self, image_mode: str | None = "RGB") -> dict:

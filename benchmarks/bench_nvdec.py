@@ -1,0 +1,233 @@
+"""NVDEC against the CPU path on all cores, for the same sampled frames (needs an NVIDIA GPU; part of
+bench_gpu.py, or alone):
+
+  * 10 s 1080p clips (H.264, and HEVC), 32 frames sampled by vLLM's rule from each: per-clip latency
+    (p50 / max) and aggregate frames/s with 1, 8 and 64 clips in flight, through DecodeEngine (NVDEC
+    as its batch decoder; the CPU path: the engine's isolated workers on every core);
+  * every frame of 8 concurrent 1080p H.264 clips: aggregate frames/s;
+  * torchcodec's CUDA decoder as a column where it is installed, else "did not run: why";
+  * a backend that falls back to the CPU for a clip is reported "fell back: reason", never a crash;
+  * verdict lines for the issue's goals.
+
+    python benchmarks/bench_nvdec.py [--json PATH] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import lazymedia
+from lazymedia import synthetic
+from lazymedia.benchmarking.harness import write_json
+
+CONCURRENCY = [1, 8, 64]
+SAMPLED = 32
+DISTINCT = 4  # distinct clips per codec, cycled to fill 64 (encoding 64 distinct 10 s 1080p clips takes minutes)
+GOALS = {"speedup_64": 3.0, "every_frame_fps": 3000.0}
+
+
+def clips(codec: str, seconds: int, count: int) -> list[bytes]:
+    """`count` distinct 1080p clips of `seconds` s at 30 fps, a keyframe every second."""
+    encoder, preset = ("libx264", "veryfast") if codec == "h264" else ("libx265", "ultrafast")
+    return [synthetic.video(frames=seconds * 30, height=1080, width=1920, gop=30, codec=encoder, preset=preset,
+                            seed=k) for k in range(count)]
+
+
+def run_clips(engine, datas: list[bytes], concurrency: int, num_frames: int | None) -> dict:
+    """`concurrency` clips submitted at once: seconds until each is decoded, and the frames."""
+    items = [lazymedia.load_video(datas[k % len(datas)], num_frames=num_frames) for k in range(concurrency)]
+    done: list[float] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def finished(_future) -> None:
+        with lock:
+            done.append(time.perf_counter() - start)
+
+    futures = [engine.submit(item) for item in items]
+    for future in futures:
+        future.add_done_callback(finished)
+    frames = sum(int(future.result().frames.shape[0]) for future in futures)
+    wall = time.perf_counter() - start
+    return {"clips": concurrency, "frames": frames, "wall_s": wall, "frames_per_s": frames / wall,
+            "clips_per_s": concurrency / wall, "latency_p50_ms": statistics.median(done) * 1e3,
+            "latency_max_ms": max(done) * 1e3}
+
+
+def torchcodec_column():
+    """torchcodec's CUDA decoder, one call per clip on a thread each; (decode, None) or (None, why)."""
+    try:
+        import torch
+        from torchcodec.decoders import VideoDecoder
+    except Exception as exc:
+        return None, f"torchcodec is not installed here ({type(exc).__name__}: {exc})"
+    from lazymedia.codecs.sampling import sample_indices, sampling_source
+
+    def decode(datas: list[bytes], concurrency: int, num_frames: int | None) -> dict:
+        items = [lazymedia.load_video(datas[k % len(datas)], num_frames=num_frames) for k in range(concurrency)]
+        wanted = [sample_indices(sampling_source(item.header), item.spec) for item in items]
+        done: list[float] = []
+        start = time.perf_counter()
+
+        def one(k: int) -> int:
+            decoder = VideoDecoder(datas[k % len(datas)], device="cuda", seek_mode="exact")
+            count = int(decoder.get_frames_at(wanted[k]).data.shape[0])
+            torch.cuda.current_stream().synchronize()
+            done.append(time.perf_counter() - start)
+            return count
+
+        with ThreadPoolExecutor(min(concurrency, 16)) as pool:
+            frames = sum(pool.map(one, range(concurrency)))
+        wall = time.perf_counter() - start
+        return {"clips": concurrency, "frames": frames, "wall_s": wall, "frames_per_s": frames / wall,
+                "clips_per_s": concurrency / wall, "latency_p50_ms": statistics.median(done) * 1e3,
+                "latency_max_ms": max(done) * 1e3}
+
+    return decode, None
+
+
+def measured(label: str, fn, backend=None) -> dict:
+    """One table cell: fn()'s result, "fell back: reasons" where the backend sent clips to the
+    CPU meanwhile, or "failed: error" (the table goes on)."""
+    before = len(backend.fallbacks) if backend is not None else 0
+    try:
+        row = fn()
+    except Exception as exc:
+        print(f"  {label}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return {"status": f"failed: {type(exc).__name__}: {exc}"}
+    if backend is not None and len(backend.fallbacks) > before:
+        reasons = sorted(set(list(backend.fallbacks)[before:]))
+        row["status"] = "fell back: " + "; ".join(reasons)[:300]
+    else:
+        row["status"] = "ok"
+    print(f"  {label}: {row['frames_per_s']:8.0f} frames/s, p50 {row['latency_p50_ms']:7.1f} ms [{row['status']}]",
+          file=sys.stderr)
+    return row
+
+
+def bench(quick: bool, device: int | str = 0, video_codec=None, seconds: int = 10) -> dict:
+    """The NVDEC section: rows of (codec, frames asked, concurrency) x (nvdec, cpu, torchcodec)."""
+    from lazymedia.engine.nvdec import NvdecBatchDecoder
+
+    try:
+        backend = NvdecBatchDecoder(device=device, video_codec=video_codec)
+    except Exception as exc:  # no PyNvVideoCodec / driver: the section says so
+        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+    cpus = len(os.sched_getaffinity(0))
+    gpu_engine = lazymedia.DecodeEngine(max_workers=cpus, batch_decoders=[backend])
+    cpu_engine = lazymedia.DecodeEngine(max_workers=cpus)
+    cpu_engine.warm_up()
+    torchcodec, torchcodec_missing = torchcodec_column()
+    distinct = 2 if quick else DISTINCT
+    report: dict = {"clip_seconds": seconds, "sampled": SAMPLED, "distinct_clips": distinct, "cpus": cpus,
+                    "sessions": backend.sessions, "caps": backend.caps_note,
+                    "torchcodec": torchcodec_missing or "ran", "rows": []}
+    cases = [("h264", SAMPLED, level) for level in CONCURRENCY] + [("h264", None, 8)]
+    cases += [("hevc", SAMPLED, level) for level in ([8] if quick else CONCURRENCY)]
+    sources = {codec: clips(codec, seconds, distinct) for codec in ("h264", "hevc")}
+    for codec, num_frames, level in cases:
+        datas = sources[codec]
+        label = f"{codec} {'every frame' if num_frames is None else f'{num_frames} sampled'} x{level}"
+        run_clips(gpu_engine, datas, min(level, 8), num_frames)  # warm: decoders built, engines up
+        row = {"codec": codec, "frames_asked": num_frames or "all", "concurrency": level}
+        row["nvdec"] = measured(f"{label} nvdec", lambda: run_clips(gpu_engine, datas, level, num_frames), backend)
+        row["cpu"] = measured(f"{label} cpu", lambda: run_clips(cpu_engine, datas, level, num_frames))
+        if torchcodec is not None:
+            row["torchcodec"] = measured(f"{label} torchcodec", lambda: torchcodec(datas, level, num_frames))
+        else:
+            row["torchcodec"] = {"status": f"did not run: {torchcodec_missing}"}
+        report["rows"].append(row)
+    gpu_engine.shutdown()
+    cpu_engine.shutdown()
+    backend.close()
+    report["fallbacks"] = sorted(set(backend.fallbacks))
+    report["videos_decoded_on_nvdec"] = backend.decoded
+    report["decoders_created"] = backend.decoders_created
+    report["packets_fed"], report["packets_skipped"] = backend.packets_fed, backend.packets_skipped
+    report["verdicts"] = verdicts(report)
+    return report
+
+
+def _cell(rows: list[dict], codec: str, asked, level: int, column: str) -> dict:
+    return next((r[column] for r in rows if (r["codec"], r["frames_asked"], r["concurrency"]) == (codec, asked, level)),
+                {})
+
+
+def verdicts(report: dict) -> list[str]:
+    """One line per goal of issue 31: PASS / FAIL with the measured figure, or why it is unknown."""
+    rows, lines = report["rows"], []
+    fallbacks = report["fallbacks"]
+    lines.append(f"{'PASS' if not fallbacks else 'FAIL'} 0 NVDEC fallbacks on the bench's clips "
+                 f"(got {len(fallbacks)}: {'; '.join(fallbacks)[:200]})")
+    gpu, cpu = _cell(rows, "h264", SAMPLED, 64, "nvdec"), _cell(rows, "h264", SAMPLED, 64, "cpu")
+    if "clips_per_s" in gpu and "clips_per_s" in cpu:
+        ratio = gpu["clips_per_s"] / cpu["clips_per_s"]
+        lines.append(f"{'PASS' if ratio >= GOALS['speedup_64'] else 'FAIL'} 64 clips x {SAMPLED} sampled, 1080p H.264: "
+                     f"NVDEC {gpu['clips_per_s']:.1f} clips/s = {ratio:.2f}x the CPU path's {cpu['clips_per_s']:.1f} "
+                     f"(goal >= {GOALS['speedup_64']:.0f}x) [{gpu['status']}]")
+    else:
+        lines.append(f"UNKNOWN 64-clip speedup: nvdec {gpu.get('status')}, cpu {cpu.get('status')}")
+    gpu, cpu = _cell(rows, "h264", SAMPLED, 1, "nvdec"), _cell(rows, "h264", SAMPLED, 1, "cpu")
+    if "latency_p50_ms" in gpu and "latency_p50_ms" in cpu:
+        ok = gpu["latency_p50_ms"] <= cpu["latency_p50_ms"]
+        lines.append(f"{'PASS' if ok else 'FAIL'} one clip alone: NVDEC {gpu['latency_p50_ms']:.0f} ms vs CPU "
+                     f"{cpu['latency_p50_ms']:.0f} ms (goal: no worse) [{gpu['status']}]")
+    else:
+        lines.append(f"UNKNOWN one-clip latency: nvdec {gpu.get('status')}, cpu {cpu.get('status')}")
+    gpu = _cell(rows, "h264", "all", 8, "nvdec")
+    if "frames_per_s" in gpu:
+        ok = gpu["frames_per_s"] >= GOALS["every_frame_fps"]
+        lines.append(f"{'PASS' if ok else 'FAIL'} every frame, 8 clips of 1080p H.264: {gpu['frames_per_s']:.0f} "
+                     f"frames/s (goal >= {GOALS['every_frame_fps']:.0f}) [{gpu['status']}]")
+    else:
+        lines.append(f"UNKNOWN every-frame throughput: {gpu.get('status')}")
+    hevc = [r for r in rows if r["codec"] == "hevc"]
+    measured_hevc = [r for r in hevc if "clips_per_s" in r["nvdec"] and "clips_per_s" in r["cpu"]]
+    if measured_hevc:
+        lines.append("INFO HEVC 1080p: " + ", ".join(
+            f"x{r['concurrency']} {r['nvdec']['clips_per_s'] / r['cpu']['clips_per_s']:.2f}x the CPU "
+            f"[{r['nvdec']['status']}]" for r in measured_hevc))
+    else:
+        lines.append("UNKNOWN HEVC 1080p: " + ", ".join(str(r["nvdec"].get("status")) for r in hevc))
+    return lines
+
+
+def table(report: dict) -> list[str]:
+    """The printed NVDEC table and its verdicts."""
+    if "unavailable" in report:
+        return [f"NVDEC unavailable: {report['unavailable']}"]
+    lines = [f"NVDEC vs the CPU path ({report['cpus']} CPUs), {report['clip_seconds']} s 1080p clips "
+             f"({report['distinct_clips']} distinct a codec, cycled), {report['sessions']} sessions, "
+             f"caps: {report['caps']}",
+             f"{'codec':5s} {'frames':>7s} {'clips':>5s} | {'nvdec f/s':>9s} {'p50 ms':>7s} | {'cpu f/s':>8s} "
+             f"{'p50 ms':>7s} | {'ratio':>5s} | {'torchcodec f/s':>14s} | status"]
+    for row in report["rows"]:
+        gpu, cpu, tc = row["nvdec"], row["cpu"], row["torchcodec"]
+        ratio = gpu["frames_per_s"] / cpu["frames_per_s"] if "frames_per_s" in gpu and "frames_per_s" in cpu else None
+        lines.append(f"{row['codec']:5s} {str(row['frames_asked']):>7s} {row['concurrency']:5d} | "
+                     f"{gpu.get('frames_per_s', float('nan')):9.0f} {gpu.get('latency_p50_ms', float('nan')):7.1f} | "
+                     f"{cpu.get('frames_per_s', float('nan')):8.0f} {cpu.get('latency_p50_ms', float('nan')):7.1f} | "
+                     f"{ratio if ratio is not None else float('nan'):5.2f} | "
+                     f"{tc.get('frames_per_s', float('nan')):14.0f} | nvdec {gpu['status']}; cpu {cpu['status']}; "
+                     f"torchcodec {tc['status']}")
+    return lines + ["VERDICT " + line for line in report["verdicts"]]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    report = bench(args.quick)
+    write_json(report, args.json)
+    print("\n".join(table(report)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

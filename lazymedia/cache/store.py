@@ -1,0 +1,148 @@
+"""What the shared tiers (HostCache, RedisCache) have in common, in a module of its own so that
+neither tier stands on the other: their counters (`SharedCacheStats`) and the base class that
+encodes a value once, decodes what a tier read (counting hits, misses and bad values) and waits
+for another process's lease (`ValueStore`). Each protocol step is one generator of tier calls
+(`protocol.Call`), run in its sync or asyncio form by `protocol.drive` / `adrive`."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .protocol import SteppedTier, Steps, adrive, drive, pause
+from .serialize import SECRET_ENV, BadValueLog, SerializationError, dumps, loads, mac_key
+
+
+@dataclass(frozen=True)
+class SharedCacheStats:
+    hits: int  # keys a request's first read found here (each item counted once: hits or misses)
+    misses: int  # keys a request's first read did not find (absent or bad)
+    writes: int
+    bytes_in: int  # read from the server
+    bytes_out: int  # written to it
+    leases: int  # taken by this process
+    lease_waits: int  # waits for another process's lease
+    lease_timeouts: int  # waits that ended in decoding here
+    fallbacks: int  # calls skipped or failed because the server was unavailable
+    corrupt: int  # values that did not read back (treated as misses)
+    oversized: int  # values over max_entry_bytes (not written)
+    unserializable: int  # values of types the shared tier cannot hold (kept local)
+    evictions: int = 0  # entries this process removed to make room (HostCache; Redis evicts by itself)
+    late_hits: int = 0  # missed keys found later, by a re-read after the lease or while waiting
+
+
+class ValueStore(SteppedTier):
+    """What the shared tiers do alike: count what happens, encode a value once, decode the bytes
+    a tier read, get or put values through their own `read_many` / `put_encoded`, and wait for
+    another process's lease by polling their own `probe_steps` with back-off (`poll_s`: first and
+    longest delay)."""
+
+    poll_s: tuple[float, float] = (0.002, 0.05)
+    wait_s: float
+
+    def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None,
+                 compress: bool):
+        self.bfloat16 = bfloat16
+        self.compress = compress  # LZ4 where it shrinks a buffer; False: larger values, no LZ4 on a hit
+        # Values are tagged with a MAC keyed by the secret (by default $LAZYMEDIA_CACHE_SECRET), so a
+        # writer without it cannot plant values; without one, by an unkeyed digest.
+        self._mac = mac_key(os.environ.get(SECRET_ENV) if secret is None else secret)
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(SharedCacheStats.__dataclass_fields__, 0)
+        self._bad_values = bad_values
+        self._tier = tier
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += amount
+
+    def stats(self) -> SharedCacheStats:
+        with self._lock:
+            return SharedCacheStats(**self._counts)
+
+    def encode(self, key: str, value) -> bytes | None:
+        """`value` as stored bytes bound to `key`; None (counted) for a type no shared tier can
+        hold."""
+        try:
+            return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress)
+        except SerializationError:
+            self._count("unserializable")
+            return None
+
+    def decode(self, key: str, data, again: bool = False) -> tuple[bool, Any]:
+        """(True, value) for stored bytes a tier read under `key`; (False, None) for absent ones
+        (None) or a bad value (damaged, foreign, another key's, untagged), counted (a miss and
+        corrupt) and logged (rate-limited). `again`: a later read of a key a request already
+        missed (counted once: only a find, as a late hit)."""
+        if data is None:
+            if not again:
+                self._count("misses")
+            return False, None
+        self._count("bytes_in", len(data))
+        try:
+            value = loads(data, key=key, mac=self._mac)
+        except SerializationError as exc:
+            if not again:
+                self._count("corrupt")
+                self._count("misses")
+                self._bad_values.report(self._tier, exc)
+            return False, None
+        self._count("late_hits" if again else "hits")
+        return True, value
+
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
+        """Steps returning {key: (value, its stored bytes if `encoded`)} for the keys the tier
+        holds (`again`: see `decode`)."""
+        raise NotImplementedError
+
+    def read_many(self, keys: list[str], encoded: bool = False,
+                  again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+        return drive(self.read_steps(keys, encoded, again))
+
+    async def aread_many(self, keys: list[str], encoded: bool = False,
+                         again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+        return await adrive(self.read_steps(keys, encoded, again))
+
+    def put_encoded(self, key: str, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def get_steps(self, keys: list[str], again: bool) -> Steps:
+        found = yield from self.read_steps(keys, False, again)
+        return {key: value for key, (value, _) in found.items()}
+
+    def put(self, key: str, value) -> bool:
+        data = self.encode(key, value)
+        return data is not None and self.put_encoded(key, data)
+
+    @property
+    def available(self) -> bool:
+        """False while the tier rests after a fault (waits then end at once)."""
+        return True
+
+    def probe_steps(self, key: str) -> Steps:
+        """One poll of `key`, as steps returning ("found", value), ("leased", None) while another
+        process holds its lease, or ("free", None)."""
+        raise NotImplementedError
+
+    def probe(self, key: str) -> tuple[str, Any]:
+        return drive(self.probe_steps(key))
+
+    async def aprobe(self, key: str) -> tuple[str, Any]:
+        return await adrive(self.probe_steps(key))
+
+    def wait_steps(self, key: str) -> Steps:
+        """Polls until the value appears, or the lease is gone without one, or `wait_s` passes:
+        (found, value). Not found means: decode it yourself."""
+        self._count("lease_waits")
+        deadline = time.monotonic() + self.wait_s
+        delay, longest = self.poll_s
+        while time.monotonic() < deadline and self.available:
+            state, value = yield from self.probe_steps(key)
+            if state != "leased":
+                return state == "found", value
+            yield pause(delay)
+            delay = min(delay * 2, longest)
+        self._count("lease_timeouts")
+        return False, None

@@ -1,0 +1,116 @@
+"""Writes to the shared tiers off the request path: a miss returns as soon as its value is
+processed, and a thread per TieredCache (while it has work) serializes and stores the value
+behind the request, then releases the key's lease (so other processes wait for the value, not
+for nothing). The queue is bounded in entries and in the bytes of the values it holds: when
+full, the write is skipped and counted, and the lease is released at once (the other processes
+then decode the key themselves). An exiting process finishes its queued writes (at most 10 s);
+one killed loses them, and their leases die with it."""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from .local import estimate_nbytes
+from .protocol import SharedTier
+
+logger = logging.getLogger("lazymedia.cache")
+_LIVE: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # writers whose queues exit waits for
+_EXIT_WAIT_S = 10.0
+_IDLE_S = 5.0  # a writer thread without work ends (a later write starts another)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """An exiting process finishes its queued writes (bounded), so its values are not lost and its
+    writer thread is not frozen inside a store call at shutdown."""
+    for writer in list(_LIVE):
+        writer.flush(_EXIT_WAIT_S)
+
+
+@dataclass(frozen=True)
+class WriteStats:
+    queued: int  # writes accepted into the queue
+    written: int  # stored in at least one shared tier
+    skipped: int  # not queued: the queue was full (entries or bytes)
+    failed: int  # queued but stored in no tier (a tier fault, an unserializable value, an error)
+    pending: int  # in the queue or being written now
+    pending_bytes: int  # the values' bytes (estimate_nbytes) they hold
+
+
+class SharedWriter:
+    """A bounded write-behind queue in front of a shared tier (`max_pending` entries,
+    `max_pending_bytes` of values)."""
+
+    def __init__(self, shared: SharedTier, max_pending: int = 64, max_pending_bytes: int = 1 << 30):
+        if max_pending < 1 or max_pending_bytes < 1:
+            raise ValueError("max_pending and max_pending_bytes must be >= 1")
+        self.shared = shared
+        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, Any, str, int]] = deque()
+        self._busy_bytes = 0  # the value being written now
+        self._busy = False
+        self._counts = dict.fromkeys(("queued", "written", "skipped", "failed"), 0)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, key: str, value: Any, token: str) -> bool:
+        """Queues `value` for the shared tier, to be followed by the release of the lease `token`
+        ("" for none). False when the queue is full: nothing is written, the lease is released now."""
+        nbytes = estimate_nbytes(value)
+        with self._cond:
+            pending_bytes = self._busy_bytes + sum(entry[3] for entry in self._queue)
+            full = (len(self._queue) + self._busy >= self.max_pending
+                    or pending_bytes + nbytes > self.max_pending_bytes)
+            if full:
+                self._counts["skipped"] += 1
+            else:
+                self._counts["queued"] += 1
+                self._queue.append((key, value, token, nbytes))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="lazymedia-cache-writer", daemon=True)
+                    self._thread.start()
+                    _LIVE.add(self)
+                self._cond.notify_all()
+        if full and token:
+            self.shared.release(key, token)
+        return not full
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every queued write is done; False if `timeout` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def stats(self) -> WriteStats:
+        with self._cond:
+            pending_bytes = self._busy_bytes + sum(entry[3] for entry in self._queue)
+            return WriteStats(**self._counts, pending=len(self._queue) + self._busy, pending_bytes=pending_bytes)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: bool(self._queue), _IDLE_S):
+                    self._thread = None
+                    _LIVE.discard(self)
+                    return
+                key, value, token, nbytes = self._queue.popleft()
+                self._busy, self._busy_bytes = True, nbytes
+            written = False
+            try:  # a tier turns its own faults into False; anything else must not end the thread
+                written = self.shared.put(key, value)
+            except Exception:
+                logger.exception("shared cache write failed")
+            try:
+                if token:
+                    self.shared.release(key, token)
+            except Exception:
+                logger.exception("shared cache lease release failed")
+            with self._cond:
+                self._counts["written" if written else "failed"] += 1
+                self._busy, self._busy_bytes = False, 0
+                self._cond.notify_all()

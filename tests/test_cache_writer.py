@@ -1,0 +1,138 @@
+"""Writes behind the request (cache/writer.py) on a real LMDB HostCache: a miss returns before its
+value is stored, the queue is bounded (full: skipped, counted, lease released at once), values
+read back bit for bit, and single flight holds while the queue is full."""
+import threading
+import time
+
+import test_cache_host
+import torch
+
+import lazymedia
+from lazymedia.cache import HostCache, ProcessorCache, TieredCache
+from lazymedia.synthetic import jpeg
+
+store_path = test_cache_host.store_path  # the fixture: a fresh store on /dev/shm
+
+
+class GatedHost(HostCache):
+    """A HostCache whose stores wait for `gate` (a slow or busy store)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def put_encoded(self, key, data):
+        self.entered.set()
+        assert self.gate.wait(120)
+        return super().put_encoded(key, data)
+
+
+def pixels(decoded):
+    return [{"pixels": (item.float() / 255 - 0.5) / 0.25, "shape": torch.tensor(item.shape)} for item in decoded]
+
+
+def counted(calls):
+    def process(decoded):
+        calls.append(len(decoded))
+        return pixels(decoded)
+    return process
+
+
+def processor(cache, calls):
+    return lazymedia.Processor(counted(calls), cache=cache, engine=lazymedia.DecodeEngine(isolate=()))
+
+
+def test_a_miss_returns_before_its_value_is_stored_and_reads_back_exact(store_path):
+    host = GatedHost(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host)
+    calls: list[int] = []
+    item = jpeg(48, 64, seed=1)
+    out = processor(cache, calls).apply([lazymedia.load_image(item)])[0]  # returns with the store gated
+    key = lazymedia.load_image(item).key
+    assert host.entered.wait(60)
+    assert cache.stats().writes.pending == 1 and host.usage()[0] == 0
+    assert host.try_lease(key) is None  # the lease is held until the value is stored
+    host.gate.set()
+    assert cache.flush(60)
+    stored = HostCache(store_path).get_many([key])[key]
+    assert stored["pixels"].dtype == torch.float32
+    assert torch.equal(stored["pixels"].view(torch.int32), out["pixels"].view(torch.int32))  # bit for bit
+    assert cache.stats().writes == type(cache.stats().writes)(queued=1, written=1, skipped=0, failed=0, pending=0,
+                                                              pending_bytes=0)
+    token = host.try_lease(key)
+    assert token  # released after the write
+    host.release(key, token)
+
+
+def test_a_full_queue_skips_counts_and_releases_the_lease(store_path):
+    host = GatedHost(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host, write_queue=2)
+    calls: list[int] = []
+    run = processor(cache, calls)
+    items = [jpeg(32, 32, seed=s) for s in range(5)]
+    for item in items:
+        run.apply([lazymedia.load_image(item)])
+        assert cache.stats().writes.pending <= 2
+    stats = cache.stats().writes
+    assert (stats.queued, stats.skipped, stats.pending) == (2, 3, 2) and sum(calls) == 5
+    keys = [lazymedia.load_image(item).key for item in items]
+    for key in keys[2:]:  # skipped: free at once for another process to decode
+        token = host.try_lease(key)
+        assert token
+        host.release(key, token)
+    host.gate.set()
+    assert cache.flush(60)
+    assert set(HostCache(store_path).get_many(keys)) == set(keys[:2])
+    assert cache.stats().writes.written == 2
+
+
+def test_the_byte_bound_holds(store_path):
+    host = GatedHost(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host, write_queue_bytes=32 * 32 * 3 * 4 + 64)  # one value's floats
+    run = processor(cache, [])
+    run.apply([lazymedia.load_image(jpeg(32, 32, seed=s)) for s in range(3)])
+    stats = cache.stats().writes
+    assert (stats.queued, stats.skipped) == (1, 2) and stats.pending_bytes <= 32 * 32 * 3 * 4 + 64
+    host.gate.set()
+    assert cache.flush(60)
+
+
+def test_single_flight_holds_while_the_write_queue_is_full(store_path):
+    """Followers get the leader's result while its write cannot even be queued; process_fn runs
+    once per key."""
+    host = GatedHost(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host, write_queue=1)
+    calls: list[int] = []
+    entered, proceed = threading.Event(), threading.Event()
+
+    def slow(decoded):
+        if len(calls) >= 1:  # the first request fills the queue; the others wait on their leader
+            entered.set()
+            assert proceed.wait(120)
+        calls.append(len(decoded))
+        return pixels(decoded)
+
+    run = lazymedia.Processor(slow, cache=cache, engine=lazymedia.DecodeEngine(isolate=()))
+    run.apply([lazymedia.load_image(jpeg(24, 24, seed=99))])  # its write holds the only slot
+    assert host.entered.wait(60)
+    images = [jpeg(40, 40, seed=s) for s in range(2)]
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(run.apply([lazymedia.load_image(b) for b in images])))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    assert entered.wait(60)
+    deadline = time.monotonic() + 60
+    while run.in_flight < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proceed.set()
+    for thread in threads:
+        thread.join(120)
+    assert len(results) == 4 and sum(calls) == 1 + 2  # each key processed once
+    for result in results[1:]:
+        assert all(torch.equal(a["pixels"], b["pixels"]) for a, b in zip(result, results[0]))
+    stats = cache.stats().writes
+    assert stats.skipped == 2 and stats.queued == 1  # the queue stayed full: both writes skipped
+    host.gate.set()
+    assert cache.flush(60)
