@@ -274,8 +274,15 @@ PYBIND11_MODULE(_C, m) {
         d["reuses"] = s.reuses;
         d["cached_bytes"] = s.cached_bytes;
         d["cached_buffers"] = s.cached_buffers;
+        d["leased_bytes"] = s.leased_bytes;
+        d["leased_buffers"] = s.leased_buffers;
+        d["released_bytes"] = s.released_bytes;
         return d;
-      });
+      })
+      .def("release_idle", [](HostBufferPool& pool, double idle_seconds) {
+        py::gil_scoped_release release;
+        return pool.release_idle(idle_seconds);
+      }, py::arg("idle_seconds"), "Frees the cached buffers returned more than idle_seconds ago; the bytes freed.");
   m.def("pinned_memory_available", [] {
     std::string reason;
     bool ok = pinned_memory_available(&reason);

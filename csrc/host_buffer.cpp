@@ -106,25 +106,60 @@ std::shared_ptr<HostBuffer> HostBufferPool::acquire(size_t nbytes) {
       free_.erase(free_.begin() + long(best));
       cached_bytes_ -= f.capacity;
       ++stats_.reuses;
+      stats_.leased_bytes += f.capacity;
+      ++stats_.leased_buffers;
       return std::make_shared<HostBuffer>(shared_from_this(), f.ptr, nbytes, f.capacity, pinned_);
     }
     ++stats_.allocations;
   }
   void* p = allocate(capacity);
   if (!p) return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.leased_bytes += capacity;
+    ++stats_.leased_buffers;
+  }
   return std::make_shared<HostBuffer>(shared_from_this(), p, nbytes, capacity, pinned_);
 }
 
 void HostBufferPool::give_back(void* ptr, size_t capacity) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    stats_.leased_bytes -= capacity;
+    --stats_.leased_buffers;
     if (cached_bytes_ + capacity <= max_cached_bytes_) {
-      free_.push_back({ptr, capacity});
+      free_.push_back({ptr, capacity, Clock::now()});
       cached_bytes_ += capacity;
       return;
     }
   }
   deallocate(ptr);
+}
+
+size_t HostBufferPool::release_idle(double idle_seconds) {
+  // Clamped so that the conversion to clock ticks is defined (NaN, negative, centuries).
+  const double seconds = idle_seconds > 0 ? (idle_seconds < 1e9 ? idle_seconds : 1e9) : 0;
+  std::vector<Free> idle;
+  size_t released = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Clock::time_point cutoff =
+        Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    size_t kept = 0;
+    for (const Free& f : free_) {
+      if (f.returned <= cutoff) {
+        idle.push_back(f);
+        released += f.capacity;
+      } else {
+        free_[kept++] = f;
+      }
+    }
+    free_.resize(kept);
+    cached_bytes_ -= released;
+    stats_.released_bytes += released;
+  }
+  for (const Free& f : idle) deallocate(f.ptr);  // outside the lock: cudaFreeHost can take milliseconds
+  return released;
 }
 
 HostBufferStats HostBufferPool::stats() {

@@ -3,6 +3,7 @@
 // (libcudart is dlopen'ed, never linked), page-aligned otherwise.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -32,7 +33,10 @@ class HostBuffer {
 };
 
 struct HostBufferStats {
-  size_t allocations = 0, reuses = 0, cached_bytes = 0, cached_buffers = 0;
+  // cached: returned buffers kept for reuse; leased: buffers tensors still view; released: cached
+  // bytes freed by release_idle since the pool was made.
+  size_t allocations = 0, reuses = 0, cached_bytes = 0, cached_buffers = 0, leased_bytes = 0, leased_buffers = 0,
+         released_bytes = 0;
 };
 
 class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
@@ -45,6 +49,8 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   std::shared_ptr<HostBuffer> acquire(size_t nbytes);
   bool pinned() const { return pinned_; }
   HostBufferStats stats();
+  // Frees the cached buffers returned more than `idle_seconds` ago; returns the bytes freed.
+  size_t release_idle(double idle_seconds);
 
  private:
   friend class HostBuffer;
@@ -52,9 +58,11 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   void* allocate(size_t capacity);
   void deallocate(void* ptr);
 
+  using Clock = std::chrono::steady_clock;
   struct Free {
     void* ptr;
     size_t capacity;
+    Clock::time_point returned;
   };
   std::mutex mutex_;
   std::vector<Free> free_;

@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -36,6 +37,13 @@ from .metrics import count, observe
 from .spec import DEFAULT_LIMITS, Limits, make_spec
 
 _REDIRECTS = (301, 302, 303, 307, 308)
+# The client asks for bodies as they are (media is compressed already). A server that compresses
+# anyway (gzip or deflate) is inflated within max_bytes, counted on the inflated bytes, and within
+# INFLATE_RATIO times the compressed bytes received plus INFLATE_FREE_BYTES: a compression bomb
+# is refused after its first chunk, not after max_bytes of zeros.
+INFLATE_RATIO = 64
+INFLATE_FREE_BYTES = 1 << 20
+_INFLATE_STEP = 1 << 20  # inflated bytes per step, so no single step outgrows the limits
 
 
 class _RefusedAddress(OSError):
@@ -97,6 +105,53 @@ def _split(url) -> SplitResult:
 def _ascii_domain(domain: str) -> str:
     """An allow-list entry in the form the client connects with (IDNA, lower case, no end dot)."""
     return (URL.build(scheme="http", host=domain.strip(".")).raw_host or "").lower()
+
+
+class _Inflater:
+    """Inflates a gzip or deflate body chunk by chunk, refusing (413) a body that inflates past
+    `max_bytes` or past INFLATE_RATIO x the compressed bytes inflated so far (+ INFLATE_FREE_BYTES),
+    checked step by step, so a bomb costs about INFLATE_FREE_BYTES whatever its chunks' size."""
+
+    def __init__(self, encoding: str, max_bytes: int):
+        self.encoding = encoding
+        self.max_bytes = max_bytes
+        self.consumed = self.inflated = 0
+        self._inflate = zlib.decompressobj(31 if encoding in ("gzip", "x-gzip") else 15)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self.consumed == 0 and self.encoding == "deflate" and chunk:
+            # A zlib stream by the RFC; raw deflate in practice too (no zlib header).
+            zlib_header = len(chunk) >= 2 and chunk[0] & 0x0F == 8 and (chunk[0] << 8 | chunk[1]) % 31 == 0
+            if not zlib_header:
+                self._inflate = zlib.decompressobj(-15)
+        out = []
+        pending = chunk
+        while True:
+            allowed = min(self.max_bytes, INFLATE_RATIO * self.consumed + INFLATE_FREE_BYTES) - self.inflated
+            step = min(allowed + 1, _INFLATE_STEP)
+            try:
+                piece = self._inflate.decompress(pending, step)
+            except zlib.error as exc:
+                raise InvalidMediaError(f"the {self.encoding} body does not inflate ({exc}): send the file as it "
+                                        "is") from None
+            if self._inflate.unused_data:
+                raise InvalidMediaError(f"the {self.encoding} body has data after its end: send the file as it is")
+            self.inflated += len(piece)
+            if self.inflated > self.max_bytes:
+                raise MediaTooLargeError(f"the response inflates to more than the {self.max_bytes}-byte limit: send a "
+                                         "smaller file", hint="raise MediaConnector(max_bytes=)")
+            if len(piece) > allowed:
+                raise MediaTooLargeError(f"the {self.encoding} body inflates more than {INFLATE_RATIO}:1, which "
+                                         "media does not: a compression bomb")
+            out.append(piece)
+            self.consumed += len(pending) - len(self._inflate.unconsumed_tail)
+            pending = self._inflate.unconsumed_tail
+            if not pending and len(piece) < step:  # a full step may leave output inside zlib
+                return out
+
+    def finish(self) -> None:
+        if not self._inflate.eof:
+            raise InvalidMediaError(f"the {self.encoding} body is truncated: retry, or send the file as it is")
 
 
 def _finish(hasher: KeyHasher | None, data: bytes) -> str | None:
@@ -256,7 +311,8 @@ class MediaConnector:
             connector = aiohttp.TCPConnector(limit=self.max_connections, resolver=_GuardedResolver(self.guard),
                                              socket_factory=_guarded_socket_factory(self.guard))
             session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                            timeout=aiohttp.ClientTimeout(total=None))
+                                            timeout=aiohttp.ClientTimeout(total=None),
+                                            headers={"Accept-Encoding": "identity"})
             self._sessions[loop] = session
         return session
 
@@ -371,16 +427,26 @@ class MediaConnector:
         if declared is not None and declared > self.max_bytes:
             raise MediaTooLargeError(f"the response declares {declared} bytes, over the {self.max_bytes}-byte limit: "
                                      "send a smaller file", hint="raise MediaConnector(max_bytes=)")
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        inflater = None
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            inflater = _Inflater(encoding, self.max_bytes)
+        elif encoding != "identity":
+            raise MediaFetchError(f"upstream {response.url.host} sent Content-Encoding {encoding!r}, which the client "
+                                  "did not ask for: serve the file as it is", status_code=502)
         received = 0
         chunks = []
         async for chunk in response.content.iter_any():
-            received += len(chunk)
-            if received > self.max_bytes:
-                raise MediaTooLargeError(f"the response sent more than the {self.max_bytes}-byte limit: send a "
-                                         "smaller file", hint="raise MediaConnector(max_bytes=)")
-            if hasher is not None:
-                hasher.update(chunk)
-            chunks.append(chunk)
+            for piece in inflater.feed(chunk) if inflater is not None else (chunk,):
+                received += len(piece)
+                if received > self.max_bytes:
+                    raise MediaTooLargeError(f"the response sent more than the {self.max_bytes}-byte limit: send a "
+                                             "smaller file", hint="raise MediaConnector(max_bytes=)")
+                if hasher is not None:
+                    hasher.update(piece)
+                chunks.append(piece)
+        if inflater is not None:
+            inflater.finish()
         return b"".join(chunks), None if hasher is None else hasher.hexdigest()  # one chunk is not copied
 
     # -- data: and file: (run in a worker thread) ---------------------------------------------

@@ -93,12 +93,38 @@ def read_http_url(text: str, base: URL | None = None) -> URL:
         url.port  # noqa: B018  (raises ValueError for a malformed port)
     except (ValueError, TypeError, UnicodeError) as exc:
         raise InvalidMediaError(f"malformed URL: {exc}") from None
+    url = _plain_host(url)
     if authority is not None and not authority.isascii():
         host = authority.rpartition("@")[2]
         spelled = unicodedata.normalize("NFKC", host.translate(_IDNA_DOTS)).lower()
         if _reads_as_address(spelled.rsplit(":", 1)[0] if spelled.count(":") == 1 else spelled) \
                 or _reads_as_address(url.raw_host or ""):
             raise InvalidMediaError("refused host: a non-ASCII spelling of an IP address")
+    return url
+
+
+# A host name's labels as a resolver takes them (IDNA names arrive here as xn-- ASCII).
+_HOST_LABEL = re.compile(r"[a-z0-9_-]{1,63}")
+# WHATWG URL's "ends in a number": a last label of digits or 0x-hex makes the host an IPv4 address.
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
+
+
+def _plain_host(url: URL) -> URL:
+    """`url` with its host checked as a name or an address (400 otherwise, before any resolver
+    sees it) and one trailing dot dropped, so that "localhost." is judged as "localhost"."""
+    host = (url.raw_host or "").lower()
+    if not host or ":" in host:  # no host (judged later), or an IPv6 literal yarl has parsed
+        return url
+    if host.endswith(".") and not host.endswith(".."):
+        host = host[:-1]
+        url = url.with_host(host)
+    labels = host.split(".")
+    if _NUMERIC_LABEL.fullmatch(labels[-1]) and canonical_ip(host) is None:
+        raise InvalidMediaError(f"refused host {host!r}: it reads as an IPv4 address but is not one (write it as "
+                                "a.b.c.d)")
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise InvalidMediaError(f"refused host {host[:100]!r}: not a host name (letters, digits, '-' and '_' "
+                                "between dots) nor an IP address")
     return url
 
 

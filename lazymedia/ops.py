@@ -8,14 +8,20 @@ uint8 HWC images, uint8 2-D YUV planes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import math
 import os
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
 from . import _C
+from .singletons import process_wide
 
 _ALL_CORES = len(os.sched_getaffinity(0))
 _thread_settings = threading.local()
@@ -206,10 +212,18 @@ def to_hwc(image: torch.Tensor, threads: int | None = None) -> torch.Tensor:
 class HostBufferPool:
     """Reusable host buffers as torch tensors without copies; page-locked (pinned) when a CUDA
     device is present, so host-to-device copies can run asynchronously. A buffer goes back to
-    the pool when the last tensor viewing it is freed."""
+    the pool when the last tensor viewing it is freed. With `idle_release_s`, a daemon thread
+    frees the cached buffers unused that long and then trims the C heap (malloc_trim), so a
+    process's memory does not stay at its worst burst."""
 
-    def __init__(self, max_cached_bytes: int = 1 << 30, pinned: bool = True):
+    def __init__(self, max_cached_bytes: int = 1 << 30, pinned: bool = True, idle_release_s: float | None = None):
+        if idle_release_s is not None and not idle_release_s >= 0:
+            raise ValueError(f"idle_release_s must be >= 0 seconds, got {idle_release_s}")
         self._pool = _C.HostBufferPool(max_cached_bytes, pinned and not cuda_forbidden())
+        self.idle_release_s = idle_release_s
+        if idle_release_s is not None and not math.isinf(idle_release_s):
+            threading.Thread(target=_release_when_idle, args=(weakref.ref(self), idle_release_s), daemon=True,
+                             name="lazymedia-buffer-release").start()
 
     @property
     def pinned(self) -> bool:
@@ -224,8 +238,95 @@ class HostBufferPool:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(buffer, dtype=dtype, count=nbytes // itemsize).view(shape)
 
-    def stats(self) -> dict:
+    def release_idle(self, idle_s: float = 0.0) -> int:
+        """Frees the cached buffers returned more than `idle_s` ago (all of them for 0); returns
+        the bytes freed. Leased buffers (tensors still alive) are untouched."""
+        return self._pool.release_idle(idle_s)
+
+    def stats(self) -> dict[str, int]:
+        """allocations, reuses; cached_bytes / cached_buffers (kept for reuse), leased_bytes /
+        leased_buffers (viewed by live tensors), released_bytes (freed when idle): the pool holds
+        cached_bytes + leased_bytes."""
         return self._pool.stats()
+
+
+def _release_when_idle(pool_ref: weakref.ref[HostBufferPool], idle_s: float) -> None:
+    """The idle-release thread: every min(1 s, idle_s / 2) it frees the buffers idle for
+    `idle_s`; once the pool has had no allocation for `idle_s` after a burst, it trims the heap
+    (what glibc keeps of the burst's freed tensors and codec state). Ends with the pool."""
+    period = min(1.0, max(idle_s / 2, 0.01))
+    activity, last_change, trimmed = -1, time.monotonic(), True
+    while (pool := pool_ref()) is not None:
+        stats = pool.stats()
+        now = time.monotonic()
+        if stats["allocations"] + stats["reuses"] != activity:
+            activity, last_change, trimmed = stats["allocations"] + stats["reuses"], now, False
+        if pool.release_idle(idle_s) or not trimmed and now - last_change >= idle_s:
+            trim_heap()
+            trimmed = True
+        del pool
+        time.sleep(period)
+
+
+def trim_heap() -> bool:
+    """Returns the C heap's free memory to the OS (glibc's malloc_trim(0)): after a burst, glibc
+    keeps freed tensors' and decoders' memory mapped. False where there is no malloc_trim."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False
+
+
+# glibc's mallopt parameters, and the values bound_heap_retention sets.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+HEAP_TRIM_THRESHOLD = 1 << 20
+HEAP_MMAP_THRESHOLD = 4 << 20
+HEAP_ARENAS = min(8, max(2, _ALL_CORES))
+
+
+@functools.cache
+def bound_heap_retention() -> bool:
+    """Fixes glibc's trim and mmap thresholds (1 MiB, 4 MiB) and its arena count (the cores, 2
+    to 8) in this process, once. glibc raises both thresholds after each large free, up to
+    32-64 MiB, and gives decode threads up to 8 heaps a core, so FFmpeg's threads keep hundreds
+    of MB free at their heaps' tops, which malloc_trim does not return (it trims only the main
+    heap's top). Blocks of 4 MiB and more (frames, outputs) are then mapped and unmapped with
+    each use. Left alone where the operator set MALLOC_*_ or GLIBC_TUNABLES."""
+    if any(name.startswith("MALLOC_") and name.endswith("_") or name == "GLIBC_TUNABLES" for name in os.environ):
+        return False
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return False
+    return all([mallopt(_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD), mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD),
+                mallopt(_M_ARENA_MAX, HEAP_ARENAS)])
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+# How long a frame buffer stays cached unused before it is freed (seconds; "inf": never).
+POOL_IDLE_ENV = "LAZYMEDIA_POOL_IDLE_S"
+DEFAULT_POOL_IDLE_S = 5.0
+
+
+@process_wide
+def frame_buffers() -> HostBufferPool:
+    """The process's pool for decoded frames and samples (video readers, isolated results, GPU
+    decoders' CPU fallbacks): a reused buffer is already mapped (a fresh 250 MB one page-faults
+    on every first write, which costs more than the copy) and pinned where a GPU is, so a later
+    .to("cuda") can be asynchronous. Buffers unused for LAZYMEDIA_POOL_IDLE_S (5 s) are freed,
+    and the heap is kept from holding a burst's memory (bound_heap_retention, trim_heap)."""
+    setting = os.environ.get(POOL_IDLE_ENV, "")
+    try:
+        idle_s = float(setting) if setting else DEFAULT_POOL_IDLE_S
+    except ValueError:
+        raise ValueError(f"{POOL_IDLE_ENV}={setting!r}: give seconds (a number, or inf for never)") from None
+    if not math.isinf(idle_s):
+        bound_heap_retention()
+    return HostBufferPool(max_cached_bytes=512 << 20, idle_release_s=idle_s)
 
 
 def pinned_memory_available() -> tuple[bool, str]:

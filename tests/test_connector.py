@@ -2,7 +2,11 @@
 import asyncio
 import base64
 import contextlib
+import gzip
 import os
+import random
+import tracemalloc
+import zlib
 from urllib.parse import quote
 
 import pytest
@@ -32,6 +36,7 @@ class Server:
         self.gate_size = 64
         self.requests = 0
         self.redirects = 0
+        self.accept_encoding: list[str] = []
 
     def app(self):
         app = web.Application()
@@ -46,7 +51,40 @@ class Server:
         r.add_get("/redirect", self.redirect)
         r.add_get("/raw_redirect", self.raw_redirect)
         r.add_get("/missing", self.missing)
+        r.add_get("/encoded/{encoding}", self.encoded)
+        r.add_get("/gzip_bomb", self.gzip_bomb)
         return app
+
+    async def encoded(self, request):
+        """?body=png|noise: the body, compressed as the path says ("gzip" only when the client
+        accepts it, like a well-behaved server; "always-gzip", "deflate", "raw-deflate",
+        "truncated-gzip", "br" whatever the client asked)."""
+        self.accept_encoding.append(request.headers.get("Accept-Encoding", ""))
+        body = self.png if request.query.get("body", "png") == "png" else self.noise
+        encoding = request.match_info["encoding"]
+        accepted = "gzip" in request.headers.get("Accept-Encoding", "")
+        if encoding == "gzip" and not accepted:
+            return web.Response(body=body, content_type="image/png")
+        raw = zlib.compressobj(1, wbits=-15)
+        packed = {"gzip": lambda: gzip.compress(body, 1), "always-gzip": lambda: gzip.compress(body, 1),
+                  "deflate": lambda: zlib.compress(body, 1), "raw-deflate": lambda: raw.compress(body) + raw.flush(),
+                  "truncated-gzip": lambda: gzip.compress(body, 1)[:-100], "br": lambda: body}[encoding]()
+        name = {"always-gzip": "gzip", "truncated-gzip": "gzip", "raw-deflate": "deflate"}.get(encoding, encoding)
+        return web.Response(body=packed, content_type="image/png", headers={"Content-Encoding": name})
+
+    async def gzip_bomb(self, request):
+        """Up to 1 GiB of zeros as a chunked gzip stream (about 1 MB on the wire)."""
+        response = web.StreamResponse(headers={"Content-Encoding": "gzip"})
+        await response.prepare(request)
+        packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+        try:
+            for _ in range(64):
+                chunk = packer.compress(self.zeros) + packer.flush(zlib.Z_SYNC_FLUSH)
+                self.sent_bytes += len(chunk)
+                await response.write(chunk)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return response
 
     async def missing(self, request):
         return web.Response(status=404)
@@ -119,6 +157,10 @@ async def start(state: Server, host: str) -> tuple[web.AppRunner, int]:
 @pytest.fixture
 async def server(image_bytes):
     state = Server(image_bytes)
+    state.png = encode(make_image(96, 128), "PNG")
+    # 2 MiB of four symbols: compresses about 4:1, so it is over a 1 MiB max_bytes only inflated
+    state.noise = bytes(random.Random(0).choices(b"abcd", k=2 << 20))
+    state.zeros = bytes(16 << 20)
     runner, port = await start(state, "127.0.0.1")
     state.url = f"http://127.0.0.1:{port}"
     state.port = port
@@ -173,6 +215,50 @@ async def test_chunked_body_cut_off_at_max_bytes(server):
 async def test_declared_length_over_limit_refused_before_reading(server, connector):
     with pytest.raises(MediaTooLargeError):
         await connector.fetch("image", server.url + "/big_declared")
+
+
+async def test_the_client_asks_for_bodies_as_they_are(server, connector):
+    # A server that compresses only for clients that accept it sends the PNG as it is.
+    item = await connector.fetch("image", server.url + "/encoded/gzip")
+    assert server.accept_encoding == ["identity"]
+    assert item.key == lazymedia.load_image(server.png).key and item.media.shape == (96, 128, 3)
+
+
+@pytest.mark.parametrize("encoding", ["always-gzip", "deflate", "raw-deflate"])
+async def test_a_body_compressed_anyway_is_inflated(server, connector, encoding):
+    item = await connector.fetch("image", f"{server.url}/encoded/{encoding}")
+    assert item.key == lazymedia.load_image(server.png).key  # the key of the inflated bytes
+    assert item.media.shape == (96, 128, 3)
+    assert await connector.download(f"{server.url}/encoded/{encoding}") == server.png
+
+
+async def test_compressed_bodies_that_are_not_media(server):
+    connector = MediaConnector(allow_private_networks=LOCAL, timeout_s=60, max_bytes=1 << 20)
+    # Inflated past max_bytes (1 MiB) from 4:1 data: 413, counted on the inflated bytes.
+    with pytest.raises(MediaTooLargeError, match="inflates to more than the"):
+        await connector.fetch("image", server.url + "/encoded/always-gzip?body=noise")
+    with pytest.raises(InvalidMediaError, match="truncated") as info:
+        await connector.fetch("image", server.url + "/encoded/truncated-gzip")
+    assert info.value.status_code == 400
+    with pytest.raises(MediaFetchError, match="'br'") as info:
+        await connector.fetch("image", server.url + "/encoded/br")
+    assert info.value.status_code == 502
+    await connector.aclose()
+
+
+async def test_a_gzip_bomb_is_refused_at_its_first_chunk(server):
+    c = MediaConnector(allow_private_networks=LOCAL, timeout_s=30)  # max_bytes: the default 64 MiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(MediaTooLargeError, match="compression bomb") as info:
+            await c.fetch("image", server.url + "/gzip_bomb")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    await c.aclose()
+    assert info.value.status_code == 413
+    assert peak < 4 << 20  # about 1 MiB inflated (INFLATE_FREE_BYTES), not 64 MiB of zeros
+    assert server.sent_bytes < 1 << 20  # one or two of the 64 chunks
 
 
 async def test_lying_content_length(server, connector):
@@ -459,6 +545,26 @@ async def test_non_ascii_spellings_of_addresses_are_400_before_any_connect(host,
             with pytest.raises(InvalidMediaError, match="non-ASCII spelling of an IP address") as info:
                 await c.fetch("image", f"http://{host}:8080/x.jpg")
         assert info.value.status_code == 400 and not no_network
+
+
+@pytest.mark.parametrize("host", ["%31%32%37.0.0.1", "\u0661\u0662\u0667.0.0.1", "0x17f000001", "0x", "1.2.3.4.5",
+                                  "a..b", "%00", "a%2fb", "x" * 64 + ".com"])
+async def test_malformed_hosts_are_400_before_any_resolve(host, no_network):
+    for allow in (False, True):
+        async with MediaConnector(allow_private_networks=allow) as c:
+            with pytest.raises(InvalidMediaError, match="refused host") as info:
+                await c.fetch("image", f"http://{host}/x.jpg")
+        assert info.value.status_code == 400 and not no_network
+
+
+async def test_a_host_with_a_trailing_dot_is_judged_without_it(server, image_bytes):
+    async with MediaConnector() as c:  # "localhost." is localhost: refused by the guard, not a DNS failure
+        with pytest.raises(InvalidMediaError, match="non-public") as info:
+            await c.fetch("image", f"http://localhost.:{server.port}/img.jpg")
+    assert info.value.status_code == 400
+    async with MediaConnector(allow_private_networks=LOCAL) as c:
+        item = await c.fetch("image", f"http://127.0.0.1.:{server.port}/img.jpg")
+    assert item.key == lazymedia.load_image(image_bytes).key
 
 
 async def test_no_spelling_reaches_a_loopback_server(server, image_bytes):

@@ -22,7 +22,7 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, ops, synthetic
-from lazymedia.codecs import video, video_common, video_packets
+from lazymedia.codecs import video, video_packets
 from lazymedia.engine import isolation, nvdec
 from lazymedia.errors import UnprocessableMediaError
 
@@ -556,7 +556,7 @@ def cuda_state_after_a_decode(data: bytes) -> dict:
     """Runs in a worker: decodes a video (which allocates its frame buffers), then reports."""
     frames = lazymedia.load_video(data, num_frames=2).decode()
     return {"frames": tuple(frames.frames.shape), "pinned": ops.pinned_memory_available()[0],
-            "pool_pinned": video_common.frame_buffers().pinned, "torch_cuda": torch.cuda.is_initialized(),
+            "pool_pinned": ops.frame_buffers().pinned, "torch_cuda": torch.cuda.is_initialized(),
             "cudart_loaded": "libcudart" in Path("/proc/self/maps").read_text(),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -247,7 +248,128 @@ data = buf.getvalue()
 assert len(data) < 1 << 20, len(data)
 """
 
+FLAC_50K_COMMENTS = r"""
+import struct as _struct
+flac = synthetic.tone(0.5, fmt="flac")
+assert flac[:4] == b"fLaC" and flac[4] & 0x7F == 0  # STREAMINFO first
+entries = b"".join(_struct.pack("<I", 7) + b"T=%05d" % i for i in range(50_000))
+body = _struct.pack("<I", 6) + b"vendor" + _struct.pack("<I", 50_000) + entries
+block = bytes([4]) + len(body).to_bytes(3, "big") + body  # VORBIS_COMMENT, not the last block
+data = flac[:4] + bytes([flac[4] & 0x7F]) + flac[5:42] + block + flac[42:]
+"""
+
+MP3_100K_ID3_FRAMES = r"""
+frames = b"".join(b"TXXX" + (3).to_bytes(4, "big") + b"\x00\x00" + b"\x00a\x00" for _ in range(100_000))
+size = len(frames)
+syncsafe = bytes([(size >> 21) & 0x7F, (size >> 14) & 0x7F, (size >> 7) & 0x7F, size & 0x7F])
+data = b"ID3\x03\x00\x00" + syncsafe + frames + synthetic.tone(0.5, fmt="mp3")
+"""
+
+MKV_100K_TAGS = r"""
+def element(element_id, payload):
+    return element_id + (len(payload) | 1 << 56).to_bytes(8, "big") + payload  # 8-byte sizes
+
+clip = synthetic.video(frames=8, height=64, width=64, container="matroska")
+at = clip.index(b"\x18\x53\x80\x67") + 4 + 8  # the Segment's data (its size: 8 bytes)
+simple = element(b"\x67\xc8", element(b"\x45\xa3", b"A") + element(b"\x44\x87", b"1"))
+tags = element(b"\x12\x54\xc3\x67", element(b"\x73\x73", simple * 100_000))
+data = clip[:at - 8] + b"\x01\xff\xff\xff\xff\xff\xff\xff" + tags + clip[at:]  # the Segment's size: unknown
+"""
+
+PNG_ICCP_256MB = r"""
+import zlib as _zlib
+packer = _zlib.compressobj(9)
+zeros = bytes(16 << 20)
+profile = b"".join(packer.compress(zeros) for _ in range(16)) + packer.flush()  # 256 MiB of zeros, ~256 KB
+body = b"icc\0\0" + profile
+chunk = len(body).to_bytes(4, "big") + b"iCCP" + body + _zlib.crc32(b"iCCP" + body).to_bytes(4, "big")
+png = synthetic.encode_image(numpy.zeros((64, 64, 3), numpy.uint8), "PNG")
+data = png[:33] + chunk + png[33:]  # after IHDR
+del zeros
+"""
+
+JPEG_10000_CUT = r"""
+jpeg = bytearray(synthetic.jpeg(64, 64))
+sof = jpeg.index(b"\xff\xc0")
+jpeg[sof + 5:sof + 9] = (10000).to_bytes(2, "big") * 2  # the SOF's height and width
+data = bytes(jpeg[:2048])  # 2 KB of a 10000 x 10000 JPEG
+"""
+
+PNG_10000_CUT = r"""
+import zlib as _zlib
+png = bytearray(synthetic.encode_image(numpy.zeros((64, 64, 3), numpy.uint8), "PNG"))
+png[16:24] = (10000).to_bytes(4, "big") * 2  # IHDR's width and height
+png[29:33] = _zlib.crc32(bytes(png[12:29])).to_bytes(4, "big")
+data = bytes(png)
+"""
+
+APNG_10K_FRAMES_4K = r"""
+import struct as _struct, zlib as _zlib
+
+def chunk(kind, body):
+    return _struct.pack(">I", len(body)) + kind + body + _struct.pack(">I", _zlib.crc32(kind + body))
+
+width, height, frames = 3840, 2160, 10_000
+parts = [b"\x89PNG\r\n\x1a\n", chunk(b"IHDR", _struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)),
+         chunk(b"acTL", _struct.pack(">II", frames, 0)),
+         chunk(b"fcTL", _struct.pack(">IIIIIHHBB", 0, width, height, 0, 0, 1, 30, 0, 0))]
+packer = _zlib.compressobj(9)
+rows = b"".join(packer.compress(b"\0" + bytes(width * 4)) for _ in range(height)) + packer.flush()
+parts.append(chunk(b"IDAT", rows))
+pixel = _zlib.compress(b"\0\xff\0\0\xff")
+for i in range(1, frames):  # 1x1 frames, each painted on the whole canvas
+    parts.append(chunk(b"fcTL", _struct.pack(">IIIIIHHBB", 2 * i - 1, 1, 1, i % 64, 0, 1, 30, 0, 0)))
+    parts.append(chunk(b"fdAT", _struct.pack(">I", 2 * i) + pixel))
+data = b"".join(parts + [chunk(b"IEND", b"")])
+"""
+
+PNG_64_ZTXT = r"""
+import zlib as _zlib
+body = b"k\0\0" + _zlib.compress(bytes(1 << 20), 9)  # 1 MiB of text: Pillow's limit for one chunk
+chunk = len(body).to_bytes(4, "big") + b"zTXt" + body + _zlib.crc32(b"zTXt" + body).to_bytes(4, "big")
+png = synthetic.encode_image(numpy.zeros((64, 64, 3), numpy.uint8), "PNG")
+data = png[:33] + chunk * 64 + png[33:]
+"""
+
+BMP_RLE8_1500 = r"""
+import struct as _struct
+width, height = 1500, 1500
+row = bytes([1, 0, 1, 1]) * (width // 2) + b"\0\0"  # 1-pixel runs, then the end of the line
+pixels = row * height + b"\0\1"
+palette = b"".join(bytes([i, 255 - i, i // 2, 0]) for i in range(256))
+info = _struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(pixels), 2835, 2835, 256, 0)
+offset = 14 + len(info) + len(palette)
+data = b"BM" + _struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
+"""
+
 CASES = {
+    # An RLE8 BMP of 1-pixel runs: Pillow's RLE decoder holds about 5 bytes a pixel besides the output,
+    # declared as working memory (6 a pixel): decodes within it, and is refused under the strict limit.
+    "bmp_rle8_1500": (BMP_RLE8_1500, "lazymedia.load_image(data)", None),
+    "bmp_rle8_2500_strict": (BMP_RLE8_1500.replace("1500, 1500", "2500, 2500"),
+                             f"lazymedia.load_image(data, limits={STRICT})", 413),
+    # 700 KB of APNG: 10,000 1x1 frames on a 4K canvas; 8 frames sampled paint every canvas (47 CPU-s).
+    "apng_10k_frames_on_4k": (APNG_10K_FRAMES_4K, "lazymedia.load_video(data, num_frames=8)", 413),
+    # Truncated files whose headers declare 10000 x 10000: refused (422) before the 286 MB canvas.
+    "jpeg_10000_cut_at_2kb": (JPEG_10000_CUT, "lazymedia.load_image(data)", 422),
+    "png_10000_cut": (PNG_10000_CUT, "lazymedia.load_image(data)", 422),
+    # A 64 x 64 PNG whose ICC profile inflates to 256 MiB: refused from an inflate that stops at 1 MiB.
+    # The same bytes as zTXt and iTXt chunks; 64 zTXt chunks of 1 MiB each (Pillow alone allows 64 MiB).
+    "png_ztxt_256mb": (PNG_ICCP_256MB.replace('b"iCCP"', 'b"zTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\0"'),
+                       "lazymedia.load_image(data)", 413),
+    "png_itxt_256mb": (PNG_ICCP_256MB.replace('b"iCCP"', 'b"iTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\1\\0\\0\\0"'),
+                       "lazymedia.load_image(data)", 413),
+    "png_64_ztxt_of_1mb": (PNG_64_ZTXT, "lazymedia.load_image(data)", 413),
+    "png_iccp_256mb": (PNG_ICCP_256MB, "lazymedia.load_image(data)", 413),
+    # 350 KB of FLAC Vorbis comments (50,000; FFmpeg's probe: 19 CPU-s): counted and refused before any parse.
+    "flac_50k_vorbis_comments": (FLAC_50K_COMMENTS, "lazymedia.load_audio(data)", 413),
+    # An MP3 behind an ID3v2 tag of 100,000 frames (FFmpeg's probe ran past 120 s).
+    "mp3_100k_id3_frames": (MP3_100K_ID3_FRAMES, "lazymedia.load_audio(data)", 413),
+    # A Matroska file whose Segment holds 100,000 SimpleTags before its tracks (ran past 120 s).
+    "mkv_100k_tags": (MKV_100K_TAGS, "lazymedia.load_video(data, num_frames=4)", 413),
+    # At the cap (2000 entries), the same files decode.
+    "flac_2000_vorbis_comments": (FLAC_50K_COMMENTS.replace("50_000", "2_000"), "lazymedia.load_audio(data)", None),
+    "mp3_2000_id3_frames": (MP3_100K_ID3_FRAMES.replace("100_000", "2_000"), "lazymedia.load_audio(data)", None),
     # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
     "gif_canvas_bomb": ("data = bytearray(synthetic.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
                         "data[6:10] = b'\\xff\\xff\\xff\\xff'",
@@ -299,3 +421,17 @@ CASES = {
 def test_hostile_input_is_bounded(case):
     setup, load, refused = CASES[case]
     assert_bounded(run_capped(setup, load), refused)
+
+
+def test_the_fuzz_harness_tells_its_own_memory_error_from_a_decoder_crash():
+    sys.path.insert(0, str(Path(__file__).parent / "fuzz"))
+    try:
+        import fuzz_api
+    finally:
+        sys.path.pop(0)
+    own = "Traceback (most recent call last):\n  File \"fuzz_api.py\", line 120, in child\nMemoryError\n"
+    assert fuzz_api.harness_memory_death(1, own)
+    assert not fuzz_api.harness_memory_death(-11, own)  # killed by SIGSEGV: a crash, whatever it printed
+    assert not fuzz_api.harness_memory_death(1, "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent "
+                                                "call first):\n  File \"codecs/video.py\", line 3 in decode\n")
+    assert not fuzz_api.harness_memory_death(1, "")

@@ -20,6 +20,7 @@ import torch
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
 from .ffmpeg import DecodedFrames
+from .metadata import check_metadata
 from .types import AudioHeader, AudioSamples
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
@@ -53,6 +54,7 @@ def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
     decoded-size budget of `spec` before anything is decoded."""
     if len(data) == 0:
         raise UnprocessableMediaError("empty audio file: send the audio's bytes", modality="audio")
+    check_metadata(data, "audio")  # before libsndfile or FFmpeg parse tags (FFmpeg's cost is their square)
     try:
         info = soundfile.info(io.BytesIO(data))
     except Exception:  # libsndfile does not know the format: FFmpeg may

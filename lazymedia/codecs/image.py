@@ -18,6 +18,7 @@ import dataclasses
 import io
 import struct
 import warnings
+import zlib
 
 import numpy as np
 import simplejpeg
@@ -43,7 +44,7 @@ _SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
 _MAX_TIFF_PAGES = 1024
 
 
-_NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name != "mode"]
+_NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name not in ("mode", "bmp_rle")]
 _PNG_MODES = {2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
 
@@ -104,7 +105,8 @@ def _probe_with_pillow(data, result) -> ImageHeader:
             orientation=orientation if 1 <= orientation <= 8 else 1, has_icc="icc_profile" in image.info,
             jpeg_encoding="", chroma_subsampling="", has_adobe=False, adobe_transform=-1, png_color_type=-1,
             png_interlaced=False, animated=frames > 1, frame_count=frames, max_frame_width=width,
-            max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode)
+            max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode,
+            bmp_rle=image.format == "BMP" and image.info.get("compression") in (1, 2))
 
 
 def _tiff_pages(data) -> int:
@@ -180,6 +182,31 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
     if header.format == "jpeg" and header.bit_depth != 8:
         raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported:"
                                       " re-encode it as 8-bit JPEG or PNG", modality="image")
+    least = least_encoded_bytes(header)
+    if encoded_bytes < least:
+        raise UnprocessableMediaError(f"truncated {header.format.upper()}: {encoded_bytes} bytes, where a "
+                                      f"{header.width}x{header.height} one needs {least} at least: send the whole "
+                                      "file", modality="image")
+
+
+# Deflate's largest ratio: a 258-byte match per 2 bits of code, about 1032:1.
+_DEFLATE_MAX_RATIO = 1032
+_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_HUFFMAN_JPEG = ("baseline", "extended", "progressive")
+
+
+def least_encoded_bytes(header: ImageHeader) -> int:
+    """The fewest bytes a whole file of this header can have, so that a truncated one is refused
+    before its canvas is allocated: a Huffman-coded JPEG codes every 8x8 block of its largest
+    component in at least 1 bit (its DC), a PNG's pixel rows inflate at most 1032:1. 0 where the
+    header tells nothing (arithmetic or lossless JPEG, GIF, WebP, BMP, TIFF: run-length and
+    arithmetic coding have no useful floor)."""
+    if header.format == "jpeg" and header.jpeg_encoding in _HUFFMAN_JPEG:
+        return -(-header.width // 8) * -(-header.height // 8) // 8
+    if header.format == "png" and header.png_color_type in _PNG_SAMPLES:
+        row = -(-header.width * _PNG_SAMPLES[header.png_color_type] * header.bit_depth // 8)
+        return header.height * row // _DEFLATE_MAX_RATIO
+    return 0
 
 
 # -- decoding ------------------------------------------------------------------------------------
@@ -235,11 +262,63 @@ def composites(header: ImageHeader, target: str) -> bool:
     return target == "RGB" and (header.mode in ("RGBA", "LA", "PA") or header.has_transparency)
 
 
+# What a PNG's compressed ancillary chunks may inflate to: each iCCP, zTXt or compressed iTXt
+# 1 MiB (Pillow's MAX_TEXT_CHUNK; libspng inflates an iCCP whole, without a limit: a 1 MB chunk
+# took 1 GiB), and all of them together 8 MiB (Pillow allows 64 MiB of text).
+MAX_PNG_CHUNK_INFLATED = 1 << 20
+MAX_PNG_ANCILLARY_INFLATED = 8 << 20
+
+
+def check_png_ancillary(data) -> None:
+    """Refuses (413) a PNG whose iCCP, zTXt or compressed iTXt chunks inflate past the bounds
+    above, from inflates that stop there; the chunk walk reads lengths only."""
+    view = memoryview(data).cast("B")
+    offset, total = 8, 0
+    while offset + 8 <= len(view):
+        length = int.from_bytes(view[offset:offset + 4], "big")
+        kind = bytes(view[offset + 4:offset + 8])
+        if kind == b"IEND":
+            return
+        if kind in (b"iCCP", b"zTXt", b"iTXt"):
+            total += _inflated_size(bytes(view[offset + 8:offset + 8 + length]), kind)
+            if total > MAX_PNG_ANCILLARY_INFLATED:
+                raise MediaTooLargeError(f"the PNG's compressed chunks inflate past {MAX_PNG_ANCILLARY_INFLATED} "
+                                         "bytes: strip its text and profile", modality="image")
+        offset += 12 + length
+
+
+def _inflated_size(body: bytes, kind: bytes) -> int:
+    """What one chunk's compressed part inflates to (0 when stored or broken: the decoders ignore
+    or refuse it); a 413 past MAX_PNG_CHUNK_INFLATED."""
+    keyword_end = body.find(b"\0", 0, 80)
+    if keyword_end < 0:
+        return 0
+    start = keyword_end + 2  # after the keyword's NUL and the method byte
+    if kind == b"iTXt":
+        if body[keyword_end + 1:keyword_end + 2] != b"\1":
+            return 0  # stored text
+        language_end = body.find(b"\0", keyword_end + 3)
+        translated_end = body.find(b"\0", language_end + 1) if language_end >= 0 else -1
+        if translated_end < 0:
+            return 0
+        start = translated_end + 1
+    try:
+        inflated = len(zlib.decompressobj().decompress(body[start:], MAX_PNG_CHUNK_INFLATED + 1))
+    except zlib.error:
+        return 0
+    if inflated > MAX_PNG_CHUNK_INFLATED:
+        raise MediaTooLargeError(f"a {kind.decode()} chunk of the PNG inflates past {MAX_PNG_CHUNK_INFLATED} bytes: "
+                                 "strip its text and profile", modality="image")
+    return inflated
+
+
 def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
     """8-bit and smaller PNGs through libspng, which expands palettes and low bit depths to G8,
     RGB8 or RGBA8 in one array this module then owns; the alpha is composited and gray widened
     in place. libspng ignores tRNS, so images with a transparent colour go to Pillow, as do the
     conversions it does not mirror (luma, gray with alpha)."""
+    if header.has_icc or header.png_compressed_text:
+        check_png_ancillary(data)
     if header.bit_depth > 8 or header.png_compressed_text or header.png_color_type == 4:
         raise _TryPillow()  # 16 bits, compressed text (Pillow bounds it: a 413), gray with alpha
     decoded = {0: 1, 2: 3, 3: 3, 6: 4}[header.png_color_type]

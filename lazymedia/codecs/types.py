@@ -45,14 +45,19 @@ class ImageHeader:
     png_compressed_text: bool = False
     scan_count: int = 1  # JPEG: scans the decoder runs (csrc/probe.h)
     mode: str = "RGB"
+    bmp_rle: bool = False  # a run-length coded BMP (Pillow's Python RLE decoder)
 
     @property
     def working_bytes(self) -> int:
         """Memory the decoder holds besides the output: a JPEG decoded in several scans
         (progressive, or components in separate scans) keeps every DCT coefficient of the image,
         2 bytes per sample of each component, for the whole decode (libjpeg's whole-image
-        coefficient buffer); a single-scan JPEG and the other decoders work in rows or hold what
-        the output holds."""
+        coefficient buffer); a run-length BMP goes through Pillow's RLE decoder, which grows its
+        palette indices in a bytearray, copies them to bytes and then into its image (about 5
+        bytes a pixel measured, 6 declared); a single-scan JPEG and the other decoders work in
+        rows or hold what the output holds."""
+        if self.bmp_rle:
+            return 6 * self.width * self.height
         if self.format != "jpeg" or self.scan_count <= 1:
             return 0
         planes = _COMPONENT_PLANES.get(self.chroma_subsampling, self.components)

@@ -12,6 +12,7 @@ import torch
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
 from .ffmpeg import DecodedFrames
+from .metadata import check_metadata
 from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
 from .types import VideoFrames, VideoHeader
 from .video_common import sampled_output, video_frames
@@ -232,8 +233,11 @@ def check_sample_tables(data, limits: Limits) -> int:
 
 def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
     """Container header: stream geometry, rate, duration and frame count, checked against
-    limits; an MP4/MOV's sample tables are checked before FFmpeg reads them."""
+    limits; an MP4/MOV's sample tables and a file's tag count are checked before FFmpeg reads
+    them."""
     index_bytes = check_sample_tables(data, limits)
+    check_metadata(data, "video")
+    check_apng_canvases(data)
     with _open(data) as container:
         if not container.streams:  # a container with no streams at all lost its header (truncated)
             raise UnprocessableMediaError("video container has no streams:"
@@ -276,6 +280,34 @@ def check_length(frames: int, seconds: float, limits: Limits, what: str) -> None
                                  "shorter clip", hint="raise Limits.max_video_seconds", modality="video")
 
 
+# Codecs that paint every frame onto the full canvas and have no keyframe after the first
+# (animated PNG, GIF): a sampled frame costs every frame before it at canvas size, however small
+# the frames are coded (10k 1x1 frames on a 4K canvas: 47 CPU-s for 8 of them). The canvas
+# pixels such a decode may paint: about 260 4K frames, 1000 1080p frames, 9000 of 480x480.
+_CANVAS_CODECS = ("apng", "gif")
+MAX_CANVAS_PIXELS = 1 << 31
+
+
+def check_apng_canvases(data) -> None:
+    """An animated PNG's frames (fcTL chunks) times its canvas, counted from the chunk lengths
+    before FFmpeg opens it (its probe decodes the first canvas): over MAX_CANVAS_PIXELS is a 413,
+    as check_limits would find once the frames are counted, for any frame sampled near the end."""
+    view = memoryview(data).cast("B")
+    if bytes(view[:8]) != b"\x89PNG\r\n\x1a\n" or len(view) < 24:
+        return
+    canvas = int.from_bytes(view[16:20], "big") * int.from_bytes(view[20:24], "big")
+    offset, frames = 8, 0
+    while offset + 8 <= len(view):
+        kind = bytes(view[offset + 4:offset + 8])
+        if kind == b"fcTL":
+            frames += 1
+            if frames * canvas > MAX_CANVAS_PIXELS:
+                raise MediaTooLargeError(f"an animated PNG of more than {frames - 1} frames on a canvas of {canvas} "
+                                         f"pixels paints over {MAX_CANVAS_PIXELS} pixels to reach its last frames: "
+                                         "send a video codec", modality="video")
+        offset += 12 + int.from_bytes(view[offset:offset + 4], "big")
+
+
 def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_bytes: int) -> None:
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
@@ -283,7 +315,15 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
                                  f"the {limits.max_pixels} pixel limit: send a smaller video",
                                  hint="raise Limits.max_pixels", modality="video")
     check_length(header.total_frames, header.duration, limits, "the video has")
-    count = len(sample_indices(sampling_source(header), spec))
+    indices = sample_indices(sampling_source(header), spec)
+    if header.codec in _CANVAS_CODECS and indices:
+        painted = (max(indices) + 1) * header.width * header.height
+        if painted > MAX_CANVAS_PIXELS:
+            raise MediaTooLargeError(f"reaching frame {max(indices)} of this {header.codec} paints {max(indices) + 1} "
+                                     f"canvases of {header.width}x{header.height}, over {MAX_CANVAS_PIXELS} pixels: "
+                                     "ask for earlier frames (num_frames, fps), or send a video codec",
+                                     modality="video")
+    count = len(indices)
     height, width = spec.size or (header.height, header.width)
     limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}",
                          header.index_bytes)

@@ -1,5 +1,5 @@
-"""What every video reader (PyAV, OpenCV, NVDEC) shares, written once: the frame buffer pool,
-the sampled output buffer, the memfd hand-off and the construction of `VideoFrames`."""
+"""What every video reader (PyAV, OpenCV, NVDEC) shares, written once: the sampled output buffer
+(from ops.frame_buffers), the memfd hand-off and the construction of `VideoFrames`."""
 from __future__ import annotations
 
 import contextlib
@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .. import ops
-from ..singletons import process_wide
 from .sampling import FrameTable, SamplingSource, hf_metadata
 from .types import VideoFrames, VideoHeader
 
@@ -16,18 +15,10 @@ if TYPE_CHECKING:
     import torch
 
 
-@process_wide
-def frame_buffers() -> ops.HostBufferPool:
-    """Frame tensors come from a pool: a reused buffer is already mapped (a fresh 250 MB one
-    page-faults on every first write, which costs more than the copy) and pinned where a GPU
-    is, so a later .to("cuda") can be asynchronous."""
-    return ops.HostBufferPool(max_cached_bytes=512 << 20)
-
-
 def sampled_output(out: torch.Tensor | None, count: int, height: int, width: int) -> torch.Tensor:
     """Where `count` sampled frames go: `out` (checked to be [count, height, width, 3]), or a
     buffer of the frame pool."""
-    frames = out if out is not None else frame_buffers().empty((count, height, width, 3))
+    frames = out if out is not None else ops.frame_buffers().empty((count, height, width, 3))
     if tuple(frames.shape) != (count, height, width, 3):
         raise ValueError(f"out must have shape {(count, height, width, 3)}")
     return frames

@@ -52,7 +52,7 @@ from typing import Any
 from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
 from ..metrics import count
-from ..ops import NO_CUDA_ENV
+from ..ops import NO_CUDA_ENV, frame_buffers
 from ..singletons import process_wide
 
 logger = logging.getLogger("lazymedia.engine")
@@ -122,8 +122,6 @@ def _import(value, folder: Path | None) -> Any:
 
 def result_buffers():
     """The serving process's pinned frame buffers where it has them (a GPU), else None."""
-    from ..codecs.video_common import frame_buffers
-
     pool = frame_buffers()
     return pool if pool.pinned else None
 

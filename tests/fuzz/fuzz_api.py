@@ -2,7 +2,9 @@
 spliced, go through load_image / load_video / load_audio and `.media` in a child process under
 an address-space cap. Every outcome must be a decode or a typed MediaError: an untyped
 exception, a crash (the child dies) or a hang (no progress within --hang-s) is a finding, and its
-input is kept for replay.
+input is kept for replay. The harness's own MemoryError under the cap (mutating, encoding or
+reporting an input, outside the API call) is counted as "harness-memory", not as a finding: a
+child that dies of one exits with a MemoryError traceback, a decoder crash by a signal.
 
     python tests/fuzz/fuzz_api.py --seconds 600 [--memory-cap-mb 1600] [--corpus DIR] [--out DIR] [--seed N]
     python tests/fuzz/fuzz_api.py --replay FILE.json [--memory-cap-mb 1600]  # one finding, in this process
@@ -103,19 +105,34 @@ def child(args) -> None:
     seeds = [(modality, data) for modality, data in load_seeds(Path(args.corpus)) if modality in wanted]
     rng = random.Random(args.seed)
     current = Path(args.out) / f"current-{os.getpid()}.json"
+    harness_memory = json.dumps({"outcome": "harness-memory"})  # made before the cap can refuse it
     while True:
-        modality, data = rng.choice(seeds)
-        modality = modality if rng.random() < 0.9 else rng.choice(wanted)
-        data = mutate(rng, data, seeds)
-        settings = rng.choice(SETTINGS[modality])
-        case = {"modality": modality, "settings": settings, "data": base64.b64encode(data).decode()}
-        current.write_text(json.dumps(case))
+        try:
+            modality, data = rng.choice(seeds)
+            modality = modality if rng.random() < 0.9 else rng.choice(wanted)
+            data = mutate(rng, data, seeds)
+            settings = rng.choice(SETTINGS[modality])
+            case = {"modality": modality, "settings": settings, "data": base64.b64encode(data).decode()}
+            current.write_text(json.dumps(case))
+        except MemoryError:  # the harness's own, before the API saw the input
+            print(harness_memory, flush=True)
+            continue
         try:
             outcome = run_one(modality, data, settings)
             record = {"outcome": outcome}
-        except BaseException as exc:  # an untyped error: the finding
+        except BaseException as exc:  # an untyped error (a MemoryError from the API too): the finding
             record = {"outcome": "untyped", "error": f"{type(exc).__name__}: {exc}"[:500], "case": case}
-        print(json.dumps(record), flush=True)
+        try:
+            print(json.dumps(record), flush=True)
+        except MemoryError:
+            print(harness_memory, flush=True)
+
+
+def harness_memory_death(returncode: int, stderr: str) -> bool:
+    """Whether a child ended on the cap in Python (an exit status and a MemoryError traceback
+    as its last words) rather than crashed in a decoder (killed by a signal, or any other end)."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return returncode > 0 and bool(lines) and lines[-1].startswith("MemoryError")
 
 
 def supervise(args) -> dict:
@@ -151,9 +168,13 @@ def supervise(args) -> dict:
                         findings.append({"kind": "untyped", "error": record["error"], "case": record["case"]})
             current = out / f"current-{proc.pid}.json"
             if proc.poll() is not None:
+                stderr_text = log.read_text(errors="replace")
+                if harness_memory_death(proc.returncode, stderr_text):
+                    totals["harness-memory"] = totals.get("harness-memory", 0) + 1
+                    break
                 totals["crash"] = totals.get("crash", 0) + 1
                 findings.append({"kind": "crash", "exit_code": proc.returncode,
-                                 "stderr": log.read_text(errors="replace"),  # whole: native frames come first
+                                 "stderr": stderr_text,  # whole: native frames come first
                                  "case": json.loads(current.read_text()) if current.exists() else None})
                 break
             if time.monotonic() - last_progress > args.hang_s:
@@ -172,9 +193,10 @@ def supervise(args) -> dict:
         leftover.unlink()
     for number, finding in enumerate(findings):
         (out / f"finding-{number:03d}-{finding['kind']}.json").write_text(json.dumps(finding))
-    executions = sum(v for k, v in totals.items() if k not in ("crash", "hang"))
+    executions = sum(v for k, v in totals.items() if k not in ("crash", "hang", "harness-memory"))
     summary = {"seconds": args.seconds, "modalities": args.modalities, "executions": executions, "outcomes": totals,
                "untyped": totals.get("untyped", 0), "crashes": totals.get("crash", 0), "hangs": totals.get("hang", 0),
+               "harness_memory": totals.get("harness-memory", 0),
                "memory_cap_mb": args.memory_cap_mb, "findings": len(findings)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
