@@ -141,8 +141,10 @@ class _Inflater:
                 raise MediaTooLargeError(f"the response inflates to more than the {self.max_bytes}-byte limit: send a "
                                          "smaller file", hint="raise MediaConnector(max_bytes=)")
             if len(piece) > allowed:
-                raise MediaTooLargeError(f"the {self.encoding} body inflates more than {INFLATE_RATIO}:1, which "
-                                         "media does not: a compression bomb")
+                # Not a size the client could lower: no media format compresses this far (400, as a
+                # bomb was before the client inflated).
+                raise InvalidMediaError(f"the {self.encoding} body inflates more than {INFLATE_RATIO}:1, which "
+                                        "media does not: a compression bomb")
             out.append(piece)
             self.consumed += len(pending) - len(self._inflate.unconsumed_tail)
             pending = self._inflate.unconsumed_tail
