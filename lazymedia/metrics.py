@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from .profiling import nvtx_range
+from ._profiling import nvtx_range
 
 
 class Listener(Protocol):

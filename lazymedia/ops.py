@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import _C
-from .singletons import process_wide
+from ._singletons import process_wide
 
 _ALL_CORES = len(os.sched_getaffinity(0))
 _thread_settings = threading.local()

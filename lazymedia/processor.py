@@ -32,6 +32,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._profiling import nvtx_range
 from .cache import Cache, ProcessorCache, SharedTier
 from .cache.protocol import Call, adrive, drive
 from .engine import DecodeEngine, default_engine
@@ -41,7 +42,6 @@ from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
 from .media import LazyMedia, as_handle, unhashed_bytes
 from .metrics import count, phase
-from .profiling import nvtx_range
 
 
 class _Abandoned(Exception):

@@ -48,10 +48,10 @@ import torch
 
 import lazymedia
 from lazymedia import synthetic
+from lazymedia._profiling import nvtx_range
 from lazymedia.benchmarking.harness import encode, encode_video, psnr, pyplot, save_figure, serve_on_loopback
 from lazymedia.connector import MediaConnector
 from lazymedia.engine.engine import gpu_decoders
-from lazymedia.profiling import nvtx_range
 
 SCENARIOS = ("pool_720p", "unique_720p", "pool_4k", "video_pool", "unique_4k", "video_unique", "mixed")
 NUM_FRAMES = 32  # vLLM's default for video

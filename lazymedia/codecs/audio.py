@@ -19,7 +19,7 @@ import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
-from .ffmpeg import DecodedFrames
+from ._ffmpeg import DecodedFrames
 from .metadata import check_metadata
 from .types import AudioHeader, AudioSamples
 

@@ -11,11 +11,11 @@ import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
-from .ffmpeg import DecodedFrames
+from ._ffmpeg import DecodedFrames
+from ._video_common import sampled_output, video_frames
 from .metadata import check_metadata
 from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
 from .types import VideoFrames, VideoHeader
-from .video_common import sampled_output, video_frames
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from .._profiling import nvtx_range
+from .._singletons import process_wide
 from ..errors import MediaError
 from ..metrics import observe, phase
-from ..profiling import nvtx_range
-from ..singletons import process_wide
 from .placement import (
     BYTES_PER_DECODED_BYTE,
     DEFAULT_DEVICE_CAP_BYTES,

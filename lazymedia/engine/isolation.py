@@ -49,11 +49,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from .._singletons import process_wide
 from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
 from ..metrics import count
 from ..ops import NO_CUDA_ENV, frame_buffers
-from ..singletons import process_wide
 
 logger = logging.getLogger("lazymedia.engine")
 

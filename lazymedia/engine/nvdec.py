@@ -39,11 +39,11 @@ import numpy as np
 import torch
 
 from .. import ops
+from .._profiling import nvtx_range
 from ..codecs import video_packets
+from ..codecs._video_common import frame_timestamps, video_frames
 from ..codecs.sampling import sample_indices, sampling_source
 from ..codecs.types import VideoFrames
-from ..codecs.video_common import frame_timestamps, video_frames
-from ..profiling import nvtx_range
 from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
 
 log = logging.getLogger("lazymedia.nvdec")
