@@ -625,3 +625,22 @@ def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
     engine.shutdown()
     assert len(FFmpegNvDecoder.created) == 1 and backend.decoded == 1  # built here: a worker has no stand-in
     assert_matches_cpu(frames, data, 3)
+
+
+def test_a_failing_run_waits_for_its_queued_conversions_before_dropping_the_decoder(video_codec, monkeypatch):
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    events: list = []
+    monkeypatch.setattr(backend, "_synchronize", lambda: events.append(
+        ("sync", dict(backend._session().decoders))))
+    original = FFmpegNvDecoder.Decode
+
+    def decode_then_fail_at_the_flush(self, packet):
+        if packet.bsl == 0:  # frames were converted from the earlier packets: the flush fails
+            raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+        return original(self, packet)
+
+    monkeypatch.setattr(FFmpegNvDecoder, "Decode", decode_then_fail_at_the_flush)
+    with pytest.raises(RuntimeError, match="LAUNCH_FAILED"):
+        backend._decode(lazymedia.load_video(encoded(), num_frames=4))
+    assert events and all(held for _, held in events)  # each wait came while the decoder was still held
+    assert events[-1][1] and not backend._session().decoders  # the last one, then the decoder was dropped

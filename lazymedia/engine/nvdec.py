@@ -261,6 +261,9 @@ class NvdecBatchDecoder:
                 for run in video_packets.plan_runs(demuxed, missing, back):
                     self._decode_run(decoder, demuxed, run, header, out, slots, returned)
         except Exception:
+            # Conversions queued on this stream may still read the decoder's surfaces: they
+            # finish before the decoder (and its surfaces) is dropped.
+            self._synchronize()
             session.decoders.pop(demuxed.codec, None)  # a decoder that failed is not reused
             raise
         missing = [i for i in indices if i not in returned]
@@ -328,5 +331,10 @@ class NvdecBatchDecoder:
                     ops.resize(rgb, (slot.shape[0], slot.shape[1]), "bilinear", out=slot)
             returned[index] = pts
             converted = True
-        if converted and self.device.type == "cuda":
+        if converted:
+            self._synchronize()
+
+    def _synchronize(self) -> None:
+        """Waits for the work queued on this session's stream (the conversions)."""
+        if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()

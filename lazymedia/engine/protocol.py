@@ -104,7 +104,7 @@ def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
         return value
     tensor = value.tensor if isinstance(value, TensorResult) else value
     if pinned is not None:
-        placed = pinned.empty(tensor.shape)
+        placed = pinned.empty(tensor.shape, tensor.dtype)  # float audio stays float
         placed.copy_(tensor)
     else:
         placed = tensor.to(device)
