@@ -199,3 +199,24 @@ def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():
     assert copied["pair"].a is not value["pair"].a and torch.equal(copied["pair"].a, value["pair"].a)
     assert isinstance(copied["out"], Output) and copied["out"].label == "y"
     assert copied["out"].pixels is not value["out"].pixels and torch.equal(copied["out"].pixels, torch.ones(2))
+
+
+def test_a_resized_miss_reserves_what_its_full_resolution_decode_holds():
+    from lazymedia.engine.placement import reserved_nbytes, source_nbytes
+
+    big = lazymedia.load_image(synthetic.jpeg(540, 960), size=(32, 32))  # decoded whole, then resized
+    full = 540 * 960 * 3
+    assert decoded_nbytes(big) == 32 * 32 * 3 and source_nbytes(big) == full
+    assert reserved_nbytes(big, 16) == full + 32 * 32 * 3 > 32 * 32 * 3 * 16
+    same = lazymedia.load_image(synthetic.jpeg(30, 50))  # no resize: the processor's working set
+    assert reserved_nbytes(same, 16) == 30 * 50 * 3 * 16
+    clip = lazymedia.load_video(synthetic.video(frames=20, height=96, width=160), num_frames=6, size=(8, 8))
+    assert source_nbytes(clip) == 96 * 160 * 3  # one frame at the stream's size before its resize
+    assert reserved_nbytes(clip, 16) == max(6 * 8 * 8 * 3 * 16, 6 * 8 * 8 * 3 + 96 * 160 * 3)
+    engine = meta_engine(cap=full)  # room for the output x 16, not for the full-resolution decode
+    assert engine.place(big).device is None and engine.device_budget.stats()["overflowed"] == 1
+    engine = meta_engine(cap=2 * full)
+    placement = engine.place(big)
+    assert placement.device == META and placement.reserved == full + 32 * 32 * 3
+    engine.unplace(placement)
+    assert engine.device_budget.held == 0

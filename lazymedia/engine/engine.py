@@ -30,8 +30,8 @@ from .placement import (
     DEFAULT_DEVICE_CAP_BYTES,
     DeviceBudget,
     Placement,
-    decoded_nbytes,
     normalize_device,
+    reserved_nbytes,
 )
 from .protocol import BatchDecoder, DecodeItem, place
 
@@ -101,10 +101,10 @@ class DecodeEngine:
         its estimated bytes of the device budget until `unplace`, or on the CPU (no device,
         a modality that stays on the CPU, or the cap is full: never a wait)."""
         budget = self.device_budget
-        nbytes = decoded_nbytes(item) if budget is not None else None
-        if budget is None or nbytes is None or not budget.reserve(nbytes * bytes_per_decoded_byte):
+        nbytes = reserved_nbytes(item, bytes_per_decoded_byte) if budget is not None else None
+        if budget is None or nbytes is None or not budget.reserve(nbytes):
             return Placement(None, 0)
-        return Placement(self.device, nbytes * bytes_per_decoded_byte)
+        return Placement(self.device, nbytes)
 
     def unplace(self, placement: Placement) -> None:
         """Gives back what `place` reserved (the miss's processing has ended)."""
