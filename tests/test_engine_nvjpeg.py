@@ -7,6 +7,7 @@ import ctypes
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError, cli
 from lazymedia.codecs import image as image_codec
-from lazymedia.engine import BackendStatus, availability, nvjpeg
+from lazymedia.engine import BackendStatus, availability, nvdec, nvjpeg
 
 from conftest import CORPUS, REPO, encode, make_image, requires_corpus
 
@@ -155,14 +156,13 @@ def test_one_released_item_or_a_failed_native_call_never_fails_the_batch(jpeg_by
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
     (out,) = backend.decode_batch([item])  # failed twice: the CPU decodes what the device could not
     assert torch.equal(out, expected) and backend.decoded == 0 and failing.calls == [1, 1]
-    assert backend.fallback_count == 1
+    assert backend.fallback_count == 1 == len(backend.fallbacks)  # one item, one fallback, in both counts
     assert "cudaErrorIllegalAddress" in backend.fallbacks[-1] and "retry attempt" in backend.fallbacks[-1]
     failing = Failing(failures=1)
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
     (out,) = backend.decode_batch([item])  # one transient failure: the retry decodes it on the device
     assert torch.equal(out, expected) and backend.decoded == 1 and len(failing.calls) == 2
-    assert backend.fallback_count == 0
-    assert list(backend.fallbacks) == ["batch failed (first attempt): cudaErrorIllegalAddress"]
+    assert backend.fallback_count == 0 and not backend.fallbacks and backend.retried_batches == 1
 
 
 def test_draft_and_non_rgb_modes_stay_on_the_cpu(jpeg_bytes):
@@ -577,3 +577,38 @@ def test_info_shows_why_the_hardware_backend_was_not_taken_and_the_versions(monk
     if shutil.which("nvcc") and nvjpeg.wheel_library():  # the CUDA extension is built, the wheel installed
         versions = next(line for line in out.splitlines() if line.startswith("  versions: "))
         assert "nvjpeg 13." in versions and "nvjpeg_built_with_cudart 13." in versions and "driver_cuda" in versions
+
+
+def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monkeypatch):
+    from lazymedia.engine import protocol
+
+    counted: list = []
+    monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append((event, labels)))
+
+    class FailsTwice(HostDecoder):
+        def decode(self, requests, stream):
+            self.calls.append(len(requests))
+            raise RuntimeError(f"cudaErrorIllegalAddress at {len(self.calls)}")
+
+    items = [lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(8, 8))]
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=FailsTwice())
+    outs = backend.decode_batch(items)
+    assert all(isinstance(out, torch.Tensor) for out in outs)  # the CPU decoded both
+    assert backend.fallback_count == 2 == len(backend.fallbacks) == len(counted)
+    assert {labels["reason"] for _, labels in counted} == {"batch_failed"}
+    counted.clear()
+    header = types.SimpleNamespace(codec="h264", pixel_format="yuv420p", color_matrix="bt709")
+    caps = {"h264": nvdec.Caps(True, 4096, 4096, 65536, 3, 144, 144)}
+    kinds = set()
+    for width in range(100, 140, 2):  # every clip size is another reason text, never another label
+        header.width, header.height = width, 64
+        kinds.add(nvdec.route(header, (9, 0), caps).kind)
+        header.width, header.height = 4096 + width, 64
+        kinds.add(nvdec.route(header, (9, 0), caps).kind)
+    assert kinds == {"under_minimum", "over_limit"}
+    for make in (lambda: nvdec.route(header, (9, 0), {}), lambda: nvjpeg.route(items[0].header, items[0].spec)):
+        assert make().gpu or make().kind in protocol.FALLBACK_KINDS
+    assert nvjpeg.route(items[0].header, lazymedia.ImageSpec(mode="L")).kind in protocol.FALLBACK_KINDS
+    log = protocol.fallback_log("nvdec")
+    log.append("1280x64 (320 MBs) is over this NVDEC's h264 limit (1024x1024, 4096 MBs)", "over_limit")
+    assert counted == [("fallbacks", {"backend": "nvdec", "reason": "over_limit"})]

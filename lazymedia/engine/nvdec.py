@@ -81,30 +81,30 @@ def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | N
     the decoder's capabilities for the codec."""
     codec = video_packets.canonical_codec(header.codec)
     if codec not in _CUDA_CODECS:
-        return Route(False, f"NVDEC has no {codec} decoder")
+        return Route(False, f"NVDEC has no {codec} decoder", "codec")
     if header.pixel_format not in _NV12_FORMATS:
-        return Route(False, f"{header.pixel_format} is not 8-bit 4:2:0")
+        return Route(False, f"{header.pixel_format} is not 8-bit 4:2:0", "pixel_format")
     if header.color_matrix not in _GPU_MATRICES:
-        return Route(False, f"the {header.color_matrix} matrix is converted on the CPU")
+        return Route(False, f"the {header.color_matrix} matrix is converted on the CPU", "color_matrix")
     width, height = header.width, header.height
     macroblocks = math.ceil(width / 16) * math.ceil(height / 16)
     known = (caps or {}).get(codec)
     if known is not None:
         if not known.supported:
-            return Route(False, f"this GPU's NVDEC has no 8-bit 4:2:0 {codec} decoder")
+            return Route(False, f"this GPU's NVDEC has no 8-bit 4:2:0 {codec} decoder", "codec")
         if width > known.max_width or height > known.max_height or macroblocks > known.max_macroblocks:
             return Route(False, f"{width}x{height} ({macroblocks} MBs) is over this NVDEC's {codec} limit "
-                                f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)")
+                                f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)", "over_limit")
         if width < known.min_width or height < known.min_height:
             return Route(False, f"{width}x{height} is under this NVDEC's {codec} minimum "
-                                f"({known.min_width}x{known.min_height})")
+                                f"({known.min_width}x{known.min_height})", "under_minimum")
         return Route(True, "nvdec")
     if codec == "av1" and compute_capability < (10, 0):
-        return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)")
+        return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)", "codec")
     if codec == "h264" and compute_capability < (10, 0) and \
             (max(width, height) > _H264_MAX_SIDE or macroblocks > _H264_MAX_MBS):
         return Route(False, f"H.264 {width}x{height} ({macroblocks} MBs) is over {_H264_MAX_SIDE} pixels or "
-                            f"{_H264_MAX_MBS} MBs: Blackwell's NVDEC only")
+                            f"{_H264_MAX_MBS} MBs: Blackwell's NVDEC only", "over_limit")
     return Route(True, "nvdec")
 
 
@@ -173,7 +173,7 @@ class NvdecBatchDecoder:
             return False
         gpu_route = route(item.header, self.compute_capability, self.caps)
         if not gpu_route.gpu:
-            self._count_fallback(gpu_route.reason)
+            self._count_fallback(gpu_route.reason, gpu_route.kind)
         return gpu_route.gpu
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
@@ -183,26 +183,27 @@ class NvdecBatchDecoder:
         """Ends the session threads (their decoders go with them)."""
         self._workers.shutdown(wait=True)
 
-    def _count_fallback(self, reason: str) -> None:
+    def _count_fallback(self, reason: str, kind: str) -> None:
         with self._count_lock:
-            self.fallbacks.append(reason)
+            self.fallbacks.append(reason, kind)
         log.info("NVDEC -> CPU: %s", reason)
 
-    def _fallback(self, item: DecodeItem, reason: str):
-        self._count_fallback(reason)
+    def _fallback(self, item: DecodeItem, reason: str, kind: str):
+        self._count_fallback(reason, kind)
         with nvtx_range("nvdec.cpu_fallback"):
             return decode_on_host(item, device=self.device)
 
     def _decode_or_fall_back(self, item: DecodeItem):
         gpu_route = route(item.header, self.compute_capability, self.caps)
         if not gpu_route.gpu:
-            return self._fallback(item, gpu_route.reason)
+            return self._fallback(item, gpu_route.reason, gpu_route.kind)
         try:
             with nvtx_range("nvdec.clip"), ops.own_stream(self.device) as handover:
                 frames = self._decode(item)
                 handover([frames.tensor])
         except Exception as exc:  # NVDEC refused or lost this stream: the CPU path decides
-            return self._fallback(item, f"nvdec failed: {type(exc).__name__}: {exc}")
+            kind = "device_oom" if isinstance(exc, torch.OutOfMemoryError) else "decode_failed"
+            return self._fallback(item, f"nvdec failed: {type(exc).__name__}: {exc}", kind)
         with self._count_lock:
             self.decoded += 1
         return frames

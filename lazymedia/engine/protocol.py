@@ -72,6 +72,7 @@ class Route:
 
     gpu: bool
     reason: str  # why the CPU, or which GPU path is expected
+    kind: str = ""  # a fixed label for the reason (metrics): never sizes or exception text
 
 
 def is_root(item: DecodeItem, modality: str) -> bool:
@@ -111,17 +112,24 @@ def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
     return value.with_tensor(placed) if isinstance(value, TensorResult) else placed
 
 
+# The fixed reason kinds GPU decoders count fallbacks under (the metric's `reason` label).
+FALLBACK_KINDS = frozenset({"codec", "pixel_format", "color_matrix", "over_limit", "under_minimum",
+                            "device_oom", "decode_failed", "batch_failed"})
+
+
 class FallbackLog(collections.deque):
     """A deque of fallback reasons that also counts each one (metrics `fallbacks`, by `backend`
-    and the reason's kind) as it is appended."""
+    and `kind`) as it is appended. The reason is text for logs (sizes, exception messages);
+    the label is `kind`, one of FALLBACK_KINDS for lazymedia's decoders, so a label never
+    grows with what clients send (without one, the text before its first ": ")."""
 
     def __init__(self, backend: str):
         super().__init__(maxlen=FALLBACK_HISTORY)
         self.backend = backend
 
-    def append(self, reason: str) -> None:
+    def append(self, reason: str, kind: str | None = None) -> None:
         super().append(reason)
-        count("fallbacks", backend=self.backend, reason=reason_kind(reason))
+        count("fallbacks", backend=self.backend, reason=kind or reason_kind(reason))
 
 
 def fallback_log(backend: str = "gpu") -> FallbackLog:
