@@ -644,3 +644,29 @@ def test_a_failing_run_waits_for_its_queued_conversions_before_dropping_the_deco
         backend._decode(lazymedia.load_video(encoded(), num_frames=4))
     assert events and all(held for _, held in events)  # each wait came while the decoder was still held
     assert events[-1][1] and not backend._session().decoders  # the last one, then the decoder was dropped
+
+
+def test_device_out_of_memory_fails_no_other_clip(video_codec, monkeypatch):
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=2)
+    datas = [clip(96, 160), clip(96, 176), clip(96, 192)]
+    items = [lazymedia.load_video(d, num_frames=3) for d in datas]
+    decode, cpu = backend._decode, backend._fallback
+
+    def decode_out_of_memory_for_the_second(item):
+        if item is items[1] or item is items[2]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return decode(item)
+
+    def cpu_out_of_memory_for_the_third(item, reason, kind):
+        if item is items[2]:
+            backend._count_fallback(reason, kind)
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return cpu(item, reason, kind)
+
+    monkeypatch.setattr(backend, "_decode", decode_out_of_memory_for_the_second)
+    monkeypatch.setattr(backend, "_fallback", cpu_out_of_memory_for_the_third)
+    first, second, third = backend.decode_batch(items)
+    assert_matches_cpu(first, datas[0], 3)
+    assert torch.equal(second.frames, video.decode(datas[1], items[1].header, items[1].spec).frames)
+    assert isinstance(third, lazymedia.MediaCapacityError) and third.status_code == 503
+    assert backend.decoded == 1 and len(backend.fallbacks) == 2 and "OutOfMemoryError" in backend.fallbacks[-1]

@@ -612,3 +612,82 @@ def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monk
     log = protocol.fallback_log("nvdec")
     log.append("1280x64 (320 MBs) is over this NVDEC's h264 limit (1024x1024, 4096 MBs)", "over_limit")
     assert counted == [("fallbacks", {"backend": "nvdec", "reason": "over_limit"})]
+
+
+def test_device_out_of_memory_sends_only_its_images_to_the_cpu(jpeg_bytes, monkeypatch):
+    from lazymedia.engine import protocol
+
+    counted: list = []
+    monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append(labels["reason"]))
+    plain, big, resized = (lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes),
+                           lazymedia.load_image(jpeg_bytes, size=(8, 8)))
+    allocations = iter([False, True, False])  # the second image's output finds no device memory
+
+    def empty(shape, device):
+        if next(allocations):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 MiB")
+        return torch.empty(shape, dtype=torch.uint8, device=device)
+
+    monkeypatch.setattr(nvjpeg, "_device_empty", empty)
+    decoder = HostDecoder()
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=decoder)
+    delivered = backend._deliver
+
+    def deliver(tensor):  # the resized image's delivery runs out of device memory
+        if tuple(tensor.shape) == (8, 8, 3):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return delivered(tensor)
+
+    monkeypatch.setattr(backend, "_deliver", deliver)
+    outs = backend.decode_batch([plain, big, resized])
+    assert decoder.calls == [2]  # the plain and the resized image went to nvJPEG
+    assert torch.equal(outs[0], image_codec.decode(jpeg_bytes, plain.header, plain.spec))
+    assert torch.equal(outs[1], image_codec.decode(jpeg_bytes, big.header, big.spec))  # the CPU's decode
+    assert isinstance(outs[2], torch.Tensor) and outs[2].shape == (8, 8, 3)
+    assert backend.decoded == 1 and backend.fallback_count == 2 == len(backend.fallbacks)
+    assert counted == ["device_oom", "device_oom"]
+
+
+class OutOfMemoryTensor:
+    """A decode whose move to the device finds no memory."""
+
+    def to(self, device):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+
+def test_a_placement_without_device_memory_is_the_host_decode():
+    from lazymedia.engine.protocol import place, typed_error
+
+    host = OutOfMemoryTensor()
+    assert place(host, "meta") is host  # the item is processed on the CPU instead of failing
+    error = typed_error(torch.OutOfMemoryError("CUDA out of memory"))
+    assert isinstance(error, lazymedia.MediaCapacityError) and error.status_code == 503
+
+
+def test_a_broken_batch_decodes_each_item_on_the_cpu_and_an_items_oom_is_its_own_503(jpeg_bytes):
+    class Broken:
+        name = "broken"
+
+        def accepts(self, item):
+            return item.modality == "image"
+
+        def decode_batch(self, items):
+            raise torch.OutOfMemoryError("CUDA out of memory")  # the whole call, not one item
+
+    engine = DecodeEngine(max_workers=2, batch_decoders=[Broken()], batch_window_s=0.05, isolate=())
+    items = [lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(8, 8))]
+    outs = engine.decode_all(items)
+    engine.shutdown()
+    assert torch.equal(outs[0], image_codec.decode(jpeg_bytes, items[0].header, items[0].spec))
+    assert outs[1].shape == (8, 8, 3) and sum(engine.batch_sizes["broken"]) == 2
+
+    class OneOutOfMemory(Broken):
+        def decode_batch(self, items):
+            return [torch.OutOfMemoryError("CUDA out of memory")] + [i.decode() for i in items[1:]]
+
+    engine = DecodeEngine(max_workers=2, batch_decoders=[OneOutOfMemory()], batch_window_s=0.05, isolate=())
+    items = [lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(8, 8))]
+    futures = [engine.submit(item) for item in items]
+    assert isinstance(futures[0].exception(), lazymedia.MediaCapacityError)
+    assert futures[1].result().shape == (8, 8, 3)
+    engine.shutdown()

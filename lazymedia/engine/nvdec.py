@@ -44,7 +44,7 @@ from ..codecs.sampling import sample_indices, sampling_source
 from ..codecs.types import VideoFrames
 from ..codecs.video_common import frame_timestamps, video_frames
 from ..profiling import nvtx_range
-from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
+from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root, typed_error
 
 log = logging.getLogger("lazymedia.nvdec")
 
@@ -177,7 +177,15 @@ class NvdecBatchDecoder:
         return gpu_route.gpu
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
-        return list(self._workers.map(self._decode_or_fall_back, items))
+        return list(self._workers.map(self._decode_item, items))
+
+    def _decode_item(self, item: DecodeItem):
+        """One clip's result or its own exception (typed: a device out-of-memory error in its
+        CPU fallback is its 503), so one clip never fails the others of its batch."""
+        try:
+            return self._decode_or_fall_back(item)
+        except Exception as exc:
+            return typed_error(exc)
 
     def close(self) -> None:
         """Ends the session threads (their decoders go with them)."""

@@ -82,6 +82,11 @@ def wheel_library(search_path: Sequence[str] | None = None) -> str:
     return wheel_file("lib/libnvjpeg.so.13", search_path)
 
 
+def _device_empty(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An output image's buffer on the device (torch.OutOfMemoryError where there is no room)."""
+    return torch.empty(shape, dtype=torch.uint8, device=device)
+
+
 class NvjpegBatchDecoder:
     """A BatchDecoder for DecodeEngine. output="cuda" returns device tensors, "pinned" returns
     page-locked host tensors (decoded on the device, then copied asynchronously).
@@ -172,6 +177,7 @@ class NvjpegBatchDecoder:
     def _decode_on_gpu(self, items, indices: list[int], results: list) -> list[int]:
         """Decodes into device tensors; returns the indices that fell back to the CPU."""
         requests, outputs, sent = [], [], []
+        oom: list[int] = []  # no device memory for the output: the CPU decodes these
         for index in indices:
             item = items[index]
             try:
@@ -183,12 +189,17 @@ class NvjpegBatchDecoder:
             orientation = header.orientation if spec.apply_orientation else 1
             swap = orientation >= 5
             shape = (header.width, header.height, 3) if swap else (header.height, header.width, 3)
-            out = torch.empty(shape, dtype=torch.uint8, device=self.device)
+            try:
+                out = _device_empty(shape, self.device)
+            except torch.OutOfMemoryError as exc:
+                self._fall_back(index, oom, f"device out of memory for a {header.width}x{header.height} image: "
+                                            f"{exc}", "device_oom")
+                continue
             requests.append((data, header.width, header.height, orientation, out.data_ptr()))
             outputs.append(out)
             sent.append(index)
         if not requests:
-            return []
+            return oom
         statuses, failure = None, None
         for attempt in ("first", "retry"):  # one transient device failure is retried on the GPU
             try:
@@ -200,7 +211,7 @@ class NvjpegBatchDecoder:
                 if attempt == "first":
                     with self._count_lock:
                         self.retried_batches += 1  # not a fallback (yet): the retry may decode it
-        fallback: list[int] = []
+        fallback: list[int] = oom
         if statuses is None:  # failed twice: the CPU decodes every image of it, each counted
             for index in sent:
                 self._fall_back(index, fallback, str(failure), "batch_failed")
@@ -210,11 +221,16 @@ class NvjpegBatchDecoder:
             if not decoded:
                 self._fall_back(index, fallback, reason, "decode_failed")
                 continue
-            counts[path] += 1
             spec = items[index].spec
-            if spec.size is not None:
-                out = ops.resize(out, spec.size, spec.resample)
-            results[index] = self._deliver(out)
+            try:
+                if spec.size is not None:
+                    out = ops.resize(out, spec.size, spec.resample)
+                results[index] = self._deliver(out)
+            except torch.OutOfMemoryError as exc:  # the resize's output: this image alone goes to the CPU
+                del out
+                self._fall_back(index, fallback, f"device out of memory after the decode: {exc}", "device_oom")
+                continue
+            counts[path] += 1
         with self._count_lock:  # once a batch
             self.decoded += counts["hardware"] + counts["cuda"]
             for path, count in counts.items():

@@ -85,7 +85,7 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
     report failures per item, and the CPU codec decides what is corrupt, as without a GPU).
     A GPU decoder's CPU fallback delivers where its GPU path would: the decoded tensor (a
     result's `tensor`) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
-    `device`."""
+    `device` (where the device has no room, the host decode)."""
     from ..codecs import decode
 
     try:
@@ -98,7 +98,10 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
 def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
     """A decoded image tensor or VideoFrames with its pixels copied into a buffer of `pinned`
     (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
-    handle may hold it)."""
+    handle may hold it). Where the device is out of memory, `value` itself (on the host): the
+    item is then processed on the CPU, as a miss over the device cap is, rather than failing."""
+    import torch
+
     from ..codecs.types import TensorResult
 
     if pinned is None and device is None:
@@ -108,8 +111,26 @@ def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
         placed = pinned.empty(tensor.shape, tensor.dtype)  # float audio stays float
         placed.copy_(tensor)
     else:
-        placed = tensor.to(device)
+        try:
+            placed = tensor.to(device)
+        except torch.OutOfMemoryError:  # no room on the device: the host decode is the result
+            count("fallbacks", backend="place", reason="device_oom")
+            return value
     return value.with_tensor(placed) if isinstance(value, TensorResult) else placed
+
+
+def typed_error(exc: BaseException) -> BaseException:
+    """What a decode's failure reports: a MediaError as it is, a device out-of-memory error as
+    MediaCapacityError (503: not the input's fault, a retry may succeed), the rest as they are."""
+    import torch
+
+    from ..errors import MediaCapacityError
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        error = MediaCapacityError(f"out of device memory: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        error.__cause__ = exc
+        return error
+    return exc
 
 
 # The fixed reason kinds GPU decoders count fallbacks under (the metric's `reason` label).
