@@ -670,3 +670,32 @@ def test_device_out_of_memory_fails_no_other_clip(video_codec, monkeypatch):
     assert torch.equal(second.frames, video.decode(datas[1], items[1].header, items[1].spec).frames)
     assert isinstance(third, lazymedia.MediaCapacityError) and third.status_code == 503
     assert backend.decoded == 1 and len(backend.fallbacks) == 2 and "OutOfMemoryError" in backend.fallbacks[-1]
+
+
+def test_a_clip_nvdec_fails_on_decodes_in_a_worker_not_the_session_thread(pool, video_codec, monkeypatch):
+    FFmpegNvDecoder.widest = 1000  # NVDEC fails on the wide clip at run time
+    runs: list = []
+
+    class Recording:
+        def run(self, fn, *args, **kwargs):
+            runs.append(fn.__name__)
+            return pool.run(fn, *args, **kwargs)
+
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolation_pool=Recording())
+    wide, small = clip(96, 1280, frames=3), clip(96, 160)
+    items = [lazymedia.load_video(wide, num_frames=3), lazymedia.load_video(small, num_frames=3)]
+    expected = video.decode(wide, items[0].header, items[0].spec).frames
+
+    def in_process(*args, **kwargs):
+        raise AssertionError("a clip was decoded by the CPU codec in the serving process")
+
+    monkeypatch.setattr(lazymedia.codecs, "decode", in_process)
+    wide_frames, small_frames = engine.decode_all(items)
+    engine.shutdown()
+    assert runs == ["decode_encoded"] and "NOT_SUPPORTED" in backend.fallbacks[-1]
+    assert torch.equal(wide_frames.frames, expected) and backend.decoded == 1
+    assert_matches_cpu(small_frames, small, 3)
+    standalone = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1, isolation_pool=Recording())
+    (again,) = standalone.decode_batch([lazymedia.load_video(wide, num_frames=3)])
+    assert runs == ["decode_encoded"] * 2 and torch.equal(again.frames, expected)

@@ -91,6 +91,9 @@ class DecodeEngine:
         self._closed = False
         self.device: Any = normalize_device(device) if device is not None else None  # a torch.device
         self.device_budget = DeviceBudget(device_cap_bytes) if device is not None else None
+        for decoder in self.batch_decoders:  # run-time fallbacks (NVDEC) decode on this engine's CPU path
+            if getattr(decoder, "cpu_decode", False) is None:
+                setattr(decoder, "cpu_decode", self.decode_on_cpu)  # noqa: B010 (not in the BatchDecoder protocol)
 
     @property
     def in_flight(self) -> int:

@@ -21,19 +21,22 @@ new decoder). What NVDEC cannot decode is decided up front from cuvidGetDecoderC
 PyNvVideoCodec reports them (else from the GPU generation: H.264 above 4096 wide or 65,536
 macroblocks needs Blackwell) and goes to the CPU path, as does a clip NVDEC fails on; each is
 counted and logged, a corrupt stream is the CPU path's typed 422, and the failing session drops
-only its decoder.
+only its decoder. A clip NVDEC fails on at run time is decoded by the CPU codec in a worker process
+(the engine's isolation pool), never in the session thread.
 
-Decoding runs in the serving process (never in an isolation worker); the result is complete when
-decode_batch returns.
+NVDEC decoding runs in the serving process (never in an isolation worker), and so does the demux
+that feeds it (PyAV, after the MP4 box walk and the metadata budgets have accepted the file: an
+accepted risk, docs/design.md's threat model); the result is complete when decode_batch returns.
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +47,7 @@ from ..codecs.sampling import sample_indices, sampling_source
 from ..codecs.types import VideoFrames
 from ..codecs.video_common import frame_timestamps, video_frames
 from ..profiling import nvtx_range
-from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root, typed_error
+from .protocol import DecodeItem, Route, fallback_log, is_root, place, typed_error
 
 log = logging.getLogger("lazymedia.nvdec")
 
@@ -121,7 +124,8 @@ class NvdecBatchDecoder:
 
     name = "nvdec"
 
-    def __init__(self, device: int | str | torch.device = 0, video_codec=None, sessions: int | None = None):
+    def __init__(self, device: int | str | torch.device = 0, video_codec=None, sessions: int | None = None,
+                 isolation_pool=None):
         if video_codec is None:
             import PyNvVideoCodec  # raises RuntimeError, not ImportError, without a driver
 
@@ -135,6 +139,12 @@ class NvdecBatchDecoder:
         self.sessions = sessions or min(MAX_SESSIONS, engines or MAX_SESSIONS)
         self._workers = ThreadPoolExecutor(self.sessions, thread_name_prefix="lazymedia-nvdec")
         self._local = threading.local()
+        # Where a clip NVDEC fails on is decoded by the CPU codec: never in a session thread (a
+        # hostile stream that crashes or hangs FFmpeg costs a worker process, as on the CPU path).
+        # `isolation_pool` if given; else `cpu_decode`, which the DecodeEngine running this
+        # decoder sets to its own CPU path (DecodeEngine.decode_on_cpu); else the process-wide pool.
+        self.isolation_pool = isolation_pool
+        self.cpu_decode: Callable[[DecodeItem], Any] | None = None
         self._count_lock = threading.Lock()
         # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
         self.fallbacks = fallback_log("nvdec")
@@ -197,9 +207,23 @@ class NvdecBatchDecoder:
         log.info("NVDEC -> CPU: %s", reason)
 
     def _fallback(self, item: DecodeItem, reason: str, kind: str):
+        """The clip decoded by the CPU codec in a worker process (which also decides what is
+        corrupt: 422), then moved to this decoder's device (the host decode where it has no room)."""
         self._count_fallback(reason, kind)
         with nvtx_range("nvdec.cpu_fallback"):
-            return decode_on_host(item, device=self.device)
+            try:
+                value = self._decode_on_cpu(item)
+            except Exception as exc:
+                return typed_error(exc)
+            return place(value, self.device)
+
+    def _decode_on_cpu(self, item: DecodeItem):
+        if self.isolation_pool is None and self.cpu_decode is not None:
+            return self.cpu_decode(item)
+        from .isolation import decode_encoded, default_pool
+
+        pool = self.isolation_pool if self.isolation_pool is not None else default_pool()
+        return pool.run(decode_encoded, item.modality, bytes(item.encoded()), item.header, item.spec, item.limits)
 
     def _decode_or_fall_back(self, item: DecodeItem):
         gpu_route = route(item.header, self.compute_capability, self.caps)
