@@ -606,6 +606,8 @@ def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monk
         header.width, header.height = 4096 + width, 64
         kinds.add(nvdec.route(header, (9, 0), caps).kind)
     assert kinds == {"under_minimum", "over_limit"}
+    assert protocol.reason_kind("100x64 is under a minimum (144x144)") == protocol.reason_kind("98x64 is under a "
+                                                                                              "minimum (144x144)")
     for make in (lambda: nvdec.route(header, (9, 0), {}), lambda: nvjpeg.route(items[0].header, items[0].spec)):
         assert make().gpu or make().kind in protocol.FALLBACK_KINDS
     assert nvjpeg.route(items[0].header, lazymedia.ImageSpec(mode="L")).kind in protocol.FALLBACK_KINDS
