@@ -80,9 +80,10 @@ class phase:  # lower case: used as a function, `with phase("decode", backend=..
 
 
 def reason_kind(reason: str) -> str:
-    """A bounded label for a fallback reason: the text before its first ": " (which is where
-    exception text begins), at most 64 characters."""
-    return reason.split(": ", 1)[0][:64]
+    """A label for a fallback reason given without a fixed kind (lazymedia's decoders give one:
+    engine.protocol.FALLBACK_KINDS): the text before its first ": " (which is where exception
+    text begins), every run of digits as "N" (sizes, counts), at most 64 characters."""
+    return re.sub(r"[0-9]+", "N", reason.split(": ", 1)[0])[:64]
 
 
 # Latency buckets from a hit's lookup (microseconds) to a long video decode (seconds).

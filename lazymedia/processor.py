@@ -462,15 +462,30 @@ class Processor:
 
 
 def _copy_tensors(value: Any, device, buffers) -> Any:
-    """`value` (a tensor, or dicts, lists and tuples of them, as HF processors return) with
-    each tensor on `device` copied into a buffer of `buffers`; the rest is kept as is."""
+    """`value` (a tensor, or dicts, lists, tuples, namedtuples and dataclasses of them, as HF
+    processors and decoders return: a TensorResult through its `tensor`) with each tensor on
+    `device` copied into a buffer of `buffers`; the rest is kept as is. Copies from a CUDA device
+    are asynchronous (the caller waits on the stream once); from any other device they complete
+    here, since the caller only synchronises CUDA streams."""
+    import dataclasses
+
+    from .codecs.types import TensorResult
+
     if isinstance(value, Mapping):  # a dict, or an HF BatchFeature
         return type(value)({name: _copy_tensors(v, device, buffers) for name, v in value.items()})  # type: ignore[call-arg]
     if type(value) in (list, tuple):
         return type(value)(_copy_tensors(v, device, buffers) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_copy_tensors(v, device, buffers) for v in value))
+    if isinstance(value, TensorResult):  # VideoFrames, AudioSamples: their one tensor
+        return value.with_tensor(_copy_tensors(value.tensor, device, buffers))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _copy_tensors(getattr(value, f.name), device, buffers)
+                   for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
     if getattr(value, "device", None) == device and hasattr(value, "copy_"):
         host = buffers.empty(value.shape, value.dtype)
-        host.copy_(value, non_blocking=True)
+        host.copy_(value, non_blocking=device.type == "cuda")
         return host
     return value
 

@@ -625,3 +625,77 @@ def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
     engine.shutdown()
     assert len(FFmpegNvDecoder.created) == 1 and backend.decoded == 1  # built here: a worker has no stand-in
     assert_matches_cpu(frames, data, 3)
+
+
+def test_a_failing_run_waits_for_its_queued_conversions_before_dropping_the_decoder(video_codec, monkeypatch):
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    events: list = []
+    monkeypatch.setattr(backend, "_synchronize", lambda: events.append(
+        ("sync", dict(backend._session().decoders))))
+    original = FFmpegNvDecoder.Decode
+
+    def decode_then_fail_at_the_flush(self, packet):
+        if packet.bsl == 0:  # frames were converted from the earlier packets: the flush fails
+            raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+        return original(self, packet)
+
+    monkeypatch.setattr(FFmpegNvDecoder, "Decode", decode_then_fail_at_the_flush)
+    with pytest.raises(RuntimeError, match="LAUNCH_FAILED"):
+        backend._decode(lazymedia.load_video(encoded(), num_frames=4))
+    assert events and all(held for _, held in events)  # each wait came while the decoder was still held
+    assert events[-1][1] and not backend._session().decoders  # the last one, then the decoder was dropped
+
+
+def test_device_out_of_memory_fails_no_other_clip(video_codec, monkeypatch):
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=2)
+    datas = [clip(96, 160), clip(96, 176), clip(96, 192)]
+    items = [lazymedia.load_video(d, num_frames=3) for d in datas]
+    decode, cpu = backend._decode, backend._fallback
+
+    def decode_out_of_memory_for_the_second(item):
+        if item is items[1] or item is items[2]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return decode(item)
+
+    def cpu_out_of_memory_for_the_third(item, reason, kind):
+        if item is items[2]:
+            backend._count_fallback(reason, kind)
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return cpu(item, reason, kind)
+
+    monkeypatch.setattr(backend, "_decode", decode_out_of_memory_for_the_second)
+    monkeypatch.setattr(backend, "_fallback", cpu_out_of_memory_for_the_third)
+    first, second, third = backend.decode_batch(items)
+    assert_matches_cpu(first, datas[0], 3)
+    assert torch.equal(second.frames, video.decode(datas[1], items[1].header, items[1].spec).frames)
+    assert isinstance(third, lazymedia.MediaCapacityError) and third.status_code == 503
+    assert backend.decoded == 1 and len(backend.fallbacks) == 2 and "OutOfMemoryError" in backend.fallbacks[-1]
+
+
+def test_a_clip_nvdec_fails_on_decodes_in_a_worker_not_the_session_thread(pool, video_codec, monkeypatch):
+    FFmpegNvDecoder.widest = 1000  # NVDEC fails on the wide clip at run time
+    runs: list = []
+
+    class Recording:
+        def run(self, fn, *args, **kwargs):
+            runs.append(fn.__name__)
+            return pool.run(fn, *args, **kwargs)
+
+    backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolation_pool=Recording())
+    wide, small = clip(96, 1280, frames=3), clip(96, 160)
+    items = [lazymedia.load_video(wide, num_frames=3), lazymedia.load_video(small, num_frames=3)]
+    expected = video.decode(wide, items[0].header, items[0].spec).frames
+
+    def in_process(*args, **kwargs):
+        raise AssertionError("a clip was decoded by the CPU codec in the serving process")
+
+    monkeypatch.setattr(lazymedia.codecs, "decode", in_process)
+    wide_frames, small_frames = engine.decode_all(items)
+    engine.shutdown()
+    assert runs == ["decode_encoded"] and "NOT_SUPPORTED" in backend.fallbacks[-1]
+    assert torch.equal(wide_frames.frames, expected) and backend.decoded == 1
+    assert_matches_cpu(small_frames, small, 3)
+    standalone = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1, isolation_pool=Recording())
+    (again,) = standalone.decode_batch([lazymedia.load_video(wide, num_frames=3)])
+    assert runs == ["decode_encoded"] * 2 and torch.equal(again.frames, expected)

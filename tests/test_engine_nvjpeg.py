@@ -7,6 +7,7 @@ import ctypes
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError, cli
 from lazymedia.codecs import image as image_codec
-from lazymedia.engine import BackendStatus, availability, nvjpeg
+from lazymedia.engine import BackendStatus, availability, nvdec, nvjpeg
 
 from conftest import CORPUS, REPO, encode, make_image, requires_corpus
 
@@ -155,14 +156,13 @@ def test_one_released_item_or_a_failed_native_call_never_fails_the_batch(jpeg_by
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
     (out,) = backend.decode_batch([item])  # failed twice: the CPU decodes what the device could not
     assert torch.equal(out, expected) and backend.decoded == 0 and failing.calls == [1, 1]
-    assert backend.fallback_count == 1
+    assert backend.fallback_count == 1 == len(backend.fallbacks)  # one item, one fallback, in both counts
     assert "cudaErrorIllegalAddress" in backend.fallbacks[-1] and "retry attempt" in backend.fallbacks[-1]
     failing = Failing(failures=1)
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
     (out,) = backend.decode_batch([item])  # one transient failure: the retry decodes it on the device
     assert torch.equal(out, expected) and backend.decoded == 1 and len(failing.calls) == 2
-    assert backend.fallback_count == 0
-    assert list(backend.fallbacks) == ["batch failed (first attempt): cudaErrorIllegalAddress"]
+    assert backend.fallback_count == 0 and not backend.fallbacks and backend.retried_batches == 1
 
 
 def test_draft_and_non_rgb_modes_stay_on_the_cpu(jpeg_bytes):
@@ -577,3 +577,119 @@ def test_info_shows_why_the_hardware_backend_was_not_taken_and_the_versions(monk
     if shutil.which("nvcc") and nvjpeg.wheel_library():  # the CUDA extension is built, the wheel installed
         versions = next(line for line in out.splitlines() if line.startswith("  versions: "))
         assert "nvjpeg 13." in versions and "nvjpeg_built_with_cudart 13." in versions and "driver_cuda" in versions
+
+
+def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monkeypatch):
+    from lazymedia.engine import protocol
+
+    counted: list = []
+    monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append((event, labels)))
+
+    class FailsTwice(HostDecoder):
+        def decode(self, requests, stream):
+            self.calls.append(len(requests))
+            raise RuntimeError(f"cudaErrorIllegalAddress at {len(self.calls)}")
+
+    items = [lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(8, 8))]
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=FailsTwice())
+    outs = backend.decode_batch(items)
+    assert all(isinstance(out, torch.Tensor) for out in outs)  # the CPU decoded both
+    assert backend.fallback_count == 2 == len(backend.fallbacks) == len(counted)
+    assert {labels["reason"] for _, labels in counted} == {"batch_failed"}
+    counted.clear()
+    header = types.SimpleNamespace(codec="h264", pixel_format="yuv420p", color_matrix="bt709")
+    caps = {"h264": nvdec.Caps(True, 4096, 4096, 65536, 3, 144, 144)}
+    kinds = set()
+    for width in range(100, 140, 2):  # every clip size is another reason text, never another label
+        header.width, header.height = width, 64
+        kinds.add(nvdec.route(header, (9, 0), caps).kind)
+        header.width, header.height = 4096 + width, 64
+        kinds.add(nvdec.route(header, (9, 0), caps).kind)
+    assert kinds == {"under_minimum", "over_limit"}
+    assert protocol.reason_kind("100x64 is under a minimum (144x144)") == protocol.reason_kind("98x64 is under a "
+                                                                                              "minimum (144x144)")
+    for make in (lambda: nvdec.route(header, (9, 0), {}), lambda: nvjpeg.route(items[0].header, items[0].spec)):
+        assert make().gpu or make().kind in protocol.FALLBACK_KINDS
+    assert nvjpeg.route(items[0].header, lazymedia.ImageSpec(mode="L")).kind in protocol.FALLBACK_KINDS
+    log = protocol.fallback_log("nvdec")
+    log.append("1280x64 (320 MBs) is over this NVDEC's h264 limit (1024x1024, 4096 MBs)", "over_limit")
+    assert counted == [("fallbacks", {"backend": "nvdec", "reason": "over_limit"})]
+
+
+def test_device_out_of_memory_sends_only_its_images_to_the_cpu(jpeg_bytes, monkeypatch):
+    from lazymedia.engine import protocol
+
+    counted: list = []
+    monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append(labels["reason"]))
+    plain, big, resized = (lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes),
+                           lazymedia.load_image(jpeg_bytes, size=(8, 8)))
+    allocations = iter([False, True, False])  # the second image's output finds no device memory
+
+    def empty(shape, device):
+        if next(allocations):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 MiB")
+        return torch.empty(shape, dtype=torch.uint8, device=device)
+
+    monkeypatch.setattr(nvjpeg, "_device_empty", empty)
+    decoder = HostDecoder()
+    backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=decoder)
+    delivered = backend._deliver
+
+    def deliver(tensor):  # the resized image's delivery runs out of device memory
+        if tuple(tensor.shape) == (8, 8, 3):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return delivered(tensor)
+
+    monkeypatch.setattr(backend, "_deliver", deliver)
+    outs = backend.decode_batch([plain, big, resized])
+    assert decoder.calls == [2]  # the plain and the resized image went to nvJPEG
+    assert torch.equal(outs[0], image_codec.decode(jpeg_bytes, plain.header, plain.spec))
+    assert torch.equal(outs[1], image_codec.decode(jpeg_bytes, big.header, big.spec))  # the CPU's decode
+    assert isinstance(outs[2], torch.Tensor) and outs[2].shape == (8, 8, 3)
+    assert backend.decoded == 1 and backend.fallback_count == 2 == len(backend.fallbacks)
+    assert counted == ["device_oom", "device_oom"]
+
+
+class OutOfMemoryTensor:
+    """A decode whose move to the device finds no memory."""
+
+    def to(self, device):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+
+def test_a_placement_without_device_memory_is_the_host_decode():
+    from lazymedia.engine.protocol import place, typed_error
+
+    host = OutOfMemoryTensor()
+    assert place(host, "meta") is host  # the item is processed on the CPU instead of failing
+    error = typed_error(torch.OutOfMemoryError("CUDA out of memory"))
+    assert isinstance(error, lazymedia.MediaCapacityError) and error.status_code == 503
+
+
+def test_a_broken_batch_decodes_each_item_on_the_cpu_and_an_items_oom_is_its_own_503(jpeg_bytes):
+    class Broken:
+        name = "broken"
+
+        def accepts(self, item):
+            return item.modality == "image"
+
+        def decode_batch(self, items):
+            raise torch.OutOfMemoryError("CUDA out of memory")  # the whole call, not one item
+
+    engine = DecodeEngine(max_workers=2, batch_decoders=[Broken()], batch_window_s=0.05, isolate=())
+    items = [lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(8, 8))]
+    outs = engine.decode_all(items)
+    engine.shutdown()
+    assert torch.equal(outs[0], image_codec.decode(jpeg_bytes, items[0].header, items[0].spec))
+    assert outs[1].shape == (8, 8, 3) and sum(engine.batch_sizes["broken"]) == 2
+
+    class OneOutOfMemory(Broken):
+        def decode_batch(self, items):
+            return [torch.OutOfMemoryError("CUDA out of memory")] + [i.decode() for i in items[1:]]
+
+    engine = DecodeEngine(max_workers=2, batch_decoders=[OneOutOfMemory()], batch_window_s=0.05, isolate=())
+    items = [lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(8, 8))]
+    futures = [engine.submit(item) for item in items]
+    assert isinstance(futures[0].exception(), lazymedia.MediaCapacityError)
+    assert futures[1].result().shape == (8, 8, 3)
+    engine.shutdown()

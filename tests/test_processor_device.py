@@ -156,3 +156,67 @@ def test_one_engine_per_device_without_gpu_decoders_here():
     assert engine is device_engine("meta") and engine.device == META
     assert [d.name for d in engine.batch_decoders] == []  # no CUDA here: everything decodes on the CPU
 
+
+
+def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():
+    import collections
+    import dataclasses
+
+    from lazymedia.codecs.types import AudioSamples, VideoFrames
+    from lazymedia.engine.protocol import place
+    from lazymedia.ops import HostBufferPool
+    from lazymedia.processor import _copy_tensors
+
+    buffers = HostBufferPool(pinned=False)
+    samples = AudioSamples(torch.tensor([[0.25, -0.5, 0.75]]), 16000)
+    placed = place(samples, pinned=buffers)  # a float result stays float in its pinned buffer
+    assert placed.samples.dtype == torch.float32 and placed.samples.tolist() == [[0.25, -0.5, 0.75]]
+
+    class Recording:  # a buffer pool that says which tensors it copied
+        def __init__(self):
+            self.given = 0
+
+        def empty(self, shape, dtype=torch.uint8):
+            self.given += 1
+            return torch.empty(shape, dtype=dtype)
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @dataclasses.dataclass
+    class Output:
+        pixels: torch.Tensor
+        label: str
+
+    device = torch.device("cpu")  # the "device" here: every tensor on it is copied
+    frames = VideoFrames(torch.ones(2, 4, 4, 3, dtype=torch.uint8), [0, 1], [0.0, 0.1], 10.0, 0.2, 2)
+    value = {"frames": frames, "pair": Pair(torch.zeros(3), "x"), "out": Output(torch.ones(2), "y")}
+    recording_buffers = Recording()
+    copied = _copy_tensors(value, device, recording_buffers)
+    assert recording_buffers.given == 3
+    assert isinstance(copied["frames"], VideoFrames) and copied["frames"].frames is not frames.frames
+    assert torch.equal(copied["frames"].frames, frames.frames) and copied["frames"].indices == [0, 1]
+    assert isinstance(copied["pair"], Pair) and copied["pair"].b == "x"
+    assert copied["pair"].a is not value["pair"].a and torch.equal(copied["pair"].a, value["pair"].a)
+    assert isinstance(copied["out"], Output) and copied["out"].label == "y"
+    assert copied["out"].pixels is not value["out"].pixels and torch.equal(copied["out"].pixels, torch.ones(2))
+
+
+def test_a_resized_miss_reserves_what_its_full_resolution_decode_holds():
+    from lazymedia.engine.placement import reserved_nbytes, source_nbytes
+
+    big = lazymedia.load_image(synthetic.jpeg(540, 960), size=(32, 32))  # decoded whole, then resized
+    full = 540 * 960 * 3
+    assert decoded_nbytes(big) == 32 * 32 * 3 and source_nbytes(big) == full
+    assert reserved_nbytes(big, 16) == full + 32 * 32 * 3 > 32 * 32 * 3 * 16
+    same = lazymedia.load_image(synthetic.jpeg(30, 50))  # no resize: the processor's working set
+    assert reserved_nbytes(same, 16) == 30 * 50 * 3 * 16
+    clip = lazymedia.load_video(synthetic.video(frames=20, height=96, width=160), num_frames=6, size=(8, 8))
+    assert source_nbytes(clip) == 96 * 160 * 3  # one frame at the stream's size before its resize
+    assert reserved_nbytes(clip, 16) == max(6 * 8 * 8 * 3 * 16, 6 * 8 * 8 * 3 + 96 * 160 * 3)
+    engine = meta_engine(cap=full)  # room for the output x 16, not for the full-resolution decode
+    assert engine.place(big).device is None and engine.device_budget.stats()["overflowed"] == 1
+    engine = meta_engine(cap=2 * full)
+    placement = engine.place(big)
+    assert placement.device == META and placement.reserved == full + 32 * 32 * 3
+    engine.unplace(placement)
+    assert engine.device_budget.held == 0

@@ -30,10 +30,12 @@ from .placement import (
     DEFAULT_DEVICE_CAP_BYTES,
     DeviceBudget,
     Placement,
-    decoded_nbytes,
     normalize_device,
+    reserved_nbytes,
 )
-from .protocol import BatchDecoder, DecodeItem, place
+from .protocol import BatchDecoder, DecodeItem, place, typed_error
+
+_log = logging.getLogger("lazymedia.engine")
 
 # Batch sizes kept per decoder, for stats and benchmarks (older ones are dropped).
 BATCH_HISTORY = 1024
@@ -89,6 +91,9 @@ class DecodeEngine:
         self._closed = False
         self.device: Any = normalize_device(device) if device is not None else None  # a torch.device
         self.device_budget = DeviceBudget(device_cap_bytes) if device is not None else None
+        for decoder in self.batch_decoders:  # run-time fallbacks (NVDEC) decode on this engine's CPU path
+            if getattr(decoder, "cpu_decode", False) is None:
+                setattr(decoder, "cpu_decode", self.decode_on_cpu)  # noqa: B010 (not in the BatchDecoder protocol)
 
     @property
     def in_flight(self) -> int:
@@ -101,10 +106,10 @@ class DecodeEngine:
         its estimated bytes of the device budget until `unplace`, or on the CPU (no device,
         a modality that stays on the CPU, or the cap is full: never a wait)."""
         budget = self.device_budget
-        nbytes = decoded_nbytes(item) if budget is not None else None
-        if budget is None or nbytes is None or not budget.reserve(nbytes * bytes_per_decoded_byte):
+        nbytes = reserved_nbytes(item, bytes_per_decoded_byte) if budget is not None else None
+        if budget is None or nbytes is None or not budget.reserve(nbytes):
             return Placement(None, 0)
-        return Placement(self.device, nbytes * bytes_per_decoded_byte)
+        return Placement(self.device, nbytes)
 
     def unplace(self, placement: Placement) -> None:
         """Gives back what `place` reserved (the miss's processing has ended)."""
@@ -163,9 +168,38 @@ class DecodeEngine:
             self._in_flight -= 1
 
     def _decode_to(self, item: DecodeItem, device):
-        """A pool decode moved to `device`; the handle keeps the host decode."""
+        """A pool decode moved to `device`; the handle keeps the host decode (which is also the
+        result where the device has no room: the item is then processed on the CPU)."""
+        value = self._decode_one(item, None)
         with nvtx_range("lazymedia.to_device"):
-            return place(self._decode_one(item, None), device)
+            return place(value, device)
+
+    def decode_on_cpu(self, item: DecodeItem) -> Any:
+        """`item` decoded by its CPU codec as this engine decodes it: in a worker process for an
+        isolated modality (a crash or a hang costs a worker, and is a 422), else in the calling
+        thread. The handle is not touched (the caller stores the result); a failure raises the
+        item's MediaError. What batch decoders fall back on at run time."""
+        if item.is_derived:
+            return item.decode()
+        if item.modality in self.isolate:
+            from .isolation import decode_encoded
+
+            with phase("decode", backend="isolated", modality=item.modality):
+                return self.isolation_pool().run(decode_encoded, item.modality, bytes(item.encoded()), item.header,
+                                                 item.spec, item.limits)
+        from ..codecs import decode
+
+        with phase("decode", backend="thread", modality=item.modality):
+            return decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
+
+    def _rescue(self, item: DecodeItem) -> Any:
+        """An item of a batch whose decoder broke as a whole: decoded on the CPU path, alone,
+        and moved where the batch decoder would have put it (this engine's device, if any)."""
+        try:
+            value = self.decode_on_cpu(item)
+        except Exception as exc:
+            return typed_error(exc)
+        return place(value, self.device) if self.device is not None else value
 
     def _decode_one(self, item: DecodeItem, out):
         root = item.root
@@ -226,14 +260,20 @@ class DecodeEngine:
         with nvtx_range("lazymedia.decode"):
             try:
                 results = decoder.decode_batch([item for item, _ in batch])
-            except BaseException as exc:  # the decoder itself broke: every item of the batch fails
+                if len(results) != len(batch):
+                    raise RuntimeError(f"{decoder.name} returned {len(results)} results for {len(batch)} items")
+            except Exception as exc:  # the decoder itself broke: each item decodes on the CPU path, alone
+                _log.warning("%s failed a batch of %d (%s: %s); its items decode on the CPU", decoder.name,
+                             len(batch), type(exc).__name__, exc)
+                results = [self._rescue(item) for item, _ in batch]
+            except BaseException as exc:  # interrupted: every item of the batch fails, none is left waiting
                 results = [exc] * len(batch)
         seconds = time.perf_counter() - started  # each item of the batch waited for all of it
         for item, _ in batch:
             observe("decode", seconds, backend=decoder.name, modality=item.modality)
         for (item, future), result in zip(batch, results):
             if isinstance(result, BaseException):
-                item.fulfil(error=result)
+                item.fulfil(error=typed_error(result))  # a device OOM of one item: its 503 alone
             else:
                 item.fulfil(value=result)
             try:

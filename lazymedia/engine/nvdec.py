@@ -21,19 +21,22 @@ new decoder). What NVDEC cannot decode is decided up front from cuvidGetDecoderC
 PyNvVideoCodec reports them (else from the GPU generation: H.264 above 4096 wide or 65,536
 macroblocks needs Blackwell) and goes to the CPU path, as does a clip NVDEC fails on; each is
 counted and logged, a corrupt stream is the CPU path's typed 422, and the failing session drops
-only its decoder.
+only its decoder. A clip NVDEC fails on at run time is decoded by the CPU codec in a worker process
+(the engine's isolation pool), never in the session thread.
 
-Decoding runs in the serving process (never in an isolation worker); the result is complete when
-decode_batch returns.
+NVDEC decoding runs in the serving process (never in an isolation worker), and so does the demux
+that feeds it (PyAV, after the MP4 box walk and the metadata budgets have accepted the file: an
+accepted risk, docs/design.md's threat model); the result is complete when decode_batch returns.
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +47,7 @@ from ..codecs import video_packets
 from ..codecs._video_common import frame_timestamps, video_frames
 from ..codecs.sampling import sample_indices, sampling_source
 from ..codecs.types import VideoFrames
-from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
+from .protocol import DecodeItem, Route, fallback_log, is_root, place, typed_error
 
 log = logging.getLogger("lazymedia.nvdec")
 
@@ -81,30 +84,30 @@ def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | N
     the decoder's capabilities for the codec."""
     codec = video_packets.canonical_codec(header.codec)
     if codec not in _CUDA_CODECS:
-        return Route(False, f"NVDEC has no {codec} decoder")
+        return Route(False, f"NVDEC has no {codec} decoder", "codec")
     if header.pixel_format not in _NV12_FORMATS:
-        return Route(False, f"{header.pixel_format} is not 8-bit 4:2:0")
+        return Route(False, f"{header.pixel_format} is not 8-bit 4:2:0", "pixel_format")
     if header.color_matrix not in _GPU_MATRICES:
-        return Route(False, f"the {header.color_matrix} matrix is converted on the CPU")
+        return Route(False, f"the {header.color_matrix} matrix is converted on the CPU", "color_matrix")
     width, height = header.width, header.height
     macroblocks = math.ceil(width / 16) * math.ceil(height / 16)
     known = (caps or {}).get(codec)
     if known is not None:
         if not known.supported:
-            return Route(False, f"this GPU's NVDEC has no 8-bit 4:2:0 {codec} decoder")
+            return Route(False, f"this GPU's NVDEC has no 8-bit 4:2:0 {codec} decoder", "codec")
         if width > known.max_width or height > known.max_height or macroblocks > known.max_macroblocks:
             return Route(False, f"{width}x{height} ({macroblocks} MBs) is over this NVDEC's {codec} limit "
-                                f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)")
+                                f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)", "over_limit")
         if width < known.min_width or height < known.min_height:
             return Route(False, f"{width}x{height} is under this NVDEC's {codec} minimum "
-                                f"({known.min_width}x{known.min_height})")
+                                f"({known.min_width}x{known.min_height})", "under_minimum")
         return Route(True, "nvdec")
     if codec == "av1" and compute_capability < (10, 0):
-        return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)")
+        return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)", "codec")
     if codec == "h264" and compute_capability < (10, 0) and \
             (max(width, height) > _H264_MAX_SIDE or macroblocks > _H264_MAX_MBS):
         return Route(False, f"H.264 {width}x{height} ({macroblocks} MBs) is over {_H264_MAX_SIDE} pixels or "
-                            f"{_H264_MAX_MBS} MBs: Blackwell's NVDEC only")
+                            f"{_H264_MAX_MBS} MBs: Blackwell's NVDEC only", "over_limit")
     return Route(True, "nvdec")
 
 
@@ -121,7 +124,8 @@ class NvdecBatchDecoder:
 
     name = "nvdec"
 
-    def __init__(self, device: int | str | torch.device = 0, video_codec=None, sessions: int | None = None):
+    def __init__(self, device: int | str | torch.device = 0, video_codec=None, sessions: int | None = None,
+                 isolation_pool=None):
         if video_codec is None:
             import PyNvVideoCodec  # raises RuntimeError, not ImportError, without a driver
 
@@ -135,6 +139,12 @@ class NvdecBatchDecoder:
         self.sessions = sessions or min(MAX_SESSIONS, engines or MAX_SESSIONS)
         self._workers = ThreadPoolExecutor(self.sessions, thread_name_prefix="lazymedia-nvdec")
         self._local = threading.local()
+        # Where a clip NVDEC fails on is decoded by the CPU codec: never in a session thread (a
+        # hostile stream that crashes or hangs FFmpeg costs a worker process, as on the CPU path).
+        # `isolation_pool` if given; else `cpu_decode`, which the DecodeEngine running this
+        # decoder sets to its own CPU path (DecodeEngine.decode_on_cpu); else the process-wide pool.
+        self.isolation_pool = isolation_pool
+        self.cpu_decode: Callable[[DecodeItem], Any] | None = None
         self._count_lock = threading.Lock()
         # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
         self.fallbacks = fallback_log("nvdec")
@@ -173,36 +183,59 @@ class NvdecBatchDecoder:
             return False
         gpu_route = route(item.header, self.compute_capability, self.caps)
         if not gpu_route.gpu:
-            self._count_fallback(gpu_route.reason)
+            self._count_fallback(gpu_route.reason, gpu_route.kind)
         return gpu_route.gpu
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
-        return list(self._workers.map(self._decode_or_fall_back, items))
+        return list(self._workers.map(self._decode_item, items))
+
+    def _decode_item(self, item: DecodeItem):
+        """One clip's result or its own exception (typed: a device out-of-memory error in its
+        CPU fallback is its 503), so one clip never fails the others of its batch."""
+        try:
+            return self._decode_or_fall_back(item)
+        except Exception as exc:
+            return typed_error(exc)
 
     def close(self) -> None:
         """Ends the session threads (their decoders go with them)."""
         self._workers.shutdown(wait=True)
 
-    def _count_fallback(self, reason: str) -> None:
+    def _count_fallback(self, reason: str, kind: str) -> None:
         with self._count_lock:
-            self.fallbacks.append(reason)
+            self.fallbacks.append(reason, kind)
         log.info("NVDEC -> CPU: %s", reason)
 
-    def _fallback(self, item: DecodeItem, reason: str):
-        self._count_fallback(reason)
+    def _fallback(self, item: DecodeItem, reason: str, kind: str):
+        """The clip decoded by the CPU codec in a worker process (which also decides what is
+        corrupt: 422), then moved to this decoder's device (the host decode where it has no room)."""
+        self._count_fallback(reason, kind)
         with nvtx_range("nvdec.cpu_fallback"):
-            return decode_on_host(item, device=self.device)
+            try:
+                value = self._decode_on_cpu(item)
+            except Exception as exc:
+                return typed_error(exc)
+            return place(value, self.device)
+
+    def _decode_on_cpu(self, item: DecodeItem):
+        if self.isolation_pool is None and self.cpu_decode is not None:
+            return self.cpu_decode(item)
+        from .isolation import decode_encoded, default_pool
+
+        pool = self.isolation_pool if self.isolation_pool is not None else default_pool()
+        return pool.run(decode_encoded, item.modality, bytes(item.encoded()), item.header, item.spec, item.limits)
 
     def _decode_or_fall_back(self, item: DecodeItem):
         gpu_route = route(item.header, self.compute_capability, self.caps)
         if not gpu_route.gpu:
-            return self._fallback(item, gpu_route.reason)
+            return self._fallback(item, gpu_route.reason, gpu_route.kind)
         try:
             with nvtx_range("nvdec.clip"), ops.own_stream(self.device) as handover:
                 frames = self._decode(item)
                 handover([frames.tensor])
         except Exception as exc:  # NVDEC refused or lost this stream: the CPU path decides
-            return self._fallback(item, f"nvdec failed: {type(exc).__name__}: {exc}")
+            kind = "device_oom" if isinstance(exc, torch.OutOfMemoryError) else "decode_failed"
+            return self._fallback(item, f"nvdec failed: {type(exc).__name__}: {exc}", kind)
         with self._count_lock:
             self.decoded += 1
         return frames
@@ -261,6 +294,9 @@ class NvdecBatchDecoder:
                 for run in video_packets.plan_runs(demuxed, missing, back):
                     self._decode_run(decoder, demuxed, run, header, out, slots, returned)
         except Exception:
+            # Conversions queued on this stream may still read the decoder's surfaces: they
+            # finish before the decoder (and its surfaces) is dropped.
+            self._synchronize()
             session.decoders.pop(demuxed.codec, None)  # a decoder that failed is not reused
             raise
         missing = [i for i in indices if i not in returned]
@@ -328,5 +364,10 @@ class NvdecBatchDecoder:
                     ops.resize(rgb, (slot.shape[0], slot.shape[1]), "bilinear", out=slot)
             returned[index] = pts
             converted = True
-        if converted and self.device.type == "cuda":
+        if converted:
+            self._synchronize()
+
+    def _synchronize(self) -> None:
+        """Waits for the work queued on this session's stream (the conversions)."""
+        if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()

@@ -39,19 +39,19 @@ _HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}
 def route(header, spec) -> Route:
     """Where one image decodes, from its header and spec alone (no GPU needed to decide)."""
     if header.format != "jpeg":
-        return Route(False, f"{header.format} is not JPEG")
+        return Route(False, f"{header.format} is not JPEG", "codec")
     if header.target_mode(spec) != "RGB":
-        return Route(False, f"mode {spec.mode} is decoded on the CPU")
+        return Route(False, f"mode {spec.mode} is decoded on the CPU", "pixel_format")
     if spec.draft and spec.size is not None:
-        return Route(False, "draft decoding (a reduced DCT scale) is libjpeg-turbo's")
+        return Route(False, "draft decoding (a reduced DCT scale) is libjpeg-turbo's", "codec")
     if header.components != 3:
-        return Route(False, "grayscale or CMYK/YCCK JPEG")
+        return Route(False, "grayscale or CMYK/YCCK JPEG", "pixel_format")
     if header.adobe_transform == 2:
-        return Route(False, "YCCK JPEG")
+        return Route(False, "YCCK JPEG", "pixel_format")
     if header.adobe_transform == 0:  # libjpeg decodes it as RGB; nvJPEG documents YCbCr only
-        return Route(False, "RGB-coded JPEG (Adobe transform 0)")
+        return Route(False, "RGB-coded JPEG (Adobe transform 0)", "pixel_format")
     if header.jpeg_encoding not in _GPU_ENCODINGS or header.bit_depth != 8:
-        return Route(False, f"{header.jpeg_encoding} {header.bit_depth}-bit JPEG is not supported by nvJPEG")
+        return Route(False, f"{header.jpeg_encoding} {header.bit_depth}-bit JPEG is not supported by nvJPEG", "codec")
     hardware = header.jpeg_encoding == "baseline" and header.chroma_subsampling not in _HARDWARE_UNSUPPORTED_SUBSAMPLING
     return Route(True, "hardware" if hardware else "hybrid")
 
@@ -80,6 +80,11 @@ def wheel_file(relative: str, search_path: Sequence[str] | None = None) -> str:
 def wheel_library(search_path: Sequence[str] | None = None) -> str:
     """libnvjpeg.so.13 from the nvidia-nvjpeg wheel, which installs no unversioned link."""
     return wheel_file("lib/libnvjpeg.so.13", search_path)
+
+
+def _device_empty(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An output image's buffer on the device (torch.OutOfMemoryError where there is no room)."""
+    return torch.empty(shape, dtype=torch.uint8, device=device)
 
 
 class NvjpegBatchDecoder:
@@ -113,7 +118,8 @@ class NvjpegBatchDecoder:
         self.fallbacks = fallback_log("nvjpeg")
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
         self.decoded_by = {"hardware": 0, "cuda": 0}  # the same, per nvJPEG path
-        self.fallback_count = 0  # images nvJPEG refused at run time (their reasons: fallbacks)
+        self.fallback_count = 0  # images nvJPEG refused at run time (their reasons: fallbacks, one each)
+        self.retried_batches = 0  # native calls that failed once and were retried on the GPU
         self._count_lock = threading.Lock()
 
     @property
@@ -171,6 +177,7 @@ class NvjpegBatchDecoder:
     def _decode_on_gpu(self, items, indices: list[int], results: list) -> list[int]:
         """Decodes into device tensors; returns the indices that fell back to the CPU."""
         requests, outputs, sent = [], [], []
+        oom: list[int] = []  # no device memory for the output: the CPU decodes these
         for index in indices:
             item = items[index]
             try:
@@ -182,43 +189,62 @@ class NvjpegBatchDecoder:
             orientation = header.orientation if spec.apply_orientation else 1
             swap = orientation >= 5
             shape = (header.width, header.height, 3) if swap else (header.height, header.width, 3)
-            out = torch.empty(shape, dtype=torch.uint8, device=self.device)
+            try:
+                out = _device_empty(shape, self.device)
+            except torch.OutOfMemoryError as exc:
+                self._fall_back(index, oom, f"device out of memory for a {header.width}x{header.height} image: "
+                                            f"{exc}", "device_oom")
+                continue
             requests.append((data, header.width, header.height, orientation, out.data_ptr()))
             outputs.append(out)
             sent.append(index)
         if not requests:
-            return []
-        statuses = None
+            return oom
+        statuses, failure = None, None
         for attempt in ("first", "retry"):  # one transient device failure is retried on the GPU
             try:
                 statuses = self._decoder.decode(requests, self._stream())
                 break
             except RuntimeError as exc:  # the device or nvJPEG failed the whole call
-                self.fallbacks.append(f"batch failed ({attempt} attempt): {exc}")
+                failure = f"batch failed ({attempt} attempt): {exc}"
                 _log.warning("nvJPEG batch of %d failed (%s attempt): %s", len(requests), attempt, exc)
-        if statuses is None:  # failed twice: the CPU decodes
-            with self._count_lock:
-                self.fallback_count += len(sent)
-            return sent
-        fallback = []
+                if attempt == "first":
+                    with self._count_lock:
+                        self.retried_batches += 1  # not a fallback (yet): the retry may decode it
+        fallback: list[int] = oom
+        if statuses is None:  # failed twice: the CPU decodes every image of it, each counted
+            for index in sent:
+                self._fall_back(index, fallback, str(failure), "batch_failed")
+            return fallback
         counts = {"hardware": 0, "cuda": 0}
         for index, out, (decoded, reason, path) in zip(sent, outputs, statuses):
             if not decoded:
-                self.fallbacks.append(reason)
-                _log.info("nvJPEG fell back to the CPU for item %d: %s", index, reason)
-                fallback.append(index)
+                self._fall_back(index, fallback, reason, "decode_failed")
+                continue
+            spec = items[index].spec
+            try:
+                if spec.size is not None:
+                    out = ops.resize(out, spec.size, spec.resample)
+                results[index] = self._deliver(out)
+            except torch.OutOfMemoryError as exc:  # the resize's output: this image alone goes to the CPU
+                del out
+                self._fall_back(index, fallback, f"device out of memory after the decode: {exc}", "device_oom")
                 continue
             counts[path] += 1
-            spec = items[index].spec
-            if spec.size is not None:
-                out = ops.resize(out, spec.size, spec.resample)
-            results[index] = self._deliver(out)
         with self._count_lock:  # once a batch
             self.decoded += counts["hardware"] + counts["cuda"]
-            self.fallback_count += len(fallback)
             for path, count in counts.items():
                 self.decoded_by[path] += count
         return fallback
+
+    def _fall_back(self, index: int, fallback: list[int], reason: str, kind: str) -> None:
+        """Item `index` goes to the CPU: one reason logged and counted (metrics, `fallbacks`,
+        `fallback_count`) per item, under the fixed `kind`."""
+        with self._count_lock:
+            self.fallbacks.append(reason, kind)
+            self.fallback_count += 1
+        _log.info("nvJPEG fell back to the CPU for item %d: %s", index, reason)
+        fallback.append(index)
 
     def _decode_on_cpu(self, item):
         if self.output == "pinned":

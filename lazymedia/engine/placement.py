@@ -3,7 +3,8 @@ that misses in flight may hold.
 
 A miss placed on the device reserves an estimate of what it will hold there, from its header
 and spec alone: its decoded uint8 pixels times `bytes_per_decoded_byte` (the processor's
-float32 working copies and its output). The reservation lasts from the decode to the end of
+float32 working copies and its output), or what the decode itself holds where that is more (a
+resized image is decoded at full resolution first). The reservation lasts from the decode to the end of
 the processor's phase 2 (the Processor releases it). A miss that does not fit decodes on the
 CPU and is processed there: a burst of misses never waits on the device and never fails for
 its memory. Never waiting matters because phase 1 runs on the caller's event loop, and a
@@ -49,6 +50,25 @@ def decoded_nbytes(item: Any) -> int | None:
         height, width = spec.size or (header.height, header.width)
         return len(sample_indices(sampling_source(header), spec)) * height * width * 3
     return None
+
+
+def source_nbytes(item: Any) -> int | None:
+    """Bytes a GPU decoder allocates on the device before any resize: an image at its coded
+    size (nvJPEG decodes it whole, then resizes), one video frame at the stream's size (NVDEC
+    converts a frame at its size, then resizes it into its slot); None where `decoded_nbytes` is."""
+    if item.is_derived or item.modality not in ("image", "video"):
+        return None
+    return item.header.height * item.header.width * 3
+
+
+def reserved_nbytes(item: Any, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE) -> int | None:
+    """What a miss placed on the device reserves: the processor's working set over its decoded
+    bytes, or, where the decode itself holds more (a 4K JPEG resized to 224 x 224: the
+    full-resolution image and the output at once), that; None for what stays on the CPU."""
+    output = decoded_nbytes(item)
+    if output is None:
+        return None
+    return max(output * bytes_per_decoded_byte, output + (source_nbytes(item) or 0))
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ class Route:
 
     gpu: bool
     reason: str  # why the CPU, or which GPU path is expected
+    kind: str = ""  # a fixed label for the reason (metrics): never sizes or exception text
 
 
 def is_root(item: DecodeItem, modality: str) -> bool:
@@ -84,7 +85,7 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
     report failures per item, and the CPU codec decides what is corrupt, as without a GPU).
     A GPU decoder's CPU fallback delivers where its GPU path would: the decoded tensor (a
     result's `tensor`) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
-    `device`."""
+    `device` (where the device has no room, the host decode)."""
     from ..codecs import decode
 
     try:
@@ -97,31 +98,59 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
 def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
     """A decoded image tensor or VideoFrames with its pixels copied into a buffer of `pinned`
     (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
-    handle may hold it)."""
+    handle may hold it). Where the device is out of memory, `value` itself (on the host): the
+    item is then processed on the CPU, as a miss over the device cap is, rather than failing."""
+    import torch
+
     from ..codecs.types import TensorResult
 
     if pinned is None and device is None:
         return value
     tensor = value.tensor if isinstance(value, TensorResult) else value
     if pinned is not None:
-        placed = pinned.empty(tensor.shape)
+        placed = pinned.empty(tensor.shape, tensor.dtype)  # float audio stays float
         placed.copy_(tensor)
     else:
-        placed = tensor.to(device)
+        try:
+            placed = tensor.to(device)
+        except torch.OutOfMemoryError:  # no room on the device: the host decode is the result
+            count("fallbacks", backend="place", reason="device_oom")
+            return value
     return value.with_tensor(placed) if isinstance(value, TensorResult) else placed
+
+
+def typed_error(exc: BaseException) -> BaseException:
+    """What a decode's failure reports: a MediaError as it is, a device out-of-memory error as
+    MediaCapacityError (503: not the input's fault, a retry may succeed), the rest as they are."""
+    import torch
+
+    from ..errors import MediaCapacityError
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        error = MediaCapacityError(f"out of device memory: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+# The fixed reason kinds GPU decoders count fallbacks under (the metric's `reason` label).
+FALLBACK_KINDS = frozenset({"codec", "pixel_format", "color_matrix", "over_limit", "under_minimum",
+                            "device_oom", "decode_failed", "batch_failed"})
 
 
 class FallbackLog(collections.deque):
     """A deque of fallback reasons that also counts each one (metrics `fallbacks`, by `backend`
-    and the reason's kind) as it is appended."""
+    and `kind`) as it is appended. The reason is text for logs (sizes, exception messages);
+    the label is `kind`, one of FALLBACK_KINDS for lazymedia's decoders, so a label never
+    grows with what clients send (without one, the text before its first ": ")."""
 
     def __init__(self, backend: str):
         super().__init__(maxlen=FALLBACK_HISTORY)
         self.backend = backend
 
-    def append(self, reason: str) -> None:
+    def append(self, reason: str, kind: str | None = None) -> None:
         super().append(reason)
-        count("fallbacks", backend=self.backend, reason=reason_kind(reason))
+        count("fallbacks", backend=self.backend, reason=kind or reason_kind(reason))
 
 
 def fallback_log(backend: str = "gpu") -> FallbackLog:
