@@ -1,6 +1,7 @@
 #include "host_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 #include <thread>
@@ -263,5 +264,87 @@ void gray_to_rgb_in_place(uint8_t* data, size_t pixels) {
     data[3 * i + 2] = v;
   }
 }
+
+template <typename E, typename C>
+bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables,
+                  size_t* counts) {
+  if (run == 0 || groups == 0 || levels == 0 || levels - 1 > size_t(C(~C(0)))) return false;
+  // Per group, an open-addressing hash of the patterns seen (slot: code + 1, 0 empty), at most a
+  // quarter full, so a probe ends after a few slots.
+  int bits = 2;
+  while ((size_t(1) << bits) < 4 * levels) ++bits;
+  const size_t slots = size_t(1) << bits;
+  std::vector<uint32_t> hash(groups * slots, 0);
+  std::fill(counts, counts + groups, size_t(0));
+  size_t g = 0;
+  for (size_t start = 0; start < n; start += run) {
+    const size_t end = n - start > run ? start + run : n;
+    uint32_t* slot_of = hash.data() + g * slots;
+    E* table = tables + g * levels;
+    size_t& count = counts[g];
+    for (size_t i = start; i < end; ++i) {
+      const E v = src[i];
+      size_t s = size_t((uint64_t(v) * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+      for (;;) {
+        const uint32_t entry = slot_of[s];
+        if (entry == 0) {
+          if (count == levels) return false;
+          table[count] = v;
+          codes[i] = C(count);
+          slot_of[s] = uint32_t(++count);
+          break;
+        }
+        if (table[entry - 1] == v) {
+          codes[i] = C(entry - 1);
+          break;
+        }
+        s = (s + 1) & (slots - 1);
+      }
+    }
+    if (++g == groups) g = 0;
+  }
+  return true;
+}
+
+template <typename E, typename C>
+bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
+                  int threads) {
+  if (run == 0 || groups == 0 || length == 0) return false;
+  constexpr size_t kChunk = 1 << 16;  // elements per row of parallel_rows
+  const size_t rows = (n + kChunk - 1) / kChunk;
+  if (rows > size_t(1 << 30)) return false;
+  std::atomic<bool> bad{false};
+  parallel_rows(int(rows), threads, [&](int r) {
+    size_t i = size_t(r) * kChunk;
+    const size_t end = std::min(n, i + kChunk);
+    bool out_of_table = false;
+    while (i < end) {
+      const size_t block = i / run;
+      const size_t stop = std::min(end, (block + 1) * run);
+      const E* table = tables + (block % groups) * length;
+      for (; i < stop; ++i) {
+        const C code = codes[i];
+        if (size_t(code) >= length) {
+          out_of_table = true;
+          continue;
+        }
+        dst[i] = table[code];
+      }
+    }
+    if (out_of_table) bad.store(true, std::memory_order_relaxed);
+  });
+  return !bad.load();
+}
+
+#define LAZYMEDIA_LEVELS(E, C)                                                                                \
+  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*);               \
+  template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int);
+LAZYMEDIA_LEVELS(uint16_t, uint8_t)
+LAZYMEDIA_LEVELS(uint32_t, uint8_t)
+LAZYMEDIA_LEVELS(uint64_t, uint8_t)
+LAZYMEDIA_LEVELS(uint16_t, uint16_t)
+LAZYMEDIA_LEVELS(uint32_t, uint16_t)
+LAZYMEDIA_LEVELS(uint64_t, uint16_t)
+#undef LAZYMEDIA_LEVELS
 
 }  // namespace lazymedia

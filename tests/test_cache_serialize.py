@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lazymedia.cache.serialize import SerializationError, dumps, key_digest, loads, mac_key
+from lazymedia.cache.serialize import MAGIC, SerializationError, dumps, key_digest, loads, mac_key
 
 
 def sample_value():
@@ -85,7 +85,7 @@ def sealed(header: bytes, payload: bytes, key: str = "") -> bytes:
     can produce)."""
     bound = key_digest(key)
     tag = blake3.blake3(bound + header + payload).digest(16)
-    return b"LMV3" + len(header).to_bytes(4, "little") + bound + tag + header + payload
+    return MAGIC + len(header).to_bytes(4, "little") + bound + tag + header + payload
 
 
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -208,5 +208,5 @@ def test_a_level_code_past_the_table_is_refused():
 
     start, length = json.loads(header)["r"]
     payload[start + length - 3] = 200  # a code no level has (the table holds 10)
-    with pytest.raises(SerializationError, match="past the table"):
+    with pytest.raises(SerializationError, match="past its table"):
         loads(sealed(header, bytes(payload)))  # before: silently clipped to the last level
