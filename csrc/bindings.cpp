@@ -227,7 +227,7 @@ bool with_level_types(size_t element, size_t code, const char* fn_name, Fn fn) {
 // Codes src's bit patterns; the tables' counts per group, or None when a group has more than
 // `levels` patterns.
 std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, size_t groups, size_t levels,
-                                                   py::buffer codes, py::buffer tables) {
+                                                   py::buffer codes, py::buffer tables, int threads) {
   const char* fn = "level_encode(): src, codes and tables must be 1-d contiguous, codes as many as src, "
                    "tables groups x levels of src's type";
   Flat s = flat(src, false, fn), c = flat(codes, true, fn), t = flat(tables, true, fn);
@@ -239,7 +239,7 @@ std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, s
     using C = decltype(k);
     py::gil_scoped_release release;
     return level_encode(static_cast<const E*>(s.data), s.size, run, groups, levels, static_cast<C*>(c.data),
-                        static_cast<E*>(t.data), counts.data());
+                        static_cast<E*>(t.data), counts.data(), threads);
   });
   if (!ok) return std::nullopt;
   return counts;
@@ -309,7 +309,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("gray_to_rgb", &gray_to_rgb, py::arg("buffer"), py::arg("pixels"),
         "In place: the first `pixels` gray bytes of buffer -> pixels x 3 RGB.");
   m.def("level_encode", &level_encode_py, py::arg("src"), py::arg("run"), py::arg("groups"), py::arg("levels"),
-        py::arg("codes"), py::arg("tables"),
+        py::arg("codes"), py::arg("tables"), py::arg("threads") = 1,
         "Level-codes src's bit patterns per group ((i // run) % groups): counts per group, or None past `levels`");
   m.def("level_decode", &level_decode_py, py::arg("codes"), py::arg("run"), py::arg("groups"), py::arg("tables"),
         py::arg("dst"), py::arg("threads") = 1, "dst = tables gathered by the codes; False for a code past its table");

@@ -62,10 +62,11 @@ void gray_to_rgb_in_place(uint8_t* data, size_t pixels);
 // group g's table is tables[g * levels, (g + 1) * levels), its distinct patterns in order of first
 // appearance. level_encode writes codes[i] (src[i] == tables[g * levels + codes[i]], bit for bit)
 // and counts[g]; false, early, when a group has more than `levels` patterns or a size is out of
-// range (codes and tables then hold partial results). One pass, one thread.
+// range (codes and tables then hold partial results). One pass over src on up to `threads`
+// threads (each codes its chunk against tables of its own, then the codes are renumbered).
 template <typename E, typename C>
 bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables,
-                  size_t* counts);
+                  size_t* counts, int threads);
 
 // dst[i] = tables[g * length + codes[i]], on up to `threads` threads. False when a code is >= length
 // (such an element is not read from the table: nothing is read out of bounds; dst is then partial)

@@ -38,6 +38,7 @@ import lz4.block
 import numpy as np
 
 from .. import _C
+from ..ops import kernel_threads
 
 MAGIC = b"LMV4"
 _PREFIX = 4 + 4 + 16 + 16  # magic, header length, key digest, tag
@@ -124,8 +125,9 @@ def _groupings(shape: tuple[int, ...], count: int) -> list[tuple[int, int, int]]
 def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, int] | None:
     """(tables, codes, run, groups) with tables[(i // run) % groups, codes[i]] == bits[i] bit for
     bit (the tables padded with zeros to one length), or None when no grouping fits or coding would
-    not make the tensor smaller. Each try is one native pass that stops at the first group with too
-    many levels (a tensor that is not level-like stops within a few hundred elements)."""
+    not make the tensor smaller. Each try is one native pass (on the kernel threads) that stops at the
+    first group with too many levels (a tensor that is not level-like stops within a few hundred
+    elements)."""
     if bits.size < _LEVEL_MIN_ELEMENTS:
         return None
     for run, groups, levels in _groupings(shape, bits.size):
@@ -134,7 +136,7 @@ def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, n
             continue
         codes = np.empty(bits.size, code_type)
         tables = np.zeros((groups, levels), bits.dtype)
-        counts = _C.level_encode(bits, run, groups, levels, codes, tables.reshape(-1))
+        counts = _C.level_encode(bits, run, groups, levels, codes, tables.reshape(-1), kernel_threads())
         if counts is not None:
             return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups
     return None
