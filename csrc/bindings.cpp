@@ -232,6 +232,7 @@ std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, s
                    "tables groups x levels of src's type";
   Flat s = flat(src, false, fn), c = flat(codes, true, fn), t = flat(tables, true, fn);
   require(c.size == s.size && t.itemsize == s.itemsize && groups > 0 && levels > 0 &&
+              levels <= (size_t(1) << (8 * c.itemsize)) &&
               groups <= t.size / levels && groups * levels == t.size, fn);
   std::vector<size_t> counts(groups);
   bool ok = with_level_types(s.itemsize, c.itemsize, fn, [&](auto e, auto k) {
