@@ -11,10 +11,13 @@ plain values (None, bool, int, float, str) inline; containers (dict, list, tuple
 comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
 stored, one encoding per tensor, exact unless asked otherwise:
 
-- levels: a float tensor whose values take few distinct levels (a model's normalized pixels: at
-  most 256 per channel) as uint8/uint16 codes plus a table of the levels' bit patterns. The
-  levels are found on a strided sample, every element is coded through a perfect hash of its
-  bits, and the round trip is verified bit for bit before the encoding is used.
+- levels: a float tensor whose values take few distinct levels as uint8/uint16 codes plus tables
+  of the levels' bit patterns, element i in table (i // run) % groups (header "g": [run, groups]).
+  One table per channel where the shape shows one (a model's normalized pixels: at most 256 levels
+  per channel, so uint8 codes, where one table for the tensor needs uint16), else one table. The
+  native coder (`ops.level_encode`) numbers each element's exact bit pattern, so the round trip is
+  bit for bit by construction; reading is one native gather (`ops.level_decode`) straight from the
+  stored codes into the tensor, each code checked against its table's length.
 - lz4: the bytes (raw elements or codes) LZ4-compressed, where a trial on one slice says it pays.
 - raw: the elements as they are.
 - bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
