@@ -195,7 +195,7 @@ void gray_to_rgb(py::buffer buffer, size_t pixels) {
   gray_to_rgb_in_place(data, pixels);
 }
 
-// A 1-d contiguous buffer of elements of 1, 2, 4 or 8 bytes (numpy arrays of uint8-uint64).
+// A 1-d contiguous, aligned buffer of elements of 1, 2, 4 or 8 bytes (numpy arrays of uint8-uint64).
 struct Flat {
   void* data;
   size_t size;
@@ -207,6 +207,7 @@ Flat flat(const py::buffer& buffer, bool writable, const char* fn) {
   require(!writable || !info.readonly, fn);
   require(info.ndim == 1 && (info.size <= 1 || info.strides[0] == info.itemsize), fn);
   require(info.itemsize == 1 || info.itemsize == 2 || info.itemsize == 4 || info.itemsize == 8, fn);
+  require(reinterpret_cast<uintptr_t>(info.ptr) % size_t(info.itemsize) == 0, fn);  // read as its type: aligned
   return {info.ptr, size_t(info.size), size_t(info.itemsize)};
 }
 

@@ -317,6 +317,7 @@ template <typename E, typename C>
 bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables,
                   size_t* counts, int threads) {
   if (run == 0 || groups == 0 || levels == 0 || levels - 1 > size_t(C(~C(0)))) return false;
+  run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   int bits = 2;
   while ((size_t(1) << bits) < 8 * levels) ++bits;
   const size_t slots = size_t(1) << bits;
@@ -386,6 +387,7 @@ template <typename E, typename C>
 bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
                   int threads) {
   if (run == 0 || groups == 0 || length == 0) return false;
+  run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   const size_t rows = (n + kLevelChunk - 1) / kLevelChunk;
   if (rows > size_t(1) << 30) return false;
   std::atomic<bool> bad{false};

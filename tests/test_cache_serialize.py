@@ -313,7 +313,7 @@ def reseal(data: bytes, edit) -> bytes:
 
 
 @pytest.mark.parametrize("grouping", [[0, 3], [392, 0], [-1, 3], [392, 5], ["392", 3], [392], [392, 3, 1], None, 7,
-                                      [392, 1 << 70]])
+                                      [392, 1 << 70], [1 << 63, 3], [64 * 1176 + 1, 3]])
 def test_a_bad_grouping_is_refused(grouping):
     data = dumps(qwen_patches(), compress=False)
     assert loads(reseal(data, lambda tree: None)) is not None  # resealing alone keeps it readable
@@ -351,6 +351,9 @@ def test_native_level_coder_checks_its_sizes():
     out = np.empty(1000, np.uint32)
     assert _C.level_decode(codes, 10, 3, tables, out) and (out == src).all()
     assert not _C.level_decode(np.full(1000, 8, np.uint8), 10, 3, tables, out)  # past each table of 8
+    # a run past the codes (all in the first group), even one that would overflow a size_t: no hang
+    assert _C.level_decode(np.zeros(1000, np.uint8), (1 << 64) - 1, 3, tables, out) and (out == 0).all()
+    assert _C.level_encode(src, (1 << 64) - 1, 3, 8, codes, tables) == [7, 0, 0]
     for args in ((codes, 10, 3, tables, np.empty(999, np.uint32)),  # dst shorter than the codes
                  (codes, 10, 5, tables, out),  # tables not a multiple of the groups
                  (codes, 10, 3, tables, np.empty(1000, np.uint16)),  # dst of another type
@@ -362,3 +365,6 @@ def test_native_level_coder_checks_its_sizes():
         _C.level_encode(src, 10, 3, 300, codes, np.zeros(900, np.uint32))  # 300 levels in uint8 codes
     with pytest.raises(ValueError):
         _C.level_encode(src, 10, 3, 8, np.empty(10, np.uint8), tables)
+    misaligned = np.frombuffer(bytes(2001), np.uint16, count=1000, offset=1)  # read as uint16: refused
+    with pytest.raises(ValueError):
+        _C.level_decode(misaligned, 10, 3, tables, out)

@@ -315,7 +315,8 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
         if "k" in node:
             grouping = node.get("g")
             if (node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS or not isinstance(grouping, list)
-                    or len(grouping) != 2 or not all(type(v) is int and v > 0 for v in grouping)):
+                    or len(grouping) != 2 or not all(type(v) is int and v > 0 for v in grouping)
+                    or grouping[0] > max(count, 1)):
                 raise SerializationError("bad level coding")
             run, groups = grouping
             code_type = np.dtype(node["c"])
