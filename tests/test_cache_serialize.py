@@ -225,7 +225,7 @@ def test_a_value_is_bound_to_its_key_and_to_the_secret():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("count", [40000, 40001])
 def test_level_codes_read_back_exact_in_every_layout(dtype, count):
-    """uint8 codes are looked up two at a time (odd counts included); uncompressed values too."""
+    """Odd counts and uncompressed values included."""
     value = levels_tensor(200, shape=(count,), dtype=dtype, seed=count)
     for compress in (True, False):
         assert bit_equal(loads(dumps(value, compress=compress)), value)
