@@ -160,9 +160,9 @@ def test_few_levels_are_coded_exactly(dtype):
     assert bit_equal(loads(data), value)
 
 
-def test_levels_the_sample_missed_are_added():
+def test_rare_levels_are_coded():
     value = levels_tensor(300, shape=(1 << 18,))
-    value[12345] = 123.456  # one rare level at a position the strided sample skips
+    value[12345] = 123.456  # one rare level (a sampling coder would skip it)
     value[200001] = float("nan")
     data = dumps(value)
     assert len(data) < value.numel() * 2.1 + 4096  # still coded (uint16)
