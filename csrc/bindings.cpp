@@ -195,6 +195,73 @@ void gray_to_rgb(py::buffer buffer, size_t pixels) {
   gray_to_rgb_in_place(data, pixels);
 }
 
+// A 1-d contiguous, aligned buffer of elements of 1, 2, 4 or 8 bytes (numpy arrays of uint8-uint64).
+struct Flat {
+  void* data;
+  size_t size;
+  size_t itemsize;
+};
+
+Flat flat(const py::buffer& buffer, bool writable, const char* fn) {
+  py::buffer_info info = buffer.request(writable);
+  require(!writable || !info.readonly, fn);
+  require(info.ndim == 1 && (info.size <= 1 || info.strides[0] == info.itemsize), fn);
+  require(info.itemsize == 1 || info.itemsize == 2 || info.itemsize == 4 || info.itemsize == 8, fn);
+  require(reinterpret_cast<uintptr_t>(info.ptr) % size_t(info.itemsize) == 0, fn);  // read as its type: aligned
+  return {info.ptr, size_t(info.size), size_t(info.itemsize)};
+}
+
+// Calls fn(E{}, C{}) for the element type E (2, 4, 8 bytes) and code type C (1, 2 bytes).
+template <typename Fn>
+bool with_level_types(size_t element, size_t code, const char* fn_name, Fn fn) {
+  auto codes = [&](auto e) {
+    if (code == 1) return fn(e, uint8_t{});
+    require(code == 2, fn_name);
+    return fn(e, uint16_t{});
+  };
+  if (element == 2) return codes(uint16_t{});
+  if (element == 4) return codes(uint32_t{});
+  require(element == 8, fn_name);
+  return codes(uint64_t{});
+}
+
+// Codes src's bit patterns; the tables' counts per group, or None when a group has more than
+// `levels` patterns.
+std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, size_t groups, size_t levels,
+                                                   py::buffer codes, py::buffer tables, int threads) {
+  const char* fn = "level_encode(): src, codes and tables must be 1-d contiguous, codes as many as src, "
+                   "tables groups x levels of src's type";
+  Flat s = flat(src, false, fn), c = flat(codes, true, fn), t = flat(tables, true, fn);
+  require(c.size == s.size && t.itemsize == s.itemsize && groups > 0 && levels > 0 &&
+              levels <= (size_t(1) << (8 * c.itemsize)) &&
+              groups <= t.size / levels && groups * levels == t.size, fn);
+  std::vector<size_t> counts(groups);
+  bool ok = with_level_types(s.itemsize, c.itemsize, fn, [&](auto e, auto k) {
+    using E = decltype(e);
+    using C = decltype(k);
+    py::gil_scoped_release release;
+    return level_encode(static_cast<const E*>(s.data), s.size, run, groups, levels, static_cast<C*>(c.data),
+                        static_cast<E*>(t.data), counts.data(), threads);
+  });
+  if (!ok) return std::nullopt;
+  return counts;
+}
+
+// dst = the tables gathered by the codes; False when a code is past its table (a corrupt value).
+bool level_decode_py(py::buffer codes, size_t run, size_t groups, py::buffer tables, py::buffer dst, int threads) {
+  const char* fn = "level_decode(): codes, tables and dst must be 1-d contiguous, dst as many as codes and "
+                   "of the tables' type, tables a multiple of groups";
+  Flat c = flat(codes, false, fn), t = flat(tables, false, fn), d = flat(dst, true, fn);
+  require(d.size == c.size && d.itemsize == t.itemsize && groups > 0 && t.size % groups == 0 && t.size > 0, fn);
+  return with_level_types(t.itemsize, c.itemsize, fn, [&](auto e, auto k) {
+    using E = decltype(e);
+    using C = decltype(k);
+    py::gil_scoped_release release;
+    return level_decode(static_cast<const C*>(c.data), c.size, run, groups, static_cast<const E*>(t.data),
+                        t.size / groups, static_cast<E*>(d.data), threads);
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -243,6 +310,11 @@ PYBIND11_MODULE(_C, m) {
         "(Pillow's masked paste, bit for bit) or with the alpha dropped.");
   m.def("gray_to_rgb", &gray_to_rgb, py::arg("buffer"), py::arg("pixels"),
         "In place: the first `pixels` gray bytes of buffer -> pixels x 3 RGB.");
+  m.def("level_encode", &level_encode_py, py::arg("src"), py::arg("run"), py::arg("groups"), py::arg("levels"),
+        py::arg("codes"), py::arg("tables"), py::arg("threads") = 1,
+        "Level-codes src's bit patterns per group ((i // run) % groups): counts per group, or None past `levels`");
+  m.def("level_decode", &level_decode_py, py::arg("codes"), py::arg("run"), py::arg("groups"), py::arg("tables"),
+        py::arg("dst"), py::arg("threads") = 1, "dst = tables gathered by the codes; False for a code past its table");
   m.def("to_hwc", &to_hwc, py::arg("src"), py::arg("dst"), py::arg("threads") = 1);
 
   py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(m, "HostBuffer", py::buffer_protocol())

@@ -1,6 +1,7 @@
 #include "host_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 #include <thread>
@@ -263,5 +264,161 @@ void gray_to_rgb_in_place(uint8_t* data, size_t pixels) {
     data[3 * i + 2] = v;
   }
 }
+
+namespace {
+
+// Elements per row of parallel_rows in the level coder: at most kLevelRows rows, each of at least
+// kLevelChunk elements.
+constexpr size_t kLevelChunk = size_t(1) << 16;
+constexpr size_t kLevelRows = 256;
+
+// Calls fn(begin, end, group) for the runs of elements [begin, end) that share a group.
+template <typename Fn>
+void for_group_runs(size_t begin, size_t end, size_t run, size_t groups, Fn fn) {
+  while (begin < end) {
+    const size_t block = begin / run;
+    const size_t stop = std::min(end, (block + 1) * run);
+    fn(begin, stop, block % groups);
+    begin = stop;
+  }
+}
+
+// A group's table with its hash: `1 << bits` slots, each a pattern and its code + 1 (0: empty), at
+// most an eighth full, so most lookups end at the first slot, with no load that waits on another.
+template <typename E>
+struct LevelHash {
+  E* keys;
+  uint32_t* slots;
+  E* table;
+  int bits;
+
+  // The code of pattern v, added if new; -1 when the table already holds `levels` patterns.
+  long code_of(E v, size_t& count, size_t levels) const {
+    size_t s = size_t((uint64_t(v) * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+    const size_t mask = (size_t(1) << bits) - 1;
+    for (;;) {
+      const uint32_t entry = slots[s];
+      if (entry == 0) {
+        if (count == levels) return -1;
+        table[count] = v;
+        keys[s] = v;
+        slots[s] = uint32_t(++count);
+        return long(count - 1);
+      }
+      if (keys[s] == v) return long(entry - 1);
+      s = (s + 1) & mask;
+    }
+  }
+};
+
+}  // namespace
+
+template <typename E, typename C>
+bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables,
+                  size_t* counts, int threads) {
+  if (run == 0 || groups == 0 || levels == 0 || levels - 1 > size_t(C(~C(0)))) return false;
+  run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
+  int bits = 2;
+  while ((size_t(1) << bits) < 8 * levels) ++bits;
+  const size_t slots = size_t(1) << bits;
+  // Each row codes its chunk against tables of its own, in parallel; the rows' tables are then
+  // merged into the result's (one lookup per level) and each row's codes renumbered through a
+  // table of its codes (skipped where the numbering is already the result's).
+  const size_t chunk = std::max(kLevelChunk, (n + kLevelRows - 1) / kLevelRows);
+  const size_t rows = (n + chunk - 1) / chunk;
+  std::vector<E> local(rows * groups * levels);
+  std::vector<size_t> local_counts(rows * groups, 0);
+  std::vector<uint32_t> hash(rows * groups * slots, 0);
+  std::vector<E> keys(rows * groups * slots);
+  std::atomic<bool> full{false};
+  parallel_rows(int(rows), threads, [&](int r) {
+    if (full.load(std::memory_order_relaxed)) return;
+    const size_t base = size_t(r) * groups;
+    for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
+                   [&](size_t begin, size_t end, size_t g) {
+      if (full.load(std::memory_order_relaxed)) return;
+      const LevelHash<E> level{keys.data() + (base + g) * slots, hash.data() + (base + g) * slots,
+                               local.data() + (base + g) * levels, bits};
+      size_t count = local_counts[base + g];  // a local: the uint8 code stores may alias anything in memory
+      E last = src[begin];
+      long code = level.code_of(last, count, levels);
+      for (size_t i = begin; code >= 0 && i < end; ++i) {
+        const E v = src[i];
+        if (v != last) {  // neighbouring pixels often repeat
+          code = level.code_of(v, count, levels);
+          last = v;
+        }
+        codes[i] = C(code);
+      }
+      local_counts[base + g] = count;
+      if (code < 0) full.store(true, std::memory_order_relaxed);
+    });
+  });
+  if (full.load()) return false;
+  std::vector<uint32_t> merged(groups * slots, 0);
+  std::vector<E> merged_keys(groups * slots);
+  std::vector<C> renumber(rows * groups * levels);
+  std::vector<uint8_t> identity(rows, 1);
+  std::fill(counts, counts + groups, size_t(0));
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t at = (r * groups + g) * levels;
+      for (size_t j = 0; j < local_counts[r * groups + g]; ++j) {
+        const LevelHash<E> level{merged_keys.data() + g * slots, merged.data() + g * slots, tables + g * levels, bits};
+        const long code = level.code_of(local[at + j], counts[g], levels);
+        if (code < 0) return false;
+        renumber[at + j] = C(code);
+        if (size_t(code) != j) identity[r] = 0;
+      }
+    }
+  }
+  parallel_rows(int(rows), threads, [&](int r) {
+    if (identity[size_t(r)]) return;
+    for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
+                   [&](size_t begin, size_t end, size_t g) {
+      const C* to = renumber.data() + (size_t(r) * groups + g) * levels;
+      for (size_t i = begin; i < end; ++i) codes[i] = to[codes[i]];
+    });
+  });
+  return true;
+}
+
+template <typename E, typename C>
+bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
+                  int threads) {
+  if (run == 0 || groups == 0 || length == 0) return false;
+  run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
+  const size_t rows = (n + kLevelChunk - 1) / kLevelChunk;
+  if (rows > size_t(1) << 30) return false;
+  std::atomic<bool> bad{false};
+  parallel_rows(int(rows), threads, [&](int r) {
+    bool out_of_table = false;
+    for_group_runs(size_t(r) * kLevelChunk, std::min(n, size_t(r + 1) * kLevelChunk), run, groups,
+                   [&](size_t begin, size_t end, size_t g) {
+      const E* table = tables + g * length;
+      for (size_t i = begin; i < end; ++i) {
+        const C code = codes[i];
+        if (size_t(code) >= length) {
+          out_of_table = true;
+          continue;
+        }
+        dst[i] = table[code];
+      }
+    });
+    if (out_of_table) bad.store(true, std::memory_order_relaxed);
+  });
+  return !bad.load();
+}
+
+#define LAZYMEDIA_LEVELS(E, C)                                                                                \
+  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int);          \
+  template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int);
+LAZYMEDIA_LEVELS(uint16_t, uint8_t)
+LAZYMEDIA_LEVELS(uint32_t, uint8_t)
+LAZYMEDIA_LEVELS(uint64_t, uint8_t)
+LAZYMEDIA_LEVELS(uint16_t, uint16_t)
+LAZYMEDIA_LEVELS(uint32_t, uint16_t)
+LAZYMEDIA_LEVELS(uint64_t, uint16_t)
+#undef LAZYMEDIA_LEVELS
 
 }  // namespace lazymedia

@@ -57,4 +57,22 @@ bool pack_alpha_in_place(uint8_t* data, size_t pixels, int channels, const uint8
 // back to front (as Pillow's L -> RGB: each gray value three times).
 void gray_to_rgb_in_place(uint8_t* data, size_t pixels);
 
+// Level coding of a tensor's element bit patterns E (uint16/32/64_t) as codes C (uint8/16_t), for
+// the cache's values (lazymedia/cache/serialize.py). Element i belongs to group (i / run) % groups;
+// group g's table is tables[g * levels, (g + 1) * levels), its distinct patterns in order of first
+// appearance. level_encode writes codes[i] (src[i] == tables[g * levels + codes[i]], bit for bit)
+// and counts[g]; false, early, when a group has more than `levels` patterns or a size is out of
+// range (codes and tables then hold partial results). One pass over src on up to `threads`
+// threads (each codes its chunk against tables of its own, then the codes are renumbered).
+template <typename E, typename C>
+bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables,
+                  size_t* counts, int threads);
+
+// dst[i] = tables[g * length + codes[i]], on up to `threads` threads. False when a code is >= length
+// (such an element is not read from the table: nothing is read out of bounds; dst is then partial)
+// or a size is out of range. tables holds groups * length entries.
+template <typename E, typename C>
+bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
+                  int threads);
+
 }  // namespace lazymedia

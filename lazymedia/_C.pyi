@@ -1,4 +1,6 @@
 """lazymedia native core (CPU build): header probe and the shared pixel kernels."""
+from typing import Any
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -44,6 +46,10 @@ def to_chw_normalized(src: NDArray[np.uint8], dst: NDArray[np.float32], mean: ND
                       std: NDArray[np.float32], threads: int = 1) -> None: ...
 def to_chw(src: NDArray[np.uint8], dst: NDArray[np.uint8], threads: int = 1) -> None: ...
 def to_hwc(src: NDArray[np.uint8], dst: NDArray[np.uint8], threads: int = 1) -> None: ...
+def level_encode(src: NDArray[Any], run: int, groups: int, levels: int, codes: NDArray[Any], tables: NDArray[Any],
+                 threads: int = 1) -> list[int] | None: ...
+def level_decode(codes: NDArray[Any], run: int, groups: int, tables: NDArray[Any], dst: NDArray[Any],
+                 threads: int = 1) -> bool: ...
 
 class HostBuffer:
     """A host allocation exposed through the buffer protocol."""

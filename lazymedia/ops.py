@@ -328,6 +328,20 @@ def frame_buffers() -> HostBufferPool:
         bound_heap_retention()
     return HostBufferPool(max_cached_bytes=512 << 20, idle_release_s=idle_s)
 
+def level_encode(bits: np.ndarray, run: int, groups: int, levels: int, codes: np.ndarray,
+                 tables: np.ndarray) -> list[int] | None:
+    """Level-codes the bit patterns `bits` (1-d uint16/32/64) into `codes` (uint8/uint16, as many),
+    element i against table (i // run) % groups of `tables` (groups x levels, bits' type), on the
+    kernel threads: the tables' counts, or None once a group has more than `levels` patterns."""
+    return _C.level_encode(bits, run, groups, levels, codes, tables, kernel_threads())
+
+
+def level_decode(codes: np.ndarray, run: int, groups: int, tables: np.ndarray, out: np.ndarray) -> bool:
+    """out[i] = tables[(i // run) % groups][codes[i]] (tables: groups equal tables, flat), on one
+    thread (a memory-bound pass on the request path: a second thread gained nothing when measured);
+    False for a code past its table (nothing is read out of bounds)."""
+    return _C.level_decode(codes, run, groups, tables, out, 1)
+
 
 def pinned_memory_available() -> tuple[bool, str]:
     """(available, reason): whether page-locked host memory can be allocated in this process."""

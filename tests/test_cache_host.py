@@ -162,7 +162,7 @@ def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
     assert cache.stats().oversized == 1 and cache.stats().unserializable == 1
 
 
-@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV2" + bytes(64), b"LMV3" + bytes(64)])
+@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV3" + bytes(64), b"LMV4" + bytes(64)])
 def test_bad_values_are_misses_and_are_dropped(store_path, data, caplog):
     cache = HostCache(store_path, capacity_bytes=8 << 20)
     good = cache.encode("k", value_for(3))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lazymedia.cache.serialize import SerializationError, dumps, key_digest, loads, mac_key
+from lazymedia.cache.serialize import MAGIC, SerializationError, dumps, key_digest, loads, mac_key
 
 
 def sample_value():
@@ -85,12 +85,42 @@ def sealed(header: bytes, payload: bytes, key: str = "") -> bytes:
     can produce)."""
     bound = key_digest(key)
     tag = blake3.blake3(bound + header + payload).digest(16)
-    return b"LMV3" + len(header).to_bytes(4, "little") + bound + tag + header + payload
+    return MAGIC + len(header).to_bytes(4, "little") + bound + tag + header + payload
 
 
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and bytes(a.contiguous().view(torch.uint8).numpy()) == bytes(
         b.contiguous().view(torch.uint8).numpy())
+
+
+def header_of(data: bytes) -> dict:
+    import json
+
+    return json.loads(data[40:40 + int.from_bytes(data[4:8], "little")])
+
+
+# Bit patterns a float32 level table must keep apart or carry as they are: NaN payloads (quiet,
+# signalling, negative), -0.0 next to 0.0, denormals, infinities.
+ADVERSARIAL_F32 = [0x7FC00001, 0x7F800001, 0xFFC00000, 0x7FFFFFFF, 0x80000000, 0x00000000, 0x00000001, 0x807FFFFF,
+                   0x7F800000, 0xFF800000]
+
+
+def normalized_pixels(shape, channel_dim: int, levels: int = 246, dtype=torch.float32, seed=0) -> torch.Tensor:
+    """uint8-like pixels normalized per channel along `channel_dim`, as a processor does: at most
+    `levels` levels per channel, up to 3x that in the tensor (246: with the 10 ADVERSARIAL_F32
+    patterns written in, channel 0 fills its uint8 table exactly)."""
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, levels, shape, generator=generator).to(torch.float32) / 255
+    view = [1] * len(shape)
+    view[channel_dim] = shape[channel_dim]
+    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073, 0.5])[:shape[channel_dim]].reshape(view)
+    std = torch.tensor([0.26862954, 0.26130258, 0.27577711, 0.25])[:shape[channel_dim]].reshape(view)
+    return ((pixels - mean) / std).to(dtype)
+
+
+def qwen_patches(patches: int = 64, levels: int = 246, seed=0) -> torch.Tensor:
+    """Qwen2-VL's layout: [patches, C*T*P*P] with C = 3, T = 2, P = 14, channel-major."""
+    return normalized_pixels((patches, 3, 2 * 14 * 14), 1, levels, seed=seed).reshape(patches, 3 * 2 * 14 * 14)
 
 
 def levels_tensor(levels: int, shape=(512, 300), dtype=torch.float32, seed=0) -> torch.Tensor:
@@ -111,10 +141,13 @@ def test_qwen2_vl_output_is_exact_and_at_most_6_mb():
     value = {"pixel_values": output["pixel_values"], "image_grid_thw": output["image_grid_thw"]}
     assert value["pixel_values"].shape == (4784, 1176) and value["pixel_values"].dtype == torch.float32
     data = dumps(value)
-    assert len(data) <= 6 << 20, len(data)
-    back = loads(data)
-    assert bit_equal(back["pixel_values"], value["pixel_values"])
-    assert torch.equal(back["image_grid_thw"], value["image_grid_thw"])
+    assert len(data) <= 3 << 20, len(data)  # uint8 codes, one table per channel, LZ4
+    node = header_of(data)["d"]["pixel_values"]
+    assert node["c"] == "uint8" and node["g"] == [392, 3]  # channel of element i: (i // (T*P*P)) % C
+    for stored in (data, dumps(value, compress=False)):
+        back = loads(stored)
+        assert bit_equal(back["pixel_values"], value["pixel_values"])
+        assert torch.equal(back["image_grid_thw"], value["image_grid_thw"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
@@ -127,9 +160,9 @@ def test_few_levels_are_coded_exactly(dtype):
     assert bit_equal(loads(data), value)
 
 
-def test_levels_the_sample_missed_are_added():
+def test_rare_levels_are_coded():
     value = levels_tensor(300, shape=(1 << 18,))
-    value[12345] = 123.456  # one rare level at a position the strided sample skips
+    value[12345] = 123.456  # one rare level (a sampling coder would skip it)
     value[200001] = float("nan")
     data = dumps(value)
     assert len(data) < value.numel() * 2.1 + 4096  # still coded (uint16)
@@ -192,7 +225,7 @@ def test_a_value_is_bound_to_its_key_and_to_the_secret():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("count", [40000, 40001])
 def test_level_codes_read_back_exact_in_every_layout(dtype, count):
-    """uint8 codes are looked up two at a time (odd counts included); uncompressed values too."""
+    """Odd counts and uncompressed values included."""
     value = levels_tensor(200, shape=(count,), dtype=dtype, seed=count)
     for compress in (True, False):
         assert bit_equal(loads(dumps(value, compress=compress)), value)
@@ -208,5 +241,130 @@ def test_a_level_code_past_the_table_is_refused():
 
     start, length = json.loads(header)["r"]
     payload[start + length - 3] = 200  # a code no level has (the table holds 10)
-    with pytest.raises(SerializationError, match="past the table"):
+    with pytest.raises(SerializationError, match="past its table"):
         loads(sealed(header, bytes(payload)))  # before: silently clipped to the last level
+
+
+LAYOUTS = {  # name: (value, the header's (code type, grouping))
+    "qwen2-vl patches": (lambda: qwen_patches(), ("uint8", [392, 3])),
+    "nchw": (lambda: normalized_pixels((2, 3, 48, 64), 1), ("uint8", [48 * 64, 3])),
+    "frames, channels": (lambda: normalized_pixels((4, 3, 40, 40), 1, dtype=torch.float64), ("uint8", [1600, 3])),
+    "float16 nchw": (lambda: normalized_pixels((1, 3, 128, 128), 1, dtype=torch.float16), ("uint8", [128 * 128, 3])),
+    "one table, uint8": (lambda: levels_tensor(200, shape=(50001,)), ("uint8", [50001, 1])),
+    "one table, uint16": (lambda: levels_tensor(3000, shape=(40000,), seed=3), ("uint16", [40000, 1])),
+    # 300 levels in a channel: not per channel; 900 in the tensor: one uint16 table
+    "over 256 per channel": (lambda: normalized_pixels((1, 3, 100, 100), 1, levels=300), ("uint16", [30000, 1])),
+}
+
+
+def adversarial(value: torch.Tensor) -> torch.Tensor:
+    """The value with every ADVERSARIAL_F32 pattern (or its float64 widening) written into its first
+    elements, bit for bit."""
+    value = value.clone()
+    flat = value.reshape(-1)
+    patterns = torch.tensor(ADVERSARIAL_F32, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    if value.dtype == torch.float32:
+        flat.view(torch.int32)[:len(ADVERSARIAL_F32)] = patterns.view(torch.int32)
+    elif value.dtype == torch.float64:
+        flat.view(torch.int64)[:2] = torch.tensor([0x7FF8000000000001, -0x8000000000000000])  # a NaN payload, -0.0
+    else:
+        # a NaN payload, -0.0, a denormal
+        flat.view(torch.int16)[:3] = torch.tensor([0x7E01, -0x8000, 0x0001], dtype=torch.int16)
+    return value
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("hostile", [False, True], ids=["plain", "nan-payloads-zeros-denormals"])
+def test_every_level_layout_reads_back_bit_for_bit(name, hostile):
+    make, (code_type, grouping) = LAYOUTS[name]
+    value = make()
+    if hostile:
+        value = adversarial(value)
+    for compress in (True, False):
+        data = dumps(value, key="k", compress=compress)
+        node = header_of(data)
+        assert (node.get("c"), node.get("g")) == (code_type, grouping), name
+        back = loads(data, key="k")
+        assert bit_equal(back, value), name
+        # anywhere in memory: codes at an odd address (a memory map's page) read the same
+        shifted = memoryview(bytes(1) + data)[1:]
+        assert bit_equal(loads(shifted, key="k"), value)
+        for cut in (len(data) - 1, len(data) // 2, 41):
+            with pytest.raises(SerializationError):
+                loads(data[:cut], key="k")
+
+
+def test_more_levels_than_one_table_holds_stay_raw_and_exact():
+    value = normalized_pixels((1, 3, 100, 100), 1) + torch.arange(30000, dtype=torch.float32).reshape(1, 3, 100, 100)
+    data = dumps(value, compress=False)
+    assert "k" not in header_of(data)
+    assert bit_equal(loads(data), value)
+
+
+def reseal(data: bytes, edit) -> bytes:
+    """The value with its header edited by `edit(tree)` and tagged again (a writer without a
+    secret can do this)."""
+    import json
+
+    tree = header_of(data)
+    edit(tree)
+    header = json.dumps(tree).encode()
+    return sealed(header, data[40 + int.from_bytes(data[4:8], "little"):])
+
+
+@pytest.mark.parametrize("grouping", [[0, 3], [392, 0], [-1, 3], [392, 5], ["392", 3], [392], [392, 3, 1], None, 7,
+                                      [392, 1 << 70], [1 << 63, 3], [64 * 1176 + 1, 3]])
+def test_a_bad_grouping_is_refused(grouping):
+    data = dumps(qwen_patches(), compress=False)
+    assert loads(reseal(data, lambda tree: None)) is not None  # resealing alone keeps it readable
+
+    def edit(tree):
+        if grouping is None:
+            del tree["g"]
+        else:
+            tree["g"] = grouping
+
+    with pytest.raises(SerializationError):
+        loads(reseal(data, edit))
+
+
+def test_a_code_past_its_channels_table_is_refused():
+    value = normalized_pixels((1, 3, 100, 100), 1, levels=10)  # 10 levels per channel: tables of 10
+    data = dumps(value, compress=False)
+    node = header_of(data)
+    assert node["g"] == [10000, 3]
+    header_length = int.from_bytes(data[4:8], "little")
+    header, payload = data[40:40 + header_length], bytearray(data[40 + header_length:])
+    start, length = node["r"]
+    payload[start + 25000] = 10  # channel 2, one past its table
+    with pytest.raises(SerializationError, match="past its table"):
+        loads(sealed(header, bytes(payload)))
+
+
+def test_native_level_coder_checks_its_sizes():
+    from lazymedia import _C
+
+    src = np.arange(1000, dtype=np.uint32) % 7
+    codes, tables = np.empty(1000, np.uint8), np.zeros(3 * 8, np.uint32)
+    assert _C.level_encode(src, 10, 3, 8, codes, tables) == [7, 7, 7]
+    assert _C.level_encode(src, 10, 3, 6, codes.copy(), np.zeros(18, np.uint32)) is None  # a group past its levels
+    out = np.empty(1000, np.uint32)
+    assert _C.level_decode(codes, 10, 3, tables, out) and (out == src).all()
+    assert not _C.level_decode(np.full(1000, 8, np.uint8), 10, 3, tables, out)  # past each table of 8
+    # a run past the codes (all in the first group), even one that would overflow a size_t: no hang
+    assert _C.level_decode(np.zeros(1000, np.uint8), (1 << 64) - 1, 3, tables, out) and (out == 0).all()
+    assert _C.level_encode(src, (1 << 64) - 1, 3, 8, codes, tables) == [7, 0, 0]
+    for args in ((codes, 10, 3, tables, np.empty(999, np.uint32)),  # dst shorter than the codes
+                 (codes, 10, 5, tables, out),  # tables not a multiple of the groups
+                 (codes, 10, 3, tables, np.empty(1000, np.uint16)),  # dst of another type
+                 (codes, 0, 3, tables, out)):
+        with pytest.raises(ValueError):
+            if not _C.level_decode(*args):
+                raise ValueError("refused")
+    with pytest.raises(ValueError):
+        _C.level_encode(src, 10, 3, 300, codes, np.zeros(900, np.uint32))  # 300 levels in uint8 codes
+    with pytest.raises(ValueError):
+        _C.level_encode(src, 10, 3, 8, np.empty(10, np.uint8), tables)
+    misaligned = np.frombuffer(bytes(2001), np.uint16, count=1000, offset=1)  # read as uint16: refused
+    with pytest.raises(ValueError):
+        _C.level_decode(misaligned, 10, 3, tables, out)

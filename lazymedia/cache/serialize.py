@@ -1,7 +1,7 @@
 """Processed outputs as compact bytes for a shared cache tier, without pickle: whoever can write
 to the cache must not get code execution in every frontend that reads it.
 
-Layout (version 3): b"LMV3", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
+Layout (version 4): b"LMV4", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
 of the key the value was written under, a 16-byte BLAKE3 tag of everything after it (key digest,
 header, payload; BLAKE3's keyed mode when a secret is set), a JSON header describing the value's
 structure, then the payload: the buffers of its tensors, arrays and bytes, each at a 64-byte
@@ -11,10 +11,13 @@ plain values (None, bool, int, float, str) inline; containers (dict, list, tuple
 comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
 stored, one encoding per tensor, exact unless asked otherwise:
 
-- levels: a float tensor whose values take few distinct levels (a model's normalized pixels: at
-  most 256 per channel) as uint8/uint16 codes plus a table of the levels' bit patterns. The
-  levels are found on a strided sample, every element is coded through a perfect hash of its
-  bits, and the round trip is verified bit for bit before the encoding is used.
+- levels: a float tensor whose values take few distinct levels as uint8/uint16 codes plus tables
+  of the levels' bit patterns, element i in table (i // run) % groups (header "g": [run, groups]).
+  One table per channel where the shape shows one (a model's normalized pixels: at most 256 levels
+  per channel, so uint8 codes, where one table for the tensor needs uint16), else one table. The
+  native coder (`ops.level_encode`) numbers each element's exact bit pattern, so the round trip is
+  bit for bit by construction; reading is one native gather (`ops.level_decode`) straight from the
+  stored codes into the tensor, each code checked against its table's length.
 - lz4: the bytes (raw elements or codes) LZ4-compressed, where a trial on one slice says it pays.
 - raw: the elements as they are.
 - bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -36,7 +40,9 @@ import blake3
 import lz4.block
 import numpy as np
 
-MAGIC = b"LMV3"
+from .. import ops
+
+MAGIC = b"LMV4"
 _PREFIX = 4 + 4 + 16 + 16  # magic, header length, key digest, tag
 # The environment variable a shared tier reads its MAC secret from (unset: an unkeyed digest).
 SECRET_ENV = "LAZYMEDIA_CACHE_SECRET"
@@ -50,19 +56,18 @@ _NUMPY_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", 
 _TORCH_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 _BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}  # element size -> the integer type of its bit pattern
-# Level coding: tensors smaller than this stay raw; a sample of about SAMPLE elements finds the
-# levels; at most MAX_LEVELS of them ("a few thousand"), else the tensor is not level-like.
+# Level coding: tensors smaller than this stay raw; one table holds at most MAX_LEVELS levels ("a
+# few thousand"), else the tensor is not level-like.
 _LEVEL_MIN_ELEMENTS = 1 << 14
-_LEVEL_SAMPLE = 1 << 16
 MAX_LEVELS = 4096
-_HASH_TRIES = 16
-_MULTIPLIERS = tuple(int(m) | 1 for m in np.random.default_rng(20261203).integers(1, 1 << 63, _HASH_TRIES))
 # Compression: tried on buffers of at least _COMPRESS_MIN bytes, kept if a _TRIAL_BYTES slice
-# shrinks below _COMPRESS_GAIN of its size. LZ4 takes at most 0x7E000000 bytes in one block.
+# shrinks below _COMPRESS_GAIN of its size. LZ4 takes at most 0x7E000000 bytes in one block; its
+# acceleration 4 halves the time of 1 on a 720p output's level codes for the same size (51 %).
 _COMPRESS_MIN = 64 << 10
 _TRIAL_BYTES = 256 << 10
 _COMPRESS_GAIN = 0.8
 _LZ4_MAX = 0x7E000000
+_LZ4_ACCELERATION = 4
 
 
 class SerializationError(ValueError):
@@ -109,48 +114,35 @@ class BadValueLog:
 
 
 # -- writing --------------------------------------------------------------------------------------
-def _perfect_hash(levels: np.ndarray) -> tuple[int, int, np.ndarray] | None:
-    """(multiplier, shift, table) such that table[(bits * multiplier) >> shift] numbers the
-    `levels` (sorted bit patterns) without collisions; None if no multiplier tried separates them."""
-    width = levels.dtype.itemsize * 8
-    if width == 16:  # small enough to index directly
-        table = np.zeros(1 << 16, np.uint16)
-        table[levels] = np.arange(len(levels), dtype=np.uint16)
-        return 1, 0, table
-    hash_bits = min(22, max(16, (len(levels) ** 2).bit_length() + 1))  # few expected collisions
-    for multiplier in _MULTIPLIERS:
-        m = levels.dtype.type(multiplier & ((1 << width) - 1))
-        slots = (levels * m) >> levels.dtype.type(width - hash_bits)
-        if len(np.unique(slots)) == len(levels):
-            table = np.zeros(1 << hash_bits, np.uint16)
-            table[slots] = np.arange(len(levels), dtype=np.uint16)
-            return int(m), width - hash_bits, table
-    return None
+def _groupings(shape: tuple[int, ...], count: int) -> list[tuple[int, int, int]]:
+    """(run, groups, levels) to try, in order: element i in table (i // run) % groups of at most
+    `levels` entries. Per channel first, with uint8 codes (a model's normalized pixels have at most
+    256 levels per channel, not per tensor): a channel dimension of 2-4 (NCHW, [frames, C, H, W]),
+    or the channel-major patches of Qwen2-VL-style processors ([patches, C*T*P*P], channel of
+    element i: (i // (T*P*P)) % C, with C = 3); then one table, uint8 codes, then uint16."""
+    channel = [(math.prod(shape[d + 1:]), size, 256) for d, size in enumerate(shape) if 2 <= size <= 4]
+    if len(shape) == 2 and shape[-1] % 3 == 0:
+        channel.append((shape[-1] // 3, 3, 256))
+    return [g for g in channel if g[0] > 0] + [(count, 1, 256), (count, 1, MAX_LEVELS)]
 
 
-def _level_code(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(levels, codes) with levels[codes] == bits exactly, or None when the tensor has more than
-    MAX_LEVELS levels or coding would not make it smaller. Costs two passes over the elements
-    plus a verifying one; a tensor that is not level-like is usually rejected on the sample."""
+def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    """(tables, codes, run, groups) with tables[(i // run) % groups, codes[i]] == bits[i] bit for
+    bit (the tables padded with zeros to one length), or None when no grouping fits or coding would
+    not make the tensor smaller. Each try is one native pass (on the kernel threads) that stops at the
+    first group with too many levels (a tensor that is not level-like stops within a few hundred
+    elements)."""
     if bits.size < _LEVEL_MIN_ELEMENTS:
         return None
-    levels = np.unique(bits[:: max(1, bits.size // _LEVEL_SAMPLE)])
-    for _ in range(2):  # the sample may miss rare levels: add them once
-        if len(levels) > MAX_LEVELS or (bits.itemsize == 2 and len(levels) > 256):
-            return None
-        found = _perfect_hash(levels)
-        if found is None:
-            return None
-        multiplier, shift, table = found
-        slots = bits if shift == 0 else (bits * bits.dtype.type(multiplier)) >> bits.dtype.type(shift)
-        codes = table[slots]
-        missed = levels[codes] != bits
-        count = int(np.count_nonzero(missed))
-        if count == 0:
-            return levels, codes.astype(np.uint8) if len(levels) <= 256 else codes
-        if count > bits.size // 64:
-            return None
-        levels = np.union1d(levels, bits[missed])
+    for run, groups, levels in _groupings(shape, bits.size):
+        code_type = np.uint8 if levels <= 256 else np.uint16
+        if np.dtype(code_type).itemsize >= bits.itemsize:
+            continue
+        codes = np.empty(bits.size, code_type)
+        tables = np.zeros((groups, levels), bits.dtype)
+        counts = ops.level_encode(bits, run, groups, levels, codes, tables.reshape(-1))
+        if counts is not None:
+            return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups
     return None
 
 
@@ -162,9 +154,9 @@ def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
         return buffer, {}
     middle = (size - min(size, _TRIAL_BYTES)) // 2
     trial = buffer[middle:middle + _TRIAL_BYTES]
-    if len(lz4.block.compress(trial, store_size=False)) > _COMPRESS_GAIN * trial.nbytes:
+    if len(lz4.block.compress(trial, store_size=False, acceleration=_LZ4_ACCELERATION)) > _COMPRESS_GAIN * trial.nbytes:
         return buffer, {}
-    packed = lz4.block.compress(buffer, store_size=False)
+    packed = lz4.block.compress(buffer, store_size=False, acceleration=_LZ4_ACCELERATION)
     if len(packed) > _COMPRESS_GAIN * size:
         return buffer, {}
     return memoryview(packed), {"z": "lz4", "n": size}
@@ -188,11 +180,13 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
 
     def elements(node: dict, flat: np.ndarray, is_float: bool, lossy: bool) -> dict:
         """Fills the node's storage fields for a contiguous 1-d array of the elements."""
-        coded = _level_code(flat.view(_BITS[flat.itemsize])) if is_float and flat.itemsize in _BITS else None
+        shape = tuple(node["s"])
+        coded = _level_code(flat.view(_BITS[flat.itemsize]), shape) if is_float and flat.itemsize in _BITS else None
         if coded is not None:
-            levels, codes = coded
-            node["k"] = place(levels.view(np.uint8).data)
+            tables, codes, run, groups = coded
+            node["k"] = place(tables.view(np.uint8).reshape(-1).data)
             node["c"] = codes.dtype.name
+            node["g"] = [run, groups]
             flat = codes
         elif lossy:
             import torch
@@ -254,29 +248,6 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
 
 
 # -- reading --------------------------------------------------------------------------------------
-_PAIRS = {2: np.uint32, 4: np.uint64}  # element size -> the type of two elements side by side
-
-
-def _gather(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """table[codes], exact. uint8 codes of 2- and 4-byte elements are looked up two at a time in a
-    65536-entry table of element pairs (built from the level table): half the gathers, the
-    cheapest step of a hit that cannot be a plain copy. A code past the table is refused."""
-    if codes.dtype != np.uint8 or table.itemsize not in _PAIRS or codes.size < 2:
-        return np.take(table, codes, mode="clip")
-    if len(table) < 256 and int(codes.max()) >= len(table):
-        raise SerializationError("level code past the table")
-    wide = np.zeros(256, _PAIRS[table.itemsize])
-    wide[:len(table)] = table
-    shift = wide.dtype.type(table.itemsize * 8)
-    pairs = (wide[:, None] << shift | wide[None, :]).reshape(-1)  # [hi, lo] at lo | hi << 8 (little-endian)
-    even = codes.size & ~1
-    out = np.empty(codes.size, table.dtype)
-    out[:even] = pairs[codes[:even].view(np.uint16)].view(table.dtype)
-    if even < codes.size:
-        out[even:] = np.take(table, codes[even:])
-    return out
-
-
 def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | None = None,
           max_bytes: int = MAX_VALUE_BYTES):
     """The value back; SerializationError for anything that is not a well-formed value of this
@@ -342,17 +313,26 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
         """(the elements as a 1-d uint8 array or bit-pattern array, whether widened from bfloat16)."""
         count = count_of(node.get("s"))
         if "k" in node:
-            if node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS:
+            grouping = node.get("g")
+            if (node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS or not isinstance(grouping, list)
+                    or len(grouping) != 2 or not all(type(v) is int and v > 0 for v in grouping)
+                    or grouping[0] > max(count, 1)):
                 raise SerializationError("bad level coding")
+            run, groups = grouping
             code_type = np.dtype(node["c"])
             codes = np.frombuffer(stored(node, "r", count * code_type.itemsize, copy=False), code_type)
+            if not codes.flags.aligned:  # wherever the value lies (a memory map's page): the gather reads aligned
+                codes = codes.copy()
             table_bytes = region(node["k"])
-            if count and (table_bytes.nbytes == 0 or table_bytes.nbytes % itemsize
-                          or table_bytes.nbytes // itemsize > 1 << 16):
+            entries = table_bytes.nbytes // itemsize
+            if table_bytes.nbytes % itemsize or entries == 0 or entries % groups or entries // groups > 1 << 16:
                 raise SerializationError("bad level table")
             spend(count * itemsize)
             table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
-            return (_gather(table, codes) if count else table), False
+            out = np.empty(count, table.dtype)
+            if not ops.level_decode(codes, run, groups, table, out):
+                raise SerializationError("level code past its table")
+            return out, False
         if node.get("h") == "bfloat16":
             spend(count * itemsize)  # the widened copy
             return np.frombuffer(stored(node, "r", count * 2), np.uint16), True
@@ -361,7 +341,7 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
         return np.frombuffer(stored(node, "r", count * itemsize), np.uint8), False
 
     def decode(node, depth: int):
-        if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 7:
+        if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 8:
             raise SerializationError("malformed value")
         if "v" in node:
             if node["v"] is not None and not isinstance(node["v"], (bool, int, float, str)):
