@@ -111,8 +111,8 @@ void nv12_to_rgb_py(U8Array y, U8Array uv, U8Array dst, int width, const std::st
   require(ok, "nv12_to_rgb(): plane strides too small for the width");
 }
 
-void i420_to_rgb_py(U8Array y, U8Array u, U8Array v, U8Array dst, int width, const std::string& matrix,
-                    bool full_range, int threads) {
+void i420_to_rgb_py(U8Array y, U8Array u, U8Array v, U8Array dst, int width, const std::string& matrix, bool full_range,
+                    int threads) {
   require(y.ndim() == 2 && u.ndim() == 2 && v.ndim() == 2, "i420_to_rgb(): planes must be 2-D");
   const int h = int(y.shape(0));
   require(u.shape(0) == v.shape(0) && u.shape(1) == v.shape(1), "i420_to_rgb(): U and V planes differ in size");
@@ -229,12 +229,13 @@ bool with_level_types(size_t element, size_t code, const char* fn_name, Fn fn) {
 // `levels` patterns.
 std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, size_t groups, size_t levels,
                                                    py::buffer codes, py::buffer tables, int threads) {
-  const char* fn = "level_encode(): src, codes and tables must be 1-d contiguous, codes as many as src, "
-                   "tables groups x levels of src's type";
+  const char* fn =
+      "level_encode(): src, codes and tables must be 1-d contiguous, codes as many as src, "
+      "tables groups x levels of src's type";
   Flat s = flat(src, false, fn), c = flat(codes, true, fn), t = flat(tables, true, fn);
   require(c.size == s.size && t.itemsize == s.itemsize && groups > 0 && levels > 0 &&
-              levels <= (size_t(1) << (8 * c.itemsize)) &&
-              groups <= t.size / levels && groups * levels == t.size, fn);
+              levels <= (size_t(1) << (8 * c.itemsize)) && groups <= t.size / levels && groups * levels == t.size,
+          fn);
   std::vector<size_t> counts(groups);
   bool ok = with_level_types(s.itemsize, c.itemsize, fn, [&](auto e, auto k) {
     using E = decltype(e);
@@ -249,8 +250,9 @@ std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, s
 
 // dst = the tables gathered by the codes; False when a code is past its table (a corrupt value).
 bool level_decode_py(py::buffer codes, size_t run, size_t groups, py::buffer tables, py::buffer dst, int threads) {
-  const char* fn = "level_decode(): codes, tables and dst must be 1-d contiguous, dst as many as codes and "
-                   "of the tables' type, tables a multiple of groups";
+  const char* fn =
+      "level_decode(): codes, tables and dst must be 1-d contiguous, dst as many as codes and "
+      "of the tables' type, tables a multiple of groups";
   Flat c = flat(codes, false, fn), t = flat(tables, false, fn), d = flat(dst, true, fn);
   require(d.size == c.size && d.itemsize == t.itemsize && groups > 0 && t.size % groups == 0 && t.size > 0, fn);
   return with_level_types(t.itemsize, c.itemsize, fn, [&](auto e, auto k) {
@@ -291,8 +293,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("max_frame_width", &ProbeResult::max_frame_width)
       .def_readonly("max_frame_height", &ProbeResult::max_frame_height)
       .def_property_readonly("webp_kind", [](const ProbeResult& r) { return r.webp_kind; });
-  m.def("probe", &probe, py::arg("data"),
-        "Parse an image header from encoded bytes; .status is 'ok' or says why not.");
+  m.def("probe", &probe, py::arg("data"), "Parse an image header from encoded bytes; .status is 'ok' or says why not.");
   m.def("orient", &orient, py::arg("src"), py::arg("dst"), py::arg("orientation"), py::arg("threads") = 1,
         "Apply EXIF orientation 1-8 from an HWC uint8 array into dst.");
   m.def("resize", &resize, py::arg("src"), py::arg("dst"), py::arg("filter") = "bicubic", py::arg("threads") = 1,
@@ -321,8 +322,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("nbytes", &HostBuffer::size)
       .def_property_readonly("pinned", &HostBuffer::pinned)
       .def_buffer([](HostBuffer& b) {
-        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {py::ssize_t(b.size())}, {py::ssize_t(1)}, /*readonly=*/false);
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1, {py::ssize_t(b.size())},
+                               {py::ssize_t(1)}, /*readonly=*/false);
       });
   py::class_<HostBufferPool, std::shared_ptr<HostBufferPool>>(m, "HostBufferPool")
       .def(py::init([](size_t max_cached_bytes, bool pinned) {
@@ -330,34 +331,44 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("max_cached_bytes"), py::arg("pinned"))
       .def_property_readonly("pinned", &HostBufferPool::pinned)
-      .def("acquire", [](HostBufferPool& pool, size_t nbytes) {
-        std::shared_ptr<HostBuffer> b;
-        {
-          py::gil_scoped_release release;
-          b = pool.acquire(nbytes);
-        }
-        if (!b) throw std::bad_alloc();
-        return b;
-      }, py::arg("nbytes"))
-      .def("stats", [](HostBufferPool& pool) {
-        HostBufferStats s = pool.stats();
-        py::dict d;
-        d["allocations"] = s.allocations;
-        d["reuses"] = s.reuses;
-        d["cached_bytes"] = s.cached_bytes;
-        d["cached_buffers"] = s.cached_buffers;
-        d["leased_bytes"] = s.leased_bytes;
-        d["leased_buffers"] = s.leased_buffers;
-        d["released_bytes"] = s.released_bytes;
-        return d;
-      })
-      .def("release_idle", [](HostBufferPool& pool, double idle_seconds) {
-        py::gil_scoped_release release;
-        return pool.release_idle(idle_seconds);
-      }, py::arg("idle_seconds"), "Frees the cached buffers returned more than idle_seconds ago; the bytes freed.");
-  m.def("pinned_memory_available", [] {
-    std::string reason;
-    bool ok = pinned_memory_available(&reason);
-    return py::make_tuple(ok, reason);
-  }, "(available, reason): whether page-locked host memory can be allocated here.");
+      .def(
+          "acquire",
+          [](HostBufferPool& pool, size_t nbytes) {
+            std::shared_ptr<HostBuffer> b;
+            {
+              py::gil_scoped_release release;
+              b = pool.acquire(nbytes);
+            }
+            if (!b) throw std::bad_alloc();
+            return b;
+          },
+          py::arg("nbytes"))
+      .def("stats",
+           [](HostBufferPool& pool) {
+             HostBufferStats s = pool.stats();
+             py::dict d;
+             d["allocations"] = s.allocations;
+             d["reuses"] = s.reuses;
+             d["cached_bytes"] = s.cached_bytes;
+             d["cached_buffers"] = s.cached_buffers;
+             d["leased_bytes"] = s.leased_bytes;
+             d["leased_buffers"] = s.leased_buffers;
+             d["released_bytes"] = s.released_bytes;
+             return d;
+           })
+      .def(
+          "release_idle",
+          [](HostBufferPool& pool, double idle_seconds) {
+            py::gil_scoped_release release;
+            return pool.release_idle(idle_seconds);
+          },
+          py::arg("idle_seconds"), "Frees the cached buffers returned more than idle_seconds ago; the bytes freed.");
+  m.def(
+      "pinned_memory_available",
+      [] {
+        std::string reason;
+        bool ok = pinned_memory_available(&reason);
+        return py::make_tuple(ok, reason);
+      },
+      "(available, reason): whether page-locked host memory can be allocated here.");
 }

@@ -212,8 +212,8 @@ bool i420_to_rgb(const uint8_t* y_plane, int y_stride, const uint8_t* u_plane, c
   return true;
 }
 
-bool hwc_to_chw_normalized(const uint8_t* src, int h, int w, int c, const float* mean, const float* std_dev,
-                           float* dst, int threads) {
+bool hwc_to_chw_normalized(const uint8_t* src, int h, int w, int c, const float* mean, const float* std_dev, float* dst,
+                           int threads) {
   if (!valid(h, w, c)) return false;
   float inv_std[4];
   for (int k = 0; k < c; ++k) {
@@ -314,8 +314,8 @@ struct LevelHash {
 }  // namespace
 
 template <typename E, typename C>
-bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables,
-                  size_t* counts, int threads) {
+bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables, size_t* counts,
+                  int threads) {
   if (run == 0 || groups == 0 || levels == 0 || levels - 1 > size_t(C(~C(0)))) return false;
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   int bits = 2;
@@ -334,25 +334,25 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   parallel_rows(int(rows), threads, [&](int r) {
     if (full.load(std::memory_order_relaxed)) return;
     const size_t base = size_t(r) * groups;
-    for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
-                   [&](size_t begin, size_t end, size_t g) {
-      if (full.load(std::memory_order_relaxed)) return;
-      const LevelHash<E> level{keys.data() + (base + g) * slots, hash.data() + (base + g) * slots,
-                               local.data() + (base + g) * levels, bits};
-      size_t count = local_counts[base + g];  // a local: the uint8 code stores may alias anything in memory
-      E last = src[begin];
-      long code = level.code_of(last, count, levels);
-      for (size_t i = begin; code >= 0 && i < end; ++i) {
-        const E v = src[i];
-        if (v != last) {  // neighbouring pixels often repeat
-          code = level.code_of(v, count, levels);
-          last = v;
-        }
-        codes[i] = C(code);
-      }
-      local_counts[base + g] = count;
-      if (code < 0) full.store(true, std::memory_order_relaxed);
-    });
+    for_group_runs(
+        size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups, [&](size_t begin, size_t end, size_t g) {
+          if (full.load(std::memory_order_relaxed)) return;
+          const LevelHash<E> level{keys.data() + (base + g) * slots, hash.data() + (base + g) * slots,
+                                   local.data() + (base + g) * levels, bits};
+          size_t count = local_counts[base + g];  // a local: the uint8 code stores may alias anything in memory
+          E last = src[begin];
+          long code = level.code_of(last, count, levels);
+          for (size_t i = begin; code >= 0 && i < end; ++i) {
+            const E v = src[i];
+            if (v != last) {  // neighbouring pixels often repeat
+              code = level.code_of(v, count, levels);
+              last = v;
+            }
+            codes[i] = C(code);
+          }
+          local_counts[base + g] = count;
+          if (code < 0) full.store(true, std::memory_order_relaxed);
+        });
   });
   if (full.load()) return false;
   std::vector<uint32_t> merged(groups * slots, 0);
@@ -376,9 +376,9 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
     if (identity[size_t(r)]) return;
     for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
                    [&](size_t begin, size_t end, size_t g) {
-      const C* to = renumber.data() + (size_t(r) * groups + g) * levels;
-      for (size_t i = begin; i < end; ++i) codes[i] = to[codes[i]];
-    });
+                     const C* to = renumber.data() + (size_t(r) * groups + g) * levels;
+                     for (size_t i = begin; i < end; ++i) codes[i] = to[codes[i]];
+                   });
   });
   return true;
 }
@@ -395,23 +395,23 @@ bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* 
     bool out_of_table = false;
     for_group_runs(size_t(r) * kLevelChunk, std::min(n, size_t(r + 1) * kLevelChunk), run, groups,
                    [&](size_t begin, size_t end, size_t g) {
-      const E* table = tables + g * length;
-      for (size_t i = begin; i < end; ++i) {
-        const C code = codes[i];
-        if (size_t(code) >= length) {
-          out_of_table = true;
-          continue;
-        }
-        dst[i] = table[code];
-      }
-    });
+                     const E* table = tables + g * length;
+                     for (size_t i = begin; i < end; ++i) {
+                       const C code = codes[i];
+                       if (size_t(code) >= length) {
+                         out_of_table = true;
+                         continue;
+                       }
+                       dst[i] = table[code];
+                     }
+                   });
     if (out_of_table) bad.store(true, std::memory_order_relaxed);
   });
   return !bad.load();
 }
 
-#define LAZYMEDIA_LEVELS(E, C)                                                                                \
-  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int);          \
+#define LAZYMEDIA_LEVELS(E, C)                                                                      \
+  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int); \
   template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int);
 LAZYMEDIA_LEVELS(uint16_t, uint8_t)
 LAZYMEDIA_LEVELS(uint32_t, uint8_t)

@@ -41,8 +41,8 @@ bool i420_to_rgb(const uint8_t* y_plane, int y_stride, const uint8_t* u_plane, c
                  int h, int w, uint8_t* dst, kernels::Matrix matrix, bool full_range, int threads);
 
 // HWC uint8 -> CHW float32, (x / 255 - mean) / std per channel.
-bool hwc_to_chw_normalized(const uint8_t* src, int h, int w, int c, const float* mean, const float* std_dev,
-                           float* dst, int threads);
+bool hwc_to_chw_normalized(const uint8_t* src, int h, int w, int c, const float* mean, const float* std_dev, float* dst,
+                           int threads);
 bool hwc_to_chw(const uint8_t* src, int h, int w, int c, uint8_t* dst, int threads);
 bool chw_to_hwc(const uint8_t* src, int h, int w, int c, uint8_t* dst, int threads);
 
@@ -65,8 +65,8 @@ void gray_to_rgb_in_place(uint8_t* data, size_t pixels);
 // range (codes and tables then hold partial results). One pass over src on up to `threads`
 // threads (each codes its chunk against tables of its own, then the codes are renumbered).
 template <typename E, typename C>
-bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables,
-                  size_t* counts, int threads);
+bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables, size_t* counts,
+                  int threads);
 
 // dst[i] = tables[g * length + codes[i]], on up to `threads` threads. False when a code is >= length
 // (such an element is not read from the table: nothing is read out of bounds; dst is then partial)

@@ -150,10 +150,15 @@ JpegEncoding sof_encoding(uint8_t m) {
     case 0xC1: return JpegEncoding::ExtendedSequential;
     case 0xC2: return JpegEncoding::Progressive;
     case 0xC3: return JpegEncoding::Lossless;
-    case 0xC5: case 0xC6: case 0xC7: return JpegEncoding::Hierarchical;
+    case 0xC5:
+    case 0xC6:
+    case 0xC7: return JpegEncoding::Hierarchical;
     case 0xC9: return JpegEncoding::Arithmetic;
     case 0xCA: return JpegEncoding::ArithmeticProgressive;
-    case 0xCB: case 0xCD: case 0xCE: case 0xCF: return JpegEncoding::ArithmeticLossless;
+    case 0xCB:
+    case 0xCD:
+    case 0xCE:
+    case 0xCF: return JpegEncoding::ArithmeticLossless;
     default: return JpegEncoding::None;
   }
 }
@@ -201,8 +206,10 @@ ProbeResult probe_jpeg(View v) {
         r.height = v.be16(seg + 1);
         r.width = v.be16(seg + 3);
         r.components = ncomp;
-        if (r.width == 0 || r.height == 0) return fail(r, ProbeStatus::Malformed, "JPEG frame has zero width or height");
-        if (ncomp < 1 || ncomp > 4) return fail(r, ProbeStatus::Malformed, "JPEG frame has an unsupported component count");
+        if (r.width == 0 || r.height == 0)
+          return fail(r, ProbeStatus::Malformed, "JPEG frame has zero width or height");
+        if (ncomp < 1 || ncomp > 4)
+          return fail(r, ProbeStatus::Malformed, "JPEG frame has an unsupported component count");
         int hs[4], vs[4];
         for (int c = 0; c < ncomp; ++c) {
           uint8_t f = v.p[seg + 6 + size_t(c) * 3 + 1];
@@ -258,7 +265,9 @@ bool png_depth_valid(int ctype, int depth) {
   switch (ctype) {
     case 0: return depth == 1 || depth == 2 || depth == 4 || depth == 8 || depth == 16;
     case 3: return depth == 1 || depth == 2 || depth == 4 || depth == 8;
-    case 2: case 4: case 6: return depth == 8 || depth == 16;
+    case 2:
+    case 4:
+    case 6: return depth == 8 || depth == 16;
     default: return false;
   }
 }
@@ -267,7 +276,8 @@ ProbeResult probe_png(View v) {
   ProbeResult r;
   r.format = ImageFormat::Png;
   if (!v.has(8, 25)) return fail(r, ProbeStatus::Truncated, "PNG ends inside IHDR");
-  if (v.be32(8) != 13 || !v.starts_with(12, "IHDR")) return fail(r, ProbeStatus::Malformed, "PNG does not start with IHDR");
+  if (v.be32(8) != 13 || !v.starts_with(12, "IHDR"))
+    return fail(r, ProbeStatus::Malformed, "PNG does not start with IHDR");
   r.width = v.be32(16);
   r.height = v.be32(20);
   r.bit_depth = v.p[24];

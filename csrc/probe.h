@@ -23,14 +23,14 @@ enum class ProbeStatus : int {
 // JPEG start-of-frame kinds, named after the SOF marker that introduces the frame.
 enum class JpegEncoding : int {
   None = 0,
-  Baseline = 1,             // SOF0
-  ExtendedSequential = 2,   // SOF1
-  Progressive = 3,          // SOF2
-  Lossless = 4,             // SOF3
-  Hierarchical = 5,         // SOF5-7 (differential)
-  Arithmetic = 6,           // SOF9
-  ArithmeticProgressive = 7,// SOF10
-  ArithmeticLossless = 8,   // SOF11, SOF13-15
+  Baseline = 1,               // SOF0
+  ExtendedSequential = 2,     // SOF1
+  Progressive = 3,            // SOF2
+  Lossless = 4,               // SOF3
+  Hierarchical = 5,           // SOF5-7 (differential)
+  Arithmetic = 6,             // SOF9
+  ArithmeticProgressive = 7,  // SOF10
+  ArithmeticLossless = 8,     // SOF11, SOF13-15
 };
 
 struct ProbeResult {
@@ -59,8 +59,8 @@ struct ProbeResult {
   bool png_compressed_text = false;  // a zTXt or compressed iTXt chunk (text that inflates)
   // GIF / APNG / WebP animation
   bool animated = false;
-  int frame_count = 1;        // -1 when not cheaply known
-  uint32_t max_frame_width = 0;   // largest frame extent (left + width), GIF only; else == width
+  int frame_count = 1;           // -1 when not cheaply known
+  uint32_t max_frame_width = 0;  // largest frame extent (left + width), GIF only; else == width
   uint32_t max_frame_height = 0;
   // WebP
   const char* webp_kind = "";  // "VP8", "VP8L", "VP8X"

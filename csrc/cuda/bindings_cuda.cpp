@@ -68,15 +68,13 @@ struct DevicePlan {
   cudaStream_t stream;
   DevicePlan(const ResamplePlan& plan, cudaStream_t s) : stream(s) {
     try {
-      check(cudaMallocAsync(reinterpret_cast<void**>(&bounds), plan.bounds.size() * sizeof(int), s),
-            "cudaMallocAsync");
+      check(cudaMallocAsync(reinterpret_cast<void**>(&bounds), plan.bounds.size() * sizeof(int), s), "cudaMallocAsync");
       check(cudaMallocAsync(reinterpret_cast<void**>(&weights), plan.weights.size() * sizeof(int), s),
             "cudaMallocAsync");
       // From pageable memory cudaMemcpyAsync has staged the source before it returns.
       check(cudaMemcpyAsync(bounds, plan.bounds.data(), plan.bounds.size() * sizeof(int), cudaMemcpyHostToDevice, s),
             "cudaMemcpyAsync");
-      check(cudaMemcpyAsync(weights, plan.weights.data(), plan.weights.size() * sizeof(int), cudaMemcpyHostToDevice,
-                            s),
+      check(cudaMemcpyAsync(weights, plan.weights.data(), plan.weights.size() * sizeof(int), cudaMemcpyHostToDevice, s),
             "cudaMemcpyAsync");
     } catch (...) {  // a constructor that throws runs no destructor: free what was allocated
       free();
@@ -93,7 +91,7 @@ struct DevicePlan {
 };
 
 void py_resize(uintptr_t src, int h, int w, int c, uintptr_t dst, int oh, int ow, const std::string& filter,
-            uintptr_t stream_handle) {
+               uintptr_t stream_handle) {
   if (filter != "bilinear" && filter != "bicubic") throw py::value_error("filter must be 'bilinear' or 'bicubic'");
   if (h <= 0 || w <= 0 || oh <= 0 || ow <= 0 || c <= 0 || c > 4) throw py::value_error("resize: bad sizes");
   const kernels::Filter f = filter == "bicubic" ? kernels::Filter::Bicubic : kernels::Filter::Bilinear;
@@ -109,13 +107,15 @@ void py_resize(uintptr_t src, int h, int w, int c, uintptr_t dst, int oh, int ow
   if (oh == h) {
     DevicePlan hp(hplan, stream);
     check(cuda::launch_resample_horizontal(ptr<uint8_t>(src), h, w, c, 0, hp.view(hplan.ksize), ow, ptr<uint8_t>(dst),
-                                           stream), "resize");
+                                           stream),
+          "resize");
     return;
   }
   DevicePlan vp(vplan, stream);
   if (ow == w) {
-    check(cuda::launch_resample_vertical(ptr<uint8_t>(src), w, c, 0, vp.view(vplan.ksize), oh, ptr<uint8_t>(dst),
-                                         stream), "resize");
+    check(
+        cuda::launch_resample_vertical(ptr<uint8_t>(src), w, c, 0, vp.view(vplan.ksize), oh, ptr<uint8_t>(dst), stream),
+        "resize");
     return;
   }
   DevicePlan hp(hplan, stream);
@@ -150,18 +150,19 @@ void py_orient(uintptr_t src, uintptr_t dst, int h, int w, int c, int orientatio
 }
 
 void py_nv12_to_rgb(uintptr_t src, long long frame_bytes, long long uv_offset, int pitch, int frames, int h, int w,
-                 uintptr_t dst, const std::string& matrix, bool full_range, uintptr_t stream) {
+                    uintptr_t dst, const std::string& matrix, bool full_range, uintptr_t stream) {
   if (matrix != "bt601" && matrix != "bt709") throw py::value_error("matrix must be 'bt601' or 'bt709'");
-  const auto coeffs = kernels::make_yuv_to_rgb(matrix == "bt709" ? kernels::Matrix::BT709 : kernels::Matrix::BT601,
-                                               full_range);
+  const auto coeffs =
+      kernels::make_yuv_to_rgb(matrix == "bt709" ? kernels::Matrix::BT709 : kernels::Matrix::BT601, full_range);
   py::gil_scoped_release release;
   PointerDeviceGuard device(src);
   check(cuda::launch_nv12_to_rgb(ptr<uint8_t>(src), frame_bytes, uv_offset, pitch, frames, h, w, ptr<uint8_t>(dst),
-                                 coeffs, stream_of(stream)), "nv12_to_rgb");
+                                 coeffs, stream_of(stream)),
+        "nv12_to_rgb");
 }
 
 void py_to_chw_normalized(uintptr_t src, int h, int w, int c, std::vector<float> mean, std::vector<float> std_dev,
-                       uintptr_t dst, uintptr_t stream) {
+                          uintptr_t dst, uintptr_t stream) {
   if (c < 1 || c > 4 || int(mean.size()) != c || int(std_dev.size()) != c)
     throw py::value_error("mean and std need one value per channel (1-4)");
   cuda::Normalization norm{};
@@ -203,7 +204,9 @@ std::vector<std::tuple<bool, std::string, std::string>> decode_jpegs(cuda::Nvjpe
   out.reserve(results.size());
   for (const auto& r : results)
     out.emplace_back(r.outcome == cuda::JpegOutcome::Decoded, r.reason,
-                     r.path == cuda::JpegPath::Hardware ? "hardware" : r.path == cuda::JpegPath::Cuda ? "cuda" : "");
+                     r.path == cuda::JpegPath::Hardware ? "hardware"
+                     : r.path == cuda::JpegPath::Cuda   ? "cuda"
+                                                        : "");
   return out;
 }
 
@@ -213,18 +216,30 @@ cuda::NvjpegOptions nvjpeg_options(const py::dict& given) {
   for (auto item : given) {
     const std::string key = py::str(item.first);
     py::handle v = item.second;
-    if (key == "interpolation") o.interpolation = v.cast<bool>();
-    else if (key == "planar") o.planar = v.cast<bool>();
-    else if (key == "preallocate_batch") o.preallocate_batch = v.cast<int>();
-    else if (key == "preallocate_height") o.preallocate_height = v.cast<int>();
-    else if (key == "preallocate_width") o.preallocate_width = v.cast<int>();
-    else if (key == "pool_threshold") o.pool_threshold = v.cast<uint64_t>();
-    else if (key == "full_parse") o.full_parse = v.cast<bool>();
-    else if (key == "pinned_staging") o.pinned_staging = v.cast<bool>();
-    else if (key == "hardware_load") o.hardware_load = v.cast<double>();
-    else if (key == "cuda_workers") o.cuda_workers = v.cast<int>();
-    else if (key == "gpu_hybrid_pixels") o.gpu_hybrid_pixels = v.cast<long long>();
-    else throw py::value_error("unknown nvJPEG option: " + key);
+    if (key == "interpolation")
+      o.interpolation = v.cast<bool>();
+    else if (key == "planar")
+      o.planar = v.cast<bool>();
+    else if (key == "preallocate_batch")
+      o.preallocate_batch = v.cast<int>();
+    else if (key == "preallocate_height")
+      o.preallocate_height = v.cast<int>();
+    else if (key == "preallocate_width")
+      o.preallocate_width = v.cast<int>();
+    else if (key == "pool_threshold")
+      o.pool_threshold = v.cast<uint64_t>();
+    else if (key == "full_parse")
+      o.full_parse = v.cast<bool>();
+    else if (key == "pinned_staging")
+      o.pinned_staging = v.cast<bool>();
+    else if (key == "hardware_load")
+      o.hardware_load = v.cast<double>();
+    else if (key == "cuda_workers")
+      o.cuda_workers = v.cast<int>();
+    else if (key == "gpu_hybrid_pixels")
+      o.gpu_hybrid_pixels = v.cast<long long>();
+    else
+      throw py::value_error("unknown nvJPEG option: " + key);
   }
   if (o.hardware_load > 1) throw py::value_error("hardware_load must be in [0, 1], or negative for adaptive");
   return o;
@@ -304,7 +319,8 @@ PYBIND11_MODULE(_C_cuda, m) {
       .def_property_readonly("stream_ordered_pool", &cuda::NvjpegDecoder::stream_ordered_pool)
       .def_property_readonly("creation_log", &cuda::NvjpegDecoder::creation_log)
       .def_property_readonly("cuda_workers", &cuda::NvjpegDecoder::cuda_workers)
-      .def_property_readonly("stats", &nvjpeg_stats, "What the latest decode did: phase times, items per path, allocations.")
+      .def_property_readonly("stats", &nvjpeg_stats,
+                             "What the latest decode did: phase times, items per path, allocations.")
       .def("load", &cuda::NvjpegDecoder::load, py::arg("size_class"),
            "The engines' share of the hardware candidates for a size class (0: < 0.5 MP, 1: < 2.5 MP, 2: larger).")
       .def("decode", &decode_jpegs, py::arg("items"), py::arg("consumer_stream"),

@@ -54,13 +54,12 @@ __global__ void chw_kernel(const uint8_t* src, int h, int w, int c, Normalizatio
 
 }  // namespace
 
-cudaError_t launch_orient(const uint8_t* src, uint8_t* dst, int h, int w, int c, int orientation,
-                          cudaStream_t stream) {
+cudaError_t launch_orient(const uint8_t* src, uint8_t* dst, int h, int w, int c, int orientation, cudaStream_t stream) {
   if (orientation < 1 || orientation > 8 || h <= 0 || w <= 0 || c <= 0) return cudaErrorInvalidValue;
   const bool swap = kernels::orientation_swaps_axes(orientation);
   const int out_h = swap ? w : h, out_w = swap ? h : w;
   orient_kernel<<<grid_for(out_w, out_h), dim3(kBlockX, kBlockY), 0, stream>>>(src, dst, h, w, c, orientation, out_h,
-                                                                              out_w);
+                                                                               out_w);
   return cudaGetLastError();
 }
 
@@ -68,7 +67,7 @@ cudaError_t launch_nv12_to_rgb(const uint8_t* nv12, long long frame_bytes, long 
                                int h, int w, uint8_t* rgb, kernels::YuvToRgb coeffs, cudaStream_t stream) {
   if (frames <= 0 || h <= 0 || w <= 0 || pitch < w || frames > 65535) return cudaErrorInvalidValue;
   nv12_kernel<<<grid_for(w, h, frames), dim3(kBlockX, kBlockY), 0, stream>>>(nv12, frame_bytes, uv_offset, pitch, h, w,
-                                                                            rgb, coeffs);
+                                                                             rgb, coeffs);
   return cudaGetLastError();
 }
 
@@ -76,7 +75,7 @@ cudaError_t launch_resample_horizontal(const uint8_t* src, int rows, int w_in, i
                                        kernels::AxisCoeffs coeffs, int w_out, uint8_t* dst, cudaStream_t stream) {
   if (rows <= 0 || w_in <= 0 || w_out <= 0 || c <= 0) return cudaErrorInvalidValue;
   resample_h_kernel<<<grid_for(w_out, rows), dim3(kBlockX, kBlockY), 0, stream>>>(src, rows, w_in, c, row0, coeffs,
-                                                                                 w_out, dst);
+                                                                                  w_out, dst);
   return cudaGetLastError();
 }
 
@@ -84,7 +83,7 @@ cudaError_t launch_resample_vertical(const uint8_t* src, int w, int c, int row_o
                                      int h_out, uint8_t* dst, cudaStream_t stream) {
   if (w <= 0 || h_out <= 0 || c <= 0) return cudaErrorInvalidValue;
   resample_v_kernel<<<grid_for(w, h_out), dim3(kBlockX, kBlockY), 0, stream>>>(src, w, c, row_offset, coeffs, h_out,
-                                                                              dst);
+                                                                               dst);
   return cudaGetLastError();
 }
 

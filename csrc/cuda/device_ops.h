@@ -12,8 +12,7 @@
 namespace lazymedia {
 namespace cuda {
 
-cudaError_t launch_orient(const uint8_t* src, uint8_t* dst, int h, int w, int c, int orientation,
-                          cudaStream_t stream);
+cudaError_t launch_orient(const uint8_t* src, uint8_t* dst, int h, int w, int c, int orientation, cudaStream_t stream);
 
 // NV12 frames as NVDEC writes them: `frames` luma+chroma planes of `pitch` bytes per row, the
 // UV plane starting `uv_offset` bytes after each frame's Y plane; frames are `frame_bytes` apart.

@@ -16,8 +16,8 @@ bool bind(void* lib, const char* name, Fn* out, std::string* missing) {
 }
 
 bool bind_all(void* lib, NvjpegApi* api, std::string* missing) {
-  return bind(lib, "nvjpegCreateExV2", &api->CreateExV2, missing) && bind(lib, "nvjpegCreateEx", &api->CreateEx, missing) &&
-         bind(lib, "nvjpegDestroy", &api->Destroy, missing) &&
+  return bind(lib, "nvjpegCreateExV2", &api->CreateExV2, missing) &&
+         bind(lib, "nvjpegCreateEx", &api->CreateEx, missing) && bind(lib, "nvjpegDestroy", &api->Destroy, missing) &&
          bind(lib, "nvjpegGetHardwareDecoderInfo", &api->GetHardwareDecoderInfo, missing) &&
          bind(lib, "nvjpegJpegStateCreate", &api->JpegStateCreate, missing) &&
          bind(lib, "nvjpegJpegStateDestroy", &api->JpegStateDestroy, missing) &&

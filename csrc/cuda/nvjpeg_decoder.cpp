@@ -63,7 +63,8 @@ class Scratch {
   uint8_t* allocate(size_t bytes) {
     void* p = nullptr;
     cudaError_t status = pool_ ? cuda_.MallocFromPoolAsync(&p, bytes, pool_, stream_) : cuda_.Malloc(&p, bytes);
-    if (status != cudaSuccess) throw std::runtime_error(std::string("scratch allocation: ") + cuda_.GetErrorString(status));
+    if (status != cudaSuccess)
+      throw std::runtime_error(std::string("scratch allocation: ") + cuda_.GetErrorString(status));
     buffers_.push_back(p);
     return static_cast<uint8_t*>(p);
   }
@@ -143,9 +144,7 @@ NvjpegDecoder::NvjpegDecoder(const NvjpegApi* api, const CudaApi* cuda, int devi
   }
 }
 
-void NvjpegDecoder::note(const std::string& line) {
-  creation_log_ += (creation_log_.empty() ? "" : "\n") + line;
-}
+void NvjpegDecoder::note(const std::string& line) { creation_log_ += (creation_log_.empty() ? "" : "\n") + line; }
 
 bool NvjpegDecoder::create_handle(nvjpegBackend_t backend, bool v2_allocators) {
   const char* name = backend == NVJPEG_BACKEND_HARDWARE ? "hardware" : "default";
@@ -153,11 +152,11 @@ bool NvjpegDecoder::create_handle(nvjpegBackend_t backend, bool v2_allocators) {
   if (options_.interpolation) attempts.push_back(kFlags | kInterpolated);
   attempts.push_back(kFlags);
   for (unsigned flags : attempts) {
-    nvjpegStatus_t status =
-        v2_allocators ? api_->CreateExV2(backend, &device_allocator_, &pinned_allocator_, flags, &handle_)
-                      : api_->CreateEx(backend, nullptr, nullptr, flags, &handle_);
-    note(std::string(v2_allocators ? "nvjpegCreateExV2(" : "nvjpegCreateEx(") + name + ", flags=" +
-         std::to_string(flags) + (v2_allocators ? ", lazymedia's allocators" : ", nvJPEG's allocators") +
+    nvjpegStatus_t status = v2_allocators
+                                ? api_->CreateExV2(backend, &device_allocator_, &pinned_allocator_, flags, &handle_)
+                                : api_->CreateEx(backend, nullptr, nullptr, flags, &handle_);
+    note(std::string(v2_allocators ? "nvjpegCreateExV2(" : "nvjpegCreateEx(") + name +
+         ", flags=" + std::to_string(flags) + (v2_allocators ? ", lazymedia's allocators" : ", nvJPEG's allocators") +
          "): " + nvjpeg_status_name(status));
     if (status == NVJPEG_STATUS_SUCCESS) {
       interpolated_ = (flags & kInterpolated) != 0;
@@ -213,11 +212,12 @@ void NvjpegDecoder::create(bool allow_hardware) {
     // The real batch shape, in whole rounds of the engines (nvImageCodec and DALI do the same).
     const int unit = int(std::max(1u, engines_ * cores_));
     const int batch = (options_.preallocate_batch + unit - 1) / unit * unit;
-    nvjpegStatus_t status = api_->DecodeBatchedPreAllocate(
-        handle_, batched_state_, batch, options_.preallocate_width, options_.preallocate_height, NVJPEG_CSS_444,
-        options_.planar ? NVJPEG_OUTPUT_RGB : NVJPEG_OUTPUT_RGBI);
-    note("nvjpegDecodeBatchedPreAllocate(" + std::to_string(batch) + " x " + std::to_string(options_.preallocate_width) +
-         "x" + std::to_string(options_.preallocate_height) + "): " + nvjpeg_status_name(status));  // a hint
+    nvjpegStatus_t status = api_->DecodeBatchedPreAllocate(handle_, batched_state_, batch, options_.preallocate_width,
+                                                           options_.preallocate_height, NVJPEG_CSS_444,
+                                                           options_.planar ? NVJPEG_OUTPUT_RGB : NVJPEG_OUTPUT_RGBI);
+    note("nvjpegDecodeBatchedPreAllocate(" + std::to_string(batch) + " x " +
+         std::to_string(options_.preallocate_width) + "x" + std::to_string(options_.preallocate_height) +
+         "): " + nvjpeg_status_name(status));  // a hint
   }
   // HYBRID (Huffman on the host thread) as nvImageCodec and DALI create it; DEFAULT where a
   // handle refuses it (what this decoder used before).
@@ -236,8 +236,7 @@ void NvjpegDecoder::create(bool allow_hardware) {
   for (cudaEvent_t* event : {&stream_idle_, &hardware_done_, &staging_[0].free, &staging_[1].free})
     check_cuda(cuda_->EventCreateWithFlags(event, kHostWaitedEvent), "cudaEventCreate");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int count = options_.cuda_workers > 0 ? std::min(options_.cuda_workers, 64)
-                                              : std::min(kMaxWorkers, int(cores));
+  const int count = options_.cuda_workers > 0 ? std::min(options_.cuda_workers, 64) : std::min(kMaxWorkers, int(cores));
   workers_.resize(size_t(count));
   for (CudaWorker& worker : workers_) create_worker(worker);
   note("CUDA path: " + std::to_string(count) + " worker threads" +
@@ -548,8 +547,7 @@ NvjpegDecoder::Staged::~Staged() {
 }
 
 bool NvjpegDecoder::submit_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
-                                    const Staged& staged, const std::vector<uint8_t*>& targets,
-                                    std::string* failure) {
+                                    const Staged& staged, const std::vector<uint8_t*>& targets, std::string* failure) {
   Range range("nvjpeg.hardware");
   const double began = clock_ms_();
   const int n = int(items.size());

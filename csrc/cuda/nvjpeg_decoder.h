@@ -86,15 +86,15 @@ struct JpegResult {
 
 // Knobs of the decoder. The defaults are the production choice; bench_gpu.py --grid varies them.
 struct NvjpegOptions {
-  bool interpolation = true;    // try NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION first
-  bool planar = false;          // engines write planar RGB to scratch, one kernel interleaves (+orients)
-  int preallocate_batch = 64;   // PreAllocate hint (rounded up to engines x cores); 0: none
+  bool interpolation = true;   // try NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION first
+  bool planar = false;         // engines write planar RGB to scratch, one kernel interleaves (+orients)
+  int preallocate_batch = 64;  // PreAllocate hint (rounded up to engines x cores); 0: none
   int preallocate_height = 1024, preallocate_width = 1024;
-  uint64_t pool_threshold = 256ull << 20;  // the private pool's release threshold (bytes)
-  bool full_parse = false;      // parse hardware candidates whole on the host, else a structural check
-  bool pinned_staging = true;   // stage the engines' bitstreams in the pinned ring
-  double hardware_load = -1;    // engines' share of the candidates in [0, 1]; negative: adaptive
-  int cuda_workers = 0;         // CUDA path threads; 0: the cores, at most 16
+  uint64_t pool_threshold = 256ull << 20;     // the private pool's release threshold (bytes)
+  bool full_parse = false;                    // parse hardware candidates whole on the host, else a structural check
+  bool pinned_staging = true;                 // stage the engines' bitstreams in the pinned ring
+  double hardware_load = -1;                  // engines' share of the candidates in [0, 1]; negative: adaptive
+  int cuda_workers = 0;                       // CUDA path threads; 0: the cores, at most 16
   long long gpu_hybrid_pixels = 1000 * 1000;  // GPU-assisted Huffman above this many pixels; <0: never
 };
 
@@ -147,8 +147,8 @@ class NvjpegDecoder {
     nvjpegBufferDevice_t device_buffer = nullptr;
     nvjpegDecodeParams_t params = nullptr;
     cudaStream_t stream = nullptr;
-    cudaEvent_t device_done = nullptr;  // the worker's latest device phase
-    bool used = false;                  // in this call
+    cudaEvent_t device_done = nullptr;   // the worker's latest device phase
+    bool used = false;                   // in this call
     double started_ms = 0, busy_ms = 0;  // this call: its first item, and until its last device phase
     int gpu_hybrid = 0;
   };
@@ -169,19 +169,21 @@ class NvjpegDecoder {
     Staged(const Staged&) = delete;
     Staged& operator=(const Staged&) = delete;
     Staged(Staged&& other) noexcept
-        : owner(std::exchange(other.owner, nullptr)), slot(other.slot), data(std::move(other.data)),
-          bytes(other.bytes), us(other.us) {}
+        : owner(std::exchange(other.owner, nullptr)),
+          slot(other.slot),
+          data(std::move(other.data)),
+          bytes(other.bytes),
+          us(other.us) {}
     ~Staged();
   };
 
-  void decode_ordered(const std::vector<JpegRequest>& requests, const Staged& staged,
-                      std::vector<JpegResult>* results);
+  void decode_ordered(const std::vector<JpegRequest>& requests, const Staged& staged, std::vector<JpegResult>* results);
   bool hardware_candidate(const JpegRequest& r, size_t i, std::vector<JpegResult>* results);
   // Copies the bitstreams into a free pinned slot (with the engines; before the decoder's mutex).
   Staged stage(const std::vector<JpegRequest>& requests);
   // Submits the engines' batch; false when nvJPEG refused it (the stream is then synchronised).
-  bool submit_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
-                       const Staged& staged, const std::vector<uint8_t*>& targets, std::string* failure);
+  bool submit_hardware(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items, const Staged& staged,
+                       const std::vector<uint8_t*>& targets, std::string* failure);
   void start_cuda(const std::vector<JpegRequest>& requests, const std::vector<size_t>& items,
                   const std::vector<uint8_t*>& targets, std::vector<JpegResult>* results, bool timed);
   void decode_on_worker(CudaWorker& worker, const JpegRequest& r, uint8_t* target, JpegResult* result);

@@ -30,7 +30,7 @@ cudaError_t launch_planar_to_interleaved(const uint8_t* planes, uint8_t* dst, in
   const int out_h = swap ? w : h, out_w = swap ? h : w;
   const dim3 grid((out_w + kBlockX - 1) / kBlockX, (out_h + kBlockY - 1) / kBlockY);
   planar_to_interleaved_kernel<<<grid, dim3(kBlockX, kBlockY), 0, stream>>>(planes, dst, h, w, orientation, out_h,
-                                                                             out_w);
+                                                                            out_w);
   return cudaGetLastError();
 }
 

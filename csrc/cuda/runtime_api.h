@@ -33,8 +33,7 @@ struct CudaApi {
   decltype(&cudaFree) Free;
   decltype(&cudaDeviceGetAttribute) DeviceGetAttribute;
   // EXIF orientation of an h x w x c image from src to dst, enqueued on `stream` (device_ops.h).
-  cudaError_t (*Orient)(const uint8_t* src, uint8_t* dst, int h, int w, int c, int orientation,
-                        cudaStream_t stream);
+  cudaError_t (*Orient)(const uint8_t* src, uint8_t* dst, int h, int w, int c, int orientation, cudaStream_t stream);
   // Planar RGB (three h x w planes, back to back) to HWC RGB with EXIF orientation, on `stream`
   // (nvjpeg_kernels.h): the engines' planar output interleaved in one pass.
   cudaError_t (*PlanarToInterleaved)(const uint8_t* planes, uint8_t* dst, int h, int w, int orientation,

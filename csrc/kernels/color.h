@@ -45,8 +45,8 @@ LM_HD void yuv_to_rgb_pixel(const YuvToRgb& t, uint8_t y, uint8_t u, uint8_t v, 
 
 // NV12: full-resolution Y plane, half-resolution interleaved UV plane. Chroma is sampled at the
 // co-sited (top-left) position of each 2x2 block.
-LM_HD void nv12_pixel(const YuvToRgb& t, const uint8_t* y_plane, int y_stride, const uint8_t* uv_plane,
-                      int uv_stride, int y, int x, uint8_t* rgb) {
+LM_HD void nv12_pixel(const YuvToRgb& t, const uint8_t* y_plane, int y_stride, const uint8_t* uv_plane, int uv_stride,
+                      int y, int x, uint8_t* rgb) {
   const uint8_t* uv = uv_plane + (y >> 1) * uv_stride + (x >> 1) * 2;
   yuv_to_rgb_pixel(t, y_plane[y * y_stride + x], uv[0], uv[1], rgb);
 }

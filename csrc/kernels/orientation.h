@@ -12,14 +12,38 @@ LM_HD bool orientation_swaps_axes(int orientation) { return orientation >= 5 && 
 // For output pixel (y, x) of an image decoded as h x w, writes the source row and column.
 LM_HD void orientation_source(int orientation, int h, int w, int y, int x, int* sy, int* sx) {
   switch (orientation) {
-    case 2: *sy = y;         *sx = w - 1 - x; break;  // mirror horizontal
-    case 3: *sy = h - 1 - y; *sx = w - 1 - x; break;  // rotate 180
-    case 4: *sy = h - 1 - y; *sx = x;         break;  // mirror vertical
-    case 5: *sy = x;         *sx = y;         break;  // transpose
-    case 6: *sy = h - 1 - x; *sx = y;         break;  // rotate 90 clockwise
-    case 7: *sy = h - 1 - x; *sx = w - 1 - y; break;  // transverse
-    case 8: *sy = x;         *sx = w - 1 - y; break;  // rotate 90 counter-clockwise
-    default: *sy = y;        *sx = x;         break;
+    case 2:
+      *sy = y;
+      *sx = w - 1 - x;
+      break;  // mirror horizontal
+    case 3:
+      *sy = h - 1 - y;
+      *sx = w - 1 - x;
+      break;  // rotate 180
+    case 4:
+      *sy = h - 1 - y;
+      *sx = x;
+      break;  // mirror vertical
+    case 5:
+      *sy = x;
+      *sx = y;
+      break;  // transpose
+    case 6:
+      *sy = h - 1 - x;
+      *sx = y;
+      break;  // rotate 90 clockwise
+    case 7:
+      *sy = h - 1 - x;
+      *sx = w - 1 - y;
+      break;  // transverse
+    case 8:
+      *sy = x;
+      *sx = w - 1 - y;
+      break;  // rotate 90 counter-clockwise
+    default:
+      *sy = y;
+      *sx = x;
+      break;
   }
 }
 

@@ -51,8 +51,8 @@ LM_HD void resample_h_pixel(const uint8_t* row, int c, const AxisCoeffs& ax, int
 // One output pixel of the vertical pass: column x of `src` (rows of `row_bytes`) -> out pixel at
 // output row y. `row_offset` is subtracted from the coefficient bounds (the horizontal pass may
 // have produced only the rows the vertical pass reads).
-LM_HD void resample_v_pixel(const uint8_t* src, long long row_bytes, int c, const AxisCoeffs& ax, int row_offset,
-                            int y, int x, uint8_t* out) {
+LM_HD void resample_v_pixel(const uint8_t* src, long long row_bytes, int c, const AxisCoeffs& ax, int row_offset, int y,
+                            int x, uint8_t* out) {
   const int ymin = ax.bounds[2 * y] - row_offset, yn = ax.bounds[2 * y + 1];
   const int* k = ax.weights + static_cast<long long>(y) * ax.ksize;
   for (int ch = 0; ch < c; ++ch) {

@@ -36,8 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 1: {
       std::vector<uint8_t> dst(size_t(oh) * ow * c);
-      resize_hwc(src.data(), h, w, c, dst.data(), oh, ow, orientation % 2 ? kernels::Filter::Bicubic
-                                                                          : kernels::Filter::Bilinear, threads);
+      resize_hwc(src.data(), h, w, c, dst.data(), oh, ow,
+                 orientation % 2 ? kernels::Filter::Bicubic : kernels::Filter::Bilinear, threads);
       break;
     }
     case 2: {

@@ -31,11 +31,11 @@ std::mutex calls_mutex;  // the CUDA path's workers log from their own threads
 std::vector<std::string> calls;
 bool hardware_engines = true;
 bool batches_supported = true;
-int failing_batches = 0;  // this many DecodeBatched calls fail before they succeed
-bool failing_orient = false;  // the orientation kernel's launch fails
-int truncated_image = -1;  // the image (first bitstream byte) whose scan data is cut: a full parse fails
-int bad_huffman_image = -1;  // the image whose host (Huffman) phase fails
-bool pools_supported = true;  // cudaDevAttrMemoryPoolsSupported
+int failing_batches = 0;             // this many DecodeBatched calls fail before they succeed
+bool failing_orient = false;         // the orientation kernel's launch fails
+int truncated_image = -1;            // the image (first bitstream byte) whose scan data is cut: a full parse fails
+int bad_huffman_image = -1;          // the image whose host (Huffman) phase fails
+bool pools_supported = true;         // cudaDevAttrMemoryPoolsSupported
 bool interpolation_refused = false;  // CreateEx* refuses NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION
 double hardware_cost_ms = 0, cuda_cost_ms = 0;
 // "concurrent": the first batch on the engines waits until the other call has staged its
@@ -84,15 +84,15 @@ std::string stream_name(cudaStream_t s) { return reinterpret_cast<const char*>(s
 
 // -- nvJPEG ----------------------------------------------------------------------------------
 std::string flag_text(unsigned flags) {
-  return " strict=" + std::to_string((flags & NVJPEG_FLAGS_BITSTREAM_STRICT) != 0) + " interpolation=" +
-         std::to_string((flags & NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION) != 0);
+  return " strict=" + std::to_string((flags & NVJPEG_FLAGS_BITSTREAM_STRICT) != 0) +
+         " interpolation=" + std::to_string((flags & NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION) != 0);
 }
 nvjpegStatus_t create_status(unsigned flags) {
   return interpolation_refused && (flags & NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION) ? NVJPEG_STATUS_INVALID_PARAMETER
                                                                                        : NVJPEG_STATUS_SUCCESS;
 }
-nvjpegStatus_t CreateExV2(nvjpegBackend_t backend, nvjpegDevAllocatorV2_t*, nvjpegPinnedAllocatorV2_t*,
-                          unsigned flags, nvjpegHandle_t* handle) {
+nvjpegStatus_t CreateExV2(nvjpegBackend_t backend, nvjpegDevAllocatorV2_t*, nvjpegPinnedAllocatorV2_t*, unsigned flags,
+                          nvjpegHandle_t* handle) {
   log("CreateExV2 backend=" + std::to_string(int(backend)) + flag_text(flags));
   *handle = fresh<nvjpegHandle_t>();
   return create_status(flags);
@@ -115,8 +115,7 @@ nvjpegStatus_t JpegStateCreate(nvjpegHandle_t, nvjpegJpegState_t* state) {
 }
 nvjpegStatus_t JpegStateDestroy(nvjpegJpegState_t) { return NVJPEG_STATUS_SUCCESS; }
 int batch_in_flight = 0;
-nvjpegStatus_t DecodeBatchedInitialize(nvjpegHandle_t, nvjpegJpegState_t, int batch, int,
-                                       nvjpegOutputFormat_t format) {
+nvjpegStatus_t DecodeBatchedInitialize(nvjpegHandle_t, nvjpegJpegState_t, int batch, int, nvjpegOutputFormat_t format) {
   batch_in_flight = batch;
   log("DecodeBatchedInitialize " + std::to_string(batch) + (format == NVJPEG_OUTPUT_RGB ? " planar" : ""));
   return NVJPEG_STATUS_SUCCESS;
@@ -198,8 +197,9 @@ nvjpegStatus_t DecoderJpegSupported(nvjpegJpegDecoder_t, nvjpegJpegStream_t, nvj
 }
 nvjpegStatus_t DecoderCreate(nvjpegHandle_t, nvjpegBackend_t backend, nvjpegJpegDecoder_t* decoder) {
   *decoder = fresh<nvjpegJpegDecoder_t>();
-  name(*decoder, backend == NVJPEG_BACKEND_GPU_HYBRID ? "gpu_hybrid" : backend == NVJPEG_BACKEND_HYBRID ? "hybrid"
-                                                                                                          : "other");
+  name(*decoder, backend == NVJPEG_BACKEND_GPU_HYBRID ? "gpu_hybrid"
+                 : backend == NVJPEG_BACKEND_HYBRID   ? "hybrid"
+                                                      : "other");
   log("DecoderCreate " + name_of(*decoder));
   return NVJPEG_STATUS_SUCCESS;
 }
@@ -229,9 +229,7 @@ nvjpegStatus_t DecodeParamsCreate(nvjpegHandle_t, nvjpegDecodeParams_t* params) 
   return NVJPEG_STATUS_SUCCESS;
 }
 nvjpegStatus_t DecodeParamsDestroy(nvjpegDecodeParams_t) { return NVJPEG_STATUS_SUCCESS; }
-nvjpegStatus_t DecodeParamsSetOutputFormat(nvjpegDecodeParams_t, nvjpegOutputFormat_t) {
-  return NVJPEG_STATUS_SUCCESS;
-}
+nvjpegStatus_t DecodeParamsSetOutputFormat(nvjpegDecodeParams_t, nvjpegOutputFormat_t) { return NVJPEG_STATUS_SUCCESS; }
 nvjpegStatus_t DecodeJpegHost(nvjpegHandle_t, nvjpegJpegDecoder_t decoder, nvjpegJpegState_t state,
                               nvjpegDecodeParams_t, nvjpegJpegStream_t s) {
   const int image = image_of(s);
@@ -273,10 +271,11 @@ cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   log("StreamWaitEvent " + stream_name(stream) + " " + event_name(event));
   return cudaSuccess;
 }
-std::vector<std::string> event_names = {  // in the decoder's creation order
-    "consumer_ready", "done", "scratch_ready", "stream_idle",    "hardware_done",  "staging_free0",
-    "staging_free1",  "w0.device_done", "w0.pinned_free0", "w0.pinned_free1", "w1.device_done",
-    "w1.pinned_free0", "w1.pinned_free1"};
+std::vector<std::string> event_names = {
+    // in the decoder's creation order
+    "consumer_ready", "done",           "scratch_ready",   "stream_idle",     "hardware_done",  "staging_free0",
+    "staging_free1",  "w0.device_done", "w0.pinned_free0", "w0.pinned_free1", "w1.device_done", "w1.pinned_free0",
+    "w1.pinned_free1"};
 int events_created = 0;
 cudaError_t EventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
   const std::string& name = event_names.at(size_t(events_created++));
@@ -359,25 +358,68 @@ cudaError_t PlanarToInterleaved(const uint8_t*, uint8_t*, int, int, int orientat
   return cudaSuccess;
 }
 
-const NvjpegApi kNvjpeg{CreateExV2, CreateEx, Destroy, GetHardwareDecoderInfo, JpegStateCreate, JpegStateDestroy,
-                        DecodeBatchedInitialize, DecodeBatched, DecodeBatchedSupported, JpegStreamCreate,
-                        JpegStreamDestroy, JpegStreamParse, JpegStreamParseHeader, JpegStreamGetFrameDimensions,
-                        JpegStreamGetComponentsNum, JpegStreamGetJpegEncoding, DecoderJpegSupported, DecoderCreate,
-                        DecoderDestroy, DecoderStateCreate, BufferPinnedCreateV2, BufferPinnedDestroy,
-                        BufferDeviceCreateV2, BufferDeviceDestroy, StateAttachPinnedBuffer, StateAttachDeviceBuffer,
-                        DecodeParamsCreate, DecodeParamsDestroy, DecodeParamsSetOutputFormat, DecodeJpegHost,
-                        DecodeJpegTransferToDevice, DecodeJpegDevice, GetProperty, GetProperty,
+const NvjpegApi kNvjpeg{CreateExV2,
+                        CreateEx,
+                        Destroy,
+                        GetHardwareDecoderInfo,
+                        JpegStateCreate,
+                        JpegStateDestroy,
+                        DecodeBatchedInitialize,
+                        DecodeBatched,
+                        DecodeBatchedSupported,
+                        JpegStreamCreate,
+                        JpegStreamDestroy,
+                        JpegStreamParse,
+                        JpegStreamParseHeader,
+                        JpegStreamGetFrameDimensions,
+                        JpegStreamGetComponentsNum,
+                        JpegStreamGetJpegEncoding,
+                        DecoderJpegSupported,
+                        DecoderCreate,
+                        DecoderDestroy,
+                        DecoderStateCreate,
+                        BufferPinnedCreateV2,
+                        BufferPinnedDestroy,
+                        BufferDeviceCreateV2,
+                        BufferDeviceDestroy,
+                        StateAttachPinnedBuffer,
+                        StateAttachDeviceBuffer,
+                        DecodeParamsCreate,
+                        DecodeParamsDestroy,
+                        DecodeParamsSetOutputFormat,
+                        DecodeJpegHost,
+                        DecodeJpegTransferToDevice,
+                        DecodeJpegDevice,
+                        GetProperty,
+                        GetProperty,
                         DecodeBatchedPreAllocate};
-const CudaApi kCuda{GetDevice,       SetDevice,      GetErrorString,      StreamCreateWithFlags, StreamDestroy,
-                    StreamSynchronize, StreamWaitEvent, EventCreateWithFlags, EventDestroy,        EventRecord,
-                    EventSynchronize, MemPoolCreate,  MemPoolDestroy,      MemPoolSetAttribute,   MallocFromPoolAsync,
-                    FreeAsync,       HostAlloc,      FreeHost,            Malloc,                Free,
-                    DeviceGetAttribute, Orient,       PlanarToInterleaved};
+const CudaApi kCuda{GetDevice,
+                    SetDevice,
+                    GetErrorString,
+                    StreamCreateWithFlags,
+                    StreamDestroy,
+                    StreamSynchronize,
+                    StreamWaitEvent,
+                    EventCreateWithFlags,
+                    EventDestroy,
+                    EventRecord,
+                    EventSynchronize,
+                    MemPoolCreate,
+                    MemPoolDestroy,
+                    MemPoolSetAttribute,
+                    MallocFromPoolAsync,
+                    FreeAsync,
+                    HostAlloc,
+                    FreeHost,
+                    Malloc,
+                    Free,
+                    DeviceGetAttribute,
+                    Orient,
+                    PlanarToInterleaved};
 
 // `count` images; image i is (8 + i) x 4 pixels when `growing`, else 8 x 4 (same area: the
 // split keeps their order).
-std::vector<JpegRequest> requests(int count, std::vector<uint8_t>* storage, int orientation = 1,
-                                  bool growing = false) {
+std::vector<JpegRequest> requests(int count, std::vector<uint8_t>* storage, int orientation = 1, bool growing = false) {
   static uint8_t bitstreams[64][10];
   storage->assign(size_t(count) * 72 * 4 * 3, 0);
   std::vector<JpegRequest> out;
@@ -422,8 +464,7 @@ int main(int argc, char** argv) {
   if (scenario == "split") options.gpu_hybrid_pixels = 40;  // images 3 and larger: GPU-assisted Huffman
   if (scenario == "scheduler") {  // SplitScheduler alone: shares, rounding, the adaptation rule
     SplitScheduler fixed(0.5);
-    for (int n : {0, 1, 3, 7, 8, 12, 64})
-      std::printf("fixed0.5 n=%d unit=7 -> %d\n", n, fixed.hardware_count(n, 0, 7));
+    for (int n : {0, 1, 3, 7, 8, 12, 64}) std::printf("fixed0.5 n=%d unit=7 -> %d\n", n, fixed.hardware_count(n, 0, 7));
     std::printf("fixed0 n=12 -> %d\n", SplitScheduler(0).hardware_count(12, 0, 4));
     SplitScheduler adaptive(-1);
     std::printf("adaptive start %.4f n=64 unit=7 -> %d\n", adaptive.load(2), adaptive.hardware_count(64, 2, 7));
@@ -435,7 +476,8 @@ int main(int argc, char** argv) {
     }
     fixed.observe(0, 30, 10);
     std::printf("fixed after observe %.4f\n", fixed.load(0));
-    for (double mp : {0.25, 0.5, 2.07, 8.3}) std::printf("size class %.2f MP -> %d\n", mp, SplitScheduler::size_class(mp * 1e6));
+    for (double mp : {0.25, 0.5, 2.07, 8.3})
+      std::printf("size class %.2f MP -> %d\n", mp, SplitScheduler::size_class(mp * 1e6));
     return 0;
   }
   cudaStream_t consumer = reinterpret_cast<cudaStream_t>(const_cast<char*>("consumer"));
