@@ -136,3 +136,56 @@ def test_single_flight_holds_while_the_write_queue_is_full(store_path):
     assert stats.skipped == 2 and stats.queued == 1  # the queue stayed full: both writes skipped
     host.gate.set()
     assert cache.flush(60)
+
+
+class GatedEncodeHost(HostCache):
+    """A HostCache whose serialization waits for `gate` (a loaded writer thread)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def encode(self, key, value):
+        self.entered.set()
+        assert self.gate.wait(120)
+        return super().encode(key, value)
+
+
+def test_a_value_changed_in_place_after_apply_is_not_stored_and_its_lease_is_released(store_path):
+    host = GatedEncodeHost(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host)
+    item = jpeg(48, 64, seed=2)
+    out = processor(cache, []).apply([lazymedia.load_image(item)])[0]
+    key = lazymedia.load_image(item).key
+    assert host.entered.wait(60)
+    out["pixels"].mul_(0)  # the consumer changes its result before the writer serialized it
+    host.gate.set()
+    assert cache.flush(60)
+    stats = cache.stats().writes
+    assert (stats.queued, stats.written, stats.mutated, stats.failed) == (1, 0, 1, 0)
+    assert key not in HostCache(store_path).get_many([key])  # the damage never reaches other processes
+    token = host.try_lease(key)
+    assert token  # released
+    host.release(key, token)
+    again = processor(TieredCache(ProcessorCache(), HostCache(store_path)), []).apply([lazymedia.load_image(item)])[0]
+    assert not bool((again["pixels"] == 0).all())
+
+
+def test_a_submit_that_raises_still_releases_the_lease(store_path):
+    host = HostCache(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("submit failed")
+
+    cache.writer.submit = broken  # type: ignore[method-assign]
+    item = jpeg(32, 32, seed=3)
+    try:
+        processor(cache, []).apply([lazymedia.load_image(item)])
+    except RuntimeError:
+        pass
+    key = lazymedia.load_image(item).key
+    token = host.try_lease(key)
+    assert token  # not left held for its ttl
+    host.release(key, token)

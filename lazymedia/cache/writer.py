@@ -3,7 +3,9 @@ processed, and a thread per TieredCache (while it has work) serializes and store
 behind the request, then releases the key's lease (so other processes wait for the value, not
 for nothing). The queue is bounded in entries and in the bytes of the values it holds: when
 full, the write is skipped and counted, and the lease is released at once (the other processes
-then decode the key themselves). An exiting process finishes its queued writes (at most 10 s);
+then decode the key themselves). A value given with its seal (the `lru.fingerprint` the local
+tier's `put` took) is checked again after it is serialized: one a reader changed in place since
+is not stored (counted `mutated`; its lease is released). An exiting process finishes its queued writes (at most 10 s);
 one killed loses them, and their leases die with it."""
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..lru import fingerprint
 from .local import estimate_nbytes
 from .protocol import SharedTier
 
@@ -40,6 +43,7 @@ class WriteStats:
     failed: int  # queued but stored in no tier (a tier fault, an unserializable value, an error)
     pending: int  # in the queue or being written now
     pending_bytes: int  # the values' bytes (estimate_nbytes) they hold
+    mutated: int = 0  # queued but not stored: changed in place after it was sealed
 
 
 class SharedWriter:
@@ -53,15 +57,17 @@ class SharedWriter:
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self._cond = threading.Condition()
-        self._queue: deque[tuple[str, Any, str, int]] = deque()
+        self._queue: deque[tuple[str, Any, str, int, tuple | None]] = deque()
         self._busy_bytes = 0  # the value being written now
         self._busy = False
-        self._counts = dict.fromkeys(("queued", "written", "skipped", "failed"), 0)
+        self._counts = dict.fromkeys(("queued", "written", "skipped", "failed", "mutated"), 0)
         self._thread: threading.Thread | None = None
 
-    def submit(self, key: str, value: Any, token: str) -> bool:
+    def submit(self, key: str, value: Any, token: str, seal: tuple | None = None) -> bool:
         """Queues `value` for the shared tier, to be followed by the release of the lease `token`
-        ("" for none). False when the queue is full: nothing is written, the lease is released now."""
+        ("" for none). False when the queue is full: nothing is written, the lease is released now.
+        `seal`: `lru.fingerprint(value)` when the value was handed out; a value that no longer
+        matches it once serialized is not stored."""
         nbytes = estimate_nbytes(value)
         with self._cond:
             pending_bytes = self._busy_bytes + sum(entry[3] for entry in self._queue)
@@ -71,7 +77,7 @@ class SharedWriter:
                 self._counts["skipped"] += 1
             else:
                 self._counts["queued"] += 1
-                self._queue.append((key, value, token, nbytes))
+                self._queue.append((key, value, token, nbytes, seal))
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="lazymedia-cache-writer", daemon=True)
                     self._thread.start()
@@ -98,11 +104,20 @@ class SharedWriter:
                     self._thread = None
                     _LIVE.discard(self)
                     return
-                key, value, token, nbytes = self._queue.popleft()
+                key, value, token, nbytes, seal = self._queue.popleft()
                 self._busy, self._busy_bytes = True, nbytes
-            written = False
+            outcome = "failed"
             try:  # a tier turns its own faults into False; anything else must not end the thread
-                written = self.shared.put(key, value)
+                if seal is None:
+                    outcome = "written" if self.shared.put(key, value) else "failed"
+                else:
+                    data = self.shared.encode(key, value)
+                    if fingerprint(value) != seal:  # changed in place (before or during dumps)
+                        outcome = "mutated"
+                        logger.warning("cached value %s was modified in place by a reader before it was "
+                                       "stored; not written to the shared tier (docs/design.md)", key)
+                    elif data is not None and self.shared.put_encoded(key, data):
+                        outcome = "written"
             except Exception:
                 logger.exception("shared cache write failed")
             try:
@@ -111,6 +126,6 @@ class SharedWriter:
             except Exception:
                 logger.exception("shared cache lease release failed")
             with self._cond:
-                self._counts["written" if written else "failed"] += 1
+                self._counts[outcome] += 1
                 self._busy, self._busy_bytes = False, 0
                 self._cond.notify_all()
