@@ -3,6 +3,7 @@ value is stored, the queue is bounded (full: skipped, counted, lease released at
 read back bit for bit, and single flight holds while the queue is full."""
 import threading
 import time
+import types
 
 import test_cache_host
 import torch
@@ -189,3 +190,23 @@ def test_a_submit_that_raises_still_releases_the_lease(store_path):
     token = host.try_lease(key)
     assert token  # not left held for its ttl
     host.release(key, token)
+
+
+def test_exit_waits_for_all_writers_within_one_deadline(monkeypatch):
+    """Each writer's flush gets what is left of one 10 s bound, not 10 s of its own."""
+    from lazymedia.cache import writer as writer_module
+
+    clock = [0.0]
+    given: list[float] = []
+
+    class Stuck:  # a writer whose store never finishes: its flush waits out its whole timeout
+        def flush(self, timeout):
+            given.append(timeout)
+            clock[0] += timeout
+            return False
+
+    stuck = [Stuck() for _ in range(3)]
+    monkeypatch.setattr(writer_module, "_LIVE", stuck)
+    monkeypatch.setattr(writer_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    writer_module._flush_at_exit()
+    assert len(given) == 3 and sum(given) <= writer_module._EXIT_WAIT_S

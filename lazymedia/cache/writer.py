@@ -5,13 +5,15 @@ for nothing). The queue is bounded in entries and in the bytes of the values it 
 full, the write is skipped and counted, and the lease is released at once (the other processes
 then decode the key themselves). A value given with its seal (the `lru.fingerprint` the local
 tier's `put` took) is checked again after it is serialized: one a reader changed in place since
-is not stored (counted `mutated`; its lease is released). An exiting process finishes its queued writes (at most 10 s);
-one killed loses them, and their leases die with it."""
+is not stored (counted `mutated`; its lease is released). An exiting process finishes its queued
+writes (at most 10 s for all its writers together); one killed loses them, and their leases die
+with it."""
 from __future__ import annotations
 
 import atexit
 import logging
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -31,8 +33,9 @@ _IDLE_S = 5.0  # a writer thread without work ends (a later write starts another
 def _flush_at_exit() -> None:
     """An exiting process finishes its queued writes (bounded), so its values are not lost and its
     writer thread is not frozen inside a store call at shutdown."""
+    deadline = time.monotonic() + _EXIT_WAIT_S  # one bound for all of them, not one each
     for writer in list(_LIVE):
-        writer.flush(_EXIT_WAIT_S)
+        writer.flush(max(0.0, deadline - time.monotonic()))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import MediaError
+from ..errors import MediaCapacityError, MediaError
 from ..metrics import observe, phase
 from ..profiling import nvtx_range
 from ..singletons import process_wide
@@ -117,7 +117,8 @@ class DecodeEngine:
         another device takes the batch decoders first and moves a pool decode there."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("DecodeEngine is shut down")
+                raise MediaCapacityError("the server is shutting down: retry the request",
+                                         hint="DecodeEngine.submit after shutdown()")
             self._in_flight += 1
         try:
             on_host = device is not None and str(device) == "cpu"
