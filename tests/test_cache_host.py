@@ -14,6 +14,7 @@ import torch
 
 import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
+from lazymedia.cache.protocol import threaded
 from lazymedia.synthetic import jpeg
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -353,21 +354,24 @@ def test_a_full_disk_degrades_to_the_next_tier(store_path, redis_url):
 
 
 class SlowLeaseHost(HostCache):
-    """A HostCache whose lease transaction commits, then waits for `gate` before it returns (a
-    client that disconnects while the lease's thread is busy)."""
+    """A HostCache whose lease transaction commits, then waits for `gate` on a thread before it
+    returns (a client that disconnects while the lease's steps are still busy)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.gate, self.entered, self.released = threading.Event(), threading.Event(), threading.Event()
 
-    def _lease(self, key):
-        token = super()._lease(key)
+    def pause_after_commit(self):
         self.entered.set()
         assert self.gate.wait(60)
+
+    def lease_steps(self, key):
+        token = yield from super().lease_steps(key)
+        yield threaded(self.pause_after_commit)
         return token
 
-    def _release(self, key, token):
-        super()._release(key, token)
+    def release_steps(self, key, token):
+        yield from super().release_steps(key, token)
         self.released.set()
 
 

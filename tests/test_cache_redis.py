@@ -395,23 +395,21 @@ def test_a_cancelled_atry_lease_releases_the_lease_redis_set(server):
     """A request cancelled while its lease's SET is in flight: the SET commits, and the lease is
     released at once instead of blocking every process for lease_s."""
     from lazymedia.cache import RedisCache
+    from lazymedia.cache.protocol import Call
 
     class SlowLease(RedisCache):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.gate, self.entered, self.released = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-        def _command(self, name, *args, **kwargs):
-            call = super()._command(name, *args, **kwargs)
-            if name != "set":
-                return call
+        async def pause_after_commit(self):
+            self.entered.set()
+            await self.gate.wait()
 
-            async def committed_then_slow():
-                result = await call.arun()
-                self.entered.set()
-                await self.gate.wait()
-                return result
-            return type(call)(call.run, committed_then_slow, call.args)
+        def lease_steps(self, key):
+            token = yield from super().lease_steps(key)  # the SET has committed
+            yield Call(lambda: None, self.pause_after_commit)
+            return token
 
         async def arelease(self, key, token):
             await super().arelease(key, token)
