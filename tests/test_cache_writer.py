@@ -208,5 +208,70 @@ def test_exit_waits_for_all_writers_within_one_deadline(monkeypatch):
     stuck = [Stuck() for _ in range(3)]
     monkeypatch.setattr(writer_module, "_LIVE", stuck)
     monkeypatch.setattr(writer_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
-    writer_module._flush_at_exit()
-    assert len(given) == 3 and sum(given) <= writer_module._EXIT_WAIT_S
+    assert writer_module.flush_all(10.0) is False
+    assert len(given) == 3 and sum(given) <= 10.0
+
+
+def _in_a_forked_child(body) -> int:
+    """Runs body() in a forked child (a hang ends it by SIGALRM); its exit code (0: body() true)."""
+    import multiprocessing
+    import signal
+    import sys
+
+    def child():
+        signal.alarm(60)  # a deadlocked child is killed, and the test fails, instead of hanging
+        sys.exit(0 if body() else 3)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join()
+    return process.exitcode
+
+
+def test_a_forked_childs_writer_writes_and_releases_its_own_leases(store_path, monkeypatch):
+    from lazymedia.cache import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "_IDLE_S", 3600.0)  # the parent's writer thread stays alive
+    cache = TieredCache(ProcessorCache(), HostCache(store_path, capacity_bytes=64 << 20))
+    cache.writer.submit("k1", torch.ones(4), "")
+    assert cache.flush(60)  # the writer thread now idles: a forked child inherits it as started
+
+    def child():
+        host = cache.tiers[0]
+        token = host.try_lease("k2")
+        stats = cache.writer.stats()
+        cache.writer.submit("k2", torch.ones(4), token)
+        return cache.flush(30) and cache.writer.stats().written == stats.written + 1 and host.probe("k2")[0] == "found"
+
+    assert _in_a_forked_child(child) == 0
+    host = HostCache(store_path)
+    assert "k2" in host.get_many(["k2"])
+    token = host.try_lease("k2")
+    assert token  # the child released its lease after its write
+    host.release("k2", token)
+
+
+def test_a_fork_while_the_renewal_lock_is_held_does_not_deadlock_the_child():
+    from lazymedia.cache.redis import LeaseRenewals
+
+    renewals = LeaseRenewals(lambda held: [True] * len(held), every_s=3600.0)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock():  # the renewal thread inside its lock at the fork
+        with renewals.lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(60)
+
+    def child():
+        renewals.hold("k", "token")
+        return renewals.held() == {"k": "token"}
+
+    try:
+        assert _in_a_forked_child(child) == 0
+    finally:
+        release.set()
+        holder.join()

@@ -7,11 +7,12 @@ then decode the key themselves). A value given with its seal (the `lru.fingerpri
 tier's `put` took) is checked again after it is serialized: one a reader changed in place since
 is not stored (counted `mutated`; its lease is released). An exiting process finishes its queued
 writes (at most 10 s for all its writers together); one killed loses them, and their leases die
-with it."""
+with it. A forked child starts with empty writers of its own (`os.register_at_fork`)."""
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -25,6 +26,7 @@ from .protocol import SharedTier
 
 logger = logging.getLogger("lazymedia.cache")
 _LIVE: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # writers whose queues exit waits for
+_ALL: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # every writer: a forked child resets each
 _EXIT_WAIT_S = 10.0
 _IDLE_S = 5.0  # a writer thread without work ends (a later write starts another)
 
@@ -33,9 +35,31 @@ _IDLE_S = 5.0  # a writer thread without work ends (a later write starts another
 def _flush_at_exit() -> None:
     """An exiting process finishes its queued writes (bounded), so its values are not lost and its
     writer thread is not frozen inside a store call at shutdown."""
-    deadline = time.monotonic() + _EXIT_WAIT_S  # one bound for all of them, not one each
+    flush_all(_EXIT_WAIT_S)
+
+
+def flush_all(timeout: float) -> bool:
+    """Waits for the queued writes of every writer of this process, all within one `timeout`
+    (not `timeout` each); False if it passed first."""
+    deadline = time.monotonic() + timeout
+    done = True
     for writer in list(_LIVE):
-        writer.flush(max(0.0, deadline - time.monotonic()))
+        done = writer.flush(max(0.0, deadline - time.monotonic())) and done
+    return done
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: its writers start empty, with a fresh
+    condition (the parent's writer thread may have held it at the fork) and no thread, so the
+    child's first write starts its own. The parent's queued writes (and their leases) stay the
+    parent's."""
+    _LIVE.clear()
+    for writer in list(_ALL):
+        writer.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,14 @@ class SharedWriter:
         self._busy = False
         self._counts = dict.fromkeys(("queued", "written", "skipped", "failed", "mutated"), 0)
         self._thread: threading.Thread | None = None
+        _ALL.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """Empties this writer in a forked child (see `_after_fork_in_child`)."""
+        self._cond = threading.Condition()
+        self._queue = deque()
+        self._busy, self._busy_bytes = False, 0
+        self._thread = None
 
     def submit(self, key: str, value: Any, token: str, seal: tuple | None = None) -> bool:
         """Queues `value` for the shared tier, to be followed by the release of the lease `token`
