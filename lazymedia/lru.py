@@ -121,11 +121,12 @@ class LruCache:
             self._hits += 1
             return True, entry[0]
 
-    def put(self, key: str, value: Any) -> bool:
+    def put(self, key: str, value: Any, seal: tuple | None = None) -> bool:
         """Stores `value` sealed (see the module docstring), evicting least recently used entries;
-        False if it can never fit."""
+        False if it can never fit. `seal`: the value's `fingerprint(value, freeze=True)` when the
+        caller took it already (the Processor hands the same one to the shared-tier writer)."""
         weight = self._weigh(value)
-        sealed = fingerprint(value, freeze=True)
+        sealed = fingerprint(value, freeze=True) if seal is None else seal
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:

@@ -40,6 +40,7 @@ from .engine.engine import device_engine
 from .engine.placement import BYTES_PER_DECODED_BYTE, Placement
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
+from .lru import fingerprint
 from .media import LazyMedia, as_handle, unhashed_bytes
 from .metrics import count, phase
 
@@ -57,6 +58,7 @@ class _Plan:
     followers: dict[str, tuple[Future, list[int]]] = field(default_factory=dict)
     decodes: dict[str, Future] = field(default_factory=dict)
     leases: dict[str, str] = field(default_factory=dict)  # key -> shared-tier lease token ("" = none)
+    seals: dict[str, tuple] = field(default_factory=dict)  # key -> lru.fingerprint of its published value
     placements: dict[str, Placement] = field(default_factory=dict)  # key -> device budget held (device mode)
     remote: list[str] = field(default_factory=list)  # keys another process is decoding
 
@@ -316,13 +318,19 @@ class Processor:
                 self._fill(plan, plan.leaders[key], output)
             if self._writer is not None:  # serialized and stored behind the request, then released
                 for key, output in zip(keys, outputs):
-                    self._writer.submit(key, output, plan.leases.pop(key, ""))
+                    # the lease leaves the plan only once the writer has it: if submit raises,
+                    # _drain_and_abandon still releases it
+                    self._writer.submit(key, output, plan.leases.get(key, ""), plan.seals.pop(key, None))
+                    plan.leases.pop(key, None)
 
     def _publish(self, plan: _Plan, key: str, value: Any = None, error: BaseException | None = None) -> None:
         future = plan.leader_futures[key]
+        seal = None
+        if error is None and self._writer is not None:  # taken before anyone can have the value
+            seal = plan.seals[key] = fingerprint(value, freeze=True)
         with self._lock:  # cache write and in-flight removal together: no window for a re-decode
             if error is None:
-                self._local.put(key, value)
+                self._local.put(key, value, seal)
             if self._inflight.get(key) is future:
                 del self._inflight[key]
         if not future.done():

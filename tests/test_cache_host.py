@@ -2,9 +2,11 @@
 decode per item across a fleet, no torn value after a SIGKILLed writer, eviction under capacity,
 bad values as misses, a failing disk degrading to the next tier, and the chain local -> host ->
 Redis."""
+import asyncio
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
+from lazymedia.cache.protocol import threaded
 from lazymedia.synthetic import jpeg
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -348,3 +351,44 @@ def test_a_full_disk_degrades_to_the_next_tier(store_path, redis_url):
     child.join(60)
     assert child.exitcode == 0 and exact
     assert host_faults >= 1 and redis_writes == 1
+
+
+class SlowLeaseHost(HostCache):
+    """A HostCache whose lease transaction commits, then waits for `gate` on a thread before it
+    returns (a client that disconnects while the lease's steps are still busy)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate, self.entered, self.released = threading.Event(), threading.Event(), threading.Event()
+
+    def pause_after_commit(self):
+        self.entered.set()
+        assert self.gate.wait(60)
+
+    def lease_steps(self, key):
+        token = yield from super().lease_steps(key)
+        yield threaded(self.pause_after_commit)
+        return token
+
+    def release_steps(self, key, token):
+        yield from super().release_steps(key, token)
+        self.released.set()
+
+
+def test_a_cancelled_atry_lease_releases_the_lease_it_took(store_path):
+    host = SlowLeaseHost(store_path, capacity_bytes=1 << 24)
+
+    async def main():
+        task = asyncio.create_task(host.atry_lease("k"))
+        assert await asyncio.to_thread(host.entered.wait, 60)  # committed, on a to_thread worker
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        host.gate.set()
+        assert await asyncio.to_thread(host.released.wait, 30)
+
+    asyncio.run(main())
+    assert host.probe("k") == ("free", None)
+    token = HostCache(store_path).try_lease("k")
+    assert token
+    host.release("k", token)

@@ -1,6 +1,7 @@
 """The shared tier on a real redis-server (started here on 127.0.0.1, a free port, no
 persistence): values without pickle, TTL and size cap, cross-process single-flight with leases,
 and faults that degrade to the local tier instead of failing requests."""
+import asyncio
 import os
 import shutil
 import signal
@@ -387,3 +388,45 @@ def test_requests_keep_succeeding_when_redis_dies(server, caplog):
     processor.apply([lazymedia.load_image(jpeg(32, 48, seed=99))])
     assert processor.cache.flush(60)
     assert shared.stats().writes >= 1
+
+
+@requires_redis_server
+def test_a_cancelled_atry_lease_releases_the_lease_redis_set(server):
+    """A request cancelled while its lease's SET is in flight: the SET commits, and the lease is
+    released at once instead of blocking every process for lease_s."""
+    from lazymedia.cache import RedisCache
+    from lazymedia.cache.protocol import Call
+
+    class SlowLease(RedisCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.gate, self.entered, self.released = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def pause_after_commit(self):
+            self.entered.set()
+            await self.gate.wait()
+
+        def lease_steps(self, key):
+            token = yield from super().lease_steps(key)  # the SET has committed
+            yield Call(lambda: None, self.pause_after_commit)
+            return token
+
+        async def arelease(self, key, token):
+            await super().arelease(key, token)
+            self.released.set()
+
+    cache = SlowLease(server.url, lease_s=600)
+
+    async def main():
+        task = asyncio.create_task(cache.atry_lease("k"))
+        await asyncio.wait_for(cache.entered.wait(), 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cache.gate.set()
+        await asyncio.wait_for(cache.released.wait(), 30)
+
+    asyncio.run(main())
+    assert server.client().get(cache.prefix + "k:lease") is None
+    token = RedisCache(server.url).try_lease("k")
+    assert token

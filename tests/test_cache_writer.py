@@ -3,6 +3,7 @@ value is stored, the queue is bounded (full: skipped, counted, lease released at
 read back bit for bit, and single flight holds while the queue is full."""
 import threading
 import time
+import types
 
 import test_cache_host
 import torch
@@ -136,3 +137,141 @@ def test_single_flight_holds_while_the_write_queue_is_full(store_path):
     assert stats.skipped == 2 and stats.queued == 1  # the queue stayed full: both writes skipped
     host.gate.set()
     assert cache.flush(60)
+
+
+class GatedEncodeHost(HostCache):
+    """A HostCache whose serialization waits for `gate` (a loaded writer thread)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def encode(self, key, value):
+        self.entered.set()
+        assert self.gate.wait(120)
+        return super().encode(key, value)
+
+
+def test_a_value_changed_in_place_after_apply_is_not_stored_and_its_lease_is_released(store_path):
+    host = GatedEncodeHost(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host)
+    item = jpeg(48, 64, seed=2)
+    out = processor(cache, []).apply([lazymedia.load_image(item)])[0]
+    key = lazymedia.load_image(item).key
+    assert host.entered.wait(60)
+    out["pixels"].mul_(0)  # the consumer changes its result before the writer serialized it
+    host.gate.set()
+    assert cache.flush(60)
+    stats = cache.stats().writes
+    assert (stats.queued, stats.written, stats.mutated, stats.failed) == (1, 0, 1, 0)
+    assert key not in HostCache(store_path).get_many([key])  # the damage never reaches other processes
+    token = host.try_lease(key)
+    assert token  # released
+    host.release(key, token)
+    again = processor(TieredCache(ProcessorCache(), HostCache(store_path)), []).apply([lazymedia.load_image(item)])[0]
+    assert not bool((again["pixels"] == 0).all())
+
+
+def test_a_submit_that_raises_still_releases_the_lease(store_path):
+    host = HostCache(store_path, capacity_bytes=64 << 20)
+    cache = TieredCache(ProcessorCache(), host)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("submit failed")
+
+    cache.writer.submit = broken  # type: ignore[method-assign]
+    item = jpeg(32, 32, seed=3)
+    try:
+        processor(cache, []).apply([lazymedia.load_image(item)])
+    except RuntimeError:
+        pass
+    key = lazymedia.load_image(item).key
+    token = host.try_lease(key)
+    assert token  # not left held for its ttl
+    host.release(key, token)
+
+
+def test_exit_waits_for_all_writers_within_one_deadline(monkeypatch):
+    """Each writer's flush gets what is left of one 10 s bound, not 10 s of its own."""
+    from lazymedia.cache import writer as writer_module
+
+    clock = [0.0]
+    given: list[float] = []
+
+    class Stuck:  # a writer whose store never finishes: its flush waits out its whole timeout
+        def flush(self, timeout):
+            given.append(timeout)
+            clock[0] += timeout
+            return False
+
+    stuck = [Stuck() for _ in range(3)]
+    monkeypatch.setattr(writer_module, "_LIVE", stuck)
+    monkeypatch.setattr(writer_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    assert writer_module.flush_all(10.0) is False
+    assert len(given) == 3 and sum(given) <= 10.0
+
+
+def _in_a_forked_child(body) -> int:
+    """Runs body() in a forked child (a hang ends it by SIGALRM); its exit code (0: body() true)."""
+    import multiprocessing
+    import signal
+    import sys
+
+    def child():
+        signal.alarm(60)  # a deadlocked child is killed, and the test fails, instead of hanging
+        sys.exit(0 if body() else 3)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join()
+    return process.exitcode
+
+
+def test_a_forked_childs_writer_writes_and_releases_its_own_leases(store_path, monkeypatch):
+    from lazymedia.cache import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "_IDLE_S", 3600.0)  # the parent's writer thread stays alive
+    cache = TieredCache(ProcessorCache(), HostCache(store_path, capacity_bytes=64 << 20))
+    cache.writer.submit("k1", torch.ones(4), "")
+    assert cache.flush(60)  # the writer thread now idles: a forked child inherits it as started
+
+    def child():
+        host = cache.tiers[0]
+        token = host.try_lease("k2")
+        stats = cache.writer.stats()
+        cache.writer.submit("k2", torch.ones(4), token)
+        return cache.flush(30) and cache.writer.stats().written == stats.written + 1 and host.probe("k2")[0] == "found"
+
+    assert _in_a_forked_child(child) == 0
+    host = HostCache(store_path)
+    assert "k2" in host.get_many(["k2"])
+    token = host.try_lease("k2")
+    assert token  # the child released its lease after its write
+    host.release("k2", token)
+
+
+def test_a_fork_while_the_renewal_lock_is_held_does_not_deadlock_the_child():
+    from lazymedia.cache.redis import LeaseRenewals
+
+    renewals = LeaseRenewals(lambda held: [True] * len(held), every_s=3600.0)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock():  # the renewal thread inside its lock at the fork
+        with renewals.lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(60)
+
+    def child():
+        renewals.hold("k", "token")
+        return renewals.held() == {"k": "token"}
+
+    try:
+        assert _in_a_forked_child(child) == 0
+    finally:
+        release.set()
+        holder.join()

@@ -127,3 +127,13 @@ def test_nvdec_routing(codec, pix_fmt, capability, expected):
 
     header = video.VideoHeader("mp4", codec, 64, 64, 30.0, 1.0, 30, False, pix_fmt)
     assert nvdec.route(header, capability).gpu is expected
+
+
+def test_submit_after_shutdown_is_a_503_not_a_500():
+    from lazymedia.errors import MediaCapacityError
+
+    engine = DecodeEngine(max_workers=1)
+    engine.shutdown()
+    with pytest.raises(MediaCapacityError) as info:
+        engine.submit(jpegs(1)[0])
+    assert info.value.status_code == 503 and "shut" in info.value.message

@@ -344,3 +344,55 @@ def test_a_worker_death_is_logged_with_its_cause(caplog):
         assert own.stats().restarts >= 1
     finally:
         own.close()
+
+
+class _StartsDead:
+    """Stands in for `sys` in isolation.py: the first `dead` workers it starts exit at once
+    (a worker OOM-killed or broken while it starts), the later ones are real."""
+
+    def __init__(self, dead):
+        import sys
+
+        self.path, self.argv, self._real, self.dead, self.starts = sys.path, [], sys.executable, dead, 0
+
+    @property
+    def executable(self):
+        self.starts += 1
+        return "/bin/false" if self.starts <= self.dead else self._real
+
+
+def test_a_worker_that_dies_starting_is_retried_on_a_new_one(monkeypatch):
+    from lazymedia.engine import isolation
+
+    fake = _StartsDead(dead=1)
+    monkeypatch.setattr(isolation, "sys", fake)
+    own = IsolatedPool(workers=1, timeout_s=30)
+    try:
+        assert own.run(sum, [1, 2]) == 3  # the input was never sent to the dead one: not its fault
+        assert fake.starts == 2 and own.stats().started == 2
+    finally:
+        own.close()
+
+
+def test_workers_that_die_starting_twice_are_a_503_not_the_inputs_422(monkeypatch):
+    from lazymedia.engine import isolation
+    from lazymedia.errors import MediaCapacityError
+
+    fake = _StartsDead(dead=2)
+    monkeypatch.setattr(isolation, "sys", fake)
+    engine = DecodeEngine(isolation_workers=1)
+    processor = lazymedia.Processor(lambda decoded: [item.frames.shape[0] for item in decoded], engine=engine)
+    try:
+        with pytest.raises(MediaCapacityError) as info:
+            processor.apply([lazymedia.load_video(make_video(frames=2, height=16, width=16), num_frames=2)])
+        assert info.value.status_code == 503 and "starting" in info.value.hint
+        assert fake.starts == 2
+    finally:
+        engine.shutdown()
+
+
+def test_a_non_media_error_in_the_worker_keeps_its_text_out_of_the_clients_message(pool):
+    with pytest.raises(UnprocessableMediaError) as info:
+        pool.run(open, "/srv/internal/secret-path")
+    assert "secret-path" not in str(info.value) and "FileNotFoundError" not in str(info.value)
+    assert "secret-path" in info.value.hint and "FileNotFoundError" in info.value.hint

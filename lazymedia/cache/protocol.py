@@ -7,6 +7,7 @@ chain."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ class LocalTier(Protocol):
 
     def lookup(self, key: str) -> tuple[bool, Any]: ...
 
-    def put(self, key: str, value: Any) -> bool: ...
+    def put(self, key: str, value: Any, seal: tuple | None = None) -> bool: ...
 
 
 class SharedTier(Protocol):
@@ -30,6 +31,10 @@ class SharedTier(Protocol):
     def get_many(self, keys: list[str], again: bool = False) -> dict: ...
 
     def put(self, key: str, value: Any) -> bool: ...
+
+    def encode(self, key: str, value: Any) -> bytes | None: ...
+
+    def put_encoded(self, key: str, data: bytes) -> bool: ...
 
     def try_lease(self, key: str) -> str | None: ...
 
@@ -54,15 +59,11 @@ class ChainableTier(SharedTier, Protocol):
 
     def stats(self) -> Any: ...
 
-    def encode(self, key: str, value: Any) -> bytes | None: ...
-
     def read_many(self, keys: list[str], encoded: bool = False,
                   again: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
 
     async def aread_many(self, keys: list[str], encoded: bool = False,
                          again: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
-
-    def put_encoded(self, key: str, data: bytes) -> bool: ...
 
     def delete(self, keys: list[str]) -> None: ...
 
@@ -74,7 +75,7 @@ class ChainableTier(SharedTier, Protocol):
 class Writer(Protocol):
     """Stores values in a shared tier behind the requests (cache/writer.py), bounded."""
 
-    def submit(self, key: str, value: Any, token: str) -> bool: ...
+    def submit(self, key: str, value: Any, token: str, seal: tuple | None = None) -> bool: ...
 
     def flush(self, timeout: float | None = None) -> bool: ...
 
@@ -153,6 +154,16 @@ def pause(delay: float) -> Call:
     return Call(time.sleep, asyncio.sleep, (delay,))
 
 
+_ORPHAN_RELEASES: set[asyncio.Future] = set()  # releases of leases whose atry_lease was cancelled
+
+
+def _forget_release(release: asyncio.Future) -> None:
+    _ORPHAN_RELEASES.discard(release)
+    if not release.cancelled() and release.exception() is not None:
+        logging.getLogger("lazymedia.cache").warning("releasing a cancelled request's lease failed: %r",
+                                                     release.exception())
+
+
 class SteppedTier:
     """A shared tier's calls in their sync and asyncio forms, each run from one generator of
     steps the tier writes once: `get_steps`, `lease_steps`, `release_steps`, `wait_steps`."""
@@ -183,7 +194,26 @@ class SteppedTier:
         return drive(self.lease_steps(key))
 
     async def atry_lease(self, key: str) -> str | None:
-        return await adrive(self.lease_steps(key))
+        """try_lease's asyncio form. The lease's steps run shielded: a caller cancelled while
+        they run (a client that disconnected) does not stop a lease being committed (an LMDB
+        transaction on a thread, a Redis SET in flight), so such a lease is released as soon as
+        it is taken instead of being held, with nobody to release it, for its whole lifetime."""
+        taking = asyncio.ensure_future(adrive(self.lease_steps(key)))
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            taking.add_done_callback(lambda done: self._release_orphan(key, done))
+            raise
+
+    def _release_orphan(self, key: str, done: asyncio.Future) -> None:
+        """Releases the lease a cancelled atry_lease took (on the loop, without blocking it)."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        token = done.result()
+        if token:
+            release = asyncio.ensure_future(self.arelease(key, token))
+            _ORPHAN_RELEASES.add(release)  # held until done: the loop keeps only weak references
+            release.add_done_callback(_forget_release)
 
     def release(self, key: str, token: str) -> None:
         drive(self.release_steps(key, token))

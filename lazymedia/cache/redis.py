@@ -20,6 +20,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,20 +37,45 @@ _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexp
           "else return 0 end")
 
 
-class _Renewals:
+_RENEWALS: weakref.WeakSet[LeaseRenewals] = weakref.WeakSet()
+
+
+def _renewals_after_fork_in_child() -> None:
+    for renewals in list(_RENEWALS):
+        renewals.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renewals_after_fork_in_child)
+
+
+class LeaseRenewals:
     """The leases this process holds, renewed every `every_s` by one thread while any is held
     (the thread ends when none is; a forked child starts its own and renews only its own)."""
 
     def __init__(self, renew: Callable[[list[tuple[str, str]]], list[bool]], every_s: float):
         self._renew = renew
         self.every_s = every_s
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._held: dict[str, str] = {}
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        _RENEWALS.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """The renewal thread may have held `lock` at the fork: the child's copy would never be
+        released, so the child gets a fresh lock, and no leases and no thread (its own start
+        with its first lease)."""
+        self.lock = threading.Lock()
+        self._pid, self._held, self._thread = os.getpid(), {}, None
+
+    def held(self) -> dict[str, str]:
+        """The leases held now: {key: token}."""
+        with self.lock:
+            return dict(self._held)
 
     def hold(self, name: str, token: str) -> None:
-        with self._lock:
+        with self.lock:
             if self._pid != os.getpid():  # forked: the parent's leases are the parent's to renew
                 self._pid, self._held, self._thread = os.getpid(), {}, None
             self._held[name] = token
@@ -58,14 +84,14 @@ class _Renewals:
                 self._thread.start()
 
     def drop(self, name: str, token: str) -> None:
-        with self._lock:
+        with self.lock:
             if self._held.get(name) == token:
                 del self._held[name]
 
     def _run(self) -> None:
         while True:
             time.sleep(self.every_s)
-            with self._lock:
+            with self.lock:
                 held = list(self._held.items())
                 if not held:
                     self._thread = None
@@ -97,7 +123,7 @@ class RedisCache(ValueStore):
         self.max_entry_bytes = max_entry_bytes
         self.lease_ms = int(lease_s * 1000)
         self.wait_s = 30.0 if wait_s is None else wait_s
-        self._renewals = _Renewals(self._renew, lease_s / 4)
+        self._renewals = LeaseRenewals(self._renew, lease_s / 4)
         self.retry_after_s = retry_after_s
         self.log_every_s = log_every_s
         options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}

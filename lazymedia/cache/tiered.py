@@ -61,11 +61,15 @@ class SharedChain(SteppedTier):
             values.update((key, value) for key, (value, _) in found.items())
         return values
 
-    def put(self, key: str, value) -> bool:
-        data = self.tiers[0].encode(key, value)
-        if data is None:
-            return False
+    def encode(self, key: str, value) -> bytes | None:
+        return self.tiers[0].encode(key, value)
+
+    def put_encoded(self, key: str, data: bytes) -> bool:
         return any([tier.put_encoded(key, data) for tier in self.tiers])
+
+    def put(self, key: str, value) -> bool:
+        data = self.encode(key, value)
+        return data is not None and self.put_encoded(key, data)
 
     def delete(self, keys: list[str]) -> None:
         for tier in self.tiers:

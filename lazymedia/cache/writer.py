@@ -3,23 +3,30 @@ processed, and a thread per TieredCache (while it has work) serializes and store
 behind the request, then releases the key's lease (so other processes wait for the value, not
 for nothing). The queue is bounded in entries and in the bytes of the values it holds: when
 full, the write is skipped and counted, and the lease is released at once (the other processes
-then decode the key themselves). An exiting process finishes its queued writes (at most 10 s);
-one killed loses them, and their leases die with it."""
+then decode the key themselves). A value given with its seal (the `lru.fingerprint` the local
+tier's `put` took) is checked again after it is serialized: one a reader changed in place since
+is not stored (counted `mutated`; its lease is released). An exiting process finishes its queued
+writes (at most 10 s for all its writers together); one killed loses them, and their leases die
+with it. A forked child starts with empty writers of its own (`os.register_at_fork`)."""
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..lru import fingerprint
 from .local import estimate_nbytes
 from .protocol import SharedTier
 
 logger = logging.getLogger("lazymedia.cache")
 _LIVE: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # writers whose queues exit waits for
+_ALL: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # every writer: a forked child resets each
 _EXIT_WAIT_S = 10.0
 _IDLE_S = 5.0  # a writer thread without work ends (a later write starts another)
 
@@ -28,8 +35,31 @@ _IDLE_S = 5.0  # a writer thread without work ends (a later write starts another
 def _flush_at_exit() -> None:
     """An exiting process finishes its queued writes (bounded), so its values are not lost and its
     writer thread is not frozen inside a store call at shutdown."""
+    flush_all(_EXIT_WAIT_S)
+
+
+def flush_all(timeout: float) -> bool:
+    """Waits for the queued writes of every writer of this process, all within one `timeout`
+    (not `timeout` each); False if it passed first."""
+    deadline = time.monotonic() + timeout
+    done = True
     for writer in list(_LIVE):
-        writer.flush(_EXIT_WAIT_S)
+        done = writer.flush(max(0.0, deadline - time.monotonic())) and done
+    return done
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: its writers start empty, with a fresh
+    condition (the parent's writer thread may have held it at the fork) and no thread, so the
+    child's first write starts its own. The parent's queued writes (and their leases) stay the
+    parent's."""
+    _LIVE.clear()
+    for writer in list(_ALL):
+        writer.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -40,6 +70,7 @@ class WriteStats:
     failed: int  # queued but stored in no tier (a tier fault, an unserializable value, an error)
     pending: int  # in the queue or being written now
     pending_bytes: int  # the values' bytes (estimate_nbytes) they hold
+    mutated: int = 0  # queued but not stored: changed in place after it was sealed
 
 
 class SharedWriter:
@@ -53,15 +84,25 @@ class SharedWriter:
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self._cond = threading.Condition()
-        self._queue: deque[tuple[str, Any, str, int]] = deque()
+        self._queue: deque[tuple[str, Any, str, int, tuple | None]] = deque()
         self._busy_bytes = 0  # the value being written now
         self._busy = False
-        self._counts = dict.fromkeys(("queued", "written", "skipped", "failed"), 0)
+        self._counts = dict.fromkeys(("queued", "written", "skipped", "failed", "mutated"), 0)
         self._thread: threading.Thread | None = None
+        _ALL.add(self)
 
-    def submit(self, key: str, value: Any, token: str) -> bool:
+    def after_fork_in_child(self) -> None:
+        """Empties this writer in a forked child (see `_after_fork_in_child`)."""
+        self._cond = threading.Condition()
+        self._queue = deque()
+        self._busy, self._busy_bytes = False, 0
+        self._thread = None
+
+    def submit(self, key: str, value: Any, token: str, seal: tuple | None = None) -> bool:
         """Queues `value` for the shared tier, to be followed by the release of the lease `token`
-        ("" for none). False when the queue is full: nothing is written, the lease is released now."""
+        ("" for none). False when the queue is full: nothing is written, the lease is released now.
+        `seal`: `lru.fingerprint(value)` when the value was handed out; a value that no longer
+        matches it once serialized is not stored."""
         nbytes = estimate_nbytes(value)
         with self._cond:
             pending_bytes = self._busy_bytes + sum(entry[3] for entry in self._queue)
@@ -71,7 +112,7 @@ class SharedWriter:
                 self._counts["skipped"] += 1
             else:
                 self._counts["queued"] += 1
-                self._queue.append((key, value, token, nbytes))
+                self._queue.append((key, value, token, nbytes, seal))
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="lazymedia-cache-writer", daemon=True)
                     self._thread.start()
@@ -98,11 +139,20 @@ class SharedWriter:
                     self._thread = None
                     _LIVE.discard(self)
                     return
-                key, value, token, nbytes = self._queue.popleft()
+                key, value, token, nbytes, seal = self._queue.popleft()
                 self._busy, self._busy_bytes = True, nbytes
-            written = False
+            outcome = "failed"
             try:  # a tier turns its own faults into False; anything else must not end the thread
-                written = self.shared.put(key, value)
+                if seal is None:
+                    outcome = "written" if self.shared.put(key, value) else "failed"
+                else:
+                    data = self.shared.encode(key, value)
+                    if fingerprint(value) != seal:  # changed in place (before or during dumps)
+                        outcome = "mutated"
+                        logger.warning("cached value %s was modified in place by a reader before it was "
+                                       "stored; not written to the shared tier (docs/design.md)", key)
+                    elif data is not None and self.shared.put_encoded(key, data):
+                        outcome = "written"
             except Exception:
                 logger.exception("shared cache write failed")
             try:
@@ -111,6 +161,6 @@ class SharedWriter:
             except Exception:
                 logger.exception("shared cache lease release failed")
             with self._cond:
-                self._counts["written" if written else "failed"] += 1
+                self._counts[outcome] += 1
                 self._busy, self._busy_bytes = False, 0
                 self._cond.notify_all()

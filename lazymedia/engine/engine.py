@@ -23,7 +23,7 @@ from typing import Any
 
 from .._profiling import nvtx_range
 from .._singletons import process_wide
-from ..errors import MediaError
+from ..errors import MediaCapacityError, MediaError
 from ..metrics import observe, phase
 from .placement import (
     BYTES_PER_DECODED_BYTE,
@@ -122,7 +122,8 @@ class DecodeEngine:
         another device takes the batch decoders first and moves a pool decode there."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("DecodeEngine is shut down")
+                raise MediaCapacityError("the server is shutting down: retry the request",
+                                         hint="DecodeEngine.submit after shutdown()")
             self._in_flight += 1
         try:
             on_host = device is not None and str(device) == "cpu"

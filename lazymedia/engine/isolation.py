@@ -167,8 +167,11 @@ def _worker_main(conn, folder: Path | None = None) -> None:
         try:
             reply = ("ok", _export(fn(*args), folder, names))
         except BaseException as exc:  # everything goes back to the parent, typed there
+            # the client's text stays generic (an exception's text may name paths or internals);
+            # the operator's hint carries it
             reply = ("error", exc if isinstance(exc, MediaError) else
-                     UnprocessableMediaError(f"decoder failed: {type(exc).__name__}: {exc}"))
+                     UnprocessableMediaError("the decoder failed on this input",
+                                             hint=f"decoder raised {type(exc).__name__}: {exc}"))
         try:
             conn.send_bytes(pickle.dumps(reply))
         except (OSError, ValueError, pickle.PicklingError):
@@ -222,11 +225,20 @@ def _closed_error() -> MediaCapacityError:
 
 class _WorkerDied(Exception):
     """A worker process ended while it held a call (its exit status as the message); `fresh`:
-    it had served no earlier call, so nothing before this input touched its heap."""
+    it had served no earlier call, so nothing before this input touched its heap; `sent`: the
+    request had reached it (a death before, while starting or idle, is never the input's)."""
 
-    def __init__(self, status: str, fresh: bool):
+    def __init__(self, status: str, fresh: bool, sent: bool = True):
         super().__init__(status)
         self.fresh = fresh
+        self.sent = sent
+
+
+def _start_failed(died: _WorkerDied) -> MediaCapacityError:
+    """Two workers in a row died before the request reached them: the server's fault, a 503."""
+    return MediaCapacityError("the server could not start a decoder now: retry later",
+                              hint=f"isolation workers died while starting, twice (last: {died}): check the "
+                                   "workers' stderr, memory limits (an OOM kill) and the Python environment")
 
 
 @dataclass(frozen=True)
@@ -328,17 +340,23 @@ class IsolatedPool:
         """fn(*args) in a worker. A worker that dies is replaced and the call retried once on
         another: a decoder's heap can be corrupted by an earlier hostile input and crash on a
         legal one (the mixed fuzz saw it), while an input that crashes a decoder by itself
-        crashes the retry too and is a 422. A time-out is not retried."""
+        crashes the retry too and is a 422. A time-out is not retried. A worker that dies before
+        the request reached it (while starting, or idle) says nothing of the input: the call is
+        retried once on a new worker, and a second such death is a 503 (MediaCapacityError)."""
         try:
             return self._run_once(fn, args, timeout_s)
         except _WorkerDied as died:
             if self._closed:  # shutting down under the call: not the input's fault
                 raise _closed_error() from None
-            if died.fresh:  # a worker that had decoded nothing else: the input crashed it alone
+            if died.sent and died.fresh:  # a worker that had decoded nothing else: the input crashed it alone
                 raise UnprocessableMediaError(f"decoder process died ({died})") from None
         try:
             return self._run_once(fn, args, timeout_s)
         except _WorkerDied as died:
+            if self._closed:
+                raise _closed_error() from None
+            if not died.sent:
+                raise _start_failed(died) from None
             raise UnprocessableMediaError(f"decoder process died ({died})") from None
 
     def _run_once(self, fn: Callable, args: tuple, timeout_s: float | None) -> Any:
@@ -346,9 +364,11 @@ class IsolatedPool:
         worker: _Worker | None = self._take()
         assert worker is not None
         served = worker.served
+        sent = False
         try:
             worker.wait_ready()
             worker.conn.send_bytes(pickle.dumps((fn, args)))
+            sent = True
             if not worker.conn.poll(timeout):
                 self._replace(worker, "timed out")
                 worker = None
@@ -368,7 +388,7 @@ class IsolatedPool:
             if worker is not None:
                 self._replace(worker, f"died ({status})")
                 worker = None
-            raise _WorkerDied(status, fresh=served == 0) from None
+            raise _WorkerDied(status, fresh=served == 0, sent=sent) from None
         finally:
             if worker is not None:
                 self._idle.put(worker)
