@@ -308,8 +308,9 @@ def pytest_runtest_makereport(item, call):
     if not report.failed:
         return
     text = report.longreprtext
-    needed = sorted(set(_remote)) or [
-        line.split(REMOTE_MARK + ": ", 1)[1].split()[0].rstrip(":'\"") for line in text.splitlines() if REMOTE_MARK + ": " in line][:1]
+    marked = [line.split(REMOTE_MARK + ": ", 1)[1].split()[0].rstrip(":'\"")
+              for line in text.splitlines() if REMOTE_MARK + ": " in line]
+    needed = sorted(set(_remote)) or marked[:1]
     if not needed and any(word in text for word in NETWORK_WORDS) and any(host in text for host in REMOTE_HOSTS):
         needed = ["the network"]
     if needed:
