@@ -10,12 +10,24 @@ server listens on 127.0.0.1, so the lazymedia run admits loopback addresses
 (LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8,::1/128); the default refuses them.
 
 vLLM is not a dependency: install it --no-deps into a folder, with the few packages its media
-code imports, and check out the tests of the same release:
+code and the selected tests import, and take the tests of the same release (the sdist has them):
 
     pip install --no-deps --target /tmp/vllm-site vllm==0.33.0 cbor2 psutil pyzmq urllib3 requests \\
-        certifi openai-harmony openai sniffio cachetools opencv-python-headless
-    git clone --depth 1 --branch v0.33.0 https://github.com/vllm-project/vllm /tmp/vllm-src
-    PYTHONPATH=/tmp/vllm-site python benchmarks/vllm_media_tests.py --vllm-src /tmp/vllm-src
+        certifi openai-harmony openai sniffio cachetools
+    pip install --target /tmp/vllm-cv2 opencv-python-headless
+    pip install --no-deps --target /tmp/vllm-testdeps tblib cloudpickle msgspec uvloop py-cpuinfo fastapi \\
+        starlette annotated-doc opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions \\
+        xgrammar apache-tvm-ffi partial-json-parser llguidance einops
+    pip download --no-deps --no-binary :all: vllm==0.33.0 && tar xzf vllm-0.33.0.tar.gz -C /tmp/vllm-sdist
+    PYTHONPATH=/tmp/vllm-site:/tmp/vllm-cv2:/tmp/vllm-testdeps python benchmarks/vllm_media_tests.py \\
+        --vllm-src /tmp/vllm-sdist/vllm-0.33.0
+
+vLLM's tests/conftest.py imports its whole engine, so both sides run with --noconftest and this
+file provides what the selected tests take from it (vLLM's asset classes, read from its source;
+the local asset server and its fixtures). vLLM's test assets live in an S3 bucket and on the
+Hugging Face Hub: with `--assets stand-in` (the default) the ones not in VLLM_ASSETS_CACHE are
+generated stand-ins of the same name, format and mode, the same bytes on both sides; a test that
+still needs the network (vLLM's video URLs on S3) is a skip naming what it needed.
 
 First it runs lazymedia's own plugin and parity tests (tests/test_integrations_vllm_plugin.py:
 vLLM's parser, hasher, processor cache and loaders against the plugin), which skip in CI where
