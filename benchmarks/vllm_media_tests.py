@@ -363,7 +363,10 @@ def run_side(side: str, src: Path, tests: list[str], out: Path, assets: str) -> 
     # this file provides the fixtures the selected tests take from it (local_asset_server, image_url).
     command = [sys.executable, "-P", "-m", "pytest", *tests, "-q", "-rs", "-p", "no:cacheprovider",
                "--noconftest", "--import-mode=append", "-p", "vllm_media_tests", "--continue-on-collection-errors",
-               f"--junitxml={report}", "-o", "addopts="]
+               f"--junitxml={report}", "-o", "addopts=",
+               # vLLM's HTTP client (global_http_connection) keeps one aiohttp session across tests:
+               # with a loop per test, the second async fetch finds its loop closed.
+               "-o", "asyncio_default_test_loop_scope=session", "-o", "asyncio_default_fixture_loop_scope=session"]
     if side == "lazymedia":
         env.setdefault("LAZYMEDIA_ALLOW_PRIVATE_NETWORKS", LOOPBACK)
     result = subprocess.run(command, cwd=src, env=env, capture_output=True, text=True)
