@@ -166,7 +166,8 @@ def _offline_assets() -> None:
     def video(filename: str) -> str:
         path = base.get_cache_dir() / "video-example-data" / filename
         if (not path.exists() and os.environ.get("LAZYMEDIA_HARNESS_ASSETS") == "stand-in"
-                and filename in video_assets.VideoAsset._NAME_TO_FILE.values()):
+                and filename in {video_assets.VideoAsset(name).filename
+                                 for name in typing.get_args(video_assets.VideoAssetName)}):
             _stand_in(path)
         try:
             return cached_video(filename)

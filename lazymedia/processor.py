@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -37,7 +37,7 @@ from .cache import Cache, ProcessorCache, SharedTier
 from .cache.protocol import Call, adrive, drive
 from .engine import DecodeEngine, default_engine
 from .engine.engine import device_engine
-from .engine.placement import BYTES_PER_DECODED_BYTE, Placement
+from .engine.placement import BYTES_PER_DECODED_BYTE, Placement, host_copies
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
 from .lru import fingerprint
@@ -457,7 +457,7 @@ class Processor:
         import torch
 
         device = self.engine.device
-        copies = [_copy_tensors(output, device, self._host_buffers) for output in outputs]
+        copies = [host_copies(output, device, self._host_buffers) for output in outputs]
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
         return copies
@@ -467,35 +467,6 @@ class Processor:
             if self._phase2_pool is None:
                 self._phase2_pool = ThreadPoolExecutor(self._process_workers, thread_name_prefix="lazymedia-process")
             return self._phase2_pool
-
-
-def _copy_tensors(value: Any, device, buffers) -> Any:
-    """`value` (a tensor, or dicts, lists, tuples, namedtuples and dataclasses of them, as HF
-    processors and decoders return: a TensorResult through its `tensor`) with each tensor on
-    `device` copied into a buffer of `buffers`; the rest is kept as is. Copies from a CUDA device
-    are asynchronous (the caller waits on the stream once); from any other device they complete
-    here, since the caller only synchronises CUDA streams."""
-    import dataclasses
-
-    from .codecs.types import TensorResult
-
-    if isinstance(value, Mapping):  # a dict, or an HF BatchFeature
-        return type(value)({name: _copy_tensors(v, device, buffers) for name, v in value.items()})  # type: ignore[call-arg]
-    if type(value) in (list, tuple):
-        return type(value)(_copy_tensors(v, device, buffers) for v in value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(_copy_tensors(v, device, buffers) for v in value))
-    if isinstance(value, TensorResult):  # VideoFrames, AudioSamples: their one tensor
-        return value.with_tensor(_copy_tensors(value.tensor, device, buffers))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: _copy_tensors(getattr(value, f.name), device, buffers)
-                   for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **changes)
-    if getattr(value, "device", None) == device and hasattr(value, "copy_"):
-        host = buffers.empty(value.shape, value.dtype)
-        host.copy_(value, non_blocking=device.type == "cuda")
-        return host
-    return value
 
 
 def _decoded_here(item: LazyMedia) -> Future:

@@ -629,42 +629,49 @@ def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
 
 def test_a_failing_run_waits_for_its_queued_conversions_before_dropping_the_decoder(video_codec, monkeypatch):
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
-    events: list = []
-    monkeypatch.setattr(backend, "_synchronize", lambda: events.append(
-        ("sync", dict(backend._session().decoders))))
+    backend.cpu_decode = lambda item: video.decode(bytes(item.encoded()), item.header, item.spec)
+    failed: list = []
+    waits_after_the_failure: list = []
+    monkeypatch.setattr(backend, "_synchronize", lambda: waits_after_the_failure.append(bool(failed)))
     original = FFmpegNvDecoder.Decode
 
     def decode_then_fail_at_the_flush(self, packet):
-        if packet.bsl == 0:  # frames were converted from the earlier packets: the flush fails
+        if packet.bsl == 0 and not failed:  # frames were converted from the earlier packets: the flush fails
+            failed.append(True)
             raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
         return original(self, packet)
 
     monkeypatch.setattr(FFmpegNvDecoder, "Decode", decode_then_fail_at_the_flush)
-    with pytest.raises(RuntimeError, match="LAUNCH_FAILED"):
-        backend._decode(lazymedia.load_video(encoded(), num_frames=4))
-    assert events and all(held for _, held in events)  # each wait came while the decoder was still held
-    assert events[-1][1] and not backend._session().decoders  # the last one, then the decoder was dropped
+    data = encoded()
+    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert "LAUNCH_FAILED" in backend.fallbacks[-1] and backend.decoded == 0
+    item = lazymedia.load_video(data, num_frames=4)
+    assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)  # the CPU's decode
+    assert waits_after_the_failure[-1]  # the stream was waited for after the failure, before the clip ended
+    created = backend.decoders_created
+    backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert backend.decoders_created == created + 1 and backend.decoded == 1  # the failed decoder was dropped
 
 
 def test_device_out_of_memory_fails_no_other_clip(video_codec, monkeypatch):
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=2)
+    backend.cpu_decode = lambda item: video.decode(bytes(item.encoded()), item.header, item.spec)
     datas = [clip(96, 160), clip(96, 176), clip(96, 192)]
     items = [lazymedia.load_video(d, num_frames=3) for d in datas]
-    decode, cpu = backend._decode, backend._fallback
+    convert, place = lazymedia.ops.nv12_frames_to_rgb, nvdec.place
 
-    def decode_out_of_memory_for_the_second(item):
-        if item is items[1] or item is items[2]:
+    def convert_out_of_memory_for_the_second_and_third(surface, height, width, *args, **kwargs):
+        if width in (176, 192):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        return decode(item)
+        return convert(surface, height, width, *args, **kwargs)
 
-    def cpu_out_of_memory_for_the_third(item, reason, kind):
-        if item is items[2]:
-            backend._count_fallback(reason, kind)
+    def place_out_of_memory_for_the_third(value, *args, **kwargs):  # its CPU fallback's move to the device
+        if value.frames.shape[2] == 192:
             raise torch.OutOfMemoryError("CUDA out of memory")
-        return cpu(item, reason, kind)
+        return place(value, *args, **kwargs)
 
-    monkeypatch.setattr(backend, "_decode", decode_out_of_memory_for_the_second)
-    monkeypatch.setattr(backend, "_fallback", cpu_out_of_memory_for_the_third)
+    monkeypatch.setattr(lazymedia.ops, "nv12_frames_to_rgb", convert_out_of_memory_for_the_second_and_third)
+    monkeypatch.setattr(nvdec, "place", place_out_of_memory_for_the_third)
     first, second, third = backend.decode_batch(items)
     assert_matches_cpu(first, datas[0], 3)
     assert torch.equal(second.frames, video.decode(datas[1], items[1].header, items[1].spec).frames)

@@ -633,14 +633,14 @@ def test_device_out_of_memory_sends_only_its_images_to_the_cpu(jpeg_bytes, monke
     monkeypatch.setattr(nvjpeg, "_device_empty", empty)
     decoder = HostDecoder()
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=decoder)
-    delivered = backend._deliver
+    resize, resized_on_the_device = lazymedia.ops.resize, iter([True])
 
-    def deliver(tensor):  # the resized image's delivery runs out of device memory
-        if tuple(tensor.shape) == (8, 8, 3):
+    def resize_out_of_memory(tensor, size, *args, **kwargs):  # the resized image's output finds no room
+        if tuple(size) == (8, 8) and next(resized_on_the_device, False):  # the CPU's resize then works
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
-        return delivered(tensor)
+        return resize(tensor, size, *args, **kwargs)
 
-    monkeypatch.setattr(backend, "_deliver", deliver)
+    monkeypatch.setattr(lazymedia.ops, "resize", resize_out_of_memory)
     outs = backend.decode_batch([plain, big, resized])
     assert decoder.calls == [2]  # the plain and the resized image went to nvJPEG
     assert torch.equal(outs[0], image_codec.decode(jpeg_bytes, plain.header, plain.spec))

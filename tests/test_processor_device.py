@@ -163,9 +163,9 @@ def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():
     import dataclasses
 
     from lazymedia.codecs.types import AudioSamples, VideoFrames
+    from lazymedia.engine.placement import host_copies
     from lazymedia.engine.protocol import place
     from lazymedia.ops import HostBufferPool
-    from lazymedia.processor import _copy_tensors
 
     buffers = HostBufferPool(pinned=False)
     samples = AudioSamples(torch.tensor([[0.25, -0.5, 0.75]]), 16000)
@@ -191,7 +191,7 @@ def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():
     frames = VideoFrames(torch.ones(2, 4, 4, 3, dtype=torch.uint8), [0, 1], [0.0, 0.1], 10.0, 0.2, 2)
     value = {"frames": frames, "pair": Pair(torch.zeros(3), "x"), "out": Output(torch.ones(2), "y")}
     recording_buffers = Recording()
-    copied = _copy_tensors(value, device, recording_buffers)
+    copied = host_copies(value, device, recording_buffers)
     assert recording_buffers.given == 3
     assert isinstance(copied["frames"], VideoFrames) and copied["frames"].frames is not frames.frames
     assert torch.equal(copied["frames"].frames, frames.frames) and copied["frames"].indices == [0, 1]

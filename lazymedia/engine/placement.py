@@ -13,7 +13,9 @@ the same.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,3 +120,26 @@ class DeviceBudget:
         with self._lock:
             return {"cap_bytes": self.cap_bytes, "held_bytes": self._held, "peak_bytes": self._peak,
                     "placed": self._placed, "overflowed": self._overflowed}
+
+
+def host_copies(value: Any, device: Any, buffers: Any) -> Any:
+    """`value` (a tensor, or dicts, lists, tuples, namedtuples and dataclasses of them, as HF
+    processors and decoders return: VideoFrames and AudioSamples are dataclasses) with each tensor on
+    `device` copied into a buffer of `buffers`; the rest is kept as is. Copies from a CUDA device
+    are asynchronous (the caller waits on the stream once); from any other device they complete
+    here, since the caller only synchronises CUDA streams."""
+    if isinstance(value, Mapping):  # a dict, or an HF BatchFeature
+        return type(value)({name: host_copies(v, device, buffers) for name, v in value.items()})  # type: ignore[call-arg]
+    if type(value) in (list, tuple):
+        return type(value)(host_copies(v, device, buffers) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(host_copies(v, device, buffers) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: host_copies(getattr(value, f.name), device, buffers)
+                   for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    if getattr(value, "device", None) == device and hasattr(value, "copy_"):
+        host = buffers.empty(value.shape, value.dtype)
+        host.copy_(value, non_blocking=device.type == "cuda")
+        return host
+    return value
