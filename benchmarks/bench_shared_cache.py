@@ -121,6 +121,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
                 tensor.clone()
 
         def miss():
+            cache.flush()  # a write still queued from the last round would hold the key's lease: not this miss's time
             local.clear()
             host.delete([key])
             redis_tier.delete([key])

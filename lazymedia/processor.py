@@ -134,6 +134,8 @@ class Processor:
                     self._finish(plan)
             finally:
                 self._drain_and_abandon(plan)
+        if not plan.followers:  # an all-hit request ends here (no futures to wait for)
+            return plan.results
         try:
             wait_futures([future for future, _ in plan.followers.values()])
             for indices in self._collect_followers(plan):
