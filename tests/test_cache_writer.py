@@ -16,16 +16,26 @@ store_path = test_cache_host.store_path  # the fixture: a fresh store on /dev/sh
 
 
 class GatedHost(HostCache):
-    """A HostCache whose stores wait for `gate` (a slow or busy store)."""
+    """A HostCache whose stores (or, with gated="encode", its serialization: a loaded writer
+    thread) wait for `gate` (a slow or busy store)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, gated="put_encoded", **kwargs):
         super().__init__(*args, **kwargs)
+        self.gated = gated
         self.gate = threading.Event()
         self.entered = threading.Event()
 
+    def _pass(self, step):
+        if step == self.gated:
+            self.entered.set()
+            assert self.gate.wait(120)
+
+    def encode(self, key, value):
+        self._pass("encode")
+        return super().encode(key, value)
+
     def put_encoded(self, key, data):
-        self.entered.set()
-        assert self.gate.wait(120)
+        self._pass("put_encoded")
         return super().put_encoded(key, data)
 
 
@@ -139,22 +149,8 @@ def test_single_flight_holds_while_the_write_queue_is_full(store_path):
     assert cache.flush(60)
 
 
-class GatedEncodeHost(HostCache):
-    """A HostCache whose serialization waits for `gate` (a loaded writer thread)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-
-    def encode(self, key, value):
-        self.entered.set()
-        assert self.gate.wait(120)
-        return super().encode(key, value)
-
-
 def test_a_value_changed_in_place_after_apply_is_not_stored_and_its_lease_is_released(store_path):
-    host = GatedEncodeHost(store_path, capacity_bytes=64 << 20)
+    host = GatedHost(store_path, capacity_bytes=64 << 20, gated="encode")
     cache = TieredCache(ProcessorCache(), host)
     item = jpeg(48, 64, seed=2)
     out = processor(cache, []).apply([lazymedia.load_image(item)])[0]

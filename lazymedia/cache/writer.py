@@ -105,9 +105,8 @@ class SharedWriter:
         matches it once serialized is not stored."""
         nbytes = estimate_nbytes(value)
         with self._cond:
-            pending_bytes = self._busy_bytes + sum(entry[3] for entry in self._queue)
             full = (len(self._queue) + self._busy >= self.max_pending
-                    or pending_bytes + nbytes > self.max_pending_bytes)
+                    or self._pending_bytes() + nbytes > self.max_pending_bytes)
             if full:
                 self._counts["skipped"] += 1
             else:
@@ -129,8 +128,12 @@ class SharedWriter:
 
     def stats(self) -> WriteStats:
         with self._cond:
-            pending_bytes = self._busy_bytes + sum(entry[3] for entry in self._queue)
-            return WriteStats(**self._counts, pending=len(self._queue) + self._busy, pending_bytes=pending_bytes)
+            return WriteStats(**self._counts, pending=len(self._queue) + self._busy,
+                              pending_bytes=self._pending_bytes())
+
+    def _pending_bytes(self) -> int:
+        """The bytes of the values queued or being written (under `_cond`)."""
+        return self._busy_bytes + sum(entry[3] for entry in self._queue)
 
     def _run(self) -> None:
         while True:
@@ -143,16 +146,13 @@ class SharedWriter:
                 self._busy, self._busy_bytes = True, nbytes
             outcome = "failed"
             try:  # a tier turns its own faults into False; anything else must not end the thread
-                if seal is None:
-                    outcome = "written" if self.shared.put(key, value) else "failed"
-                else:
-                    data = self.shared.encode(key, value)
-                    if fingerprint(value) != seal:  # changed in place (before or during dumps)
-                        outcome = "mutated"
-                        logger.warning("cached value %s was modified in place by a reader before it was "
-                                       "stored; not written to the shared tier (docs/design.md)", key)
-                    elif data is not None and self.shared.put_encoded(key, data):
-                        outcome = "written"
+                data = self.shared.encode(key, value)
+                if seal is not None and fingerprint(value) != seal:  # changed in place (before or during dumps)
+                    outcome = "mutated"
+                    logger.warning("cached value %s was modified in place by a reader before it was "
+                                   "stored; not written to the shared tier (docs/design.md)", key)
+                elif data is not None and self.shared.put_encoded(key, data):
+                    outcome = "written"
             except Exception:
                 logger.exception("shared cache write failed")
             try:
