@@ -200,7 +200,7 @@ class DecodeEngine:
             value = self.decode_on_cpu(item)
         except Exception as exc:
             return typed_error(exc)
-        return place(value, self.device) if self.device is not None else value
+        return place(value, self.device)  # without a device, the value as it is
 
     def _decode_one(self, item: DecodeItem, out):
         root = item.root

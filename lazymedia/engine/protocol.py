@@ -100,12 +100,12 @@ def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
     (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
     handle may hold it). Where the device is out of memory, `value` itself (on the host): the
     item is then processed on the CPU, as a miss over the device cap is, rather than failing."""
+    if pinned is None and device is None:
+        return value
     import torch
 
     from ..codecs.types import TensorResult
 
-    if pinned is None and device is None:
-        return value
     tensor = value.tensor if isinstance(value, TensorResult) else value
     if pinned is not None:
         placed = pinned.empty(tensor.shape, tensor.dtype)  # float audio stays float
