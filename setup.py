@@ -19,11 +19,12 @@ from setuptools import setup
 ROOT = Path(__file__).resolve().parent
 # No source is listed in both extensions: they would share one object file under build/temp, and
 # a parallel build (--parallel) could link one extension while the other rewrites it.
-CPU_SOURCES = ["csrc/bindings.cpp", "csrc/probe.cpp", "csrc/host_ops.cpp", "csrc/host_buffer.cpp"]
+CPU_SOURCES = ["csrc/bindings.cpp", "csrc/probe.cpp", "csrc/host_ops.cpp", "csrc/host_buffer.cpp",
+               "csrc/level_gather.cpp"]
 CUDA_DEVICE_SOURCES = ["csrc/cuda/device_ops.cu", "csrc/cuda/nvjpeg_kernels.cu"]  # compiled by nvcc
 CUDA_HOST_SOURCES = ["csrc/cuda/bindings_cuda.cpp", "csrc/cuda/nvjpeg_api.cpp", "csrc/cuda/nvjpeg_decoder.cpp",
                      "csrc/cuda/runtime_api.cpp", "csrc/cuda/host_ops_cuda.cpp", "csrc/cuda/nvjpeg_split.cpp",
-                     "csrc/cuda/nvjpeg_workers.cpp"]
+                     "csrc/cuda/nvjpeg_workers.cpp", "csrc/cuda/level_gather_cuda.cpp"]
 DEFAULT_ARCHES = "90,100"
 
 

@@ -3,7 +3,10 @@
   * probe: lazymedia._C.probe(bytes) vs PIL.Image.open(BytesIO).size + getexif(), per file of
     ../shared/corpus/images and for generated 2048^2 JPEG and PNG;
   * kernels: Mpixel/s of resize (bilinear/bicubic), orientation, NV12->RGB and HWC->CHW
-    normalisation at 1, 2 threads, next to Pillow's resize and numpy for reference.
+    normalisation at 1, 2 threads, next to Pillow's resize and numpy for reference;
+  * the cache's level coder on a 720p Qwen2-VL-shaped value (5.6 M float32 elements, 3 channel
+    tables of 256 levels, uint8 codes): the vectorised write and read (AVX-512 VBMI, where the CPU
+    has it) next to the portable loops, and a memcpy of the float tensor.
 
     python benchmarks/bench_native.py [--json PATH] [--corpus DIR]
 """
@@ -87,12 +90,33 @@ def bench_kernels() -> list[dict]:
     return rows
 
 
+def bench_level_coder() -> dict:
+    """ms per call of ops' level coder, vectorised and portable, on one thread."""
+    rng = np.random.default_rng(0)
+    patches, row = 4784, 1176  # Qwen2-VL's 720p pixel_values: [patches, 3 * 2 * 14 * 14]
+    levels = ((np.arange(256, dtype=np.float32) / 255 - 0.45) / 0.27).view(np.uint32)
+    tables = np.stack([levels, levels ^ 1, levels ^ 2])  # three channels' distinct patterns
+    channel = (np.arange(patches * row) // (row // 3)) % 3
+    bits = tables[channel, rng.integers(0, 256, patches * row)]
+    codes, out = np.empty(bits.size, np.uint8), np.empty_like(bits)
+    coded = np.zeros(3 * 256, np.uint32)
+    result = {"vectorised_here": bool(_C.level_gather_vectorised()), "elements": int(bits.size),
+              "memcpy_ms": per_call(lambda: np.copyto(out, bits)) * 1e3}
+    for name, vectorise in (("vectorised", True), ("portable", False)):
+        result[f"encode_{name}_ms"] = per_call(
+            lambda: _C.level_encode(bits, row // 3, 3, 256, codes, coded, 1, vectorise)) * 1e3
+        result[f"decode_{name}_ms"] = per_call(
+            lambda: _C.level_decode(codes, row // 3, 3, coded, out, 1, vectorise)) * 1e3
+    assert (out == bits).all()
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
     parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "corpus"))
     args = parser.parse_args(argv)
-    report = {"probe": bench_probe(Path(args.corpus)), "kernels": bench_kernels()}
+    report = {"probe": bench_probe(Path(args.corpus)), "kernels": bench_kernels(), "level_coder": bench_level_coder()}
     p = report["probe"]
     print("\nHeader probe vs PIL.Image.open().size + getexif() (per file)")
     print(f"  corpus ({p['corpus_files']} files): {p['corpus_probe_us']:.2f} us vs {p['corpus_pillow_us']:.1f} us "
@@ -106,6 +130,12 @@ def main(argv=None) -> int:
     for row in report["kernels"]:
         ref = f"{row['reference_mpix_s']:10.0f}" if "reference_mpix_s" in row else f"{'-':>10s}"
         print(f"  {row['kernel']:38s} {row['mpix_s_1t']:9.0f} {row[f'mpix_s_{threads}t']:10.0f} {ref}")
+    coder = report["level_coder"]
+    print(f"\nLevel coder, {coder['elements'] / 1e6:.1f} M elements, 1 thread (ms; vectorised form "
+          f"{'runs' if coder['vectorised_here'] else 'is not available'} on this CPU)")
+    print(f"  write: vectorised {coder['encode_vectorised_ms']:.2f}  portable {coder['encode_portable_ms']:.2f}")
+    print(f"  read:  vectorised {coder['decode_vectorised_ms']:.2f}  portable {coder['decode_portable_ms']:.2f}  "
+          f"(memcpy of the floats {coder['memcpy_ms']:.2f})")
     write_json(report, args.json)
     return 0
 

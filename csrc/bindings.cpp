@@ -11,6 +11,7 @@
 
 #include "host_buffer.h"
 #include "host_ops.h"
+#include "level_gather.h"
 #include "probe.h"
 
 namespace py = pybind11;
@@ -228,7 +229,7 @@ bool with_level_types(size_t element, size_t code, const char* fn_name, Fn fn) {
 // Codes src's bit patterns; the tables' counts per group, or None when a group has more than
 // `levels` patterns.
 std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, size_t groups, size_t levels,
-                                                   py::buffer codes, py::buffer tables, int threads) {
+                                                   py::buffer codes, py::buffer tables, int threads, bool vectorise) {
   const char* fn =
       "level_encode(): src, codes and tables must be 1-d contiguous, codes as many as src, "
       "tables groups x levels of src's type";
@@ -242,14 +243,15 @@ std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, s
     using C = decltype(k);
     py::gil_scoped_release release;
     return level_encode(static_cast<const E*>(s.data), s.size, run, groups, levels, static_cast<C*>(c.data),
-                        static_cast<E*>(t.data), counts.data(), threads);
+                        static_cast<E*>(t.data), counts.data(), threads, vectorise);
   });
   if (!ok) return std::nullopt;
   return counts;
 }
 
 // dst = the tables gathered by the codes; False when a code is past its table (a corrupt value).
-bool level_decode_py(py::buffer codes, size_t run, size_t groups, py::buffer tables, py::buffer dst, int threads) {
+bool level_decode_py(py::buffer codes, size_t run, size_t groups, py::buffer tables, py::buffer dst, int threads,
+                     bool vectorise) {
   const char* fn =
       "level_decode(): codes, tables and dst must be 1-d contiguous, dst as many as codes and "
       "of the tables' type, tables a multiple of groups";
@@ -260,7 +262,7 @@ bool level_decode_py(py::buffer codes, size_t run, size_t groups, py::buffer tab
     using C = decltype(k);
     py::gil_scoped_release release;
     return level_decode(static_cast<const C*>(c.data), c.size, run, groups, static_cast<const E*>(t.data),
-                        t.size / groups, static_cast<E*>(d.data), threads);
+                        t.size / groups, static_cast<E*>(d.data), threads, vectorise);
   });
 }
 
@@ -312,10 +314,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("gray_to_rgb", &gray_to_rgb, py::arg("buffer"), py::arg("pixels"),
         "In place: the first `pixels` gray bytes of buffer -> pixels x 3 RGB.");
   m.def("level_encode", &level_encode_py, py::arg("src"), py::arg("run"), py::arg("groups"), py::arg("levels"),
-        py::arg("codes"), py::arg("tables"), py::arg("threads") = 1,
+        py::arg("codes"), py::arg("tables"), py::arg("threads") = 1, py::arg("vectorise") = true,
         "Level-codes src's bit patterns per group ((i // run) % groups): counts per group, or None past `levels`");
   m.def("level_decode", &level_decode_py, py::arg("codes"), py::arg("run"), py::arg("groups"), py::arg("tables"),
-        py::arg("dst"), py::arg("threads") = 1, "dst = tables gathered by the codes; False for a code past its table");
+        py::arg("dst"), py::arg("threads") = 1, py::arg("vectorise") = true,
+        "dst = tables gathered by the codes; False for a code past its table");
+  m.def("level_gather_vectorised", &level_gather_vectorised,
+        "Whether the level coder's vectorised forms (uint8 codes, AVX-512 VBMI) run on this CPU");
   m.def("to_hwc", &to_hwc, py::arg("src"), py::arg("dst"), py::arg("threads") = 1);
 
   py::class_<HostBuffer, std::shared_ptr<HostBuffer>>(m, "HostBuffer", py::buffer_protocol())

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <exception>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/layout.h"
 #include "kernels/orientation.h"
+#include "level_gather.h"
 
 namespace lazymedia {
 namespace {
@@ -271,6 +273,9 @@ namespace {
 // kLevelChunk elements.
 constexpr size_t kLevelChunk = size_t(1) << 16;
 constexpr size_t kLevelRows = 256;
+constexpr size_t kLevelRowsPerThread = 4;
+// At most this many groups take the vectorised read (their planes: 1 KiB each at most).
+constexpr size_t kMaxPlaneGroups = 1024;
 
 // Calls fn(begin, end, group) for the runs of elements [begin, end) that share a group.
 template <typename Fn>
@@ -294,7 +299,7 @@ struct LevelHash {
 
   // The code of pattern v, added if new; -1 when the table already holds `levels` patterns.
   long code_of(E v, size_t& count, size_t levels) const {
-    size_t s = size_t((uint64_t(v) * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+    size_t s = level_slot(v, bits);
     const size_t mask = (size_t(1) << bits) - 1;
     for (;;) {
       const uint32_t entry = slots[s];
@@ -315,7 +320,9 @@ struct LevelHash {
 
 template <typename E, typename C>
 bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables, size_t* counts,
-                  int threads) {
+                  int threads, bool vectorise) {
+  constexpr bool kVectorForm = std::is_same_v<E, uint32_t> && std::is_same_v<C, uint8_t>;
+  vectorise = vectorise && kVectorForm && level_gather_vectorised();
   if (run == 0 || groups == 0 || levels == 0 || levels - 1 > size_t(C(~C(0)))) return false;
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   int bits = 2;
@@ -324,7 +331,10 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   // Each row codes its chunk against tables of its own, in parallel; the rows' tables are then
   // merged into the result's (one lookup per level) and each row's codes renumbered through a
   // table of its codes (skipped where the numbering is already the result's).
-  const size_t chunk = std::max(kLevelChunk, (n + kLevelRows - 1) / kLevelRows);
+  // A few rows a thread: each row finds every level again (and is renumbered after), so fewer is
+  // cheaper, as long as each thread has some to take.
+  const size_t row_count = std::min(kLevelRows, size_t(std::max(threads, 1)) * kLevelRowsPerThread);
+  const size_t chunk = std::max(kLevelChunk, (n + row_count - 1) / row_count);
   const size_t rows = (n + chunk - 1) / chunk;
   std::vector<E> local(rows * groups * levels);
   std::vector<size_t> local_counts(rows * groups, 0);
@@ -340,9 +350,21 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
           const LevelHash<E> level{keys.data() + (base + g) * slots, hash.data() + (base + g) * slots,
                                    local.data() + (base + g) * levels, bits};
           size_t count = local_counts[base + g];  // a local: the uint8 code stores may alias anything in memory
+          long code = 0;
+          if constexpr (kVectorForm) {
+            // Blocks of 16 whose patterns the table holds are coded 16 at a time; a block with a new
+            // pattern takes the loop below, which adds it.
+            for (size_t i = begin; vectorise && code >= 0 && i < end;) {
+              i += level_encode_u32(src + i, end - i, level.keys, level.slots, level.bits, codes + i);
+              for (const size_t stop = std::min(end, i + 16); code >= 0 && i < stop; ++i) {
+                code = level.code_of(src[i], count, levels);
+                codes[i] = C(code);
+              }
+            }
+          }
           E last = src[begin];
-          long code = level.code_of(last, count, levels);
-          for (size_t i = begin; code >= 0 && i < end; ++i) {
+          if (!vectorise) code = level.code_of(last, count, levels);
+          for (size_t i = begin; !vectorise && code >= 0 && i < end; ++i) {
             const E v = src[i];
             if (v != last) {  // neighbouring pixels often repeat
               code = level.code_of(v, count, levels);
@@ -372,12 +394,28 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
       }
     }
   }
+  // Each row's renumbering as byte planes (uint8 codes, vectorised): 64 codes a few instructions.
+  std::vector<uint8_t> planes;
+  if constexpr (std::is_same_v<C, uint8_t>) {
+    if (vectorise && rows * groups <= kMaxPlaneGroups) planes = level_planes(renumber.data(), rows * groups, levels);
+  }
   parallel_rows(int(rows), threads, [&](int r) {
     if (identity[size_t(r)]) return;
+    const C* to = renumber.data() + size_t(r) * groups * levels;
+    if constexpr (std::is_same_v<C, uint8_t>) {
+      if (!planes.empty()) {
+        const uint8_t* row_planes = planes.data() + size_t(r) * groups * 256;
+        for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
+                       [&](size_t begin, size_t end, size_t g) {
+                         level_gather_u8(codes + begin, end - begin, row_planes + g * 256, levels, codes + begin);
+                       });
+        return;
+      }
+    }
     for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
                    [&](size_t begin, size_t end, size_t g) {
-                     const C* to = renumber.data() + (size_t(r) * groups + g) * levels;
-                     for (size_t i = begin; i < end; ++i) codes[i] = to[codes[i]];
+                     const C* table = to + g * levels;
+                     for (size_t i = begin; i < end; ++i) codes[i] = table[codes[i]];
                    });
   });
   return true;
@@ -385,12 +423,28 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
 
 template <typename E, typename C>
 bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
-                  int threads) {
+                  int threads, bool vectorise) {
   if (run == 0 || groups == 0 || length == 0) return false;
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   const size_t rows = (n + kLevelChunk - 1) / kLevelChunk;
   if (rows > size_t(1) << 30) return false;
   std::atomic<bool> bad{false};
+  if constexpr (std::is_same_v<C, uint8_t> && (sizeof(E) == 2 || sizeof(E) == 4)) {
+    // The planes take 256 * sizeof(E) bytes a group: bounded here, whatever a value's header says.
+    if (vectorise && groups <= kMaxPlaneGroups && level_gather_vectorised()) {
+      const std::vector<uint8_t> planes = level_planes(tables, groups, length);
+      parallel_rows(int(rows), threads, [&](int r) {
+        bool out_of_table = false;
+        for_group_runs(size_t(r) * kLevelChunk, std::min(n, size_t(r + 1) * kLevelChunk), run, groups,
+                       [&](size_t begin, size_t end, size_t g) {
+                         out_of_table |= !level_gather_u8(codes + begin, end - begin,
+                                                          planes.data() + g * sizeof(E) * 256, length, dst + begin);
+                       });
+        if (out_of_table) bad.store(true, std::memory_order_relaxed);
+      });
+      return !bad.load();
+    }
+  }
   parallel_rows(int(rows), threads, [&](int r) {
     bool out_of_table = false;
     for_group_runs(size_t(r) * kLevelChunk, std::min(n, size_t(r + 1) * kLevelChunk), run, groups,
@@ -410,9 +464,9 @@ bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* 
   return !bad.load();
 }
 
-#define LAZYMEDIA_LEVELS(E, C)                                                                      \
-  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int); \
-  template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int);
+#define LAZYMEDIA_LEVELS(E, C)                                                                            \
+  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int, bool); \
+  template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int, bool);
 LAZYMEDIA_LEVELS(uint16_t, uint8_t)
 LAZYMEDIA_LEVELS(uint32_t, uint8_t)
 LAZYMEDIA_LEVELS(uint64_t, uint8_t)

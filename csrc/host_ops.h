@@ -64,15 +64,17 @@ void gray_to_rgb_in_place(uint8_t* data, size_t pixels);
 // and counts[g]; false, early, when a group has more than `levels` patterns or a size is out of
 // range (codes and tables then hold partial results). One pass over src on up to `threads`
 // threads (each codes its chunk against tables of its own, then the codes are renumbered).
+// `vectorise`: 32-bit patterns in uint8 codes take level_gather.h's write where the CPU has it.
 template <typename E, typename C>
 bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables, size_t* counts,
-                  int threads);
+                  int threads, bool vectorise = true);
 
 // dst[i] = tables[g * length + codes[i]], on up to `threads` threads. False when a code is >= length
 // (such an element is not read from the table: nothing is read out of bounds; dst is then partial)
-// or a size is out of range. tables holds groups * length entries.
+// or a size is out of range. tables holds groups * length entries. `vectorise`: uint8 codes of
+// 16/32-bit patterns take level_gather.h's read where the CPU has it (false: the portable loop).
 template <typename E, typename C>
 bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
-                  int threads);
+                  int threads, bool vectorise = true);
 
 }  // namespace lazymedia

@@ -5,6 +5,7 @@ Redis."""
 import asyncio
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
@@ -31,11 +32,7 @@ def store_path(tmp_path):
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else str(tmp_path)
     path = os.path.join(base, f"lazymedia-test-{os.getpid()}-{time.monotonic_ns()}")
     yield path
-    for name in ("data.mdb", "lock.mdb"):
-        if os.path.exists(os.path.join(path, name)):
-            os.unlink(os.path.join(path, name))
-    if os.path.isdir(path):
-        os.rmdir(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # -- child processes (module level: spawn imports them by name) -----------------------------------
@@ -149,13 +146,109 @@ def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_pat
     assert set(cache.get_many([f"k{i}" for i in range(40)])) >= {"k0", "k39"}
 
 
-def test_uncompressed_values_are_larger_and_exact(store_path):
-    """compress=False (no LZ4 on a hit, bench_shared_cache measures the trade) stores the same
-    value, bit for bit, in more bytes."""
+def test_each_layout_stores_the_value_exactly(store_path):
+    """zero_copy=False level-codes and compresses (smallest), with compress=False keeps the codes
+    without LZ4 (no LZ4 on a hit), and the zero-copy default stores the floats as they are
+    (largest, in a file of their own): every writer's value reads back bit for bit in every reader."""
     value = {"x": (torch.arange(1 << 18) % 7).float() / 7}
-    packed, plain = HostCache(store_path), HostCache(store_path, compress=False)
-    assert len(plain.encode("k", value)) > 2 * len(packed.encode("k", value))
-    assert plain.put("k", value) and torch.equal(packed.get_many(["k"])["k"]["x"], value["x"])
+    caches = [HostCache(store_path, zero_copy=False), HostCache(store_path, zero_copy=False, compress=False),
+              HostCache(store_path)]
+    sizes = [len(cache.encode("k", value)) for cache in caches]
+    assert 2 * sizes[0] < sizes[1] < sizes[2] and sizes[2] >= caches[2].file_min_bytes
+    for writer in caches:
+        assert writer.put("k", value)
+        assert all(torch.equal(reader.get_many(["k"])["k"]["x"], value["x"]) for reader in caches)
+    assert len(os.listdir(caches[2].files)) == 1  # the last put's file; the earlier ones' are gone
+
+
+def mapped_files(address: int) -> list[str]:
+    """The files mapped at `address` in this process (/proc/self/maps)."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(part, 16) for part in fields[0].split("-"))
+            if start <= address < end and len(fields) >= 6:
+                found.append(fields[5])
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_a_zero_copy_hit_is_a_private_view_of_the_value_file(store_path):
+    """A hit's tensor lies in a map of the value's file (no copy); writing to it changes neither
+    the file nor another reader's value (copy on write)."""
+    value = {"x": torch.randn(512, 1024), "small": torch.arange(4)}
+    writer, reader = HostCache(store_path), HostCache(store_path)
+    assert writer.put("k", value)
+    first, second = reader.get_many(["k"])["k"], writer.get_many(["k"])["k"]
+    (file_name,) = os.listdir(writer.files)
+    assert mapped_files(first["x"].data_ptr()) == [os.path.join(writer.files, file_name)]
+    first["x"][0, 0] = 1234.5
+    assert torch.equal(second["x"], value["x"]) and torch.equal(reader.get_many(["k"])["k"]["x"], value["x"])
+    assert torch.equal(first["small"], value["small"])
+
+
+def test_value_files_follow_their_entries(store_path):
+    """Replacing, evicting, deleting and clearing entries unlinks their files; a value mapped
+    before its file was unlinked stays readable."""
+    cache = HostCache(store_path, capacity_bytes=4 << 20, file_min_bytes=1 << 16)
+    kept = None
+    for index in range(6):  # 1 MiB each: at most 3 fit
+        assert cache.put(f"k{index}", value_for(index))
+        if index == 0:
+            kept = cache.get_many(["k0"])["k0"]
+        entries, _ = cache.usage()
+        assert len(os.listdir(cache.files)) == entries <= 4
+    assert torch.equal(kept["x"], value_for(0)["x"])  # k0's file is gone, its pages are not
+    assert cache.put("k5", value_for(7)) and len(os.listdir(cache.files)) == cache.usage()[0]
+    cache.delete(["k5"])
+    assert len(os.listdir(cache.files)) == cache.usage()[0]
+    cache.clear()
+    assert os.listdir(cache.files) == [] and cache.usage() == (0, 0)
+
+
+def flip_a_byte_of_the_value_file(cache: HostCache, offset: int) -> None:
+    (file_name,) = os.listdir(cache.files)
+    with open(os.path.join(cache.files, file_name), "r+b") as file:
+        file.seek(offset, os.SEEK_SET if offset >= 0 else os.SEEK_END)
+        byte = file.read(1)[0]
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte ^ 1]))
+
+
+def test_a_damaged_or_missing_value_file_is_a_miss(store_path):
+    """A file gone behind the store's back is a plain miss; a damaged header is a corrupt miss
+    (entry and file dropped); a damaged payload is read as it lies unless verify_files=True,
+    which refuses it."""
+    cache, checked = HostCache(store_path), HostCache(store_path, verify_files=True)
+    assert cache.put("k", value_for(1))
+    (file_name,) = os.listdir(cache.files)
+    os.unlink(os.path.join(cache.files, file_name))
+    assert cache.get_many(["k"]) == {} and cache.stats().corrupt == 0
+
+    assert cache.put("k", value_for(1))
+    flip_a_byte_of_the_value_file(cache, 60)  # in the header
+    assert cache.get_many(["k"]) == {} and cache.stats().corrupt == 1
+    assert os.listdir(cache.files) == [] and cache.usage()[0] == 0
+
+    assert cache.put("k", value_for(1))
+    flip_a_byte_of_the_value_file(cache, -5)  # in the payload
+    assert not torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])
+    assert checked.get_many(["k"]) == {} and checked.stats().corrupt == 1
+    assert os.listdir(cache.files) == []
+
+
+def test_orphan_value_files_are_swept_once_older_than_a_lease(store_path):
+    cache = HostCache(store_path, lease_s=30.0)
+    assert cache.put("k", value_for(1))
+    old, young = (os.path.join(cache.files, name) for name in ("0123-orphan", ".part-0123-orphan"))
+    for path in (old, young):
+        with open(path, "wb") as file:
+            file.write(b"x")
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    HostCache(store_path, lease_s=30.0)
+    assert not os.path.exists(old) and os.path.exists(young)  # a write may still be under way
+    assert torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])  # named files stay
 
 
 def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
@@ -263,6 +356,27 @@ def test_chain_local_host_redis(store_path, redis_url):
     assert redis_tier.try_lease("j") is not None  # released in every tier
     assert cache.shared.try_lease("j") is None  # held in Redis (another host): nothing kept here
     assert host.try_lease("j") is not None
+
+
+def test_a_chain_writes_each_tier_in_its_own_layout(store_path, redis_url, monkeypatch):
+    """Behind a request, the zero-copy host tier gets the floats as they are (a mapped file) and
+    Redis the level codes, each encoded once; both read back bit for bit."""
+    from lazymedia.cache import RedisCache, serialize
+
+    pixels = (torch.arange(256 * 1176) % 200).float().reshape(256, 1176)  # Qwen2-VL-shaped patches
+    value = {"pixel_values": ((pixels / 255 - 0.5) / 0.25).contiguous()}
+    host, remote = HostCache(store_path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="layouts")
+    calls = []
+    real = serialize.dumps
+    monkeypatch.setattr("lazymedia.cache.store.dumps", lambda *a, **k: calls.append(k["levels"]) or real(*a, **k))
+    cache = TieredCache(ProcessorCache(), host, remote)
+    assert cache.writer.submit("k", value, "") and cache.flush(60)
+    assert sorted(calls) == [False, True]
+    host_bytes = host.read_many(["k"], encoded=True)["k"][1]
+    remote_bytes = remote.read_many(["k"], encoded=True)["k"][1]
+    assert len(remote_bytes) < len(host_bytes) / 2 and len(os.listdir(host.files)) == 1
+    for tier in (host, remote):
+        assert torch.equal(tier.get_many(["k"])["k"]["pixel_values"], value["pixel_values"])
 
 
 def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from lazymedia import _C
 from lazymedia.cache.serialize import MAGIC, SerializationError, dumps, key_digest, loads, mac_key
 
 
@@ -80,12 +81,16 @@ def test_deep_nesting_is_bounded():
         loads(sealed(header, b""))
 
 
+PREFIX = 56  # magic, header length, key digest, payload tag, header tag
+
+
 def sealed(header: bytes, payload: bytes, key: str = "") -> bytes:
-    """A well-tagged LMV3 value around any header and payload (what a writer without a secret
-    can produce)."""
+    """A well-tagged value of this version around any header and payload (what a writer without
+    a secret can produce)."""
     bound = key_digest(key)
-    tag = blake3.blake3(bound + header + payload).digest(16)
-    return MAGIC + len(header).to_bytes(4, "little") + bound + tag + header + payload
+    payload_tag = blake3.blake3(payload).digest(16)
+    header_tag = blake3.blake3(bound + payload_tag + header).digest(16)
+    return MAGIC + len(header).to_bytes(4, "little") + bound + payload_tag + header_tag + header + payload
 
 
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -96,7 +101,7 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def header_of(data: bytes) -> dict:
     import json
 
-    return json.loads(data[40:40 + int.from_bytes(data[4:8], "little")])
+    return json.loads(data[PREFIX:PREFIX + int.from_bytes(data[4:8], "little")])
 
 
 # Bit patterns a float32 level table must keep apart or carry as they are: NaN payloads (quiet,
@@ -236,7 +241,7 @@ def test_a_level_code_past_the_table_is_refused():
     value = levels_tensor(10, shape=(40000,))
     data = dumps(value, compress=False)
     header_length = int.from_bytes(data[4:8], "little")
-    header, payload = data[40:40 + header_length], bytearray(data[40 + header_length:])
+    header, payload = data[PREFIX:PREFIX + header_length], bytearray(data[PREFIX + header_length:])
     import json
 
     start, length = json.loads(header)["r"]
@@ -309,7 +314,7 @@ def reseal(data: bytes, edit) -> bytes:
     tree = header_of(data)
     edit(tree)
     header = json.dumps(tree).encode()
-    return sealed(header, data[40 + int.from_bytes(data[4:8], "little"):])
+    return sealed(header, data[PREFIX + int.from_bytes(data[4:8], "little"):])
 
 
 @pytest.mark.parametrize("grouping", [[0, 3], [392, 0], [-1, 3], [392, 5], ["392", 3], [392], [392, 3, 1], None, 7,
@@ -334,7 +339,7 @@ def test_a_code_past_its_channels_table_is_refused():
     node = header_of(data)
     assert node["g"] == [10000, 3]
     header_length = int.from_bytes(data[4:8], "little")
-    header, payload = data[40:40 + header_length], bytearray(data[40 + header_length:])
+    header, payload = data[PREFIX:PREFIX + header_length], bytearray(data[PREFIX + header_length:])
     start, length = node["r"]
     payload[start + 25000] = 10  # channel 2, one past its table
     with pytest.raises(SerializationError, match="past its table"):
@@ -342,8 +347,6 @@ def test_a_code_past_its_channels_table_is_refused():
 
 
 def test_native_level_coder_checks_its_sizes():
-    from lazymedia import _C
-
     src = np.arange(1000, dtype=np.uint32) % 7
     codes, tables = np.empty(1000, np.uint8), np.zeros(3 * 8, np.uint32)
     assert _C.level_encode(src, 10, 3, 8, codes, tables) == [7, 7, 7]
@@ -368,3 +371,74 @@ def test_native_level_coder_checks_its_sizes():
     misaligned = np.frombuffer(bytes(2001), np.uint16, count=1000, offset=1)  # read as uint16: refused
     with pytest.raises(ValueError):
         _C.level_decode(misaligned, 10, 3, tables, out)
+
+
+def test_the_zero_copy_layout_reads_as_views_of_a_writable_buffer():
+    value = {"pixel_values": qwen_patches(), "grid": torch.tensor([[1, 8, 8]]), "bytes": b"abc"}
+    data = dumps(value, key="k", levels=False, compress=False)
+    header = header_of(data)["d"]["pixel_values"]
+    assert "k" not in header and "z" not in header  # stored as it is
+    buffer = bytearray(data)
+    read = loads(buffer, key="k", zero_copy=True)
+    assert bit_equal(read["pixel_values"], value["pixel_values"]) and read["bytes"] == b"abc"
+    start = np.frombuffer(buffer, np.uint8).ctypes.data
+    address = read["pixel_values"].data_ptr()
+    assert start <= address < start + len(buffer)  # a view of the buffer, not a copy
+    assert read["pixel_values"].data_ptr() != loads(bytes(data), key="k", zero_copy=True)["pixel_values"].data_ptr()
+    copied = loads(buffer, key="k")  # without zero_copy: tensors own their memory
+    assert not start <= copied["pixel_values"].data_ptr() < start + len(buffer)
+
+
+def test_verify_payload_false_reads_the_header_tag_only():
+    data = bytearray(dumps({"x": torch.arange(1000)}, key="k", levels=False, compress=False))
+    data[-1] ^= 1  # the payload damaged
+    with pytest.raises(SerializationError, match="payload tag"):
+        loads(bytes(data), key="k")
+    assert loads(bytes(data), key="k", verify_payload=False)["x"][-1] != 999  # read as it lies
+    data[PREFIX] ^= 1  # the header damaged: refused either way
+    with pytest.raises(SerializationError, match="tag mismatch"):
+        loads(bytes(data), key="k", verify_payload=False)
+
+
+@pytest.mark.parametrize("elements", [np.uint16, np.uint32])
+@pytest.mark.parametrize("n,run,groups,length", [(1000, 10, 3, 8), (64 * 1176, 392, 3, 200), (12345, 7, 4, 256),
+                                                 (777, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)])
+def test_the_vectorised_level_read_equals_the_portable_loop(elements, n, run, groups, length):
+    """Runs the AVX-512 VBMI read where the CPU has it (`level_gather_vectorised`), else both calls
+    take the portable loop; tails, runs across groups and a code past its table included."""
+    rng = np.random.default_rng(n)
+    tables = rng.integers(0, np.iinfo(elements).max, groups * length, dtype=elements, endpoint=True)
+    codes = rng.integers(0, length, n, dtype=np.uint8)
+    fast, portable = np.empty(n, elements), np.empty(n, elements)
+    assert _C.level_decode(codes, run, groups, tables, fast, 1, True)
+    assert _C.level_decode(codes, run, groups, tables, portable, 1, False)
+    assert (fast == portable).all() and (fast == tables.reshape(groups, length)[(np.arange(n) // run) % groups,
+                                                                                  codes]).all()
+    if length < 256:
+        codes[n - 1] = length  # the last element, in a masked tail
+        assert not _C.level_decode(codes, run, groups, tables, fast, 1, True)
+        assert not _C.level_decode(codes, run, groups, tables, portable, 1, False)
+
+
+@pytest.mark.parametrize("n,run,groups,levels", [(1000, 10, 3, 8), (300_000, 392, 3, 200), (70_000, 7, 4, 256),
+                                                 (5000, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_vectorised_level_write_equals_the_portable_loop(n, run, groups, levels, threads):
+    """The AVX-512 write (where the CPU has it) gives the portable loop's codes and tables: the
+    same numbering by first appearance, zero patterns (an empty slot's key) and a group one level
+    past its table included."""
+    rng = np.random.default_rng(n)
+    table = rng.integers(0, 2**32, groups * levels, dtype=np.uint32)
+    src = table.reshape(groups, levels)[(np.arange(n) // run) % groups, rng.integers(0, levels, n)]
+    src[::97] = table[0]
+    src[5] = 0
+    results = []
+    for vectorise in (True, False):
+        codes, tables = np.empty(n, np.uint8), np.zeros(groups * 256, np.uint32)
+        results.append((_C.level_encode(src, run, groups, 256, codes, tables, threads, vectorise), codes, tables))
+    (fast_counts, fast, fast_tables), (counts, portable, portable_tables) = results
+    assert fast_counts == counts
+    if counts is None:  # the zero made one group's 257th level
+        return
+    assert (fast == portable).all() and (fast_tables == portable_tables).all()
+    assert (fast_tables.reshape(groups, 256)[(np.arange(n) // run) % groups, fast] == src).all()

@@ -1,11 +1,23 @@
 """HostCache: processed outputs in one LMDB store that every process on the host reads and writes
 (a folder on /dev/shm by default), with leases for cross-process single-flight.
 
-Why LMDB: a read maps the value's pages (no copy until `loads` builds the tensors, which is the
-one copy a read costs), writers serialise on LMDB's robust lock, and a write is visible only when
-its transaction commits: a writer killed mid-put leaves nothing readable, and the lock passes on.
-It reads and writes faster than diskcache (SQLite + files) on /dev/shm: the figures are in
-docs/design.md.
+Why LMDB: a read maps the value's pages (no copy until `loads` builds the tensors), writers
+serialise on LMDB's robust lock, and a write is visible only when its transaction commits: a
+writer killed mid-put leaves nothing readable, and the lock passes on. It reads and writes faster
+than diskcache (SQLite + files) on /dev/shm: the figures are in docs/design.md.
+
+Zero-copy values (`zero_copy=True`, the default): values are stored with their buffers as they
+are (no level codes, no LZ4), and one of at least `file_min_bytes` lies in a file of its own in
+`<path>/values` (mode 0700), which LMDB's entry names. A hit maps the file privately (copy on
+write) and its tensors are views of that map: no copy and no new memory, since every process
+reading the value maps the same page-cache pages (a write to a tensor copies only the page it
+touches, and never reaches the file). A file is written under a temporary name and renamed before
+its entry commits, is never changed after, and is unlinked after the entry that names it is
+removed (a process still mapping it keeps its pages until it lets go). A hit checks the key and
+the header's tag, not the payload's (`verify_files=True` reads every byte to check it too): the
+files are trusted as the folder is, writable only by this user, as this process's own memory is.
+With `zero_copy=False`, values are level-coded and LZ4-compressed (`compress`) into LMDB, and a
+hit builds the tensors from them (serialize.py).
 
 Bounded: the stored values' bytes stay under `capacity_bytes`; a put evicts the oldest entries
 first, and a hit re-stamps an entry that has aged into the older half, so hot entries stay (an
@@ -20,6 +32,7 @@ free at once, one whose holder hangs after `lease_s`.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import secrets
 import struct
@@ -27,6 +40,7 @@ import threading
 import time
 from typing import Any
 
+import blake3
 import lmdb
 
 from .protocol import Steps, threaded
@@ -43,6 +57,8 @@ _NEXT = b"\x00next"  # meta table: the next stamp
 _U64 = struct.Struct(">Q")  # stamps and byte counts; big-endian, so the order table iterates oldest first
 _ENTRY = struct.Struct("<QQ")  # meta table per key: stamp, value bytes
 _LEASE = struct.Struct("<16sdq")  # token, expiry (CLOCK_MONOTONIC is host-wide), pid
+_FILE_REFERENCE = b"LMF1"  # a value entry naming the file that holds the value (then its name)
+_TEMPORARY = ".part-"  # a value file being written
 
 
 def _environment(path: str, map_size: int):
@@ -81,10 +97,15 @@ class HostCache(ValueStore):
     def __init__(self, path: str = "/dev/shm/lazymedia-cache", capacity_bytes: int = 4 << 30, *,
                  namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
-                 log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True):
+                 log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True,
+                 zero_copy: bool = True, file_min_bytes: int = 1 << 20, verify_files: bool = False):
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
-        super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress)
+        super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress and not zero_copy,
+                         levels=not zero_copy)
+        self.zero_copy = zero_copy
+        self.file_min_bytes = file_min_bytes
+        self.verify_files = verify_files
         self.path = path
         self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()
@@ -98,6 +119,9 @@ class HostCache(ValueStore):
         self._meta = self._env.open_db(b"meta")
         self._leases = self._env.open_db(b"leases")
         self._faults = BadValueLog(log_every_s)
+        self.files = os.path.join(os.path.realpath(path), "values")
+        os.makedirs(self.files, mode=0o700, exist_ok=True)
+        self._sweep_files()
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def usage(self) -> tuple[int, int]:
@@ -125,7 +149,11 @@ class HostCache(ValueStore):
                 for key in keys:
                     name = self.prefix + key.encode()
                     data = txn.get(name, db=self._values)
-                    ok, value = self.decode(key, data, again)
+                    if data is not None and bytes(data[:4]) == _FILE_REFERENCE:
+                        data = self._mapped(bytes(data[4:]))  # None: evicted since (a plain miss)
+                        ok, value = self.decode(key, data, again, zero_copy=True, verify_payload=self.verify_files)
+                    else:
+                        ok, value = self.decode(key, data, again)
                     if not ok:
                         if data is not None:
                             bad.append(name)
@@ -138,24 +166,35 @@ class HostCache(ValueStore):
             self._fault(exc)
             return found
         if bad or stale:
-            self._write(lambda txn: self._refresh(txn, bad, stale))
+            doomed: list[bytes] = []
+            if self._write(lambda txn: self._refresh(txn, bad, stale, doomed)):
+                self._unlink(doomed)
         return found
 
     def put_encoded(self, key: str, data: bytes) -> bool:
-        """Stores `serialize.dumps` bytes, evicting the oldest entries; False when it does not
-        fit or the store failed (never an exception)."""
+        """Stores `serialize.dumps` bytes (in a file of their own when zero-copy and at least
+        `file_min_bytes`), evicting the oldest entries; False when it does not fit or the store
+        failed (never an exception)."""
         if len(data) > self.max_entry_bytes:
             self._count("oversized")
             return False
         name = self.prefix + key.encode()
+        record = data
+        if self.zero_copy and len(data) >= self.file_min_bytes:
+            file_name = self._write_file(name, data)
+            if file_name is None:
+                return False
+            record = _FILE_REFERENCE + file_name.encode()
+        stored = False
         for attempt in range(2):
+            doomed: list[bytes] = []
             try:
                 with self._env.begin(write=True) as txn:
-                    self._remove(txn, name)
-                    self._evict(txn, self.capacity - len(data) if attempt == 0 else self.capacity // 2)
+                    self._remove(txn, name, doomed)
+                    self._evict(txn, self.capacity - len(data) if attempt == 0 else self.capacity // 2, doomed)
                     stamp = self._next_stamp(txn)
                     txn.put(_NEXT, _U64.pack(stamp + 1), db=self._meta)
-                    txn.put(name, data, db=self._values)
+                    txn.put(name, record, db=self._values)
                     txn.put(_U64.pack(stamp), name, db=self._order)
                     txn.put(name, _ENTRY.pack(stamp, len(data)), db=self._meta)
                     self._add_used(txn, len(data))
@@ -163,33 +202,99 @@ class HostCache(ValueStore):
                 if attempt == 0:
                     continue
                 self._fault(exc)
-                return False
+                break
             except lmdb.Error as exc:  # a full disk, a broken file: the next tier serves
                 self._fault(exc)
-                return False
-            self._count("writes")
-            self._count("bytes_out", len(data))
-            return True
-        return False
+                break
+            self._unlink(doomed)
+            stored = True
+            break
+        if not stored:
+            if record is not data:
+                self._unlink([record[4:]])
+            return False
+        self._count("writes")
+        self._count("bytes_out", len(data))
+        return True
 
     def delete(self, keys: list[str]) -> None:
         """Drops values (an invalidation, or a benchmark's miss)."""
-        self._write(lambda txn: [self._remove(txn, self.prefix + key.encode()) for key in keys])
+        doomed: list[bytes] = []
+        if self._write(lambda txn: [self._remove(txn, self.prefix + key.encode(), doomed) for key in keys]):
+            self._unlink(doomed)
 
     def clear(self) -> None:
-        """Empties the store for every process (values, order, leases)."""
+        """Empties the store for every process (values, their files, order, leases)."""
         def drop(txn):
             for db in (self._values, self._order, self._meta, self._leases):
                 txn.drop(db, delete=False)
-        self._write(drop)
+        if self._write(drop):
+            self._unlink([entry.name.encode() for entry in os.scandir(self.files)
+                          if not entry.name.startswith(_TEMPORARY)])
+
+    # -- value files ------------------------------------------------------------------------------
+    def _write_file(self, name: bytes, data: bytes) -> str | None:
+        """Writes a value's file under a temporary name and renames it: its name, or None (counted,
+        logged) when the folder is full or failing."""
+        file_name = f"{blake3.blake3(name).hexdigest(8)}-{secrets.token_hex(8)}"
+        temporary = os.path.join(self.files, _TEMPORARY + file_name)
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(descriptor, view):]
+            finally:
+                os.close(descriptor)
+            os.replace(temporary, os.path.join(self.files, file_name))
+        except OSError as exc:  # ENOSPC on a full /dev/shm
+            self._unlink([(_TEMPORARY + file_name).encode()])
+            self._fault(exc)
+            return None
+        return file_name
+
+    def _mapped(self, file_name: bytes) -> mmap.mmap | None:
+        """The value file an entry names, mapped privately (copy on write); None when it is gone
+        or not a plain name in the folder."""
+        text = file_name.decode("ascii", "replace")
+        if not text or os.path.basename(text) != text or text.startswith("."):
+            return None
+        try:
+            with open(os.path.join(self.files, text), "rb") as file:
+                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError):  # gone (evicted since the entry was read), or empty
+            return None
+
+    def _unlink(self, file_names: list[bytes]) -> None:
+        for file_name in file_names:
+            try:
+                os.unlink(os.path.join(self.files, file_name.decode("ascii", "replace")))
+            except (OSError, ValueError):
+                pass
+
+    def _sweep_files(self) -> None:
+        """Unlinks files no entry names, older than a lease (left by a process killed between its
+        file and its entry, or between an entry's removal and its file's)."""
+        try:
+            with self._env.begin(buffers=True, db=self._values) as txn:
+                named = {bytes(raw[4:]).decode("ascii", "replace") for _, raw in txn.cursor()
+                         if bytes(raw[:4]) == _FILE_REFERENCE}
+            cutoff = time.time() - self.lease_s
+            self._unlink([entry.name.encode() for entry in os.scandir(self.files)
+                          if entry.name.removeprefix(_TEMPORARY) not in named and entry.stat().st_mtime < cutoff])
+        except (lmdb.Error, OSError) as exc:
+            self._fault(exc)
 
     # -- store internals (inside a transaction) ---------------------------------------------------
-    def _write(self, fn) -> None:
+    def _write(self, fn) -> bool:
+        """Runs fn(txn) in a write transaction: whether it committed."""
         try:
             with self._env.begin(write=True) as txn:
                 fn(txn)
         except lmdb.Error as exc:
             self._fault(exc)
+            return False
+        return True
 
     def _next_stamp(self, txn) -> int:
         raw = txn.get(_NEXT, db=self._meta)
@@ -203,8 +308,13 @@ class HostCache(ValueStore):
         raw = txn.get(_USED, db=self._meta)
         txn.put(_USED, _U64.pack(max(0, (_U64.unpack(raw)[0] if raw else 0) + amount)), db=self._meta)
 
-    def _remove(self, txn, name: bytes) -> bool:
+    def _remove(self, txn, name: bytes, doomed: list[bytes]) -> bool:
+        """Removes an entry; the file it names joins `doomed` (unlinked once the transaction
+        commits)."""
         entry = txn.get(name, db=self._meta)
+        record = txn.get(name, db=self._values)
+        if record is not None and bytes(record[:4]) == _FILE_REFERENCE:
+            doomed.append(bytes(record[4:]))
         txn.delete(name, db=self._values)
         if entry is None:
             return False
@@ -214,7 +324,7 @@ class HostCache(ValueStore):
         self._add_used(txn, -size)
         return True
 
-    def _evict(self, txn, budget: int) -> None:
+    def _evict(self, txn, budget: int, doomed: list[bytes]) -> None:
         """Removes the oldest entries until the stored bytes are at most `budget`."""
         raw = txn.get(_USED, db=self._meta)
         used = _U64.unpack(raw)[0] if raw else 0
@@ -225,13 +335,13 @@ class HostCache(ValueStore):
                 stamp, name = cursor.key(), cursor.value()
             entry = txn.get(name, db=self._meta)
             txn.delete(stamp, db=self._order)
-            if entry is not None and self._remove(txn, name):
+            if entry is not None and self._remove(txn, name, doomed):
                 used -= _ENTRY.unpack(entry)[1]
                 self._count("evictions")
 
-    def _refresh(self, txn, bad: list[bytes], stale: list[bytes]) -> None:
+    def _refresh(self, txn, bad: list[bytes], stale: list[bytes], doomed: list[bytes]) -> None:
         for name in bad:
-            self._remove(txn, name)
+            self._remove(txn, name, doomed)
         for name in stale:
             entry = txn.get(name, db=self._meta)
             if entry is None:

@@ -1,12 +1,15 @@
 """Processed outputs as compact bytes for a shared cache tier, without pickle: whoever can write
 to the cache must not get code execution in every frontend that reads it.
 
-Layout (version 4): b"LMV4", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
-of the key the value was written under, a 16-byte BLAKE3 tag of everything after it (key digest,
-header, payload; BLAKE3's keyed mode when a secret is set), a JSON header describing the value's
-structure, then the payload: the buffers of its tensors, arrays and bytes, each at a 64-byte
-aligned offset. A value read under another key, or without the writer's secret, is refused: the
-key binds a value to what it is the value of, the secret to who may write it. The header holds
+Layout (version 5): b"LMV5", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
+of the key the value was written under, a 16-byte BLAKE3 tag of the payload, a 16-byte BLAKE3 tag
+of the key digest, payload tag and header (BLAKE3's keyed mode for both when a secret is set), a
+JSON header describing the value's structure, then the payload: the buffers of its tensors,
+arrays and bytes, each at a 64-byte aligned offset (from the value's start: a value mapped from a
+file at a page boundary is aligned for every dtype). A value read under another key, or without
+the writer's secret, is refused: the key binds a value to what it is the value of, the secret to
+who may write it. The two tags let a reader that trusts where the bytes lie (HostCache's mapped
+files, see host.py) check the header without reading the payload. The header holds
 plain values (None, bool, int, float, str) inline; containers (dict, list, tuple; any Mapping
 comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
 stored, one encoding per tensor, exact unless asked otherwise:
@@ -23,8 +26,12 @@ stored, one encoding per tensor, exact unless asked otherwise:
 - bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
   levels stored as bfloat16 and widened back to their dtype when read.
 
-Reading checks the key, the tag, every range, dtype, shape and size against the bytes and a bound on
-what the value may expand to, so a corrupt, truncated, foreign or other-version value is a
+`dumps(..., levels=False, compress=False)` is the layout for the read that copies nothing: every
+buffer as it is, so `loads(..., zero_copy=True)` of a writable buffer (a private memory map)
+returns tensors that are views of it.
+
+Reading checks the key, the tags, every range, dtype, shape and size against the bytes and a bound
+on what the value may expand to, so a corrupt, truncated, foreign or other-version value is a
 SerializationError (a cache miss), never a crash or an unbounded allocation.
 """
 from __future__ import annotations
@@ -42,8 +49,8 @@ import numpy as np
 
 from .. import ops
 
-MAGIC = b"LMV4"
-_PREFIX = 4 + 4 + 16 + 16  # magic, header length, key digest, tag
+MAGIC = b"LMV5"
+_PREFIX = 4 + 4 + 16 + 16 + 16  # magic, header length, key digest, payload tag, header tag
 # The environment variable a shared tier reads its MAC secret from (unset: an unkeyed digest).
 SECRET_ENV = "LAZYMEDIA_CACHE_SECRET"
 _MAC_CONTEXT = "lazymedia 2026-12 cache value MAC key"
@@ -162,11 +169,12 @@ def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
     return memoryview(packed), {"z": "lz4", "n": size}
 
 
-def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True) -> bytes:
+def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
+          levels: bool = True) -> bytes:
     """The value as bytes bound to `key` (and tagged with `mac`, a `mac_key`); SerializationError
     for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
-    are not level-coded lose precision). `compress=False` stores every buffer as it is (larger,
-    no LZ4 on the read)."""
+    are not level-coded lose precision). `compress=False` stores every buffer without LZ4 (larger,
+    no LZ4 on the read); `levels=False` without level codes (with both: the zero-copy layout)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -181,7 +189,8 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
     def elements(node: dict, flat: np.ndarray, is_float: bool, lossy: bool) -> dict:
         """Fills the node's storage fields for a contiguous 1-d array of the elements."""
         shape = tuple(node["s"])
-        coded = _level_code(flat.view(_BITS[flat.itemsize]), shape) if is_float and flat.itemsize in _BITS else None
+        coded = (_level_code(flat.view(_BITS[flat.itemsize]), shape)
+                 if levels and is_float and flat.itemsize in _BITS else None)
         if coded is not None:
             tables, codes, run, groups = coded
             node["k"] = place(tables.view(np.uint8).reshape(-1).data)
@@ -239,22 +248,26 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
     header = json.dumps(encode(value, 0), separators=(",", ":")).encode()
     header += b" " * (-(_PREFIX + len(header)) % _ALIGN)  # the payload starts aligned where the value does
     bound = key_digest(key)
-    tagger = _tagger(mac)
-    tagger.update(bound)
-    tagger.update(header)
+    payload_tagger = _tagger(mac)
     for buffer in buffers:
-        tagger.update(buffer)
-    return b"".join([MAGIC, len(header).to_bytes(4, "little"), bound, tagger.digest(16), header, *buffers])
+        payload_tagger.update(buffer)
+    payload_tag = payload_tagger.digest(16)
+    header_tag = _tagger(mac).update(bound).update(payload_tag).update(header).digest(16)
+    return b"".join([MAGIC, len(header).to_bytes(4, "little"), bound, payload_tag, header_tag, header, *buffers])
 
 
 # -- reading --------------------------------------------------------------------------------------
-def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | None = None,
-          max_bytes: int = MAX_VALUE_BYTES):
+def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX_VALUE_BYTES,
+          zero_copy: bool = False, verify_payload: bool = True):
     """The value back; SerializationError for anything that is not a well-formed value of this
     version written under `key` with the same `mac` key, or one that would expand past
-    `max_bytes`. Tensors and arrays own their memory: the input may be a view that dies after
-    this call (a memory map's page)."""
+    `max_bytes`. Tensors and arrays own their memory (the input may be a view that dies after
+    this call: a memory map's page), except with `zero_copy` and a writable input: buffers stored
+    as they are (no LZ4, no level codes) are then views of `data`, which they keep alive.
+    `verify_payload=False` checks the header's tag but not the payload's (for bytes whose place
+    the caller trusts: the payload is then not read here at all)."""
     view = memoryview(data).cast("B")
+    shared = zero_copy and not view.readonly
     if view.nbytes < _PREFIX or bytes(view[:4]) != MAGIC:
         raise SerializationError("not a lazymedia cache value of this version")
     header_length = int.from_bytes(view[4:8], "little")
@@ -262,13 +275,16 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
         raise SerializationError("header runs past the value")
     if bytes(view[8:24]) != key_digest(key):
         raise SerializationError("value written under another key")
-    if _tagger(mac).update(view[8:24]).update(view[_PREFIX:]).digest(16) != bytes(view[24:_PREFIX]):
+    header = view[_PREFIX:_PREFIX + header_length]
+    if _tagger(mac).update(view[8:24]).update(view[24:40]).update(header).digest(16) != bytes(view[40:_PREFIX]):
         raise SerializationError("tag mismatch (truncated, damaged, or written without this tier's secret)")
+    payload = view[_PREFIX + header_length:]
+    if verify_payload and _tagger(mac).update(payload).digest(16) != bytes(view[24:40]):
+        raise SerializationError("payload tag mismatch (truncated or damaged)")
     try:
-        tree = json.loads(bytes(view[_PREFIX:_PREFIX + header_length]))
+        tree = json.loads(bytes(header))
     except (ValueError, RecursionError) as exc:
         raise SerializationError(f"unreadable header: {type(exc).__name__}") from None
-    payload = view[_PREFIX + header_length:]
     budget = [max_bytes]
 
     def spend(nbytes: int) -> None:
@@ -291,8 +307,9 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
 
     def stored(node: dict, key: str, nbytes: int, copy: bool = True) -> bytearray | memoryview:
         """A writable copy of exactly `nbytes` stored under node[key], decompressed if need be;
-        with `copy=False`, the stored bytes themselves where they need no decompression (codes,
-        read once by the gather that builds the tensor: no copy between the store and it)."""
+        with `copy=False` (codes, read once by the gather that builds the tensor) or a zero-copy
+        read, the stored bytes themselves where they need no decompression."""
+        copy = copy and not shared
         spend(nbytes)
         raw = region(node.get(key))
         if node.get("z") is None or key != "r":
@@ -338,7 +355,10 @@ def loads(data: bytes | bytearray | memoryview, *, key: str = "", mac: bytes | N
             return np.frombuffer(stored(node, "r", count * 2), np.uint16), True
         if "h" in node:
             raise SerializationError("bad lossy encoding")
-        return np.frombuffer(stored(node, "r", count * itemsize), np.uint8), False
+        flat = np.frombuffer(stored(node, "r", count * itemsize), np.uint8)
+        if shared and flat.ctypes.data % itemsize:  # a view the tensor could not use: a copy
+            flat = flat.copy()
+        return flat, False
 
     def decode(node, depth: int):
         if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 8:

@@ -43,9 +43,10 @@ class ValueStore(SteppedTier):
     wait_s: float
 
     def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None,
-                 compress: bool):
+                 compress: bool, levels: bool = True):
         self.bfloat16 = bfloat16
         self.compress = compress  # LZ4 where it shrinks a buffer; False: larger values, no LZ4 on a hit
+        self.levels = levels  # level codes where they fit; False: buffers as they are (zero-copy reads)
         # Values are tagged with a MAC keyed by the secret (by default $LAZYMEDIA_CACHE_SECRET), so a
         # writer without it cannot plant values; without one, by an unkeyed digest.
         self._mac = mac_key(os.environ.get(SECRET_ENV) if secret is None else secret)
@@ -66,23 +67,31 @@ class ValueStore(SteppedTier):
         """`value` as stored bytes bound to `key`; None (counted) for a type no shared tier can
         hold."""
         try:
-            return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress)
+            return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
+                         levels=self.levels)
         except SerializationError:
             self._count("unserializable")
             return None
 
-    def decode(self, key: str, data, again: bool = False) -> tuple[bool, Any]:
+    @property
+    def layout(self) -> tuple:
+        """What `encode` depends on besides the value: tiers with equal layouts store equal bytes."""
+        return self.levels, self.compress, self.bfloat16, self._mac
+
+    def decode(self, key: str, data, again: bool = False, zero_copy: bool = False,
+               verify_payload: bool = True) -> tuple[bool, Any]:
         """(True, value) for stored bytes a tier read under `key`; (False, None) for absent ones
         (None) or a bad value (damaged, foreign, another key's, untagged), counted (a miss and
         corrupt) and logged (rate-limited). `again`: a later read of a key a request already
-        missed (counted once: only a find, as a late hit)."""
+        missed (counted once: only a find, as a late hit). `zero_copy`, `verify_payload`: as
+        `serialize.loads` takes them."""
         if data is None:
             if not again:
                 self._count("misses")
             return False, None
         self._count("bytes_in", len(data))
         try:
-            value = loads(data, key=key, mac=self._mac)
+            value = loads(data, key=key, mac=self._mac, zero_copy=zero_copy, verify_payload=verify_payload)
         except SerializationError as exc:
             if not again:
                 self._count("corrupt")

@@ -5,7 +5,8 @@ a shared tier fills the local tier and the nearer shared tiers (with the stored 
 are: no second encoding).
 
 Several shared tiers act as one (`SharedChain`): a read asks them in order; a write encodes once
-and stores in each; a lease is taken in each, nearest first, so processes of one host settle a
+per layout (a zero-copy HostCache stores buffers as they are, Redis level codes) and stores in
+each; a lease is taken in each, nearest first, so processes of one host settle a
 key on the host tier and hosts settle it on the farthest; a waiter polls them all.
 """
 from __future__ import annotations
@@ -44,10 +45,8 @@ class SharedChain(SteppedTier):
                 tier.put_encoded(key, data)
 
     def _refill(self, upto: int, key: str, value) -> None:
-        data = self.tiers[0].encode(key, value)
-        if data is not None:
-            for tier in self.tiers[:upto]:
-                tier.put_encoded(key, data)
+        for tier in self.tiers[:upto]:
+            tier.put(key, value)
 
     def get_steps(self, keys: list[str], again: bool) -> Steps:
         values: dict[str, Any] = {}
@@ -61,11 +60,22 @@ class SharedChain(SteppedTier):
             values.update((key, value) for key, (value, _) in found.items())
         return values
 
-    def encode(self, key: str, value) -> bytes | None:
-        return self.tiers[0].encode(key, value)
+    def encode(self, key: str, value) -> tuple[bytes | None, ...] | None:
+        """Each tier's bytes for `value`, encoded once per distinct `layout`; None when no tier
+        can hold it."""
+        by_layout: dict[Any, bytes | None] = {}
+        encoded = []
+        for tier in self.tiers:
+            layout = getattr(tier, "layout", id(tier))
+            if layout not in by_layout:
+                by_layout[layout] = tier.encode(key, value)
+            encoded.append(by_layout[layout])
+        return tuple(encoded) if any(data is not None for data in encoded) else None
 
-    def put_encoded(self, key: str, data: bytes) -> bool:
-        return any([tier.put_encoded(key, data) for tier in self.tiers])
+    def put_encoded(self, key: str, data: bytes | tuple[bytes | None, ...]) -> bool:
+        """Stores what `encode` returned (each tier its own bytes), or the same bytes in each."""
+        each = data if isinstance(data, tuple) else (data,) * len(self.tiers)
+        return any([tier.put_encoded(key, part) for tier, part in zip(self.tiers, each) if part is not None])
 
     def put(self, key: str, value) -> bool:
         data = self.encode(key, value)

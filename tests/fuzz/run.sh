@@ -12,7 +12,7 @@ mkdir -p "$out"
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I"$repo/csrc" -pthread)
 "$cxx" "${flags[@]}" "$here/fuzz_probe.cpp" "$repo/csrc/probe.cpp" -o "$out/fuzz_probe"
-"$cxx" "${flags[@]}" "$here/fuzz_kernels.cpp" "$repo/csrc/host_ops.cpp" -o "$out/fuzz_kernels"
+"$cxx" "${flags[@]}" "$here/fuzz_kernels.cpp" "$repo/csrc/host_ops.cpp" "$repo/csrc/level_gather.cpp" -o "$out/fuzz_kernels"
 seeds="$repo/../shared/corpus"
 for target in fuzz_probe fuzz_kernels; do
   mkdir -p "$out/corpus-$target"

@@ -1,0 +1,178 @@
+#include "level_gather.h"
+
+#include <array>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define LAZYMEDIA_LEVEL_VBMI 1
+#endif
+
+namespace lazymedia {
+
+template <typename E>
+std::vector<uint8_t> level_planes(const E* tables, size_t groups, size_t length) {
+  constexpr size_t kPlanes = sizeof(E);
+  std::vector<uint8_t> planes(groups * kPlanes * 256, 0);
+  for (size_t g = 0; g < groups; ++g) {
+    uint8_t* group = planes.data() + g * kPlanes * 256;
+    for (size_t c = 0; c < length && c < 256; ++c) {
+      const uint64_t v = uint64_t(tables[g * length + c]);
+      for (size_t p = 0; p < kPlanes; ++p) group[p * 256 + c] = uint8_t(v >> (8 * p));
+    }
+  }
+  return planes;
+}
+template std::vector<uint8_t> level_planes<uint8_t>(const uint8_t*, size_t, size_t);
+template std::vector<uint8_t> level_planes<uint16_t>(const uint16_t*, size_t, size_t);
+template std::vector<uint8_t> level_planes<uint32_t>(const uint32_t*, size_t, size_t);
+
+#ifdef LAZYMEDIA_LEVEL_VBMI
+
+bool level_gather_vectorised() {
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+  return supported;
+}
+
+namespace {
+
+// The order the codes are permuted into before the lookups, so that the unpack instructions
+// (which interleave within 128-bit lanes) leave the elements in memory order: byte q of the
+// planes becomes element order[q]. For 4-byte elements q = 16L + 4k + m lands in element
+// 16k + 4L + m (store k, lane L); for 2-byte elements q = 16L + 8k + m in 32k + 8L + m.
+template <size_t kPlanes>
+std::array<uint8_t, 64> code_order() {
+  std::array<uint8_t, 64> order{};
+  constexpr size_t per_store = 64 / kPlanes, per_lane = 16 / kPlanes;
+  for (size_t q = 0; q < 64; ++q) {
+    const size_t lane = q / 16, store = (q % 16) / per_lane, m = q % per_lane;
+    order[q] = uint8_t(per_store * store + per_lane * lane + m);
+  }
+  return order;
+}
+
+}  // namespace
+
+// Compiled for AVX-512 VBMI whatever the build's flags; only called where the CPU has it.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own _mm512_permutexvar_epi8
+#endif
+
+template <typename E>
+bool level_gather_u8(const uint8_t* codes, size_t n, const uint8_t* planes, size_t length, E* dst) {
+  static_assert(sizeof(E) == 1 || sizeof(E) == 2 || sizeof(E) == 4, "8-, 16- or 32-bit patterns");
+  constexpr size_t kPlanes = sizeof(E), kPerStore = 64 / kPlanes;
+  static const std::array<uint8_t, 64> order_bytes = code_order<kPlanes>();
+  const __m512i order = _mm512_loadu_si512(order_bytes.data());
+  __m512i low[kPlanes][2], high[kPlanes][2];  // each plane's entries 0-127 and 128-255
+  for (size_t p = 0; p < kPlanes; ++p) {
+    for (size_t h = 0; h < 2; ++h) {
+      low[p][h] = _mm512_loadu_si512(planes + p * 256 + 64 * h);
+      high[p][h] = _mm512_loadu_si512(planes + p * 256 + 128 + 64 * h);
+    }
+  }
+  const __m512i last = _mm512_set1_epi8(char(uint8_t(length > 256 ? 255 : length - 1)));
+  __mmask64 bad = 0;
+  for (size_t i = 0; i < n; i += 64) {
+    const size_t count = n - i < 64 ? n - i : 64;
+    const __mmask64 valid = count == 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
+    __m512i c = _mm512_maskz_loadu_epi8(valid, codes + i);
+    bad |= _mm512_cmpgt_epu8_mask(c, last);
+    c = _mm512_permutexvar_epi8(order, c);
+    const __mmask64 top = _mm512_movepi8_mask(c);
+    __m512i bytes[kPlanes];
+    for (size_t p = 0; p < kPlanes; ++p) {
+      bytes[p] = _mm512_mask_blend_epi8(top, _mm512_permutex2var_epi8(low[p][0], c, low[p][1]),
+                                        _mm512_permutex2var_epi8(high[p][0], c, high[p][1]));
+    }
+    __m512i out[kPlanes];
+    if constexpr (kPlanes == 4) {
+      const __m512i lo01 = _mm512_unpacklo_epi8(bytes[0], bytes[1]), hi01 = _mm512_unpackhi_epi8(bytes[0], bytes[1]);
+      const __m512i lo23 = _mm512_unpacklo_epi8(bytes[2], bytes[3]), hi23 = _mm512_unpackhi_epi8(bytes[2], bytes[3]);
+      out[0] = _mm512_unpacklo_epi16(lo01, lo23);
+      out[1] = _mm512_unpackhi_epi16(lo01, lo23);
+      out[2] = _mm512_unpacklo_epi16(hi01, hi23);
+      out[3] = _mm512_unpackhi_epi16(hi01, hi23);
+    } else if constexpr (kPlanes == 2) {
+      out[0] = _mm512_unpacklo_epi8(bytes[0], bytes[1]);
+      out[1] = _mm512_unpackhi_epi8(bytes[0], bytes[1]);
+    } else {
+      out[0] = bytes[0];
+    }
+    for (size_t s = 0; s < kPlanes; ++s) {
+      const size_t first = s * kPerStore;
+      if (first >= count) break;
+      E* to = dst + i + first;
+      if (count - first >= kPerStore) {
+        _mm512_storeu_si512(to, out[s]);
+      } else if constexpr (kPlanes == 4) {
+        _mm512_mask_storeu_epi32(to, __mmask16((1u << (count - first)) - 1), out[s]);
+      } else if constexpr (kPlanes == 2) {
+        _mm512_mask_storeu_epi16(to, __mmask32((1u << (count - first)) - 1), out[s]);
+      } else {
+        _mm512_mask_storeu_epi8(to, valid, out[s]);
+      }
+    }
+  }
+  return bad == 0;
+}
+
+template bool level_gather_u8<uint8_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint8_t*);
+template bool level_gather_u8<uint16_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint16_t*);
+template bool level_gather_u8<uint32_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint32_t*);
+
+size_t level_encode_u32(const uint32_t* src, size_t n, const uint32_t* keys, const uint32_t* slots, int bits,
+                        uint8_t* codes) {
+  const __m512i factor = _mm512_set1_epi32(int(0x9E3779B1u));
+  const __m512i mask = _mm512_set1_epi32(int((1u << bits) - 1));
+  const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
+  const __m128i shift = _mm_cvtsi32_si128(32 - bits);
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t count = n - i < 16 ? n - i : 16;
+    const __mmask16 valid = count == 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+    const __m512i v = _mm512_maskz_loadu_epi32(valid, src + i);
+    __m512i slot = _mm512_srl_epi32(_mm512_mullo_epi32(v, factor), shift);
+    __m512i code = zero;
+    __mmask16 pending = valid;
+    while (pending) {  // each lane walks its probe chain; a chain ends at its pattern or an empty slot
+      const __m512i entry = _mm512_mask_i32gather_epi32(zero, pending, slot, slots, 4);
+      if (_mm512_mask_cmpeq_epi32_mask(pending, entry, zero)) return i;  // a pattern the table lacks
+      const __m512i key = _mm512_mask_i32gather_epi32(zero, pending, slot, keys, 4);
+      const __mmask16 found = _mm512_mask_cmpeq_epi32_mask(pending, key, v);
+      code = _mm512_mask_mov_epi32(code, found, entry);
+      pending &= __mmask16(~found);
+      slot = _mm512_and_si512(_mm512_add_epi32(slot, one), mask);
+    }
+    _mm_mask_storeu_epi8(codes + i, valid, _mm512_cvtepi32_epi8(_mm512_sub_epi32(code, one)));
+  }
+  return n;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else
+
+bool level_gather_vectorised() { return false; }
+
+template <typename E>
+bool level_gather_u8(const uint8_t*, size_t, const uint8_t*, size_t, E*) {
+  return false;
+}
+size_t level_encode_u32(const uint32_t*, size_t, const uint32_t*, const uint32_t*, int, uint8_t*) { return 0; }
+template bool level_gather_u8<uint8_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint8_t*);
+template bool level_gather_u8<uint16_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint16_t*);
+template bool level_gather_u8<uint32_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint32_t*);
+
+#endif
+
+}  // namespace lazymedia
