@@ -557,7 +557,7 @@ def main() -> int:
     print(f"vLLM {vllm.__version__} (distribution {build}) installed; tests from {args.vllm_src} at {commit}; "
           f"remote assets: {args.assets}")
     print(f"   the bucket's {', '.join(BUCKET_VIDEOS)}: served from 127.0.0.1 "
-          f"({'generated stand-ins' if args.assets == 'stand-in' else 'VLLM_ASSETS_CACHE'}, where present; "
+          f"({'generated stand-ins' if args.assets == 'stand-in' else 'where VLLM_ASSETS_CACHE has them'}; "
           "test ids keep the bucket URLs); Hugging Face Hub: offline")
     results = {}
     with tempfile.TemporaryDirectory() as out:
