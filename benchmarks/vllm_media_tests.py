@@ -22,12 +22,41 @@ code and the selected tests import, and take the tests of the same release (the 
     PYTHONPATH=/tmp/vllm-site:/tmp/vllm-cv2:/tmp/vllm-testdeps python benchmarks/vllm_media_tests.py \\
         --vllm-src /tmp/vllm-sdist/vllm-0.33.0
 
+tests/multimodal/test_video.py imports transformers' video processors, which need torchvision, and
+a torchvision built for the installed torch (PyPI's torchvision does not load beside a CPU torch
+2.13.0 wheel: "operator torchvision::nms does not exist"). Without it that module is not collected
+on either side, and the run says so first. A venv of its own collects it (x86_64, Python 3.11;
+about 5.5 GB, a CUDA build that runs on the CPU), with the lazymedia checkout on PYTHONPATH and
+lazymedia's runtime and test dependencies (the compiled extensions do not link libtorch).
+torchcodec (the release for torch 2.14, on Debian's FFmpeg 5.1 libraries) runs vLLM's torchcodec
+tests instead of skipping them, scipy its scipy resampler tests:
+
+    python3 -m venv /tmp/vllm-venv
+    /tmp/vllm-venv/bin/pip install torch==2.14.1 torchvision==0.29.1
+    /tmp/vllm-venv/bin/pip install numpy pillow blake3 simplejpeg imagecodecs av soundfile soxr aiohttp yarl \\
+        pybase64 lmdb lz4 pytest pytest-asyncio pytest-timeout transformers opencv-python-headless scipy
+    apt-get install libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavdevice59 libavfilter8
+    /tmp/vllm-venv/bin/pip install --no-deps torchcodec==0.14.0
+    PYTHONPATH=.:/tmp/vllm-site:/tmp/vllm-cv2:/tmp/vllm-testdeps /tmp/vllm-venv/bin/python \\
+        benchmarks/vllm_media_tests.py --vllm-src /tmp/vllm-sdist/vllm-0.33.0
+
+What is left then: torchaudio's tests fail on both sides (no torchaudio for torch 2.14), and the
+CUDA decoders' tests (PyNvVideoCodec, torchcodec on CUDA) skip without a GPU.
+
 vLLM's tests/conftest.py imports its whole engine, so both sides run with --noconftest and this
 file provides what the selected tests take from it (vLLM's asset classes, read from its source;
 the local asset server and its fixtures). vLLM's test assets live in an S3 bucket and on the
 Hugging Face Hub: with `--assets stand-in` (the default) the ones not in VLLM_ASSETS_CACHE are
-generated stand-ins of the same name, format and mode, the same bytes on both sides; a test that
-still needs the network (vLLM's video URLs on S3) is a skip naming what it needed.
+generated stand-ins of the same name, format and mode, the same bytes on both sides. The videos
+test_connector.py fetches by URL from the bucket (slow_traffic_small.mp4, vtest.avi) are served by
+the loopback asset server: the test's URL parameter is rewritten at collection (its id keeps the
+bucket URL), and while it runs the test module's VLLM_S3_BUCKET_URL is "https://127.0.0.1", so
+`allowed_media_domains=[VLLM_S3_BUCKET_URL.removeprefix("https://")]` allows the server's host.
+Those tests compare the sync fetch with the async one on one side; that the sides agree with each
+other on these forms is tests/test_integrations_vllm_plugin.py's. A test that still needs the
+network is a skip naming what it needed: an asset neither cached nor generated (--assets
+cache-only), or a model's configuration on the Hub (test_video_processor_from_model_repo, which
+checks vLLM's loader registry against transformers' processors; no connector is involved).
 
 First it runs lazymedia's own plugin and parity tests (tests/test_integrations_vllm_plugin.py:
 vLLM's parser, hasher, processor cache and loaders against the plugin), which skip in CI where
@@ -77,15 +106,23 @@ NETWORK_WORDS = ("Temporary failure in name resolution", "Name or service not kn
 # client and reaches the network through the plugin (which has its own client) is a failure.
 REMOTE_HOSTS = ("vllm-public-assets.s3",)
 _remote: list[str] = []
+# The videos tests/multimodal/media/test_connector.py fetches by URL from the bucket
+# (`{VLLM_S3_BUCKET_URL}/multimodal_asset/<name>`): served from the loopback asset server instead.
+BUCKET_PREFIX = "multimodal_asset"
+BUCKET_VIDEOS = ("slow_traffic_small.mp4", "vtest.avi")
+# What a test reads as the bucket's domain (`VLLM_S3_BUCKET_URL.removeprefix("https://")`, its
+# allowed_media_domains) while its URLs point at the loopback server: the server's host.
+LOOPBACK_BUCKET = "https://127.0.0.1"
 
 
 def _stand_in(path: Path) -> bool:
     """Write a generated stand-in for one of vLLM's remote test assets (--assets stand-in).
 
     Same name, container, codec and pixel mode as vLLM's asset (a palette PNG for the grayscale
-    palette sample, RGBA for RGBA_comp, Vorbis for the .ogg clips, H.264 + AAC for the MP4), seeded
-    by the name, so both sides read the same bytes. The content is not vLLM's: a test that checks
-    what the picture shows would fail on both sides and say so.
+    palette sample, RGBA for RGBA_comp, Vorbis for the .ogg clips, H.264 + AAC for the MP4s, MPEG-4
+    Part 2 tagged XVID in AVI for vtest.avi), seeded by the name, so both sides read the same bytes.
+    The content and length are not vLLM's: a test that checks what the picture shows would fail on
+    both sides and say so.
     """
     import numpy as np
     from PIL import Image
@@ -112,6 +149,18 @@ def _stand_in(path: Path) -> bool:
         t = np.arange(16000 * 4) / 16000
         sf.write(tmp, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000, format="OGG",
                  subtype="VORBIS")
+    elif suffix == ".avi":  # vtest.avi (OpenCV's sample): MPEG-4 Part 2, fourcc XVID, 10 fps
+        import av
+
+        with av.open(str(tmp), "w", format="avi") as container:
+            video = container.add_stream("mpeg4", rate=10)
+            video.width, video.height, video.pix_fmt = 384, 288, "yuv420p"
+            video.codec_context.codec_tag = "XVID"
+            for i in range(80):
+                frame = np.full((288, 384, 3), (i * 3) % 256, np.uint8)
+                frame[:, : (i * 4) % 384] = 255
+                container.mux(video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            container.mux(video.encode())
     elif suffix == ".mp4":
         import av
 
@@ -150,7 +199,8 @@ def _offline_assets() -> None:
     cached_public, cached_video = base.get_vllm_public_assets, video_assets.download_video_asset
 
     # Stand-ins only for the assets vLLM names (a test may ask for a name the bucket lacks on purpose).
-    named = {*typing.get_args(image_assets.ImageAssetName), *typing.get_args(audio_assets.AudioAssetName)}
+    named = {*typing.get_args(image_assets.ImageAssetName), *typing.get_args(audio_assets.AudioAssetName),
+             *(name.split(".")[0] for name in BUCKET_VIDEOS)}
 
     def public(filename: str, s3_prefix: str | None = None) -> Path:
         path = base.get_cache_dir() / "vllm_public_assets" / filename
@@ -178,6 +228,26 @@ def _offline_assets() -> None:
     for module in (base, audio_assets, image_assets):
         module.get_vllm_public_assets = public  # type: ignore[attr-defined]
     video_assets.download_video_asset = video
+    _offline_hub()
+
+
+def _offline_hub() -> None:
+    """Both sides: a model file vLLM's processor lookup reads from the Hugging Face Hub (a model's
+    preprocessor config, get_video_processor_cls_name_from_config) that offline mode could not
+    give is recorded, so a test that then fails is a skip naming the model repo. vLLM answers None
+    for it, as for a file the repo lacks, so the failure would not say the network was missing."""
+    import huggingface_hub.constants as hub
+    import vllm.transformers_utils.processor as processor
+
+    hub_file = processor.get_hf_file_to_dict
+
+    def recorded(file_name: str, model, revision: str | None = "main"):
+        found = hub_file(file_name, model, revision=revision)
+        if found is None and hub.HF_HUB_OFFLINE and not Path(model).is_dir():
+            _remote.append(f"hf://{model}")
+        return found
+
+    processor.get_hf_file_to_dict = recorded
 
 
 ASSET_CLASSES = ("ImageAssetPrompts", "ImageTestAssets", "VideoAssetPrompts", "VideoTestAssets",
@@ -223,7 +293,8 @@ def pytest_configure(config) -> None:
 
 
 class _AssetHandler(http.server.BaseHTTPRequestHandler):
-    """vLLM's tests/conftest.py AssetHandler: /<ImageAsset name>.<jpg|png>."""
+    """vLLM's tests/conftest.py AssetHandler: /<ImageAsset name>.<jpg|png>; and, in place of the
+    bucket, /multimodal_asset/<one of BUCKET_VIDEOS> (the file get_vllm_public_assets gives)."""
 
     def log_message(self, *args, **kwargs) -> None:
         pass
@@ -232,6 +303,15 @@ class _AssetHandler(http.server.BaseHTTPRequestHandler):
         from vllm.assets.image import ImageAsset
 
         filename = self.path.lstrip("/")
+        folder, _, name = filename.rpartition("/")
+        if folder == BUCKET_PREFIX and name in BUCKET_VIDEOS:
+            import vllm.assets.base as base
+
+            try:
+                self._send(name, base.get_vllm_public_assets(name, BUCKET_PREFIX).read_bytes())
+            except Exception as exc:
+                self.send_error(500, f"Failed to load asset: {exc}")
+            return
         if "." not in filename or filename.rsplit(".", 1)[1].lower() not in ("jpg", "png"):
             self.send_error(404, "Unsupported")
             return
@@ -241,8 +321,11 @@ class _AssetHandler(http.server.BaseHTTPRequestHandler):
         except Exception as exc:
             self.send_error(500, f"Failed to load asset: {exc}")
             return
+        self._send(filename, data)
+
+    def _send(self, filename: str, data: bytes) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", mimetypes.guess_type(filename)[0] or f"image/{ext}")
+        self.send_header("Content-Type", mimetypes.guess_type(filename)[0] or "application/octet-stream")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -277,10 +360,52 @@ class LocalAssetServer:
         return image.media if isinstance(image, MediaWithBytes) else image
 
 
+_server: LocalAssetServer | None = None
+_LOOPBACK_KEY = pytest.StashKey[bool]()
+_BUCKET_KEY = pytest.StashKey[str]()
+
+
+def _asset_server() -> LocalAssetServer:
+    """One loopback server per session: the fixture's, and the bucket videos' (their URLs are
+    rewritten at collection, before any fixture runs)."""
+    global _server
+    if _server is None:
+        _server = LocalAssetServer().__enter__()
+    return _server
+
+
+def pytest_unconfigure(config) -> None:
+    global _server
+    if _server is not None:
+        _server.__exit__(None, None, None)
+        _server = None
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Both sides: a parameter naming one of vLLM's bucket videos becomes the same file's URL on
+    the loopback server (the stand-in, or vLLM's own file where VLLM_ASSETS_CACHE has it), so both
+    sides fetch the same bytes from the same URL; the test id keeps the bucket URL. Without the
+    file (--assets cache-only), the URL stays and the test is a skip naming it."""
+    import vllm.assets.base as base
+
+    bucket = f"{base.VLLM_S3_BUCKET_URL}/{BUCKET_PREFIX}/"
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for argname, value in params.items():
+            name = value[len(bucket):] if isinstance(value, str) and value.startswith(bucket) else ""
+            if name not in BUCKET_VIDEOS:
+                continue
+            try:
+                base.get_vllm_public_assets(name, BUCKET_PREFIX)
+            except RemoteAssetUnavailable:
+                continue
+            params[argname] = _asset_server().url_for(f"{BUCKET_PREFIX}/{name}")
+            item.stash[_LOOPBACK_KEY] = True
+
+
 @pytest.fixture(scope="session")
 def local_asset_server():
-    with LocalAssetServer() as server:
-        yield server
+    return _asset_server()
 
 
 @pytest.fixture(scope="session")
@@ -310,7 +435,19 @@ def image_urls(request, local_asset_server) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item) -> None:
+    """A test whose bucket URLs point at the loopback server reads the bucket's domain as the
+    server's (LOOPBACK_BUCKET): vLLM's test_allowed_media_domains allows
+    `VLLM_S3_BUCKET_URL.removeprefix("https://")`, read when it runs."""
     _remote.clear()
+    module = getattr(item, "module", None)
+    if item.stash.get(_LOOPBACK_KEY, False) and hasattr(module, "VLLM_S3_BUCKET_URL"):
+        item.stash[_BUCKET_KEY] = module.VLLM_S3_BUCKET_URL
+        module.VLLM_S3_BUCKET_URL = LOOPBACK_BUCKET
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    if _BUCKET_KEY in item.stash:
+        item.module.VLLM_S3_BUCKET_URL = item.stash[_BUCKET_KEY]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -375,6 +512,16 @@ def run_side(side: str, src: Path, tests: list[str], out: Path, assets: str) -> 
     return (outcomes(report) if report.exists() else {}), tail
 
 
+def _torchvision_problem() -> str:
+    """Why torchvision does not import here ("" when it does): said before the run rather than
+    only as test_video.py's collection error."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception as exc:  # ModuleNotFoundError, or RuntimeError when built for another torch
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-src", type=Path, required=True, help="a vLLM checkout of the installed release")
@@ -389,6 +536,11 @@ def main() -> int:
     except ImportError:
         print("vLLM is not importable: put its --no-deps folder on PYTHONPATH (see the docstring)", file=sys.stderr)
         return 2
+    problem = _torchvision_problem()
+    if problem:
+        print(f"torchvision does not import with this Python ({problem}): tests/multimodal/test_video.py, "
+              "which imports transformers' video processors, is not collected on either side; a venv with "
+              "torch==2.14.1 torchvision==0.29.1 collects it (the docstring says how)")
     missing = [t for t in args.tests if not (args.vllm_src / t).exists()]
     if missing:
         print(f"{missing} not under {args.vllm_src}: git clone --depth 1 --branch v{vllm.__version__} "
@@ -404,6 +556,9 @@ def main() -> int:
     build = importlib.metadata.version("vllm")
     print(f"vLLM {vllm.__version__} (distribution {build}) installed; tests from {args.vllm_src} at {commit}; "
           f"remote assets: {args.assets}")
+    print(f"   the bucket's {', '.join(BUCKET_VIDEOS)}: served from 127.0.0.1 "
+          f"({'generated stand-ins' if args.assets == 'stand-in' else 'where VLLM_ASSETS_CACHE has them'}; "
+          "test ids keep the bucket URLs); Hugging Face Hub: offline")
     results = {}
     with tempfile.TemporaryDirectory() as out:
         for side in ("vllm", "lazymedia"):

@@ -128,6 +128,31 @@ def test_every_video_processor_gets_vllms_frames_and_metadata(clips, processor):
         assert frames.dtype == vllm_frames.dtype and np.array_equal(frames, vllm_frames), name
 
 
+@pytest.mark.parametrize("codec,container,media_type", [("libx264", "mp4", "video/mp4"),
+                                                        ("mpeg4", "avi", "video/x-msvideo")])
+def test_vllms_video_fetch_settings_give_vllms_frames_and_metadata(monkeypatch, codec, container, media_type):
+    """The settings of vLLM's test_fetch_video_http(_with_dynamic_loader), on the forms of its two
+    URLs (slow_traffic_small.mp4, H.264; vtest.avi, MPEG-4 Part 2 in AVI): those tests compare
+    sync with async on one side only, so the sides are compared here, lazymedia decoding."""
+    url = data_url(synthetic.video(frames=45, fps=10, height=48, width=64, codec=codec, container=container),
+                   media_type)
+    settings = [({"num_frames": n}, None) for n in (-1, 32, 1800)]
+    settings += [({"max_duration": d, "requested_fps": f}, "opencv_dynamic") for d in (1, 60) for f in (2, 24)]
+    monkeypatch.setenv("LAZYMEDIA_VLLM_DECODED_CACHE_MB", "0")  # each fetch decodes: lazymedia's, counted
+    for options, backend in settings:
+        if backend:
+            monkeypatch.setenv("VLLM_VIDEO_LOADER_BACKEND", backend)
+        else:
+            monkeypatch.delenv("VLLM_VIDEO_LOADER_BACKEND", raising=False)
+        kwargs = {"media_io_kwargs": {"video": options}}
+        theirs = connector("http", **kwargs).fetch_video(video_url=url).media
+        before = decodes().get("video", 0)
+        ours = connector("lazymedia", **kwargs).fetch_video(video_url=url).media
+        assert decodes().get("video", 0) == before + 1, options
+        assert ours[1] == theirs[1], options
+        assert ours[0].dtype == theirs[0].dtype and np.array_equal(ours[0], theirs[0]), options
+
+
 def test_repeated_videos_and_audio_are_decoded_once(clips):
     url = clips[0][1]
     wav = data_url(synthetic.tone(seconds=0.5, rate=8000), "audio/wav")
