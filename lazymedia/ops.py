@@ -7,6 +7,7 @@ uint8 HWC images, uint8 2-D YUV planes.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -222,8 +223,10 @@ class HostBufferPool:
         self._pool = _C.HostBufferPool(max_cached_bytes, pinned and not cuda_forbidden())
         self.idle_release_s = idle_release_s
         if idle_release_s is not None and not math.isinf(idle_release_s):
-            threading.Thread(target=_release_when_idle, args=(weakref.ref(self), idle_release_s), daemon=True,
-                             name="lazymedia-buffer-release").start()
+            thread = threading.Thread(target=_release_when_idle, args=(weakref.ref(self), idle_release_s),
+                                      daemon=True, name="lazymedia-buffer-release")
+            _RELEASE_THREADS.add(thread)
+            thread.start()
 
     @property
     def pinned(self) -> bool:
@@ -250,13 +253,28 @@ class HostBufferPool:
         return self._pool.stats()
 
 
+# The idle-release threads, stopped at exit: a daemon thread still inside a native call that
+# released the GIL when the interpreter finalizes is ended by pthread_exit from pybind11's
+# gil_scoped_release destructor (noexcept), which aborts the process ("terminate called without an
+# active exception").
+_RELEASE_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_EXITING = threading.Event()
+
+
+@atexit.register
+def _stop_release_threads() -> None:
+    _EXITING.set()
+    for thread in list(_RELEASE_THREADS):
+        thread.join(5.0)
+
+
 def _release_when_idle(pool_ref: weakref.ref[HostBufferPool], idle_s: float) -> None:
     """The idle-release thread: every min(1 s, idle_s / 2) it frees the buffers idle for
     `idle_s`; once the pool has had no allocation for `idle_s` after a burst, it trims the heap
     (what glibc keeps of the burst's freed tensors and codec state). Ends with the pool."""
     period = min(1.0, max(idle_s / 2, 0.01))
     activity, last_change, trimmed = -1, time.monotonic(), True
-    while (pool := pool_ref()) is not None:
+    while not _EXITING.is_set() and (pool := pool_ref()) is not None:
         stats = pool.stats()
         now = time.monotonic()
         if stats["allocations"] + stats["reuses"] != activity:
@@ -265,7 +283,7 @@ def _release_when_idle(pool_ref: weakref.ref[HostBufferPool], idle_s: float) -> 
             trim_heap()
             trimmed = True
         del pool
-        time.sleep(period)
+        _EXITING.wait(period)
 
 
 def trim_heap() -> bool:
