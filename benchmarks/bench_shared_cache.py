@@ -48,6 +48,9 @@ from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, wri
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
 from lazymedia.cache.serialize import dumps, loads
 
+# Items per fleet pool at most, per value: 32 clips of 172 MB in each of 4 private caches would
+# not fit this 24 GiB machine.
+POOL_CAP = {"video": 8}
 GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3}
 # The goal each timed step is judged on, and what the verdict line calls it.
 JUDGED = (("host_hit_ms", "host_hit_ms", "host hit (zero-copy)"),
@@ -158,15 +161,16 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         def host_hit_read():
             read(host.get_many([key])[key].values())
 
+        responses: list[float] = []  # per miss: until apply returned (the call's whole time: until stored)
+
         def miss():
             cache.flush()  # a write still queued from the last round would hold the key's lease: not this miss's time
             local.clear()
             host.delete([key])
             redis_tier.delete([key])
+            start = time.perf_counter()
             processor.apply([media(kind)])
-
-        def miss_and_write():
-            miss()
+            responses.append(time.perf_counter() - start)
             cache.flush()
 
         times = interleaved({
@@ -178,7 +182,8 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
             "host_coded_hit": (lambda: coded_host.get_many([key]), 2),
             "redis_hit": (lambda: redis_tier.get_many([key]), 2),
             "redis_get": (lambda: client.get(f"{redis_tier.prefix}{key}"), 2),
-            "miss_response": (miss, 1), "miss_until_stored": (miss_and_write, 1)}, rounds)
+            "miss_until_stored": (miss, 1)}, rounds)
+        times["miss_response"] = responses[1:]  # the warm-up call's left out
         cache.flush()
         value_bytes = sum(t.element_size() * t.numel() for t in tensors)
         exact = all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
@@ -192,6 +197,8 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
                "hiredis": redis.utils.HIREDIS_AVAILABLE,
                **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()}}
         row["host_hit_with_first_read_ms"] = row["host_hit_read_ms"] - row["read_ms"]
+        row["write_behind_ms"] = statistics.median(
+            (stored - response) * 1e3 for stored, response in zip(times["miss_until_stored"], times["miss_response"]))
         for name in ("host_hit", "host_hit_read", "host_coded_hit", "redis_hit", "loads", "loads_uncompressed",
                      "dumps", "dumps_host"):
             row[f"{name}_vs_memcpy"] = ratio(times[name], times["memcpy"])
@@ -258,8 +265,9 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
                    for i in range(processes)]
         start = time.perf_counter()
         outputs = [w.communicate()[0] for w in workers]
-        if any(w.returncode for w in workers):
-            sys.exit(f"a fleet worker failed ({kind}, {mode})")
+        failed = [w.returncode for w in workers if w.returncode]
+        if failed:  # reported as the fleet's result (a verdict line), the other values' figures kept
+            return {"value": kind, "items": pool, "failed": f"{mode}: worker exit codes {failed}"}
         seconds = [json.loads(out.strip().splitlines()[-1])["seconds"] for out in outputs]
         result[mode] = {"decodes": int(client.get("bench:decodes")), "requests": processes * requests,
                         "slowest_process_s": max(seconds), "req_per_s": processes * requests / max(seconds),
@@ -277,12 +285,15 @@ def verdicts(rows: list[dict], fleets: list[dict]) -> list[str]:
             goal = GOALS[goal_name]
             verdict = "PASS" if r[name] <= goal else "FAIL"
             lines.append(f"{verdict} {r['value']}: {label} {r[name]:.2f} ms (goal <= {goal} ms)")
-        off_path = r["miss_response_ms"] < r["miss_until_stored_ms"]
+        off_path = r["write_behind_ms"] > 0
         lines.append(f"{'PASS' if off_path else 'FAIL'} {r['value']}: the miss returns in "
-                     f"{r['miss_response_ms']:.1f} ms, its write is stored by {r['miss_until_stored_ms']:.1f} ms "
-                     "(dumps off the response path)")
+                     f"{r['miss_response_ms']:.1f} ms and its write is stored {r['write_behind_ms']:.1f} ms later "
+                     "(median of the same misses: dumps off the response path)")
         lines.append(f"{'PASS' if r['exact'] else 'FAIL'} {r['value']}: the stored value reads back bit for bit")
     for f in fleets:
+        if "failed" in f:
+            lines.append(f"FAIL {f['value']} fleet: did not finish ({f['failed']})")
+            continue
         for mode, goal in (("host", GOALS["host_fleet"]), ("redis", GOALS["redis_fleet"])):
             got = f[mode]["vs_private"]
             lines.append(f"{'PASS' if got >= goal else 'FAIL'} {f['value']} fleet: {mode} {got:.2f}x private "
@@ -314,7 +325,8 @@ def main(argv=None) -> int:
         try:
             rows = hit_costs(url, os.path.join(host_path, "hits"), kinds, args.rounds)
             fleets = [] if args.no_fleet else [
-                fleet(url, os.path.join(host_path, f"fleet-{kind}"), kind, args.processes, args.requests, args.pool)
+                fleet(url, os.path.join(host_path, f"fleet-{kind}"), kind, args.processes, args.requests,
+                      min(args.pool, POOL_CAP.get(kind, args.pool)))
                 for kind in kinds]
         finally:
             server.kill()
@@ -326,7 +338,7 @@ def main(argv=None) -> int:
                ("host coded", "host_coded_hit_ms", True),
                ("redis GET", "redis_get_ms", False), ("redis hit", "redis_hit_ms", True),
                ("miss resp.", "miss_response_ms", False),
-               ("+ write", "miss_until_stored_ms", False), ("new memory", "new_memory_first_write_ms", False))
+               ("write after", "write_behind_ms", False), ("new memory", "new_memory_first_write_ms", False))
     print(f"{'value':6s} {'value MB':>9s} " + " ".join(f"{title:>15s}" for title, _, _ in columns))
     for r in rows:
         cells = []
@@ -343,8 +355,8 @@ def main(argv=None) -> int:
               f"{r['stored_uncompressed_bytes'] / 2**20:6.2f} MB, "
               f"loads {r['loads_ms']:.2f} -> {r['loads_uncompressed_ms']:.2f} ms "
               f"({r['uncompressed_vs_lz4_loads']['median']:.2f}x per round)")
-    for f in fleets:
-        print(f"\nFleet, {f['value']}: {args.processes} processes x {args.requests} requests over {args.pool} items")
+    for f in (f for f in fleets if "failed" not in f):
+        print(f"\nFleet, {f['value']}: {args.processes} processes x {args.requests} requests over {f['items']} items")
         for mode in ("private", "host", "redis"):
             m = f[mode]
             versus = f"  {m['vs_private']:.2f}x private" if "vs_private" in m else ""
