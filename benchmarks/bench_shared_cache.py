@@ -5,7 +5,9 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
 
 1. Hit costs, side by side in interleaved rounds, per value: a copy of the value's tensors
    (memcpy of the same bytes); `serialize.dumps` in Redis's layout (level codes + LZ4) and in the
-   zero-copy host layout (buffers as they are); `loads` of the coded bytes (and of the same
+   zero-copy host layout (`HostCache.encode`: the header, and the value's buffers as they lie,
+   written by the store with no copy before), and a whole host write (encode, the value's file,
+   its LMDB entry); `loads` of the coded bytes (and of the same
    value without LZ4); a host hit (zero-copy: `get_many` maps the value's file), the same hit
    followed by one read of every byte of its tensors (its pages mapped in as a consumer first
    touches them), next to the same read of the value's own tensors; a hit in the coded host layout
@@ -52,14 +54,18 @@ from lazymedia.cache.serialize import dumps, loads
 # not fit this 24 GiB machine.
 POOL_CAP = {"video": 8}
 GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3}
-# The goal each timed step is judged on, and what the verdict line calls it.
+# The millisecond goals are the 720p value's (issue 36); the other values' figures are printed
+# against the same numbers as INFO lines. Each timed step: its goal, and what the line calls it
+# (the coded host layout is the alternative to the default, shown for reference).
+GOAL_VALUE = "720p"
 JUDGED = (("host_hit_ms", "host_hit_ms", "host hit (zero-copy)"),
           ("host_hit_with_first_read_ms", "host_hit_ms", "host hit + mapping its pages in (first read less a "
            "read of private memory)"),
-          ("host_coded_hit_ms", "host_hit_ms", "host hit, coded layout (zero_copy=False)"),
           ("redis_hit_ms", "redis_hit_ms", "redis hit"),
-          ("dumps_host_ms", "dumps_ms", "dumps, host layout"),
+          ("dumps_host_ms", "dumps_ms", "dumps, host layout (the header; the buffers are written as they lie)"),
           ("dumps_ms", "dumps_ms", "dumps, Redis layout (level codes + LZ4)"))
+REFERENCE = (("host_coded_hit_ms", "host_hit_ms", "host hit, coded layout (zero_copy=False, not the default)"),
+             ("host_write_ms", "dumps_ms", "host write: dumps + the value's file + its entry (behind the request)"))
 
 
 def media(kind: str, seed: int = 0):
@@ -176,6 +182,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         times = interleaved({
             "memcpy": (memcpy, 5), "dumps": (lambda: dumps(value, key=key), 1),
             "dumps_host": (lambda: host.encode(key, value), 1),
+            "host_write": (lambda: host.put_encoded(key, host.encode(key, value)), 1),
             "loads": (lambda: loads(stored, key=key), 2), "loads_uncompressed": (lambda: loads(stored_raw, key=key), 2),
             "host_hit": (lambda: host.get_many([key]), 2), "read": (lambda: read(tensors), 2),
             "host_hit_read": (host_hit_read, 2),
@@ -192,7 +199,8 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         exact = exact and all(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
                               for a, b in zip(tensors, redis_tier.get_many([key])[key].values()))
         row = {"value": kind, "value_bytes": value_bytes, "stored_bytes": len(stored),
-               "stored_uncompressed_bytes": len(stored_raw), "stored_host_bytes": len(host.encode(key, value)),
+               "stored_uncompressed_bytes": len(stored_raw),
+               "stored_host_bytes": sum(memoryview(part).nbytes for part in host.encode(key, value)),
                "exact": exact, "new_memory_first_write_ms": new_memory_ms(value_bytes),
                "hiredis": redis.utils.HIREDIS_AVAILABLE,
                **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()}}
@@ -200,7 +208,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         row["write_behind_ms"] = statistics.median(
             (stored - response) * 1e3 for stored, response in zip(times["miss_until_stored"], times["miss_response"]))
         for name in ("host_hit", "host_hit_read", "host_coded_hit", "redis_hit", "loads", "loads_uncompressed",
-                     "dumps", "dumps_host"):
+                     "dumps", "dumps_host", "host_write"):
             row[f"{name}_vs_memcpy"] = ratio(times[name], times["memcpy"])
         row["uncompressed_vs_lz4_loads"] = ratio(times["loads_uncompressed"], times["loads"])
         rows.append(row)
@@ -281,10 +289,12 @@ def verdicts(rows: list[dict], fleets: list[dict]) -> list[str]:
     """One line per goal of issue 36: PASS/FAIL and the figure it was judged on."""
     lines = []
     for r in rows:
-        for name, goal_name, label in JUDGED:
+        for name, goal_name, label in JUDGED + REFERENCE:
             goal = GOALS[goal_name]
-            verdict = "PASS" if r[name] <= goal else "FAIL"
-            lines.append(f"{verdict} {r['value']}: {label} {r[name]:.2f} ms (goal <= {goal} ms)")
+            judged = r["value"] == GOAL_VALUE and (name, goal_name, label) in JUDGED
+            verdict = ("PASS" if r[name] <= goal else "FAIL") if judged else "INFO"
+            lines.append(f"{verdict} {r['value']}: {label} {r[name]:.2f} ms "
+                         f"({'goal' if judged else f'the {GOAL_VALUE} goal'} <= {goal} ms)")
         off_path = r["write_behind_ms"] > 0
         lines.append(f"{'PASS' if off_path else 'FAIL'} {r['value']}: the miss returns in "
                      f"{r['miss_response_ms']:.1f} ms and its write is stored {r['write_behind_ms']:.1f} ms later "
@@ -333,6 +343,7 @@ def main(argv=None) -> int:
     print(f"\nHit costs, Qwen2-VL image processor (median ms, {args.rounds} interleaved rounds; x memcpy: median "
           "of the per-round ratios to a copy of the value's tensors)")
     columns = (("memcpy", "memcpy_ms", False), ("dumps redis", "dumps_ms", True), ("dumps host", "dumps_host_ms", True),
+               ("host write", "host_write_ms", True),
                ("loads", "loads_ms", True), ("host hit", "host_hit_ms", True),
                ("read", "read_ms", False), ("host hit+read", "host_hit_read_ms", True),
                ("host coded", "host_coded_hit_ms", True),

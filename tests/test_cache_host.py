@@ -27,6 +27,12 @@ def value_for(index: int) -> dict:
     return {"x": torch.randn(256, 1024, generator=generator), "index": index}
 
 
+def stored_bytes(cache: HostCache, key: str, value) -> bytes:
+    """What the tier stores for `value`, joined (a zero-copy tier encodes it as its buffers)."""
+    data = cache.encode(key, value)
+    return b"".join(data) if isinstance(data, list) else data
+
+
 @pytest.fixture
 def store_path(tmp_path):
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else str(tmp_path)
@@ -134,7 +140,7 @@ def test_a_writer_killed_mid_put_leaves_no_torn_value(store_path):
 
 
 def test_eviction_keeps_the_store_under_capacity_and_keeps_hot_entries(store_path):
-    entry = len(HostCache(store_path, capacity_bytes=1 << 20).encode("k0", value_for(0)))
+    entry = len(stored_bytes(HostCache(store_path, capacity_bytes=1 << 20), "k0", value_for(0)))
     cache = HostCache(store_path, capacity_bytes=8 * entry + entry // 2)
     for index in range(40):
         assert cache.put(f"k{index}", value_for(index))
@@ -153,7 +159,7 @@ def test_each_layout_stores_the_value_exactly(store_path):
     value = {"x": (torch.arange(1 << 18) % 7).float() / 7}
     caches = [HostCache(store_path, zero_copy=False), HostCache(store_path, zero_copy=False, compress=False),
               HostCache(store_path)]
-    sizes = [len(cache.encode("k", value)) for cache in caches]
+    sizes = [len(stored_bytes(cache, "k", value)) for cache in caches]
     assert 2 * sizes[0] < sizes[1] < sizes[2] and sizes[2] >= caches[2].file_min_bytes
     for writer in caches:
         assert writer.put("k", value)
@@ -218,9 +224,9 @@ def flip_a_byte_of_the_value_file(cache: HostCache, offset: int) -> None:
 
 def test_a_damaged_or_missing_value_file_is_a_miss(store_path):
     """A file gone behind the store's back is a plain miss; a damaged header is a corrupt miss
-    (entry and file dropped); a damaged payload is read as it lies unless verify_files=True,
+    (entry and file dropped); a damaged payload is read as it lies unless verify_payloads=True,
     which refuses it."""
-    cache, checked = HostCache(store_path), HostCache(store_path, verify_files=True)
+    cache, checked = HostCache(store_path), HostCache(store_path, verify_payloads=True)
     assert cache.put("k", value_for(1))
     (file_name,) = os.listdir(cache.files)
     os.unlink(os.path.join(cache.files, file_name))
@@ -231,11 +237,25 @@ def test_a_damaged_or_missing_value_file_is_a_miss(store_path):
     assert cache.get_many(["k"]) == {} and cache.stats().corrupt == 1
     assert os.listdir(cache.files) == [] and cache.usage()[0] == 0
 
-    assert cache.put("k", value_for(1))
+    assert checked.put("k", value_for(1))  # a writer that tags the payload
     flip_a_byte_of_the_value_file(cache, -5)  # in the payload
     assert not torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])
     assert checked.get_many(["k"]) == {} and checked.stats().corrupt == 1
     assert os.listdir(cache.files) == []
+
+    assert cache.put("k", value_for(1))  # untagged: a reader that checks payloads refuses it
+    assert checked.get_many(["k"]) == {} and checked.stats().corrupt == 2
+
+
+def test_an_entry_never_names_a_file_outside_the_folder(store_path, tmp_path):
+    """Bytes from another tier that look like a file reference are not stored, and a removed
+    entry unlinks only files in the values folder."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    cache = HostCache(store_path)
+    relative = os.path.relpath(victim, cache.files).encode()
+    assert not cache.put_encoded("k", b"LMF1" + relative) and cache.stats().corrupt == 1
+    assert cache.get_many(["k"]) == {} and victim.read_bytes() == b"keep"
 
 
 def test_orphan_value_files_are_swept_once_older_than_a_lease(store_path):
@@ -261,7 +281,7 @@ def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
 @pytest.mark.parametrize("data", [b"", b"garbage", b"LMV3" + bytes(64), b"LMV4" + bytes(64)])
 def test_bad_values_are_misses_and_are_dropped(store_path, data, caplog):
     cache = HostCache(store_path, capacity_bytes=8 << 20)
-    good = cache.encode("k", value_for(3))
+    good = stored_bytes(cache, "k", value_for(3))
     for bad in (data, good[:-10], good[:40] + bytes([good[40] ^ 1]) + good[41:]):
         assert cache.put_encoded("k", bad)
         assert cache.get_many(["k"]) == {}
@@ -367,8 +387,10 @@ def test_a_chain_writes_each_tier_in_its_own_layout(store_path, redis_url, monke
     value = {"pixel_values": ((pixels / 255 - 0.5) / 0.25).contiguous()}
     host, remote = HostCache(store_path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="layouts")
     calls = []
-    real = serialize.dumps
-    monkeypatch.setattr("lazymedia.cache.store.dumps", lambda *a, **k: calls.append(k["levels"]) or real(*a, **k))
+    for module, name in (("lazymedia.cache.store", "dumps"), ("lazymedia.cache.host", "dump_parts")):
+        real = getattr(serialize, name)
+        monkeypatch.setattr(f"{module}.{name}",
+                            lambda *a, real=real, **k: calls.append(k["levels"]) or real(*a, **k))
     cache = TieredCache(ProcessorCache(), host, remote)
     assert cache.writer.submit("k", value, "") and cache.flush(60)
     assert sorted(calls) == [False, True]

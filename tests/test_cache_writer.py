@@ -1,6 +1,7 @@
 """Writes behind the request (cache/writer.py) on a real LMDB HostCache: a miss returns before its
 value is stored, the queue is bounded (full: skipped, counted, lease released at once), values
 read back bit for bit, and single flight holds while the queue is full."""
+import os
 import threading
 import time
 import types
@@ -271,3 +272,21 @@ def test_a_fork_while_the_renewal_lock_is_held_does_not_deadlock_the_child():
     finally:
         release.set()
         holder.join()
+
+
+def test_a_value_changed_in_place_while_it_is_written_is_deleted_again(store_path):
+    """A zero-copy host tier writes the tensors' own memory into the value's file: a change made
+    after the value was serialized but before its write finished is caught by the seal checked
+    after the store, and the stored value is deleted (other processes decode it themselves)."""
+    host = GatedHost(store_path, capacity_bytes=64 << 20, file_min_bytes=0)  # every value a file
+    cache = TieredCache(ProcessorCache(), host)
+    item = jpeg(48, 64, seed=3)
+    out = processor(cache, []).apply([lazymedia.load_image(item)])[0]
+    key = lazymedia.load_image(item).key
+    assert host.entered.wait(60)  # serialized (views of the tensors), not yet written
+    out["pixels"].mul_(0)
+    host.gate.set()
+    assert cache.flush(60)
+    stats = cache.stats().writes
+    assert (stats.queued, stats.written, stats.mutated, stats.failed) == (1, 0, 1, 0)
+    assert key not in HostCache(store_path).get_many([key]) and os.listdir(host.files) == []

@@ -14,7 +14,7 @@ reading the value maps the same page-cache pages (a write to a tensor copies onl
 touches, and never reaches the file). A file is written under a temporary name and renamed before
 its entry commits, is never changed after, and is unlinked after the entry that names it is
 removed (a process still mapping it keeps its pages until it lets go). A hit checks the key and
-the header's tag, not the payload's (`verify_files=True` reads every byte to check it too): the
+the header's tag, not the payload's (`verify_payloads=True` reads every byte to check it too): the
 files are trusted as the folder is, writable only by this user, as this process's own memory is.
 With `zero_copy=False`, values are level-coded and LZ4-compressed (`compress`) into LMDB, and a
 hit builds the tensors from them (serialize.py).
@@ -44,7 +44,7 @@ import blake3
 import lmdb
 
 from .protocol import Steps, threaded
-from .serialize import BadValueLog
+from .serialize import BadValueLog, SerializationError, dump_parts
 from .store import ValueStore
 
 _ENVS: dict[str, tuple[int, Any]] = {}  # real path -> (pid, lmdb.Environment): one per process
@@ -78,6 +78,11 @@ def _environment(path: str, map_size: int):
         return env
 
 
+def _plain_name(text: str) -> bool:
+    """A name in the values folder itself (no separator, not . or ..): what an entry may name."""
+    return bool(text) and os.path.basename(text) == text and text not in (".", "..") and "\0" not in text
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -98,14 +103,14 @@ class HostCache(ValueStore):
                  namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
                  log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True,
-                 zero_copy: bool = True, file_min_bytes: int = 1 << 20, verify_files: bool = False):
+                 zero_copy: bool = True, file_min_bytes: int = 1 << 20, verify_payloads: bool = False):
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
         super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress and not zero_copy,
                          levels=not zero_copy)
         self.zero_copy = zero_copy
         self.file_min_bytes = file_min_bytes
-        self.verify_files = verify_files
+        self.verify_payloads = verify_payloads
         self.path = path
         self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()
@@ -130,6 +135,19 @@ class HostCache(ValueStore):
             used = txn.get(_USED)
             return txn.stat(self._values)["entries"], _U64.unpack(used)[0] if used else 0
 
+    def encode(self, key: str, value) -> bytes | list | None:
+        """What `put_encoded` stores: zero-copy, the value's buffers unjoined (`serialize.dump_parts`:
+        views of its tensors, written straight into the value's file), with a payload tag only
+        where readers check it (`verify_payloads`); else the coded bytes."""
+        if not self.zero_copy:
+            return super().encode(key, value)
+        try:
+            return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=False, levels=False,
+                              tag_payload=self.verify_payloads)
+        except SerializationError:
+            self._count("unserializable")
+            return None
+
     def _fault(self, exc: BaseException) -> None:
         self._count("fallbacks")
         self._faults.report("host", exc)
@@ -151,9 +169,10 @@ class HostCache(ValueStore):
                     data = txn.get(name, db=self._values)
                     if data is not None and bytes(data[:4]) == _FILE_REFERENCE:
                         data = self._mapped(bytes(data[4:]))  # None: evicted since (a plain miss)
-                        ok, value = self.decode(key, data, again, zero_copy=True, verify_payload=self.verify_files)
+                        ok, value = self.decode(key, data, again, zero_copy=True, verify_payload=self.verify_payloads)
                     else:
-                        ok, value = self.decode(key, data, again)
+                        ok, value = self.decode(key, data, again, verify_payload=self.verify_payloads
+                                                or not self.zero_copy)
                     if not ok:
                         if data is not None:
                             bad.append(name)
@@ -171,33 +190,39 @@ class HostCache(ValueStore):
                 self._unlink(doomed)
         return found
 
-    def put_encoded(self, key: str, data: bytes) -> bool:
-        """Stores `serialize.dumps` bytes (in a file of their own when zero-copy and at least
-        `file_min_bytes`), evicting the oldest entries; False when it does not fit or the store
-        failed (never an exception)."""
-        if len(data) > self.max_entry_bytes:
+    def put_encoded(self, key: str, data: bytes | list) -> bool:
+        """Stores a value's bytes (`serialize.dumps`, or the buffers `encode` gives unjoined: in a
+        file of their own when zero-copy and at least `file_min_bytes`), evicting the oldest
+        entries; False when it does not fit or the store failed (never an exception)."""
+        parts = data if isinstance(data, list) else [data]
+        size = sum(memoryview(part).nbytes for part in parts)
+        if size > self.max_entry_bytes:
             self._count("oversized")
             return False
         name = self.prefix + key.encode()
-        record = data
-        if self.zero_copy and len(data) >= self.file_min_bytes:
-            file_name = self._write_file(name, data)
+        if self.zero_copy and size >= self.file_min_bytes:
+            file_name = self._write_file(name, parts)
             if file_name is None:
                 return False
             record = _FILE_REFERENCE + file_name.encode()
+        else:
+            record = b"".join(parts) if isinstance(data, list) else data
+            if record.startswith(_FILE_REFERENCE):  # never a value (they start with their magic): not stored
+                self._count("corrupt")
+                return False
         stored = False
         for attempt in range(2):
             doomed: list[bytes] = []
             try:
                 with self._env.begin(write=True) as txn:
                     self._remove(txn, name, doomed)
-                    self._evict(txn, self.capacity - len(data) if attempt == 0 else self.capacity // 2, doomed)
+                    self._evict(txn, self.capacity - size if attempt == 0 else self.capacity // 2, doomed)
                     stamp = self._next_stamp(txn)
                     txn.put(_NEXT, _U64.pack(stamp + 1), db=self._meta)
                     txn.put(name, record, db=self._values)
                     txn.put(_U64.pack(stamp), name, db=self._order)
-                    txn.put(name, _ENTRY.pack(stamp, len(data)), db=self._meta)
-                    self._add_used(txn, len(data))
+                    txn.put(name, _ENTRY.pack(stamp, size), db=self._meta)
+                    self._add_used(txn, size)
             except lmdb.MapFullError as exc:  # pages fragmented: evict down to half, once
                 if attempt == 0:
                     continue
@@ -210,11 +235,11 @@ class HostCache(ValueStore):
             stored = True
             break
         if not stored:
-            if record is not data:
+            if record.startswith(_FILE_REFERENCE):
                 self._unlink([record[4:]])
             return False
         self._count("writes")
-        self._count("bytes_out", len(data))
+        self._count("bytes_out", size)
         return True
 
     def delete(self, keys: list[str]) -> None:
@@ -233,17 +258,18 @@ class HostCache(ValueStore):
                           if not entry.name.startswith(_TEMPORARY)])
 
     # -- value files ------------------------------------------------------------------------------
-    def _write_file(self, name: bytes, data: bytes) -> str | None:
-        """Writes a value's file under a temporary name and renames it: its name, or None (counted,
-        logged) when the folder is full or failing."""
+    def _write_file(self, name: bytes, parts: list) -> str | None:
+        """Writes a value's buffers to its file under a temporary name and renames it: its name, or
+        None (counted, logged) when the folder is full or failing."""
         file_name = f"{blake3.blake3(name).hexdigest(8)}-{secrets.token_hex(8)}"
         temporary = os.path.join(self.files, _TEMPORARY + file_name)
         try:
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(descriptor, view):]
+                for part in parts:
+                    view = memoryview(part).cast("B")
+                    while view:
+                        view = view[os.write(descriptor, view):]
             finally:
                 os.close(descriptor)
             os.replace(temporary, os.path.join(self.files, file_name))
@@ -257,7 +283,7 @@ class HostCache(ValueStore):
         """The value file an entry names, mapped privately (copy on write); None when it is gone
         or not a plain name in the folder."""
         text = file_name.decode("ascii", "replace")
-        if not text or os.path.basename(text) != text or text.startswith("."):
+        if not _plain_name(text) or text.startswith("."):
             return None
         try:
             with open(os.path.join(self.files, text), "rb") as file:
@@ -267,8 +293,11 @@ class HostCache(ValueStore):
 
     def _unlink(self, file_names: list[bytes]) -> None:
         for file_name in file_names:
+            text = file_name.decode("ascii", "replace")
+            if not _plain_name(text):
+                continue
             try:
-                os.unlink(os.path.join(self.files, file_name.decode("ascii", "replace")))
+                os.unlink(os.path.join(self.files, text))
             except (OSError, ValueError):
                 pass
 

@@ -206,9 +206,11 @@ class RedisCache(ValueStore):
             return {}
         return self._decoded(keys, raw, again)
 
-    def put_encoded(self, key: str, data: bytes) -> bool:
-        """Stores `serialize.dumps` bytes with the TTL; False when over `max_entry_bytes` or the
-        server is unavailable."""
+    def put_encoded(self, key: str, data: bytes | list) -> bool:
+        """Stores `serialize.dumps` bytes (or the buffers they join) with the TTL; False when over
+        `max_entry_bytes` or the server is unavailable."""
+        if isinstance(data, list):
+            data = b"".join(data)
         if len(data) > self.max_entry_bytes:
             self._count("oversized")
             return False

@@ -175,6 +175,15 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
     for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
     are not level-coded lose precision). `compress=False` stores every buffer without LZ4 (larger,
     no LZ4 on the read); `levels=False` without level codes (with both: the zero-copy layout)."""
+    return b"".join(dump_parts(value, key=key, mac=mac, bfloat16=bfloat16, compress=compress, levels=levels))
+
+
+def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
+               levels: bool = True, tag_payload: bool = True) -> list:
+    """`dumps` as the buffers it joins, for a writer that writes them where they go with no copy
+    in between: buffers stored as they are are views of the value's own tensors and arrays (the
+    value must not change until they are written). `tag_payload=False` leaves the payload tag
+    zero (no pass over the payload; a reader must then pass `verify_payload=False`)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -248,12 +257,14 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
     header = json.dumps(encode(value, 0), separators=(",", ":")).encode()
     header += b" " * (-(_PREFIX + len(header)) % _ALIGN)  # the payload starts aligned where the value does
     bound = key_digest(key)
-    payload_tagger = _tagger(mac)
-    for buffer in buffers:
-        payload_tagger.update(buffer)
-    payload_tag = payload_tagger.digest(16)
+    payload_tag = bytes(16)
+    if tag_payload:
+        payload_tagger = _tagger(mac)
+        for buffer in buffers:
+            payload_tagger.update(buffer)
+        payload_tag = payload_tagger.digest(16)
     header_tag = _tagger(mac).update(bound).update(payload_tag).update(header).digest(16)
-    return b"".join([MAGIC, len(header).to_bytes(4, "little"), bound, payload_tag, header_tag, header, *buffers])
+    return [MAGIC, len(header).to_bytes(4, "little"), bound, payload_tag, header_tag, header, *buffers]
 
 
 # -- reading --------------------------------------------------------------------------------------

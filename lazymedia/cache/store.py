@@ -63,9 +63,9 @@ class ValueStore(SteppedTier):
         with self._lock:
             return SharedCacheStats(**self._counts)
 
-    def encode(self, key: str, value) -> bytes | None:
-        """`value` as stored bytes bound to `key`; None (counted) for a type no shared tier can
-        hold."""
+    def encode(self, key: str, value) -> bytes | list | None:
+        """`value` as stored bytes bound to `key` (a tier may give them as the list of buffers they
+        join, which its `put_encoded` takes); None (counted) for a type no shared tier can hold."""
         try:
             return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
                          levels=self.levels)
@@ -76,7 +76,7 @@ class ValueStore(SteppedTier):
     @property
     def layout(self) -> tuple:
         """What `encode` depends on besides the value: tiers with equal layouts store equal bytes."""
-        return self.levels, self.compress, self.bfloat16, self._mac
+        return type(self).__name__, self.levels, self.compress, self.bfloat16, self._mac
 
     def decode(self, key: str, data, again: bool = False, zero_copy: bool = False,
                verify_payload: bool = True) -> tuple[bool, Any]:
@@ -114,7 +114,7 @@ class ValueStore(SteppedTier):
                          again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         return await adrive(self.read_steps(keys, encoded, again))
 
-    def put_encoded(self, key: str, data: bytes) -> bool:
+    def put_encoded(self, key: str, data: bytes | list) -> bool:
         raise NotImplementedError
 
     def get_steps(self, keys: list[str], again: bool) -> Steps:

@@ -4,10 +4,11 @@ behind the request, then releases the key's lease (so other processes wait for t
 for nothing). The queue is bounded in entries and in the bytes of the values it holds: when
 full, the write is skipped and counted, and the lease is released at once (the other processes
 then decode the key themselves). A value given with its seal (the `lru.fingerprint` the local
-tier's `put` took) is checked again after it is serialized: one a reader changed in place since
-is not stored (counted `mutated`; its lease is released). An exiting process finishes its queued
-writes (at most 10 s for all its writers together); one killed loses them, and their leases die
-with it. A forked child starts with empty writers of its own (`os.register_at_fork`)."""
+tier's `put` took) is checked again after it is serialized and after it is stored (a zero-copy
+host tier writes the tensors' own memory into the value's file): one a reader changed in place
+meanwhile is not stored, or deleted again (counted `mutated`; its lease is released). An exiting
+process finishes its queued writes (at most 10 s for all its writers together); one killed loses
+them, and their leases die with it. A forked child starts with empty writers of its own (`os.register_at_fork`)."""
 from __future__ import annotations
 
 import atexit
@@ -149,10 +150,14 @@ class SharedWriter:
                 data = self.shared.encode(key, value)
                 if seal is not None and fingerprint(value) != seal:  # changed in place (before or during dumps)
                     outcome = "mutated"
-                    logger.warning("cached value %s was modified in place by a reader before it was "
-                                   "stored; not written to the shared tier (docs/design.md)", key)
                 elif data is not None and self.shared.put_encoded(key, data):
                     outcome = "written"
+                    if seal is not None and fingerprint(value) != seal:  # changed while its buffers were written
+                        self.shared.delete([key])
+                        outcome = "mutated"
+                if outcome == "mutated":
+                    logger.warning("cached value %s was modified in place by a reader before it was "
+                                   "stored; not written to the shared tier (docs/design.md)", key)
             except Exception:
                 logger.exception("shared cache write failed")
             try:
