@@ -24,6 +24,7 @@ constexpr int kMinRowsPerThread = 32;
 
 template <typename Fn>
 void parallel_rows(int rows, int threads, Fn fn) noexcept {
+  if (rows <= 0) return;
   threads = std::max(1, std::min(threads, rows / kMinRowsPerThread));
   const int block = (rows + threads - 1) / threads;
   const int blocks = (rows + block - 1) / block;
@@ -324,6 +325,10 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   constexpr bool kVectorForm = std::is_same_v<E, uint32_t> && std::is_same_v<C, uint8_t>;
   vectorise = vectorise && kVectorForm && level_gather_vectorised();
   if (run == 0 || groups == 0 || levels == 0 || levels - 1 > size_t(C(~C(0)))) return false;
+  if (n == 0) {  // nothing to code: every table empty
+    std::fill(counts, counts + groups, size_t(0));
+    return true;
+  }
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   int bits = 2;
   while ((size_t(1) << bits) < 8 * levels) ++bits;
@@ -425,6 +430,7 @@ template <typename E, typename C>
 bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
                   int threads, bool vectorise) {
   if (run == 0 || groups == 0 || length == 0) return false;
+  if (n == 0) return true;
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   const size_t rows = (n + kLevelChunk - 1) / kLevelChunk;
   if (rows > size_t(1) << 30) return false;

@@ -194,6 +194,18 @@ def test_a_zero_copy_hit_is_a_private_view_of_the_value_file(store_path):
     assert torch.equal(first["small"], value["small"])
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_held_zero_copy_values_hold_no_file_descriptors(store_path):
+    """Each live hit maps its value's file; the maps must not keep descriptors open (a process
+    holds thousands of values, the descriptor limit is often 1024)."""
+    cache = HostCache(store_path)
+    assert cache.put("k", value_for(1))
+    before = len(os.listdir("/proc/self/fd"))
+    held = [cache.get_many(["k"])["k"] for _ in range(50)]
+    assert len(os.listdir("/proc/self/fd")) - before < 5
+    assert all(torch.equal(value["x"], value_for(1)["x"]) for value in held)
+
+
 def test_value_files_follow_their_entries(store_path):
     """Replacing, evicting, deleting and clearing entries unlinks their files; a value mapped
     before its file was unlinked stays readable."""
@@ -247,15 +259,63 @@ def test_a_damaged_or_missing_value_file_is_a_miss(store_path):
     assert checked.get_many(["k"]) == {} and checked.stats().corrupt == 2
 
 
+def plant_entry(path: str, name: bytes, record: bytes) -> None:
+    """Writes a raw entry into the store's LMDB values table, as a buggy or hostile writer of the
+    folder could (in a child process: LMDB allows one environment per path per process)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import lmdb
+        env = lmdb.open({path!r}, max_dbs=4, lock=True)
+        values = env.open_db(b"values")
+        with env.begin(write=True) as txn:
+            txn.put({name!r}, {record!r}, db=values)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_an_entry_never_names_a_file_outside_the_folder(store_path, tmp_path):
-    """Bytes from another tier that look like a file reference are not stored, and a removed
-    entry unlinks only files in the values folder."""
+    """Bytes from another tier that look like a file reference are not stored; an entry planted
+    with a path, a symlink or a FIFO for its name is a miss that maps nothing, never blocks, and
+    whose removal unlinks nothing outside the values folder."""
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep")
     cache = HostCache(store_path)
     relative = os.path.relpath(victim, cache.files).encode()
     assert not cache.put_encoded("k", b"LMF1" + relative) and cache.stats().corrupt == 1
-    assert cache.get_many(["k"]) == {} and victim.read_bytes() == b"keep"
+    os.symlink(victim, os.path.join(cache.files, "link"))
+    os.mkfifo(os.path.join(cache.files, "fifo"))
+    for index, target in enumerate((relative, str(victim).encode(), b"link", b"fifo", b"..")):
+        plant_entry(store_path, f":k{index}".encode(), b"LMF1" + target)
+        assert cache.get_many([f"k{index}"]) == {}
+        cache.delete([f"k{index}"])
+    assert victim.read_bytes() == b"keep"
+
+
+def test_a_value_file_gone_behind_the_store_is_dropped_with_its_entry(store_path):
+    cache = HostCache(store_path)
+    assert cache.put("k", value_for(1))
+    (file_name,) = os.listdir(cache.files)
+    os.unlink(os.path.join(cache.files, file_name))
+    assert cache.get_many(["k"]) == {} and cache.usage() == (0, 0)  # not left holding capacity
+
+
+def test_processes_with_either_layout_read_small_values_of_the_other(store_path):
+    """Values small enough for LMDB are always tagged, so a reader that checks every payload
+    (zero_copy=False) reads a zero-copy writer's without counting them corrupt."""
+    small = {"x": torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64)}
+    assert HostCache(store_path).put("k", small)
+    coded = HostCache(store_path, zero_copy=False)
+    assert torch.equal(coded.get_many(["k"])["k"]["x"], small["x"]) and coded.stats().corrupt == 0
+
+
+def test_a_host_folder_others_can_write_is_refused(store_path):
+    os.makedirs(os.path.join(store_path, "values"))
+    os.chmod(os.path.join(store_path, "values"), 0o777)
+    with pytest.raises(ValueError, match="others cannot write"):
+        HostCache(store_path)
 
 
 def test_orphan_value_files_are_swept_once_older_than_a_lease(store_path):
@@ -266,8 +326,12 @@ def test_orphan_value_files_are_swept_once_older_than_a_lease(store_path):
         with open(path, "wb") as file:
             file.write(b"x")
     os.utime(old, (time.time() - 60, time.time() - 60))
+    stray = os.path.join(cache.files, "4567-orphan")  # final-named, young: no writer is about to name it
+    with open(stray, "wb") as file:
+        file.write(b"x")
     HostCache(store_path, lease_s=30.0)
-    assert not os.path.exists(old) and os.path.exists(young)  # a write may still be under way
+    assert not os.path.exists(old) and not os.path.exists(stray)
+    assert os.path.exists(young)  # a write may still be under way
     assert torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])  # named files stay
 
 
@@ -399,6 +463,19 @@ def test_a_chain_writes_each_tier_in_its_own_layout(store_path, redis_url, monke
     assert len(remote_bytes) < len(host_bytes) / 2 and len(os.listdir(host.files)) == 1
     for tier in (host, remote):
         assert torch.equal(tier.get_many(["k"])["k"]["pixel_values"], value["pixel_values"])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_a_redis_hit_fills_the_host_tier_in_its_own_zero_copy_layout(store_path, redis_url):
+    from lazymedia.cache import RedisCache
+
+    host, remote = HostCache(store_path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="fill")
+    remote.put("k", value_for(5))  # another host wrote it: level codes and LZ4
+    found, value = TieredCache(ProcessorCache(), host, remote).lookup("k")
+    assert found and torch.equal(value["x"], value_for(5)["x"])
+    again = host.get_many(["k"])["k"]["x"]
+    (file_name,) = os.listdir(host.files)
+    assert mapped_files(again.data_ptr()) == [os.path.join(host.files, file_name)] and torch.equal(again, value["x"])
 
 
 def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):

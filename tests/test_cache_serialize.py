@@ -400,12 +400,13 @@ def test_verify_payload_false_reads_the_header_tag_only():
         loads(bytes(data), key="k", verify_payload=False)
 
 
+@pytest.mark.skipif(not _C.level_gather_vectorised(), reason="no AVX-512 VBMI on this CPU: one path only")
 @pytest.mark.parametrize("elements", [np.uint16, np.uint32])
 @pytest.mark.parametrize("n,run,groups,length", [(1000, 10, 3, 8), (64 * 1176, 392, 3, 200), (12345, 7, 4, 256),
                                                  (777, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)])
 def test_the_vectorised_level_read_equals_the_portable_loop(elements, n, run, groups, length):
-    """Runs the AVX-512 VBMI read where the CPU has it (`level_gather_vectorised`), else both calls
-    take the portable loop; tails, runs across groups and a code past its table included."""
+    """The AVX-512 VBMI read against the portable loop: tails, runs across groups and a code past
+    its table included."""
     rng = np.random.default_rng(n)
     tables = rng.integers(0, np.iinfo(elements).max, groups * length, dtype=elements, endpoint=True)
     codes = rng.integers(0, length, n, dtype=np.uint8)
@@ -420,13 +421,14 @@ def test_the_vectorised_level_read_equals_the_portable_loop(elements, n, run, gr
         assert not _C.level_decode(codes, run, groups, tables, portable, 1, False)
 
 
+@pytest.mark.skipif(not _C.level_gather_vectorised(), reason="no AVX-512 VBMI on this CPU: one path only")
 @pytest.mark.parametrize("n,run,groups,levels", [(1000, 10, 3, 8), (300_000, 392, 3, 200), (70_000, 7, 4, 256),
                                                  (5000, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_vectorised_level_write_equals_the_portable_loop(n, run, groups, levels, threads):
-    """The AVX-512 write (where the CPU has it) gives the portable loop's codes and tables: the
-    same numbering by first appearance, zero patterns (an empty slot's key) and a group one level
-    past its table included."""
+    """The AVX-512 write gives the portable loop's codes and tables: the same numbering by first
+    appearance, zero patterns (an empty slot's key), several rows renumbered, and a group one
+    level past its table included."""
     rng = np.random.default_rng(n)
     table = rng.integers(0, 2**32, groups * levels, dtype=np.uint32)
     src = table.reshape(groups, levels)[(np.arange(n) // run) % groups, rng.integers(0, levels, n)]
@@ -442,3 +444,14 @@ def test_the_vectorised_level_write_equals_the_portable_loop(n, run, groups, lev
         return
     assert (fast == portable).all() and (fast_tables == portable_tables).all()
     assert (fast_tables.reshape(groups, 256)[(np.arange(n) // run) % groups, fast] == src).all()
+
+
+def test_an_empty_level_coded_tensor_is_refused_not_a_crash():
+    """A sealed header claiming a level-coded tensor of no elements (anyone without the secret can
+    write one) is a bad value; the native coder takes empty inputs (it divided by zero before)."""
+    header = b'{"t":"float32","s":[0],"k":[0,4],"c":"uint8","g":[1,1],"r":[0,0]}'
+    with pytest.raises(SerializationError, match="level coding"):
+        loads(sealed(header, bytes(64)))
+    empty, tables = np.empty(0, np.uint32), np.zeros(256, np.uint32)
+    assert _C.level_encode(empty, 1, 1, 256, np.empty(0, np.uint8), tables) == [0]
+    assert _C.level_decode(np.empty(0, np.uint8), 1, 1, tables, empty)

@@ -35,9 +35,9 @@ class GatedHost(HostCache):
         self._pass("encode")
         return super().encode(key, value)
 
-    def put_encoded(self, key, data):
+    def put_encoded(self, key, data, unchanged=None):
         self._pass("put_encoded")
-        return super().put_encoded(key, data)
+        return super().put_encoded(key, data, unchanged)
 
 
 def pixels(decoded):
@@ -274,10 +274,11 @@ def test_a_fork_while_the_renewal_lock_is_held_does_not_deadlock_the_child():
         holder.join()
 
 
-def test_a_value_changed_in_place_while_it_is_written_is_deleted_again(store_path):
+def test_a_value_changed_in_place_while_it_is_written_is_never_published(store_path):
     """A zero-copy host tier writes the tensors' own memory into the value's file: a change made
-    after the value was serialized but before its write finished is caught by the seal checked
-    after the store, and the stored value is deleted (other processes decode it themselves)."""
+    after the value was serialized but before its write finished is caught by the seal the tier
+    checks after writing the file and before the entry naming it commits: no other process can
+    read it, and the file is gone."""
     host = GatedHost(store_path, capacity_bytes=64 << 20, file_min_bytes=0)  # every value a file
     cache = TieredCache(ProcessorCache(), host)
     item = jpeg(48, 64, seed=3)

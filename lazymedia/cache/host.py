@@ -32,9 +32,9 @@ free at once, one whose holder hangs after `lease_s`.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import secrets
+import stat
 import struct
 import threading
 import time
@@ -59,6 +59,7 @@ _ENTRY = struct.Struct("<QQ")  # meta table per key: stamp, value bytes
 _LEASE = struct.Struct("<16sdq")  # token, expiry (CLOCK_MONOTONIC is host-wide), pid
 _FILE_REFERENCE = b"LMF1"  # a value entry naming the file that holds the value (then its name)
 _TEMPORARY = ".part-"  # a value file being written
+_NAME_MAX = 64  # the longest file name an entry holds (blake3 hex 16 + "-" + token hex 16: 33)
 
 
 def _environment(path: str, map_size: int):
@@ -126,6 +127,10 @@ class HostCache(ValueStore):
         self._faults = BadValueLog(log_every_s)
         self.files = os.path.join(os.path.realpath(path), "values")
         os.makedirs(self.files, mode=0o700, exist_ok=True)
+        folder = os.lstat(self.files)
+        if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.geteuid() or folder.st_mode & 0o022:
+            raise ValueError(f"HostCache: {self.files} must be a folder of this user that others cannot write to "
+                             "(its files are mapped into every process that reads them)")
         self._sweep_files()
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -137,16 +142,21 @@ class HostCache(ValueStore):
 
     def encode(self, key: str, value) -> bytes | list | None:
         """What `put_encoded` stores: zero-copy, the value's buffers unjoined (`serialize.dump_parts`:
-        views of its tensors, written straight into the value's file), with a payload tag only
-        where readers check it (`verify_payloads`); else the coded bytes."""
+        views of its tensors, written straight into the value's file), the payload of a file tagged
+        only where readers check it (`verify_payloads`; values small enough for LMDB always are);
+        else the coded bytes."""
         if not self.zero_copy:
             return super().encode(key, value)
         try:
             return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=False, levels=False,
-                              tag_payload=self.verify_payloads)
+                              tag_payload=self.verify_payloads, tag_below=self.file_min_bytes)
         except SerializationError:
             self._count("unserializable")
             return None
+
+    @property
+    def layout(self) -> tuple:
+        return (*super().layout, self.zero_copy, self.verify_payloads)
 
     def _fault(self, exc: BaseException) -> None:
         self._count("fallbacks")
@@ -159,7 +169,8 @@ class HostCache(ValueStore):
 
     def _read(self, keys: list[str], encoded: bool, again: bool) -> dict[str, tuple[Any, bytes | None]]:
         found: dict[str, tuple[Any, bytes | None]] = {}
-        bad, stale = [], []
+        bad: list[tuple[bytes, bytes]] = []
+        stale: list[bytes] = []
         try:
             with self._env.begin(buffers=True) as txn:
                 head = self._oldest(txn)
@@ -167,15 +178,17 @@ class HostCache(ValueStore):
                 for key in keys:
                     name = self.prefix + key.encode()
                     data = txn.get(name, db=self._values)
-                    if data is not None and bytes(data[:4]) == _FILE_REFERENCE:
-                        data = self._mapped(bytes(data[4:]))  # None: evicted since (a plain miss)
+                    record = None if data is None else bytes(data[:4 + _NAME_MAX])
+                    if record is not None and record.startswith(_FILE_REFERENCE):
+                        data = self._mapped(record[4:])
+                        if data is None:  # gone (evicted and unlinked since this snapshot, or lost)
+                            bad.append((name, record))
                         ok, value = self.decode(key, data, again, zero_copy=True, verify_payload=self.verify_payloads)
                     else:
-                        ok, value = self.decode(key, data, again, verify_payload=self.verify_payloads
-                                                or not self.zero_copy)
+                        ok, value = self.decode(key, data, again)
                     if not ok:
-                        if data is not None:
-                            bad.append(name)
+                        if data is not None and record is not None:
+                            bad.append((name, record))
                         continue
                     found[key] = (value, bytes(data) if encoded else None)
                     entry = txn.get(name, db=self._meta)
@@ -190,19 +203,25 @@ class HostCache(ValueStore):
                 self._unlink(doomed)
         return found
 
-    def put_encoded(self, key: str, data: bytes | list) -> bool:
+    def put_encoded(self, key: str, data: bytes | list, unchanged=None) -> bool:
         """Stores a value's bytes (`serialize.dumps`, or the buffers `encode` gives unjoined: in a
         file of their own when zero-copy and at least `file_min_bytes`), evicting the oldest
-        entries; False when it does not fit or the store failed (never an exception)."""
+        entries; False when it does not fit, the store failed (never an exception), or
+        `unchanged()` says the value changed while its buffers were written (asked after the file
+        is written, before the entry naming it commits)."""
         parts = data if isinstance(data, list) else [data]
         size = sum(memoryview(part).nbytes for part in parts)
         if size > self.max_entry_bytes:
             self._count("oversized")
             return False
         name = self.prefix + key.encode()
+        file_name = None
         if self.zero_copy and size >= self.file_min_bytes:
             file_name = self._write_file(name, parts)
             if file_name is None:
+                return False
+            if unchanged is not None and not unchanged():
+                self._unlink([(_TEMPORARY + file_name).encode()])
                 return False
             record = _FILE_REFERENCE + file_name.encode()
         else:
@@ -210,11 +229,17 @@ class HostCache(ValueStore):
             if record.startswith(_FILE_REFERENCE):  # never a value (they start with their magic): not stored
                 self._count("corrupt")
                 return False
-        stored = False
+        stored = renamed = False
         for attempt in range(2):
             doomed: list[bytes] = []
             try:
                 with self._env.begin(write=True) as txn:
+                    if file_name is not None and not renamed:
+                        # Named under the write lock: a sweep or clear (which scan the folder under
+                        # it too) sees every final-named file either named by an entry or orphaned.
+                        os.replace(os.path.join(self.files, _TEMPORARY + file_name),
+                                   os.path.join(self.files, file_name))
+                        renamed = True
                     self._remove(txn, name, doomed)
                     self._evict(txn, self.capacity - size if attempt == 0 else self.capacity // 2, doomed)
                     stamp = self._next_stamp(txn)
@@ -228,15 +253,15 @@ class HostCache(ValueStore):
                     continue
                 self._fault(exc)
                 break
-            except lmdb.Error as exc:  # a full disk, a broken file: the next tier serves
+            except (lmdb.Error, OSError) as exc:  # a full disk, a broken file: the next tier serves
                 self._fault(exc)
                 break
             self._unlink(doomed)
             stored = True
             break
         if not stored:
-            if record.startswith(_FILE_REFERENCE):
-                self._unlink([record[4:]])
+            if file_name is not None:
+                self._unlink([(file_name if renamed else _TEMPORARY + file_name).encode()])
             return False
         self._count("writes")
         self._count("bytes_out", size)
@@ -249,18 +274,24 @@ class HostCache(ValueStore):
             self._unlink(doomed)
 
     def clear(self) -> None:
-        """Empties the store for every process (values, their files, order, leases)."""
+        """Empties the store for every process (values, their files, order, leases). The folder
+        is scanned under the write lock, when every file with its final name is named by an
+        entry (a writer renames its file in the transaction that names it)."""
+        doomed: list[bytes] = []
+
         def drop(txn):
             for db in (self._values, self._order, self._meta, self._leases):
                 txn.drop(db, delete=False)
+            doomed.extend(entry.name.encode() for entry in os.scandir(self.files)
+                          if not entry.name.startswith(_TEMPORARY))
         if self._write(drop):
-            self._unlink([entry.name.encode() for entry in os.scandir(self.files)
-                          if not entry.name.startswith(_TEMPORARY)])
+            self._unlink(doomed)
 
     # -- value files ------------------------------------------------------------------------------
     def _write_file(self, name: bytes, parts: list) -> str | None:
-        """Writes a value's buffers to its file under a temporary name and renames it: its name, or
-        None (counted, logged) when the folder is full or failing."""
+        """Writes a value's buffers to its file under a temporary name (`put_encoded` renames it
+        in the transaction that names it): its name, or None (counted, logged) when the folder is
+        full or failing."""
         file_name = f"{blake3.blake3(name).hexdigest(8)}-{secrets.token_hex(8)}"
         temporary = os.path.join(self.files, _TEMPORARY + file_name)
         try:
@@ -272,24 +303,31 @@ class HostCache(ValueStore):
                         view = view[os.write(descriptor, view):]
             finally:
                 os.close(descriptor)
-            os.replace(temporary, os.path.join(self.files, file_name))
         except OSError as exc:  # ENOSPC on a full /dev/shm
             self._unlink([(_TEMPORARY + file_name).encode()])
             self._fault(exc)
             return None
         return file_name
 
-    def _mapped(self, file_name: bytes) -> mmap.mmap | None:
-        """The value file an entry names, mapped privately (copy on write); None when it is gone
-        or not a plain name in the folder."""
+    def _mapped(self, file_name: bytes):
+        """The value file an entry names, mapped privately (copy on write) as a writable uint8
+        array that keeps the map (torch's file mapping holds no file descriptor: a process keeps
+        thousands of values); None when it is gone, empty, or not a regular file of this user
+        named plainly in the folder (no link, no FIFO to block on)."""
         text = file_name.decode("ascii", "replace")
         if not _plain_name(text) or text.startswith("."):
             return None
+        path = os.path.join(self.files, text)
         try:
-            with open(os.path.join(self.files, text), "rb") as file:
-                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
-        except (OSError, ValueError):  # gone (evicted since the entry was read), or empty
+            status = os.lstat(path)
+            if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_size == 0:
+                return None
+            import torch
+
+            storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=status.st_size)
+        except (OSError, RuntimeError):  # gone (evicted since the entry was read)
             return None
+        return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()  # type: ignore[arg-type]
 
     def _unlink(self, file_names: list[bytes]) -> None:
         for file_name in file_names:
@@ -302,17 +340,26 @@ class HostCache(ValueStore):
                 pass
 
     def _sweep_files(self) -> None:
-        """Unlinks files no entry names, older than a lease (left by a process killed between its
-        file and its entry, or between an entry's removal and its file's)."""
-        try:
-            with self._env.begin(buffers=True, db=self._values) as txn:
-                named = {bytes(raw[4:]).decode("ascii", "replace") for _, raw in txn.cursor()
-                         if bytes(raw[:4]) == _FILE_REFERENCE}
+        """Unlinks the files no entry names (left by a process killed between an entry's removal
+        and its file's unlink), and temporary files older than a lease (a writer killed while
+        writing one). The folder is scanned under the write lock, as `clear` does."""
+        doomed: list[bytes] = []
+
+        def scan(txn) -> None:
+            named = {bytes(raw[4:]) for _, raw in txn.cursor(db=self._values) if bytes(raw[:4]) == _FILE_REFERENCE}
             cutoff = time.time() - self.lease_s
-            self._unlink([entry.name.encode() for entry in os.scandir(self.files)
-                          if entry.name.removeprefix(_TEMPORARY) not in named and entry.stat().st_mtime < cutoff])
-        except (lmdb.Error, OSError) as exc:
-            self._fault(exc)
+            for entry in os.scandir(self.files):
+                name = entry.name.encode()
+                try:
+                    if entry.name.startswith(_TEMPORARY):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            doomed.append(name)
+                    elif name not in named:
+                        doomed.append(name)
+                except OSError:  # gone meanwhile
+                    continue
+        if self._write(scan):
+            self._unlink(doomed)
 
     # -- store internals (inside a transaction) ---------------------------------------------------
     def _write(self, fn) -> bool:
@@ -320,7 +367,7 @@ class HostCache(ValueStore):
         try:
             with self._env.begin(write=True) as txn:
                 fn(txn)
-        except lmdb.Error as exc:
+        except (lmdb.Error, OSError) as exc:
             self._fault(exc)
             return False
         return True
@@ -368,9 +415,13 @@ class HostCache(ValueStore):
                 used -= _ENTRY.unpack(entry)[1]
                 self._count("evictions")
 
-    def _refresh(self, txn, bad: list[bytes], stale: list[bytes], doomed: list[bytes]) -> None:
-        for name in bad:
-            self._remove(txn, name, doomed)
+    def _refresh(self, txn, bad: list[tuple[bytes, bytes]], stale: list[bytes], doomed: list[bytes]) -> None:
+        """Removes the bad entries read (values that did not read back, names of files gone) that
+        are still what was read (not a newer value since), and re-stamps the stale ones."""
+        for name, seen in bad:
+            record = txn.get(name, db=self._values)
+            if record is not None and bytes(record[:len(seen)]) == seen:
+                self._remove(txn, name, doomed)
         for name in stale:
             entry = txn.get(name, db=self._meta)
             if entry is None:

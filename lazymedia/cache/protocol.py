@@ -36,7 +36,10 @@ class SharedTier(Protocol):
         """What `put_encoded` stores (a tier's bytes; a SharedChain's, each tier's); None when the
         value cannot be stored."""
 
-    def put_encoded(self, key: str, data: Any) -> bool: ...
+    def put_encoded(self, key: str, data: Any, unchanged: Callable[[], bool] | None = None) -> bool:
+        """Stores what `encode` returned; `unchanged`, where given, is asked just before the value
+        becomes visible to other processes (a tier whose stored bytes are views of the value's own
+        memory does not publish one changed while it was written)."""
 
     def delete(self, keys: list[str]) -> None: ...
 

@@ -206,11 +206,13 @@ class RedisCache(ValueStore):
             return {}
         return self._decoded(keys, raw, again)
 
-    def put_encoded(self, key: str, data: bytes | list) -> bool:
+    def put_encoded(self, key: str, data: bytes | list, unchanged=None) -> bool:
         """Stores `serialize.dumps` bytes (or the buffers they join) with the TTL; False when over
-        `max_entry_bytes` or the server is unavailable."""
+        `max_entry_bytes` or the server is unavailable. `unchanged` is asked before the SET."""
         if isinstance(data, list):
             data = b"".join(data)
+        if unchanged is not None and not unchanged():
+            return False
         if len(data) > self.max_entry_bytes:
             self._count("oversized")
             return False

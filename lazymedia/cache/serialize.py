@@ -179,11 +179,12 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
 
 
 def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
-               levels: bool = True, tag_payload: bool = True) -> list:
+               levels: bool = True, tag_payload: bool = True, tag_below: int = 0) -> list:
     """`dumps` as the buffers it joins, for a writer that writes them where they go with no copy
     in between: buffers stored as they are are views of the value's own tensors and arrays (the
     value must not change until they are written). `tag_payload=False` leaves the payload tag
-    zero (no pass over the payload; a reader must then pass `verify_payload=False`)."""
+    zero (no pass over the payload; a reader must then pass `verify_payload=False`) for payloads
+    of at least `tag_below` bytes (smaller ones are tagged: cheap, and readable by any reader)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -258,7 +259,7 @@ def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool
     header += b" " * (-(_PREFIX + len(header)) % _ALIGN)  # the payload starts aligned where the value does
     bound = key_digest(key)
     payload_tag = bytes(16)
-    if tag_payload:
+    if tag_payload or size[0] < tag_below:
         payload_tagger = _tagger(mac)
         for buffer in buffers:
             payload_tagger.update(buffer)
@@ -344,7 +345,7 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
             grouping = node.get("g")
             if (node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS or not isinstance(grouping, list)
                     or len(grouping) != 2 or not all(type(v) is int and v > 0 for v in grouping)
-                    or grouping[0] > max(count, 1)):
+                    or grouping[0] > max(count, 1) or count == 0):
                 raise SerializationError("bad level coding")
             run, groups = grouping
             code_type = np.dtype(node["c"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,7 +115,7 @@ class ValueStore(SteppedTier):
                          again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         return await adrive(self.read_steps(keys, encoded, again))
 
-    def put_encoded(self, key: str, data: bytes | list) -> bool:
+    def put_encoded(self, key: str, data: bytes | list, unchanged: Callable[[], bool] | None = None) -> bool:
         raise NotImplementedError
 
     def get_steps(self, keys: list[str], again: bool) -> Steps:

@@ -40,9 +40,16 @@ class SharedChain(SteppedTier):
         self.tiers = list(tiers)
 
     def _fill(self, upto: int, found: dict) -> None:
-        for key, (_, data) in found.items():
+        """Stores what tier `upto` found in the nearer tiers: its bytes as they are where a tier's
+        layout is the same, else encoded in that tier's own (a zero-copy host tier maps values
+        stored as they are, not Redis's codes)."""
+        source = getattr(self.tiers[upto], "layout", None)
+        for key, (value, data) in found.items():
             for tier in self.tiers[:upto]:
-                tier.put_encoded(key, data)
+                if source is not None and getattr(tier, "layout", None) == source:
+                    tier.put_encoded(key, data)
+                else:
+                    tier.put(key, value)
 
     def _refill(self, upto: int, key: str, value) -> None:
         for tier in self.tiers[:upto]:
@@ -72,10 +79,11 @@ class SharedChain(SteppedTier):
             encoded.append(by_layout[layout])
         return tuple(encoded) if any(data is not None for data in encoded) else None
 
-    def put_encoded(self, key: str, data: bytes | tuple[bytes | None, ...]) -> bool:
-        """Stores what `encode` returned (each tier its own bytes), or the same bytes in each."""
+    def put_encoded(self, key: str, data: bytes | tuple[bytes | None, ...], unchanged=None) -> bool:
+        """Stores what `encode` returned (each tier its own bytes), or the same bytes in each;
+        `unchanged` as the tiers' `put_encoded` take it."""
         each = data if isinstance(data, tuple) else (data,) * len(self.tiers)
-        return any([tier.put_encoded(key, part) for tier, part in zip(self.tiers, each) if part is not None])
+        return any([tier.put_encoded(key, part, unchanged) for tier, part in zip(self.tiers, each) if part is not None])
 
     def put(self, key: str, value) -> bool:
         data = self.encode(key, value)

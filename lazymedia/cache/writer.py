@@ -4,9 +4,9 @@ behind the request, then releases the key's lease (so other processes wait for t
 for nothing). The queue is bounded in entries and in the bytes of the values it holds: when
 full, the write is skipped and counted, and the lease is released at once (the other processes
 then decode the key themselves). A value given with its seal (the `lru.fingerprint` the local
-tier's `put` took) is checked again after it is serialized and after it is stored (a zero-copy
-host tier writes the tensors' own memory into the value's file): one a reader changed in place
-meanwhile is not stored, or deleted again (counted `mutated`; its lease is released). An exiting
+tier's `put` took) is checked again after it is serialized and, by the tier, just before it
+becomes visible (a zero-copy host tier writes the tensors' own memory into the value's file): one
+a reader changed in place meanwhile is not stored (counted `mutated`; its lease is released). An exiting
 process finishes its queued writes (at most 10 s for all its writers together); one killed loses
 them, and their leases die with it. A forked child starts with empty writers of its own (`os.register_at_fork`)."""
 from __future__ import annotations
@@ -148,13 +148,13 @@ class SharedWriter:
             outcome = "failed"
             try:  # a tier turns its own faults into False; anything else must not end the thread
                 data = self.shared.encode(key, value)
-                if seal is not None and fingerprint(value) != seal:  # changed in place (before or during dumps)
+                unchanged = None if seal is None else (lambda: fingerprint(value) == seal)
+                if unchanged is not None and not unchanged():  # changed in place (before or during dumps)
                     outcome = "mutated"
-                elif data is not None and self.shared.put_encoded(key, data):
+                elif data is not None and self.shared.put_encoded(key, data, unchanged):
                     outcome = "written"
-                    if seal is not None and fingerprint(value) != seal:  # changed while its buffers were written
-                        self.shared.delete([key])
-                        outcome = "mutated"
+                elif unchanged is not None and not unchanged():  # changed while its buffers were written
+                    outcome = "mutated"
                 if outcome == "mutated":
                     logger.warning("cached value %s was modified in place by a reader before it was "
                                    "stored; not written to the shared tier (docs/design.md)", key)

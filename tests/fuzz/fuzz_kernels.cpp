@@ -62,9 +62,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const bool b =
           level_decode(src.data(), src.size(), run, groups, tables.data(), length, portable.data(), threads, false);
       if (a != b || (a && fast != portable)) __builtin_trap();
-      std::vector<uint32_t> patterns(src.size());
-      for (size_t i = 0; i < src.size(); ++i) patterns[i] = tables[src[i] % tables.size()];
-      std::vector<uint8_t> codes[2] = {std::vector<uint8_t>(src.size()), std::vector<uint8_t>(src.size())};
+      // Repeated up to 32 times: past one row of the coder (64 Ki elements), so rows are renumbered.
+      const size_t repeats = 1 + in.next() % 32;
+      std::vector<uint32_t> patterns(src.size() * repeats);
+      for (size_t i = 0; i < patterns.size(); ++i) patterns[i] = tables[src[i % src.size()] % tables.size()];
+      std::vector<uint8_t> codes[2] = {std::vector<uint8_t>(patterns.size()), std::vector<uint8_t>(patterns.size())};
       std::vector<uint32_t> coded[2] = {std::vector<uint32_t>(groups * 256), std::vector<uint32_t>(groups * 256)};
       std::vector<size_t> counts[2] = {std::vector<size_t>(groups), std::vector<size_t>(groups)};
       bool ok[2];
