@@ -302,6 +302,19 @@ def test_a_value_file_gone_behind_the_store_is_dropped_with_its_entry(store_path
     assert cache.get_many(["k"]) == {} and cache.usage() == (0, 0)  # not left holding capacity
 
 
+def test_a_map_that_fails_is_a_miss_that_keeps_the_entry(store_path, monkeypatch):
+    """No memory or too many maps for one hit: a miss counted as a fallback, not a bad value."""
+    cache = HostCache(store_path)
+    assert cache.put("k", value_for(1))
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("unable to mmap: Cannot allocate memory")
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", refuse)
+    assert cache.get_many(["k"]) == {} and cache.stats().fallbacks == 1 and cache.usage()[0] == 1
+    monkeypatch.undo()
+    assert torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])
+
+
 def test_processes_with_either_layout_read_small_values_of_the_other(store_path):
     """Values small enough for LMDB are always tagged, so a reader that checks every payload
     (zero_copy=False) reads a zero-copy writer's without counting them corrupt."""

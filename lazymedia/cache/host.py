@@ -180,8 +180,8 @@ class HostCache(ValueStore):
                     data = txn.get(name, db=self._values)
                     record = None if data is None else bytes(data[:4 + _NAME_MAX])
                     if record is not None and record.startswith(_FILE_REFERENCE):
-                        data = self._mapped(record[4:])
-                        if data is None:  # gone (evicted and unlinked since this snapshot, or lost)
+                        data, gone = self._mapped(record[4:])
+                        if gone:  # evicted and unlinked since this snapshot, lost, or not a value file
                             bad.append((name, record))
                         ok, value = self.decode(key, data, again, zero_copy=True, verify_payload=self.verify_payloads)
                     else:
@@ -309,25 +309,31 @@ class HostCache(ValueStore):
             return None
         return file_name
 
-    def _mapped(self, file_name: bytes):
-        """The value file an entry names, mapped privately (copy on write) as a writable uint8
-        array that keeps the map (torch's file mapping holds no file descriptor: a process keeps
-        thousands of values); None when it is gone, empty, or not a regular file of this user
-        named plainly in the folder (no link, no FIFO to block on)."""
+    def _mapped(self, file_name: bytes) -> tuple[Any, bool]:
+        """(the value file an entry names, mapped privately (copy on write) as a writable uint8
+        array that keeps the map, None if it cannot be; whether the file is gone for good). Torch's
+        file mapping holds no file descriptor, so a process keeps thousands of values. Gone: no
+        such file, or not a regular, non-empty file of this user named plainly in the folder (no
+        path, link or FIFO to block on). A map that fails (no memory, too many maps) is a miss
+        that leaves the entry."""
         text = file_name.decode("ascii", "replace")
         if not _plain_name(text) or text.startswith("."):
-            return None
+            return None, True
         path = os.path.join(self.files, text)
         try:
             status = os.lstat(path)
-            if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_size == 0:
-                return None
-            import torch
+        except OSError:
+            return None, True
+        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_size == 0:
+            return None, True
+        import torch
 
+        try:
             storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=status.st_size)
-        except (OSError, RuntimeError):  # gone (evicted since the entry was read)
-            return None
-        return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()  # type: ignore[arg-type]
+        except (OSError, RuntimeError) as exc:
+            self._fault(exc)
+            return None, False
+        return torch.empty(0, dtype=torch.uint8).set_(storage).numpy(), False  # type: ignore[arg-type]
 
     def _unlink(self, file_names: list[bytes]) -> None:
         for file_name in file_names:
