@@ -121,6 +121,12 @@ def start_redis(directory: str) -> tuple[subprocess.Popen, str]:
     sys.exit("redis-server did not start")
 
 
+def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (NaN payloads and -0.0 included)."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                     b.reshape(-1).view(torch.uint8))
+
+
 def new_memory_ms(nbytes: int, buffers: int = 16) -> float:
     """Median ms to write every byte of a new buffer of `nbytes`, the earlier ones kept (so none
     reuses memory the process had already touched)."""
@@ -193,11 +199,8 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         times["miss_response"] = responses[1:]  # the warm-up call's left out
         cache.flush()
         value_bytes = sum(t.element_size() * t.numel() for t in tensors)
-        exact = all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                              b.reshape(-1).view(torch.uint8))
-                    for a, b in zip(tensors, host.get_many([key])[key].values()))  # bit for bit
-        exact = exact and all(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-                              for a, b in zip(tensors, redis_tier.get_many([key])[key].values()))
+        exact = all(bit_equal(a, b) for tier in (host, redis_tier)
+                    for a, b in zip(tensors, tier.get_many([key])[key].values()))
         row = {"value": kind, "value_bytes": value_bytes, "stored_bytes": len(stored),
                "stored_uncompressed_bytes": len(stored_raw),
                "stored_host_bytes": sum(memoryview(part).nbytes for part in host.encode(key, value)),

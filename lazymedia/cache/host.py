@@ -44,7 +44,7 @@ import blake3
 import lmdb
 
 from .protocol import Steps, threaded
-from .serialize import BadValueLog, SerializationError, dump_parts
+from .serialize import BadValueLog, dump_parts
 from .store import ValueStore
 
 _ENVS: dict[str, tuple[int, Any]] = {}  # real path -> (pid, lmdb.Environment): one per process
@@ -140,19 +140,15 @@ class HostCache(ValueStore):
             used = txn.get(_USED)
             return txn.stat(self._values)["entries"], _U64.unpack(used)[0] if used else 0
 
-    def encode(self, key: str, value) -> bytes | list | None:
-        """What `put_encoded` stores: zero-copy, the value's buffers unjoined (`serialize.dump_parts`:
-        views of its tensors, written straight into the value's file), the payload of a file tagged
-        only where readers check it (`verify_payloads`; values small enough for LMDB always are);
-        else the coded bytes."""
+    def serialize(self, key: str, value) -> bytes | list:
+        """Zero-copy, the value's buffers unjoined (`serialize.dump_parts`: views of its tensors,
+        written straight into the value's file), the payload of a file tagged only where readers
+        check it (`verify_payloads`; values small enough for LMDB always are); else the coded
+        bytes."""
         if not self.zero_copy:
-            return super().encode(key, value)
-        try:
-            return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=False, levels=False,
-                              tag_payload=self.verify_payloads, tag_below=self.file_min_bytes)
-        except SerializationError:
-            self._count("unserializable")
-            return None
+            return super().serialize(key, value)
+        return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=False, levels=False,
+                          tag_payload=self.verify_payloads, tag_below=self.file_min_bytes)
 
     @property
     def layout(self) -> tuple:

@@ -68,11 +68,15 @@ class ValueStore(SteppedTier):
         """`value` as stored bytes bound to `key` (a tier may give them as the list of buffers they
         join, which its `put_encoded` takes); None (counted) for a type no shared tier can hold."""
         try:
-            return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
-                         levels=self.levels)
+            return self.serialize(key, value)
         except SerializationError:
             self._count("unserializable")
             return None
+
+    def serialize(self, key: str, value) -> bytes | list:
+        """The tier's stored form of `value` (SerializationError for a type it cannot hold)."""
+        return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
+                     levels=self.levels)
 
     @property
     def layout(self) -> tuple:
