@@ -6,7 +6,8 @@
     normalisation at 1, 2 threads, next to Pillow's resize and numpy for reference;
   * the cache's level coder on a 720p Qwen2-VL-shaped value (5.6 M float32 elements, 3 channel
     tables of 256 levels, uint8 codes): the vectorised write and read (AVX-512 VBMI, where the CPU
-    has it) next to the portable loops, and a memcpy of the float tensor.
+    has it) next to the portable loops, the write on every core, the read of repeated halves (from
+    half the codes), and a memcpy of the float tensor.
 
     python benchmarks/bench_native.py [--json PATH] [--corpus DIR]
 """
@@ -91,7 +92,8 @@ def bench_kernels() -> list[dict]:
 
 
 def bench_level_coder() -> dict:
-    """ms per call of ops' level coder, vectorised and portable, on one thread."""
+    """ms per call of ops' level coder, vectorised and portable, on one thread, and the vectorised
+    write on every core (its rows in parallel, as serialize.dumps runs it)."""
     rng = np.random.default_rng(0)
     patches, row = 4784, 1176  # Qwen2-VL's 720p pixel_values: [patches, 3 * 2 * 14 * 14]
     levels = ((np.arange(256, dtype=np.float32) / 255 - 0.45) / 0.27).view(np.uint32)
@@ -108,6 +110,12 @@ def bench_level_coder() -> dict:
         result[f"decode_{name}_ms"] = per_call(
             lambda: _C.level_decode(codes, row // 3, 3, coded, out, 1, vectorise)) * 1e3
     assert (out == bits).all()
+    halves = codes.reshape(-1, 2, row // 6)[:, 0].reshape(-1)  # Qwen2-VL's image: each channel's 2 frames equal
+    result["decode_halves_ms"] = per_call(lambda: _C.level_decode(halves, row // 3, 3, coded, out, 1, True,
+                                                                  row // 6)) * 1e3
+    threads = len(os.sched_getaffinity(0))
+    result["encode_vectorised_all_threads_ms"] = per_call(
+        lambda: _C.level_encode(bits, row // 3, 3, 256, codes, coded, threads, True)) * 1e3
     return result
 
 
@@ -133,9 +141,11 @@ def main(argv=None) -> int:
     coder = report["level_coder"]
     print(f"\nLevel coder, {coder['elements'] / 1e6:.1f} M elements, 1 thread (ms; vectorised form "
           f"{'runs' if coder['vectorised_here'] else 'is not available'} on this CPU)")
-    print(f"  write: vectorised {coder['encode_vectorised_ms']:.2f}  portable {coder['encode_portable_ms']:.2f}")
+    print(f"  write: vectorised {coder['encode_vectorised_ms']:.2f}  portable {coder['encode_portable_ms']:.2f}  "
+          f"(vectorised on {threads} threads {coder['encode_vectorised_all_threads_ms']:.2f})")
     print(f"  read:  vectorised {coder['decode_vectorised_ms']:.2f}  portable {coder['decode_portable_ms']:.2f}  "
-          f"(memcpy of the floats {coder['memcpy_ms']:.2f})")
+          f"(memcpy of the floats {coder['memcpy_ms']:.2f}; from half the codes, each block's halves "
+          f"equal: {coder['decode_halves_ms']:.2f})")
     write_json(report, args.json)
     return 0
 

@@ -4,10 +4,10 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
 (its frames through the image processor: the PIL processor here takes no videos).
 
 1. Hit costs, side by side in interleaved rounds, per value: a copy of the value's tensors
-   (memcpy of the same bytes); `serialize.dumps` in Redis's layout (level codes + LZ4) and in the
-   zero-copy host layout (`HostCache.encode`: the header, and the value's buffers as they lie,
-   written by the store with no copy before), and a whole host write (encode, the value's file,
-   its LMDB entry); `loads` of the coded bytes (and of the same
+   (memcpy of the same bytes); the dumps each tier's writer runs, `encode`: in Redis's layout
+   (level codes + LZ4, the buffers its SET joins) and in the zero-copy host layout (the header,
+   and the value's buffers as they lie, written by the store with no copy before), and whole
+   writes (a Redis SET; a host write: the value's file, its LMDB entry); `loads` of the coded bytes (and of the same
    value without LZ4); a host hit (zero-copy: `get_many` maps the value's file), the same hit
    followed by one read of every byte of its tensors (its pages mapped in as a consumer first
    touches them), next to the same read of the value's own tensors; a hit in the coded host layout
@@ -16,14 +16,20 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
    (`flush`). Ratios to the memcpy per round; verdict lines against issue 36's goals (host hit
    <= 2 ms, Redis hit <= 5 ms, dumps <= 5 ms and off the response path). Also the first write of
    new memory of the value's size (what any new tensor costs where the memory is new to the
-   process: on a VM that backs guest memory lazily, many times a warm memcpy).
+   process: on a VM that backs guest memory lazily, many times a warm memcpy), allocated by
+   torch and by numpy (which asks for transparent huge pages from 4 MiB: fast where the kernel
+   has them free, a stall where it must compact for them; serialize allocates through torch).
 2. The fleet, per value: N processes x R requests over a pool of P items, each process with its
-   own local tier: private caches only, with HostCache, with Redis. Total decodes (process_fn
-   items) and req/s of the slowest process; verdicts: host >= 2x private, Redis >= 1.3x, each
-   item decoded once.
+   own local tier: private caches only, with HostCache, with Redis; `--fleet-runs` times (the
+   three modes in turn each time), judged on the median ratio. Total decodes (process_fn items)
+   and req/s of the slowest process; verdicts: host >= 2x private, Redis >= 1.3x, each item
+   decoded once (in every run).
 
-    python benchmarks/bench_shared_cache.py [--requests 400 --processes 4 --pool 32]
-        [--values 720p,4K,video] [--json PATH]
+    python benchmarks/bench_shared_cache.py [--requests 400 --processes 4 --pool 32 --fleet-runs 3]
+        [--values 720p,4K,video] [--json PATH] [--no-fleet] [--profile DIR]
+
+`--profile DIR` profiles each fleet worker's requests (cProfile, a file per worker in DIR) and
+prints what the level gather (a coded hit's decode into its new tensor) cost a call.
 
 On a loaded machine the absolute figures (and so the verdict lines on milliseconds) are not the
 quiet machine's; the ratios in one run are what to compare.
@@ -41,6 +47,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import redis
 import torch
 
@@ -63,9 +70,10 @@ JUDGED = (("host_hit_ms", "host_hit_ms", "host hit (zero-copy)"),
            "read of private memory)"),
           ("redis_hit_ms", "redis_hit_ms", "redis hit"),
           ("dumps_host_ms", "dumps_ms", "dumps, host layout (the header; the buffers are written as they lie)"),
-          ("dumps_ms", "dumps_ms", "dumps, Redis layout (level codes + LZ4)"))
+          ("dumps_ms", "dumps_ms", "dumps, Redis layout (level codes + LZ4; the buffers its SET joins)"))
 REFERENCE = (("host_coded_hit_ms", "host_hit_ms", "host hit, coded layout (zero_copy=False, not the default)"),
-             ("host_write_ms", "dumps_ms", "host write: dumps + the value's file + its entry (behind the request)"))
+             ("host_write_ms", "dumps_ms", "host write: dumps + the value's file + its entry (behind the request)"),
+             ("redis_write_ms", "dumps_ms", "redis write: dumps + the SET (behind the request)"))
 
 
 def media(kind: str, seed: int = 0):
@@ -127,14 +135,15 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                      b.reshape(-1).view(torch.uint8))
 
 
-def new_memory_ms(nbytes: int, buffers: int = 16) -> float:
+def new_memory_ms(nbytes: int, buffers: int = 16, numpy: bool = False) -> float:
     """Median ms to write every byte of a new buffer of `nbytes`, the earlier ones kept (so none
-    reuses memory the process had already touched)."""
+    reuses memory the process had already touched); allocated by torch, or by numpy (which asks
+    for huge pages from 4 MiB: serialize allocates through torch for what this shows)."""
     kept, samples = [], []
     for _ in range(buffers):
         start = time.perf_counter()
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
-        buffer.fill_(1)
+        buffer = np.empty(nbytes, np.uint8) if numpy else torch.empty(nbytes, dtype=torch.uint8)
+        buffer.fill(1) if numpy else buffer.fill_(1)
         samples.append(time.perf_counter() - start)
         kept.append(buffer)
     return statistics.median(samples) * 1e3
@@ -186,7 +195,8 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
             cache.flush()
 
         times = interleaved({
-            "memcpy": (memcpy, 5), "dumps": (lambda: dumps(value, key=key), 1),
+            "memcpy": (memcpy, 5), "dumps": (lambda: redis_tier.encode(key, value), 1),
+            "redis_write": (lambda: redis_tier.put_encoded(key, redis_tier.encode(key, value)), 1),
             "dumps_host": (lambda: host.encode(key, value), 1),
             "host_write": (lambda: host.put_encoded(key, host.encode(key, value)), 1),
             "loads": (lambda: loads(stored, key=key), 2), "loads_uncompressed": (lambda: loads(stored_raw, key=key), 2),
@@ -205,13 +215,14 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
                "stored_uncompressed_bytes": len(stored_raw),
                "stored_host_bytes": sum(memoryview(part).nbytes for part in host.encode(key, value)),
                "exact": exact, "new_memory_first_write_ms": new_memory_ms(value_bytes),
+               "new_memory_numpy_first_write_ms": new_memory_ms(value_bytes, numpy=True),
                "hiredis": redis.utils.HIREDIS_AVAILABLE,
                **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()}}
         row["host_hit_with_first_read_ms"] = row["host_hit_read_ms"] - row["read_ms"]
         row["write_behind_ms"] = statistics.median(
             (stored - response) * 1e3 for stored, response in zip(times["miss_until_stored"], times["miss_response"]))
         for name in ("host_hit", "host_hit_read", "host_coded_hit", "redis_hit", "loads", "loads_uncompressed",
-                     "dumps", "dumps_host", "host_write"):
+                     "dumps", "dumps_host", "host_write", "redis_write"):
             row[f"{name}_vs_memcpy"] = ratio(times[name], times["memcpy"])
         row["uncompressed_vs_lz4_loads"] = ratio(times["loads_uncompressed"], times["loads"])
         rows.append(row)
@@ -227,7 +238,7 @@ from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
 sys.path.insert(0, sys.argv[8])
 from bench_shared_cache import media, process_with, qwen2_vl_processor
 
-url, mode, host_path, kind = sys.argv[1], sys.argv[2], sys.argv[6], sys.argv[7]
+url, mode, host_path, kind, profile = sys.argv[1], sys.argv[2], sys.argv[6], sys.argv[7], sys.argv[9]
 requests, pool, seed = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 process = process_with(qwen2_vl_processor())
 counter = redis.Redis.from_url(url)
@@ -249,17 +260,38 @@ order = [(seed * 7919 + i * 31) % pool for i in range(requests)]
 counter.incr("bench:ready")
 while int(counter.get("bench:ready")) < int(counter.get("bench:expected")):
     time.sleep(0.002)
+if profile:
+    import cProfile
+    profiler = cProfile.Profile()
+    profiler.enable()
 start = time.perf_counter()
 for index in order:
     processor.apply([load(encoded[index], **options)])
 seconds = time.perf_counter() - start
+if profile:
+    profiler.disable()
+    profiler.dump_stats(profile)
 if mode != "private":
     cache.flush()
 print(json.dumps({"seconds": seconds}))
 """
 
 
-def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, pool: int) -> dict:
+def gather_cost(profiles: list[str]) -> dict:
+    """Calls of the level gather (`_C.level_decode`: a coded hit's decode into its new tensor) in
+    the workers' profiles, and ms per call."""
+    import pstats
+
+    calls, seconds = 0, 0.0
+    for path in profiles:
+        for (_, _, name), (_, count, own, _, _) in pstats.Stats(path).stats.items():
+            if name == "<built-in method lazymedia._C.level_decode>":  # not ops' wrapper around it
+                calls, seconds = calls + count, seconds + own
+    return {"gather_calls": calls, "gather_ms_per_call": seconds / calls * 1e3 if calls else 0.0}
+
+
+def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, pool: int,
+          profile_dir: str | None = None) -> dict:
 
     client = redis.Redis.from_url(url)
     result: dict = {"value": kind, "items": pool}
@@ -270,8 +302,10 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
         client.set("bench:ready", 0)
         client.set("bench:decodes", 0)
         here = os.path.dirname(os.path.abspath(__file__))
+        profiles = [os.path.join(profile_dir, f"{kind}-{mode}-{i}.prof") if profile_dir else ""
+                    for i in range(processes)]
         workers = [subprocess.Popen([sys.executable, "-c", FLEET_WORKER, url, mode, str(requests), str(pool), str(i),
-                                     host_path, kind, here], stdout=subprocess.PIPE, text=True,
+                                     host_path, kind, here, profiles[i]], stdout=subprocess.PIPE, text=True,
                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
                    for i in range(processes)]
         start = time.perf_counter()
@@ -282,10 +316,28 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
         seconds = [json.loads(out.strip().splitlines()[-1])["seconds"] for out in outputs]
         result[mode] = {"decodes": int(client.get("bench:decodes")), "requests": processes * requests,
                         "slowest_process_s": max(seconds), "req_per_s": processes * requests / max(seconds),
-                        "wall_s_with_startup": time.perf_counter() - start}
+                        "wall_s_with_startup": time.perf_counter() - start,
+                        **(gather_cost(profiles) if profile_dir else {})}
     for mode in ("host", "redis"):
         result[mode]["vs_private"] = result[mode]["req_per_s"] / result["private"]["req_per_s"]
     return result
+
+
+def fleet_runs(url: str, host_path: str, kind: str, processes: int, requests: int, pool: int, runs: int,
+               profile_dir: str | None = None) -> dict:
+    """`fleet` run `runs` times (each run: private, host, Redis in turn; on this VM one mode's
+    ratio varies up to 2x between runs): per mode, the run with the median ratio (for private, the
+    median req/s), its ratio in every run, and the most decodes any run made."""
+    results = [fleet(url, host_path, kind, processes, requests, pool, profile_dir) for _ in range(runs)]
+    failed = [r for r in results if "failed" in r]
+    if failed:
+        return failed[0]
+    combined: dict = {"value": kind, "items": pool, "runs": runs}
+    for mode, measure in (("private", "req_per_s"), ("host", "vs_private"), ("redis", "vs_private")):
+        ordered = sorted(results, key=lambda r: r[mode][measure])
+        combined[mode] = {**ordered[len(ordered) // 2][mode], "decodes": max(r[mode]["decodes"] for r in results),
+                          f"{measure}_runs": [r[mode][measure] for r in results]}
+    return combined
 
 
 def verdicts(rows: list[dict], fleets: list[dict]) -> list[str]:
@@ -325,9 +377,14 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--values", default="720p,4K,video", help="value kinds, comma-separated")
     parser.add_argument("--no-fleet", action="store_true", help="hit costs only")
+    parser.add_argument("--fleet-runs", type=int, default=3, help="fleet runs per value; verdicts on the median")
+    parser.add_argument("--profile", metavar="DIR", help="cProfile each fleet worker's requests into DIR "
+                        "(the profiler's overhead is in the fleet's figures then) and print the level gather's cost")
     parser.add_argument("--json", default=os.path.join("bench-out", "shared_cache.json"))
     args = parser.parse_args(argv)
     kinds = args.values.split(",")
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     warning = busy_warning()
     if warning:
         print(warning, file=sys.stderr)
@@ -338,21 +395,22 @@ def main(argv=None) -> int:
         try:
             rows = hit_costs(url, os.path.join(host_path, "hits"), kinds, args.rounds)
             fleets = [] if args.no_fleet else [
-                fleet(url, os.path.join(host_path, f"fleet-{kind}"), kind, args.processes, args.requests,
-                      min(args.pool, POOL_CAP.get(kind, args.pool)))
+                fleet_runs(url, os.path.join(host_path, f"fleet-{kind}"), kind, args.processes, args.requests,
+                           min(args.pool, POOL_CAP.get(kind, args.pool)), args.fleet_runs, args.profile)
                 for kind in kinds]
         finally:
             server.kill()
     print(f"\nHit costs, Qwen2-VL image processor (median ms, {args.rounds} interleaved rounds; x memcpy: median "
           "of the per-round ratios to a copy of the value's tensors)")
     columns = (("memcpy", "memcpy_ms", False), ("dumps redis", "dumps_ms", True), ("dumps host", "dumps_host_ms", True),
-               ("host write", "host_write_ms", True),
+               ("host write", "host_write_ms", True), ("redis write", "redis_write_ms", True),
                ("loads", "loads_ms", True), ("host hit", "host_hit_ms", True),
                ("read", "read_ms", False), ("host hit+read", "host_hit_read_ms", True),
                ("host coded", "host_coded_hit_ms", True),
                ("redis GET", "redis_get_ms", False), ("redis hit", "redis_hit_ms", True),
                ("miss resp.", "miss_response_ms", False),
-               ("write after", "write_behind_ms", False), ("new memory", "new_memory_first_write_ms", False))
+               ("write after", "write_behind_ms", False), ("new memory", "new_memory_first_write_ms", False),
+               ("new mem. numpy", "new_memory_numpy_first_write_ms", False))
     print(f"{'value':6s} {'value MB':>9s} " + " ".join(f"{title:>15s}" for title, _, _ in columns))
     for r in rows:
         cells = []
@@ -370,12 +428,16 @@ def main(argv=None) -> int:
               f"loads {r['loads_ms']:.2f} -> {r['loads_uncompressed_ms']:.2f} ms "
               f"({r['uncompressed_vs_lz4_loads']['median']:.2f}x per round)")
     for f in (f for f in fleets if "failed" not in f):
-        print(f"\nFleet, {f['value']}: {args.processes} processes x {args.requests} requests over {f['items']} items")
+        print(f"\nFleet, {f['value']}: {args.processes} processes x {args.requests} requests over {f['items']} items"
+              f" (the median of {f['runs']} runs)")
         for mode in ("private", "host", "redis"):
             m = f[mode]
-            versus = f"  {m['vs_private']:.2f}x private" if "vs_private" in m else ""
+            versus = (f"  {m['vs_private']:.2f}x private (runs: "
+                      + ", ".join(f"{x:.2f}" for x in m["vs_private_runs"]) + ")") if "vs_private" in m else ""
+            gather = (f"; level gather {m['gather_ms_per_call']:.1f} ms a call, {m['gather_calls']} calls"
+                      if m.get("gather_calls") else "")
             print(f"  {mode:8s} decodes {m['decodes']:5d}  {m['req_per_s']:8.1f} req/s  (slowest process "
-                  f"{m['slowest_process_s']:.1f} s){versus}")
+                  f"{m['slowest_process_s']:.1f} s{gather}){versus}")
     lines = verdicts(rows, fleets)
     print("\nVerdicts (issue 36 goals; milliseconds are this machine's):")
     for line in lines:

@@ -249,20 +249,24 @@ std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, s
   return counts;
 }
 
-// dst = the tables gathered by the codes; False when a code is past its table (a corrupt value).
+// dst = the tables gathered by the codes (each block's first `half` repeated, where half > 0);
+// False when a code is past its table (a corrupt value).
 bool level_decode_py(py::buffer codes, size_t run, size_t groups, py::buffer tables, py::buffer dst, int threads,
-                     bool vectorise) {
+                     bool vectorise, size_t half) {
   const char* fn =
-      "level_decode(): codes, tables and dst must be 1-d contiguous, dst as many as codes and "
-      "of the tables' type, tables a multiple of groups";
+      "level_decode(): codes, tables and dst must be 1-d contiguous, dst as many as codes (twice as many "
+      "with half) and of the tables' type, tables a multiple of groups, run a multiple of 2 * half and "
+      "the codes of half";
   Flat c = flat(codes, false, fn), t = flat(tables, false, fn), d = flat(dst, true, fn);
-  require(d.size == c.size && d.itemsize == t.itemsize && groups > 0 && t.size % groups == 0 && t.size > 0, fn);
+  require(d.size == (half > 0 ? 2 : 1) * c.size && d.itemsize == t.itemsize && groups > 0 && t.size % groups == 0 &&
+              t.size > 0 && (half == 0 || (half <= c.size && c.size % half == 0 && run % (2 * half) == 0)),
+          fn);
   return with_level_types(t.itemsize, c.itemsize, fn, [&](auto e, auto k) {
     using E = decltype(e);
     using C = decltype(k);
     py::gil_scoped_release release;
     return level_decode(static_cast<const C*>(c.data), c.size, run, groups, static_cast<const E*>(t.data),
-                        t.size / groups, static_cast<E*>(d.data), threads, vectorise);
+                        t.size / groups, static_cast<E*>(d.data), threads, vectorise, half);
   });
 }
 
@@ -317,8 +321,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("codes"), py::arg("tables"), py::arg("threads") = 1, py::arg("vectorise") = true,
         "Level-codes src's bit patterns per group ((i // run) % groups): counts per group, or None past `levels`");
   m.def("level_decode", &level_decode_py, py::arg("codes"), py::arg("run"), py::arg("groups"), py::arg("tables"),
-        py::arg("dst"), py::arg("threads") = 1, py::arg("vectorise") = true,
-        "dst = tables gathered by the codes; False for a code past its table");
+        py::arg("dst"), py::arg("threads") = 1, py::arg("vectorise") = true, py::arg("half") = 0,
+        "dst = tables gathered by the codes (half > 0: each block's first half repeated); False for a code past "
+        "its table");
   m.def("level_gather_vectorised", &level_gather_vectorised,
         "Whether the level coder's vectorised forms (uint8 codes, AVX-512 VBMI) run on this CPU");
   m.def("to_hwc", &to_hwc, py::arg("src"), py::arg("dst"), py::arg("threads") = 1);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <thread>
 #include <type_traits>
@@ -19,13 +20,11 @@ namespace {
 // thread runs the last block. A thread that cannot start (EAGAIN: no address space for its stack,
 // a process thread limit; or no memory for the handle) is not an error: the calling thread runs
 // the blocks no thread took, so the result is the same and nothing unwinds past a joinable thread.
-// Blocks smaller than this many rows are not worth a thread start (~20 us).
-constexpr int kMinRowsPerThread = 32;
-
+// A thread takes at least `min_rows_per_thread` rows.
 template <typename Fn>
-void parallel_rows(int rows, int threads, Fn fn) noexcept {
+void parallel_blocks(int rows, int threads, int min_rows_per_thread, Fn fn) noexcept {
   if (rows <= 0) return;
-  threads = std::max(1, std::min(threads, rows / kMinRowsPerThread));
+  threads = std::max(1, std::min(threads, rows / min_rows_per_thread));
   const int block = (rows + threads - 1) / threads;
   const int blocks = (rows + block - 1) / block;
   auto run_block = [&](int t) {
@@ -42,6 +41,14 @@ void parallel_rows(int rows, int threads, Fn fn) noexcept {
   }
   for (int t = started; t < blocks; ++t) run_block(t);
   for (auto& th : pool) th.join();
+}
+
+// Blocks smaller than this many pixel rows are not worth a thread start (~20 us).
+constexpr int kMinRowsPerThread = 32;
+
+template <typename Fn>
+void parallel_rows(int rows, int threads, Fn fn) noexcept {
+  parallel_blocks(rows, threads, kMinRowsPerThread, fn);
 }
 
 bool valid(int h, int w, int c) { return h > 0 && w > 0 && c > 0 && c <= 4; }
@@ -290,28 +297,31 @@ void for_group_runs(size_t begin, size_t end, size_t run, size_t groups, Fn fn) 
 }
 
 // A group's table with its hash: `1 << bits` slots, each a pattern and its code + 1 (0: empty), at
-// most an eighth full, so most lookups end at the first slot, with no load that waits on another.
+// most an eighth full (a 32nd in the vectorised form), so most lookups end at the first slot, with
+// no load that waits on another. Slot s is keys[s * stride] and slots[s * stride]: the vectorised
+// write interleaves them (stride 2, 32-bit patterns), so that one 64-bit gather brings both.
 template <typename E>
 struct LevelHash {
   E* keys;
   uint32_t* slots;
   E* table;
   int bits;
+  size_t stride = 1;
 
   // The code of pattern v, added if new; -1 when the table already holds `levels` patterns.
   long code_of(E v, size_t& count, size_t levels) const {
     size_t s = level_slot(v, bits);
     const size_t mask = (size_t(1) << bits) - 1;
     for (;;) {
-      const uint32_t entry = slots[s];
+      const uint32_t entry = slots[s * stride];
       if (entry == 0) {
         if (count == levels) return -1;
         table[count] = v;
-        keys[s] = v;
-        slots[s] = uint32_t(++count);
+        keys[s * stride] = v;
+        slots[s * stride] = uint32_t(++count);
         return long(count - 1);
       }
-      if (keys[s] == v) return long(entry - 1);
+      if (keys[s * stride] == v) return long(entry - 1);
       s = (s + 1) & mask;
     }
   }
@@ -331,7 +341,10 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   }
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   int bits = 2;
-  while ((size_t(1) << bits) < 8 * levels) ++bits;
+  // Sparse tables: the vectorised write's probe loop runs again for all 16 lanes when one lane's
+  // first slot holds another pattern (32x: 5.0 ms for a 720p output's codes on one thread, 8x:
+  // 6.6 ms); the portable form's tables (up to 4096 levels) stay 8x.
+  while ((size_t(1) << bits) < (kVectorForm ? 32 : 8) * levels) ++bits;
   const size_t slots = size_t(1) << bits;
   // Each row codes its chunk against tables of its own, in parallel; the rows' tables are then
   // merged into the result's (one lookup per level) and each row's codes renumbered through a
@@ -343,24 +356,32 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   const size_t rows = (n + chunk - 1) / chunk;
   std::vector<E> local(rows * groups * levels);
   std::vector<size_t> local_counts(rows * groups, 0);
-  std::vector<uint32_t> hash(rows * groups * slots, 0);
-  std::vector<E> keys(rows * groups * slots);
+  // The vectorised form's slots hold pattern and code side by side (uint32 both); the others'
+  // patterns lie in `keys`.
+  std::vector<uint32_t> hash(rows * groups * slots * (kVectorForm ? 2 : 1), 0);
+  std::vector<E> keys(kVectorForm ? 0 : rows * groups * slots);
   std::atomic<bool> full{false};
-  parallel_rows(int(rows), threads, [&](int r) {
+  parallel_blocks(int(rows), threads, 1, [&](int r) {  // a few large rows: one each is worth a thread
     if (full.load(std::memory_order_relaxed)) return;
     const size_t base = size_t(r) * groups;
     for_group_runs(
         size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups, [&](size_t begin, size_t end, size_t g) {
           if (full.load(std::memory_order_relaxed)) return;
-          const LevelHash<E> level{keys.data() + (base + g) * slots, hash.data() + (base + g) * slots,
-                                   local.data() + (base + g) * levels, bits};
+          LevelHash<E> level{keys.data(), hash.data() + (base + g) * slots, local.data() + (base + g) * levels, bits};
+          if constexpr (kVectorForm) {
+            level.keys = hash.data() + (base + g) * slots * 2;
+            level.slots = level.keys + 1;
+            level.stride = 2;
+          } else {
+            level.keys += (base + g) * slots;
+          }
           size_t count = local_counts[base + g];  // a local: the uint8 code stores may alias anything in memory
           long code = 0;
           if constexpr (kVectorForm) {
             // Blocks of 16 whose patterns the table holds are coded 16 at a time; a block with a new
             // pattern takes the loop below, which adds it.
             for (size_t i = begin; vectorise && code >= 0 && i < end;) {
-              i += level_encode_u32(src + i, end - i, level.keys, level.slots, level.bits, codes + i);
+              i += level_encode_u32(src + i, end - i, level.keys, level.bits, codes + i);
               for (const size_t stop = std::min(end, i + 16); code >= 0 && i < stop; ++i) {
                 code = level.code_of(src[i], count, levels);
                 codes[i] = C(code);
@@ -404,7 +425,7 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   if constexpr (std::is_same_v<C, uint8_t>) {
     if (vectorise && rows * groups <= kMaxPlaneGroups) planes = level_planes(renumber.data(), rows * groups, levels);
   }
-  parallel_rows(int(rows), threads, [&](int r) {
+  parallel_blocks(int(rows), threads, 1, [&](int r) {
     if (identity[size_t(r)]) return;
     const C* to = renumber.data() + size_t(r) * groups * levels;
     if constexpr (std::is_same_v<C, uint8_t>) {
@@ -426,45 +447,65 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   return true;
 }
 
+// dst[i] = table[codes[i]] for i < count; false for a code past `length` (its element left alone).
+template <typename E, typename C>
+bool gather_portable(const C* codes, size_t count, const E* table, size_t length, E* dst) {
+  bool in_table = true;
+  for (size_t i = 0; i < count; ++i) {
+    const C code = codes[i];
+    if (size_t(code) >= length) {
+      in_table = false;
+      continue;
+    }
+    dst[i] = table[code];
+  }
+  return in_table;
+}
+
 template <typename E, typename C>
 bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
-                  int threads, bool vectorise) {
+                  int threads, bool vectorise, size_t half) {
   if (run == 0 || groups == 0 || length == 0) return false;
+  if (half > 0 && (half > n || n % half != 0 || run % (2 * half) != 0)) return false;  // half <= n: 2 * half fits
   if (n == 0) return true;
-  run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   const size_t rows = (n + kLevelChunk - 1) / kLevelChunk;
   if (rows > size_t(1) << 30) return false;
-  std::atomic<bool> bad{false};
+  // The vectorised read takes each group's table as byte planes (256 * sizeof(E) bytes a group:
+  // bounded here, whatever a value's header says).
+  std::vector<uint8_t> planes;
   if constexpr (std::is_same_v<C, uint8_t> && (sizeof(E) == 2 || sizeof(E) == 4)) {
-    // The planes take 256 * sizeof(E) bytes a group: bounded here, whatever a value's header says.
-    if (vectorise && groups <= kMaxPlaneGroups && level_gather_vectorised()) {
-      const std::vector<uint8_t> planes = level_planes(tables, groups, length);
-      parallel_rows(int(rows), threads, [&](int r) {
-        bool out_of_table = false;
-        for_group_runs(size_t(r) * kLevelChunk, std::min(n, size_t(r + 1) * kLevelChunk), run, groups,
-                       [&](size_t begin, size_t end, size_t g) {
-                         out_of_table |= !level_gather_u8(codes + begin, end - begin,
-                                                          planes.data() + g * sizeof(E) * 256, length, dst + begin);
-                       });
-        if (out_of_table) bad.store(true, std::memory_order_relaxed);
-      });
-      return !bad.load();
-    }
+    if (vectorise && groups <= kMaxPlaneGroups && level_gather_vectorised())
+      planes = level_planes(tables, groups, length);
   }
-  parallel_rows(int(rows), threads, [&](int r) {
+  auto gather = [&](size_t begin, size_t end, size_t g, E* to) {
+    if constexpr (std::is_same_v<C, uint8_t> && (sizeof(E) == 2 || sizeof(E) == 4)) {
+      if (!planes.empty()) {
+        return level_gather_u8(codes + begin, end - begin, planes.data() + g * sizeof(E) * 256, length, to);
+      }
+    }
+    return gather_portable(codes + begin, end - begin, tables + g * length, length, to);
+  };
+  std::atomic<bool> bad{false};
+  if (half == 0) {
+    run = std::min(run, n);  // the same groups; keeps (block + 1) * run from overflowing
+    parallel_rows(int(rows), threads, [&](int r) {
+      bool out_of_table = false;
+      for_group_runs(size_t(r) * kLevelChunk, std::min(n, size_t(r + 1) * kLevelChunk), run, groups,
+                     [&](size_t begin, size_t end, size_t g) { out_of_table |= !gather(begin, end, g, dst + begin); });
+      if (out_of_table) bad.store(true, std::memory_order_relaxed);
+    });
+    return !bad.load();
+  }
+  // Of each block of 2 * half outputs (within one run, so one group) the codes hold the first
+  // half's: gathered, then copied into the second half while they are in cache.
+  const size_t blocks = n / half, per_row = std::max(size_t(1), kLevelChunk / half);
+  parallel_rows(int((blocks + per_row - 1) / per_row), threads, [&](int r) {
     bool out_of_table = false;
-    for_group_runs(size_t(r) * kLevelChunk, std::min(n, size_t(r + 1) * kLevelChunk), run, groups,
-                   [&](size_t begin, size_t end, size_t g) {
-                     const E* table = tables + g * length;
-                     for (size_t i = begin; i < end; ++i) {
-                       const C code = codes[i];
-                       if (size_t(code) >= length) {
-                         out_of_table = true;
-                         continue;
-                       }
-                       dst[i] = table[code];
-                     }
-                   });
+    for (size_t b = size_t(r) * per_row; b < std::min(blocks, size_t(r + 1) * per_row); ++b) {
+      E* to = dst + 2 * half * b;
+      out_of_table |= !gather(half * b, half * (b + 1), (2 * half * b / run) % groups, to);
+      std::memcpy(to + half, to, half * sizeof(E));
+    }
     if (out_of_table) bad.store(true, std::memory_order_relaxed);
   });
   return !bad.load();
@@ -472,7 +513,7 @@ bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* 
 
 #define LAZYMEDIA_LEVELS(E, C)                                                                            \
   template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int, bool); \
-  template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int, bool);
+  template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int, bool, size_t);
 LAZYMEDIA_LEVELS(uint16_t, uint8_t)
 LAZYMEDIA_LEVELS(uint32_t, uint8_t)
 LAZYMEDIA_LEVELS(uint64_t, uint8_t)

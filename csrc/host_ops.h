@@ -73,8 +73,11 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
 // (such an element is not read from the table: nothing is read out of bounds; dst is then partial)
 // or a size is out of range. tables holds groups * length entries. `vectorise`: uint8 codes of
 // 16/32-bit patterns take level_gather.h's read where the CPU has it (false: the portable loop).
+// `half` > 0: of each block of 2 * half elements the codes hold the first half's, the second half
+// repeating it (a processor's image tiled twice); dst then holds 2 * n elements, group g of element
+// i is (i / run) % groups as ever, and run must be a multiple of 2 * half and n of half.
 template <typename E, typename C>
 bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* tables, size_t length, E* dst,
-                  int threads, bool vectorise = true);
+                  int threads, bool vectorise = true, size_t half = 0);
 
 }  // namespace lazymedia

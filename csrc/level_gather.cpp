@@ -126,12 +126,12 @@ template bool level_gather_u8<uint8_t>(const uint8_t*, size_t, const uint8_t*, s
 template bool level_gather_u8<uint16_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint16_t*);
 template bool level_gather_u8<uint32_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint32_t*);
 
-size_t level_encode_u32(const uint32_t* src, size_t n, const uint32_t* keys, const uint32_t* slots, int bits,
-                        uint8_t* codes) {
+size_t level_encode_u32(const uint32_t* src, size_t n, const uint32_t* slots, int bits, uint8_t* codes) {
   const __m512i factor = _mm512_set1_epi32(int(0x9E3779B1u));
   const __m512i mask = _mm512_set1_epi32(int((1u << bits) - 1));
   const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
   const __m128i shift = _mm_cvtsi32_si128(32 - bits);
+  const auto* pairs = reinterpret_cast<const long long*>(slots);
   for (size_t i = 0; i < n; i += 16) {
     const size_t count = n - i < 16 ? n - i : 16;
     const __mmask16 valid = count == 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
@@ -140,9 +140,17 @@ size_t level_encode_u32(const uint32_t* src, size_t n, const uint32_t* keys, con
     __m512i code = zero;
     __mmask16 pending = valid;
     while (pending) {  // each lane walks its probe chain; a chain ends at its pattern or an empty slot
-      const __m512i entry = _mm512_mask_i32gather_epi32(zero, pending, slot, slots, 4);
+      // Lanes 0-7 and 8-15 each gather 8 (pattern, code + 1) pairs; the pairs' low and high halves
+      // are then packed back into 16 patterns and 16 codes.
+      const __m512i low = _mm512_mask_i32gather_epi64(zero, __mmask8(pending), _mm512_castsi512_si256(slot), pairs, 8);
+      const __m512i high =
+          _mm512_mask_i32gather_epi64(zero, __mmask8(pending >> 8), _mm512_extracti64x4_epi64(slot, 1), pairs, 8);
+      const __m512i key =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(low)), _mm512_cvtepi64_epi32(high), 1);
+      const __m512i entry =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(_mm512_srli_epi64(low, 32))),
+                             _mm512_cvtepi64_epi32(_mm512_srli_epi64(high, 32)), 1);
       if (_mm512_mask_cmpeq_epi32_mask(pending, entry, zero)) return i;  // a pattern the table lacks
-      const __m512i key = _mm512_mask_i32gather_epi32(zero, pending, slot, keys, 4);
       const __mmask16 found = _mm512_mask_cmpeq_epi32_mask(pending, key, v);
       code = _mm512_mask_mov_epi32(code, found, entry);
       pending &= __mmask16(~found);
@@ -168,7 +176,7 @@ template <typename E>
 bool level_gather_u8(const uint8_t*, size_t, const uint8_t*, size_t, E*) {
   return false;
 }
-size_t level_encode_u32(const uint32_t*, size_t, const uint32_t*, const uint32_t*, int, uint8_t*) { return 0; }
+size_t level_encode_u32(const uint32_t*, size_t, const uint32_t*, int, uint8_t*) { return 0; }
 template bool level_gather_u8<uint8_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint8_t*);
 template bool level_gather_u8<uint16_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint16_t*);
 template bool level_gather_u8<uint32_t>(const uint8_t*, size_t, const uint8_t*, size_t, uint32_t*);

@@ -354,11 +354,13 @@ def level_encode(bits: np.ndarray, run: int, groups: int, levels: int, codes: np
     return _C.level_encode(bits, run, groups, levels, codes, tables, kernel_threads())
 
 
-def level_decode(codes: np.ndarray, run: int, groups: int, tables: np.ndarray, out: np.ndarray) -> bool:
+def level_decode(codes: np.ndarray, run: int, groups: int, tables: np.ndarray, out: np.ndarray, half: int = 0) -> bool:
     """out[i] = tables[(i // run) % groups][codes[i]] (tables: groups equal tables, flat), on one
     thread (a memory-bound pass on the request path: a second thread gained nothing when measured);
-    False for a code past its table (nothing is read out of bounds)."""
-    return _C.level_decode(codes, run, groups, tables, out, 1)
+    with `half`, the codes hold the first half of each block of 2 * half elements and out twice
+    as many (the second half of each block a copy of the first). False for a code past its table
+    (nothing is read out of bounds)."""
+    return _C.level_decode(codes, run, groups, tables, out, 1, True, half)
 
 
 def pinned_memory_available() -> tuple[bool, str]:

@@ -355,7 +355,7 @@ def test_oversized_and_unserializable_values_are_refused_not_raised(store_path):
     assert cache.stats().oversized == 1 and cache.stats().unserializable == 1
 
 
-@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV3" + bytes(64), b"LMV4" + bytes(64)])
+@pytest.mark.parametrize("data", [b"", b"garbage", b"LMV3" + bytes(64), b"LMV4" + bytes(64), b"LMV5" + bytes(64)])
 def test_bad_values_are_misses_and_are_dropped(store_path, data, caplog):
     cache = HostCache(store_path, capacity_bytes=8 << 20)
     good = stored_bytes(cache, "k", value_for(3))
@@ -464,7 +464,7 @@ def test_a_chain_writes_each_tier_in_its_own_layout(store_path, redis_url, monke
     value = {"pixel_values": ((pixels / 255 - 0.5) / 0.25).contiguous()}
     host, remote = HostCache(store_path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="layouts")
     calls = []
-    for module, name in (("lazymedia.cache.store", "dumps"), ("lazymedia.cache.host", "dump_parts")):
+    for module, name in (("lazymedia.cache.store", "dump_parts"), ("lazymedia.cache.host", "dump_parts")):
         real = getattr(serialize, name)
         monkeypatch.setattr(f"{module}.{name}",
                             lambda *a, real=real, **k: calls.append(k["levels"]) or real(*a, **k))

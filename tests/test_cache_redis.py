@@ -95,6 +95,29 @@ def test_values_round_trip_with_ttl_size_cap_and_namespace(server):
 
 
 @requires_redis_server
+def test_values_joined_in_the_reused_buffer_stay_each_their_own(server, monkeypatch):
+    """A large value, then a smaller one, then one past the reused buffer's cap (new bytes), each
+    as serialize's parts: every SET sends exactly its own bytes (the buffer's tail from the larger
+    value is not sent with the smaller), and each reads back bit for bit."""
+    import lazymedia.cache.redis as redis_tier
+    from lazymedia.cache import RedisCache
+    from lazymedia.cache.serialize import dumps
+
+    cache = RedisCache(server.url, namespace="scratch", max_entry_bytes=64 << 20)
+    values = {"large": torch.randn(300_000), "small": torch.arange(1000.0), "past-cap": torch.randn(50_000)}
+    for key, value in values.items():
+        if key == "past-cap":
+            monkeypatch.setattr(redis_tier, "_SCRATCH_BYTES", 1 << 10)
+        assert cache.put(key, {"pixel_values": value})
+        stored = server.client().get(f"lazymedia:scratch:{key}")
+        assert stored == dumps({"pixel_values": value}, key=key)
+    found = cache.get_many(list(values))
+    for key, value in values.items():
+        assert torch.equal(found[key]["pixel_values"].view(torch.int32), value.view(torch.int32))
+    assert cache.stats().bytes_out == sum(len(server.client().get(f"lazymedia:scratch:{k}")) for k in values)
+
+
+@requires_redis_server
 def test_garbage_and_pickles_under_a_key_are_misses(server):
     import pickle
 

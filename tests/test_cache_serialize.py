@@ -149,6 +149,7 @@ def test_qwen2_vl_output_is_exact_and_at_most_6_mb():
     assert len(data) <= 3 << 20, len(data)  # uint8 codes, one table per channel, LZ4
     node = header_of(data)["d"]["pixel_values"]
     assert node["c"] == "uint8" and node["g"] == [392, 3]  # channel of element i: (i // (T*P*P)) % C
+    assert node["e"] == 196  # an image is tiled into T = 2 equal frames: half the codes are stored
     for stored in (data, dumps(value, compress=False)):
         back = loads(stored)
         assert bit_equal(back["pixel_values"], value["pixel_values"])
@@ -373,6 +374,73 @@ def test_native_level_coder_checks_its_sizes():
         _C.level_decode(misaligned, 10, 3, tables, out)
 
 
+def tiled_patches(patches: int = 64, seed=0) -> torch.Tensor:
+    """Qwen2-VL's layout for an image: each patch's two temporal frames equal."""
+    frame = normalized_pixels((patches, 3, 1, 14 * 14), 1, seed=seed)
+    return frame.expand(patches, 3, 2, 14 * 14).reshape(patches, 3 * 2 * 14 * 14).contiguous()
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_repeated_halves_are_stored_once_and_read_back_exact(compress):
+    value = tiled_patches()
+    data = dumps(value, compress=compress)
+    node = header_of(data)
+    assert node["g"] == [392, 3] and node["e"] == 196
+    if "z" not in node:
+        assert node["r"][1] == value.numel() // 2  # uint8 codes of the first halves only
+    assert bit_equal(loads(data), value)
+    changed = value.clone()
+    changed[5, 3 * 392 - 1] = changed[5, 0]  # one element of one second half differs (another level)
+    data = dumps(changed, compress=compress)
+    assert "e" not in header_of(data) and bit_equal(loads(data), changed)
+
+
+@pytest.mark.parametrize("half", [-1, "196", True, 195, 392, 98.0, 1 << 70, [196]])
+def test_a_bad_repeated_half_is_refused(half):
+    data = dumps(tiled_patches(), compress=False)
+    assert header_of(data)["e"] == 196
+
+    def edit(tree):
+        tree["e"] = half
+
+    with pytest.raises(SerializationError):
+        loads(reseal(data, edit))
+    with pytest.raises(SerializationError):  # read as if every code were stored
+        loads(reseal(data, lambda tree: tree.pop("e")))
+
+
+@pytest.mark.parametrize("vectorise", [True, False])
+def test_the_native_read_of_repeated_halves_equals_the_expanded_codes(vectorise):
+    rng = np.random.default_rng(3)
+    run, groups, half, length = 392, 3, 98, 200  # two blocks of 2 * 98 in each run
+    tables = rng.integers(0, 2**32, groups * length, dtype=np.uint32)
+    codes = rng.integers(0, length, 64 * run // 2, dtype=np.uint8)
+    expanded = np.repeat(codes.reshape(-1, 1, half), 2, axis=1).reshape(-1)
+    out, reference = np.empty(expanded.size, np.uint32), np.empty(expanded.size, np.uint32)
+    assert _C.level_decode(expanded, run, groups, tables, reference, 1, vectorise)
+    assert _C.level_decode(codes, run, groups, tables, out, 1, vectorise, half)
+    assert (out == reference).all()
+    codes[-1] = length  # past its table, in the last block's first half
+    assert not _C.level_decode(codes, run, groups, tables, out, 1, vectorise, half)
+    for bad in (dict(half=97), dict(half=1 << 63), dict(half=len(codes) + 1), dict(dst=out[:-1])):
+        with pytest.raises(ValueError):
+            args = dict(codes=codes, run=run, groups=groups, tables=tables, dst=out, half=half) | bad
+            _C.level_decode(args["codes"], args["run"], args["groups"], args["tables"], args["dst"], 1, vectorise,
+                            args["half"])
+
+
+def test_codes_stored_as_they_lie_are_not_overwritten_by_the_next_value():
+    """A thread codes into one reused buffer; codes that a value keeps as they are (no halves, no
+    LZ4) leave it to that value, so a second value's coding does not change the first's parts."""
+    from lazymedia.cache.serialize import dump_parts
+
+    first, second = qwen_patches(seed=1), qwen_patches(seed=2)
+    parts = dump_parts(first, compress=False)
+    assert "e" not in header_of(b"".join(parts))
+    dump_parts(second, compress=False)
+    assert bit_equal(loads(b"".join(parts)), first)
+
+
 def test_the_zero_copy_layout_reads_as_views_of_a_writable_buffer():
     value = {"pixel_values": qwen_patches(), "grid": torch.tensor([[1, 8, 8]]), "bytes": b"abc"}
     data = dumps(value, key="k", levels=False, compress=False)
@@ -444,6 +512,27 @@ def test_the_vectorised_level_write_equals_the_portable_loop(n, run, groups, lev
         return
     assert (fast == portable).all() and (fast_tables == portable_tables).all()
     assert (fast_tables.reshape(groups, 256)[(np.arange(n) // run) % groups, fast] == src).all()
+
+
+@pytest.mark.skipif(not _C.level_gather_vectorised(), reason="no AVX-512 VBMI on this CPU: one path only")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_vectorised_level_write_follows_probe_chains(threads):
+    """Patterns that all hash to one slot (inverse multiples of the hash's factor): every lookup
+    walks a chain of up to 64 slots, in the 64-bit pair gathers, and still gives the portable
+    loop's codes."""
+    inverse = pow(0x9E3779B1, -1, 1 << 32)
+    table = np.array([(inverse * (0x4000_0000 + j)) % (1 << 32) for j in range(64)], np.uint32)
+    rng = np.random.default_rng(7)
+    n = 200_003
+    src = table[rng.integers(0, 64, n)]
+    results = []
+    for vectorise in (True, False):
+        codes, tables = np.empty(n, np.uint8), np.zeros(256, np.uint32)
+        results.append((_C.level_encode(src, n, 1, 256, codes, tables, threads, vectorise), codes, tables))
+    (fast_counts, fast, fast_tables), (counts, portable, portable_tables) = results
+    assert fast_counts == counts == [64]
+    assert (fast == portable).all() and (fast_tables == portable_tables).all()
+    assert (fast_tables[fast] == src).all()
 
 
 def test_an_empty_level_coded_tensor_is_refused_not_a_crash():

@@ -1,7 +1,7 @@
 """Processed outputs as compact bytes for a shared cache tier, without pickle: whoever can write
 to the cache must not get code execution in every frontend that reads it.
 
-Layout (version 5): b"LMV5", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
+Layout (version 6): b"LMV6", a 4-byte little-endian header length, the 16-byte BLAKE3 digest
 of the key the value was written under, a 16-byte BLAKE3 tag of the payload, a 16-byte BLAKE3 tag
 of the key digest, payload tag and header (BLAKE3's keyed mode for both when a secret is set), a
 JSON header describing the value's structure, then the payload: the buffers of its tensors,
@@ -20,7 +20,11 @@ stored, one encoding per tensor, exact unless asked otherwise:
   per channel, so uint8 codes, where one table for the tensor needs uint16), else one table. The
   native coder (`ops.level_encode`) numbers each element's exact bit pattern, so the round trip is
   bit for bit by construction; reading is one native gather (`ops.level_decode`) straight from the
-  stored codes into the tensor, each code checked against its table's length.
+  stored codes into the tensor, each code checked against its table's length. Where every run's
+  second half repeats its first (header "e": the half's length), only the first halves' codes are
+  stored and the gather writes each twice: a processor that tiles an image into two temporal
+  frames (Qwen2-VL and its successors, GLM-4V: temporal_patch_size 2) makes half its output a
+  copy, which LZ4 found at 3 ms for a 720p value and this check finds at 0.4 ms.
 - lz4: the bytes (raw elements or codes) LZ4-compressed, where a trial on one slice says it pays.
 - raw: the elements as they are.
 - bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
@@ -49,7 +53,7 @@ import numpy as np
 
 from .. import ops
 
-MAGIC = b"LMV5"
+MAGIC = b"LMV6"
 _PREFIX = 4 + 4 + 16 + 16 + 16  # magic, header length, key digest, payload tag, header tag
 # The environment variable a shared tier reads its MAC secret from (unset: an unkeyed digest).
 SECRET_ENV = "LAZYMEDIA_CACHE_SECRET"
@@ -75,6 +79,46 @@ _TRIAL_BYTES = 256 << 10
 _COMPRESS_GAIN = 0.8
 _LZ4_MAX = 0x7E000000
 _LZ4_ACCELERATION = 4
+
+
+def _empty(count: int, dtype) -> np.ndarray:
+    """A new 1-d array for a value's elements, allocated by torch in plain pages: numpy asks the
+    kernel for transparent huge pages from 4 MiB, which is faster where the kernel has them free
+    and a stall where it must compact memory for them (benchmarks/bench_shared_cache.py, "new
+    memory" by torch and by numpy, in one run: 5.7 and 1.0 ms for 21.5 MB, 240 and 761 ms for
+    172 MB)."""
+    import torch
+
+    dtype = np.dtype(dtype)
+    return torch.empty(count * dtype.itemsize, dtype=torch.uint8).numpy().view(dtype)
+
+
+# Level codes of up to this many bytes are coded in a buffer each thread keeps (see _CodeBuffer).
+_CODE_BUFFER_MAX = 64 << 20
+
+
+class _CodeBuffer(threading.local):
+    """This thread's buffer for level codes that are compacted or compressed before they are
+    stored (a 720p output's 5.6 MB: new memory's first write costs about as much as coding it on
+    a VM that backs memory lazily). Codes stored as they are keep the buffer (`take`), and the
+    thread's next value codes into a new one."""
+
+    buffer: np.ndarray | None = None
+
+    def get(self, nbytes: int) -> np.ndarray:
+        if nbytes > _CODE_BUFFER_MAX:
+            return _empty(nbytes, np.uint8)
+        if self.buffer is None or self.buffer.nbytes < nbytes:
+            self.buffer = _empty(nbytes, np.uint8)
+        return self.buffer[:nbytes]
+
+    def take(self, codes: np.ndarray) -> None:
+        """`codes` are stored as they lie: the buffer they are a view of is theirs from now on."""
+        if self.buffer is not None and np.may_share_memory(codes, self.buffer):
+            self.buffer = None
+
+
+_CODES = _CodeBuffer()
 
 
 class SerializationError(ValueError):
@@ -145,12 +189,21 @@ def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, n
         code_type = np.uint8 if levels <= 256 else np.uint16
         if np.dtype(code_type).itemsize >= bits.itemsize:
             continue
-        codes = np.empty(bits.size, code_type)
+        codes = _CODES.get(bits.size * np.dtype(code_type).itemsize).view(code_type)
         tables = np.zeros((groups, levels), bits.dtype)
         counts = ops.level_encode(bits, run, groups, levels, codes, tables.reshape(-1))
         if counts is not None:
             return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups
     return None
+
+
+def _repeated_half(codes: np.ndarray, run: int) -> int:
+    """The half length when every run of `run` codes is two equal halves, else 0 (codes in one run
+    share a table, so equal codes are equal bit patterns)."""
+    if run % 2 or run < 2 or codes.size % run:
+        return 0
+    pairs = codes.reshape(-1, 2, run // 2)
+    return run // 2 if np.array_equal(pairs[:, 0], pairs[:, 1]) else 0
 
 
 def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
@@ -206,6 +259,10 @@ def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool
             node["k"] = place(tables.view(np.uint8).reshape(-1).data)
             node["c"] = codes.dtype.name
             node["g"] = [run, groups]
+            half = _repeated_half(codes, run)
+            if half:
+                node["e"] = half
+                codes = np.ascontiguousarray(codes.reshape(-1, 2, half)[:, 0]).reshape(-1)
             flat = codes
         elif lossy:
             import torch
@@ -216,6 +273,8 @@ def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool
             flat = floats.to(torch.bfloat16).view(torch.int16).numpy()
         raw = np.ascontiguousarray(flat).view(np.uint8).data
         data, fields = _maybe_compress(raw) if compress else (raw, {})
+        if data is raw:
+            _CODES.take(flat)
         node.update(fields)
         node["r"] = place(data)
         return node
@@ -348,8 +407,12 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
                     or grouping[0] > max(count, 1) or count == 0):
                 raise SerializationError("bad level coding")
             run, groups = grouping
+            half = node.get("e", 0)
+            if type(half) is not int or half < 0 or (half and (run % (2 * half) or count % (2 * half))):
+                raise SerializationError("bad repeated half")
             code_type = np.dtype(node["c"])
-            codes = np.frombuffer(stored(node, "r", count * code_type.itemsize, copy=False), code_type)
+            stored_count = count // 2 if half else count
+            codes = np.frombuffer(stored(node, "r", stored_count * code_type.itemsize, copy=False), code_type)
             if not codes.flags.aligned:  # wherever the value lies (a memory map's page): the gather reads aligned
                 codes = codes.copy()
             table_bytes = region(node["k"])
@@ -358,8 +421,8 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
                 raise SerializationError("bad level table")
             spend(count * itemsize)
             table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
-            out = np.empty(count, table.dtype)
-            if not ops.level_decode(codes, run, groups, table, out):
+            out = _empty(count, table.dtype)
+            if not ops.level_decode(codes, run, groups, table, out, half):
                 raise SerializationError("level code past its table")
             return out, False
         if node.get("h") == "bfloat16":
@@ -373,7 +436,7 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
         return flat, False
 
     def decode(node, depth: int):
-        if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 8:
+        if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 9:
             raise SerializationError("malformed value")
         if "v" in node:
             if node["v"] is not None and not isinstance(node["v"], (bool, int, float, str)):

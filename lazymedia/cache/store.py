@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .protocol import SteppedTier, Steps, adrive, drive, pause
-from .serialize import SECRET_ENV, BadValueLog, SerializationError, dumps, loads, mac_key
+from .serialize import SECRET_ENV, BadValueLog, SerializationError, dump_parts, loads, mac_key
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,10 @@ class ValueStore(SteppedTier):
             return None
 
     def serialize(self, key: str, value) -> bytes | list:
-        """The tier's stored form of `value` (SerializationError for a type it cannot hold)."""
-        return dumps(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
-                     levels=self.levels)
+        """The tier's stored form of `value`: the buffers `serialize.dumps` would join, which the
+        tier's `put_encoded` writes where they go (SerializationError for a type it cannot hold)."""
+        return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
+                          levels=self.levels)
 
     @property
     def layout(self) -> tuple:

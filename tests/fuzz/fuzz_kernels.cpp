@@ -62,6 +62,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const bool b =
           level_decode(src.data(), src.size(), run, groups, tables.data(), length, portable.data(), threads, false);
       if (a != b || (a && fast != portable)) __builtin_trap();
+      // The read of repeated halves (each block of 2 * half elements from half its codes), with
+      // runs of 1-4 such blocks: both paths agree, or both refuse (a half that does not divide).
+      const size_t half = 1 + in.next() % 8, halved_run = 2 * half * (1 + in.next() % 4);
+      std::vector<uint32_t> fast_halves(2 * src.size()), portable_halves(2 * src.size());
+      const bool c = level_decode(src.data(), src.size(), halved_run, groups, tables.data(), length, fast_halves.data(),
+                                  threads, true, half);
+      const bool d = level_decode(src.data(), src.size(), halved_run, groups, tables.data(), length,
+                                  portable_halves.data(), threads, false, half);
+      if (c != d || (c && fast_halves != portable_halves)) __builtin_trap();
       // Repeated up to 32 times: past one row of the coder (64 Ki elements), so rows are renumbered.
       const size_t repeats = 1 + in.next() % 32;
       std::vector<uint32_t> patterns(src.size() * repeats);
