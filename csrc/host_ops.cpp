@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -297,7 +298,7 @@ void for_group_runs(size_t begin, size_t end, size_t run, size_t groups, Fn fn) 
 }
 
 // A group's table with its hash: `1 << bits` slots, each a pattern and its code + 1 (0: empty), at
-// most an eighth full (a 32nd in the vectorised form), so most lookups end at the first slot, with
+// most an eighth full (a 32nd for uint8 codes), so most lookups end at the first slot, with
 // no load that waits on another. Slot s is keys[s * stride] and slots[s * stride]: the vectorised
 // write interleaves them (stride 2, 32-bit patterns), so that one 64-bit gather brings both.
 template <typename E>
@@ -341,10 +342,10 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   }
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
   int bits = 2;
-  // Sparse tables: the vectorised write's probe loop runs again for all 16 lanes when one lane's
-  // first slot holds another pattern (32x: 5.0 ms for a 720p output's codes on one thread, 8x:
-  // 6.6 ms); the portable form's tables (up to 4096 levels) stay 8x.
-  while ((size_t(1) << bits) < (kVectorForm ? 32 : 8) * levels) ++bits;
+  // Sparse tables for uint8 codes (at most 256 levels): the vectorised write's probe loop runs
+  // again for all 16 lanes when one lane's first slot holds another pattern, and the portable
+  // loop's probes are cache misses; tables of up to 4096 levels stay 8x their levels.
+  while ((size_t(1) << bits) < (levels <= 256 ? 32 : 8) * levels) ++bits;
   const size_t slots = size_t(1) << bits;
   // Each row codes its chunk against tables of its own, in parallel; the rows' tables are then
   // merged into the result's (one lookup per level) and each row's codes renumbered through a
@@ -357,19 +358,22 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   std::vector<E> local(rows * groups * levels);
   std::vector<size_t> local_counts(rows * groups, 0);
   // The vectorised form's slots hold pattern and code side by side (uint32 both); the others'
-  // patterns lie in `keys`.
-  std::vector<uint32_t> hash(rows * groups * slots * (kVectorForm ? 2 : 1), 0);
-  std::vector<E> keys(kVectorForm ? 0 : rows * groups * slots);
+  // patterns lie in `keys` (read only where a slot's code is set). Each row clears its own slots,
+  // on its own thread.
+  constexpr size_t kSlotWords = kVectorForm ? 2 : 1;
+  const std::unique_ptr<uint32_t[]> hash(new uint32_t[rows * groups * slots * kSlotWords]);
+  const std::unique_ptr<E[]> keys(new E[kVectorForm ? 0 : rows * groups * slots]);
   std::atomic<bool> full{false};
   parallel_blocks(int(rows), threads, 1, [&](int r) {  // a few large rows: one each is worth a thread
     if (full.load(std::memory_order_relaxed)) return;
     const size_t base = size_t(r) * groups;
+    std::fill(hash.get() + base * slots * kSlotWords, hash.get() + (base + groups) * slots * kSlotWords, 0u);
     for_group_runs(
         size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups, [&](size_t begin, size_t end, size_t g) {
           if (full.load(std::memory_order_relaxed)) return;
-          LevelHash<E> level{keys.data(), hash.data() + (base + g) * slots, local.data() + (base + g) * levels, bits};
+          LevelHash<E> level{keys.get(), hash.get() + (base + g) * slots, local.data() + (base + g) * levels, bits};
           if constexpr (kVectorForm) {
-            level.keys = hash.data() + (base + g) * slots * 2;
+            level.keys = hash.get() + (base + g) * slots * 2;
             level.slots = level.keys + 1;
             level.stride = 2;
           } else {
@@ -499,6 +503,7 @@ bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* 
   // Of each block of 2 * half outputs (within one run, so one group) the codes hold the first
   // half's: gathered, then copied into the second half while they are in cache.
   const size_t blocks = n / half, per_row = std::max(size_t(1), kLevelChunk / half);
+  if ((blocks + per_row - 1) / per_row > size_t(1) << 30) return false;
   parallel_rows(int((blocks + per_row - 1) / per_row), threads, [&](int r) {
     bool out_of_table = false;
     for (size_t b = size_t(r) * per_row; b < std::min(blocks, size_t(r + 1) * per_row); ++b) {

@@ -6,6 +6,7 @@ import threading
 import time
 import types
 
+import pytest
 import test_cache_host
 import torch
 
@@ -274,12 +275,14 @@ def test_a_fork_while_the_renewal_lock_is_held_does_not_deadlock_the_child():
         holder.join()
 
 
-def test_a_value_changed_in_place_while_it_is_written_is_never_published(store_path):
-    """A zero-copy host tier writes the tensors' own memory into the value's file: a change made
-    after the value was serialized but before its write finished is caught by the seal the tier
-    checks after writing the file and before the entry naming it commits: no other process can
-    read it, and the file is gone."""
-    host = GatedHost(store_path, capacity_bytes=64 << 20, file_min_bytes=0)  # every value a file
+@pytest.mark.parametrize("layout", [dict(file_min_bytes=0), dict(file_min_bytes=1 << 30), dict(zero_copy=False)],
+                         ids=["file", "inline", "coded"])
+def test_a_value_changed_in_place_while_it_is_written_is_never_published(store_path, layout):
+    """A host tier writes from the value's buffers as serialize gave them (views of its tensors):
+    a change made after the value was serialized but before its write finished is caught by the
+    seal the tier checks after writing the file (or joining the entry's bytes) and before the
+    entry commits: no other process can read it, and no file is left."""
+    host = GatedHost(store_path, capacity_bytes=64 << 20, **layout)
     cache = TieredCache(ProcessorCache(), host)
     item = jpeg(48, 64, seed=3)
     out = processor(cache, []).apply([lazymedia.load_image(item)])[0]

@@ -225,6 +225,8 @@ class HostCache(ValueStore):
             if record.startswith(_FILE_REFERENCE):  # never a value (they start with their magic): not stored
                 self._count("corrupt")
                 return False
+            if unchanged is not None and not unchanged():  # parts may be views of the value: asked after the join
+                return False
         stored = renamed = False
         for attempt in range(2):
             doomed: list[bytes] = []

@@ -231,8 +231,8 @@ class RedisCache(ValueStore):
     def put_encoded(self, key: str, data: bytes | list, unchanged=None) -> bool:
         """Stores `serialize.dumps` bytes (or the buffers they join) with the TTL; False when over
         `max_entry_bytes` or the server is unavailable. `unchanged` is asked before the SET. The
-        value goes to redis-py as a memoryview, which it sends as it lies (bytes it copies into
-        its command buffer where hiredis is installed)."""
+        value goes to redis-py as a memoryview, which it sends as it lies (a bytes value, where
+        hiredis is installed, it would copy into its command buffer first)."""
         size = sum(memoryview(part).nbytes for part in data) if isinstance(data, list) else len(data)
         if size > self.max_entry_bytes:
             self._count("oversized")
