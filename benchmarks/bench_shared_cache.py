@@ -15,10 +15,10 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
    Processor as its caller sees it (the write happens behind it) and until its write is stored
    (`flush`). Ratios to the memcpy per round; verdict lines against issue 36's goals (host hit
    <= 2 ms, Redis hit <= 5 ms, dumps <= 5 ms and off the response path). Also the first write of
-   new memory of the value's size (what any new tensor costs where the memory is new to the
-   process: on a VM that backs guest memory lazily, many times a warm memcpy), allocated by
-   torch and by numpy (which asks for transparent huge pages from 4 MiB: fast where the kernel
-   has them free, a stall where it must compact for them; serialize allocates through torch).
+   new memory of the value's size in a fresh process (what any new tensor costs where the memory
+   is new to the process: on a VM that backs guest memory lazily, many times a warm memcpy),
+   allocated by torch and by numpy (which asks for transparent huge pages from 4 MiB: a stall
+   where the kernel must find or compact them; serialize allocates through torch).
 2. The fleet, per value: N processes x R requests over a pool of P items, each process with its
    own local tier: private caches only, with HostCache, with Redis; `--fleet-runs` times (the
    three modes in turn each time), judged on the median ratio. Total decodes (process_fn items)
@@ -139,6 +139,13 @@ def new_memory_ms(nbytes: int, buffers: int = 16, numpy: bool = False) -> float:
     """Median ms to write every byte of a new buffer of `nbytes`, the earlier ones kept (so none
     reuses memory the process had already touched); allocated by torch, or by numpy (which asks
     for huge pages from 4 MiB: serialize allocates through torch for what this shows)."""
+    if os.environ.get("BENCH_IN_FRESH_PROCESS") != "1":  # as a fleet worker meets memory: a process of its own
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run([sys.executable, "-c", f"import bench_shared_cache as b; print(b.new_memory_ms({nbytes}, "
+                              f"{buffers}, {numpy}))"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "BENCH_IN_FRESH_PROCESS": "1",
+                                  "PYTHONPATH": os.pathsep.join([here, *sys.path])})
+        return float(out.stdout.strip().splitlines()[-1])
     kept, samples = [], []
     for _ in range(buffers):
         start = time.perf_counter()

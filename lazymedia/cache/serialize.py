@@ -83,10 +83,9 @@ _LZ4_ACCELERATION = 4
 
 def _empty(count: int, dtype) -> np.ndarray:
     """A new 1-d array for a value's elements, allocated by torch in plain pages: numpy asks the
-    kernel for transparent huge pages from 4 MiB, which is faster where the kernel has them free
-    and a stall where it must compact memory for them (benchmarks/bench_shared_cache.py, "new
-    memory" by torch and by numpy, in one run: 5.7 and 1.0 ms for 21.5 MB, 240 and 761 ms for
-    172 MB)."""
+    kernel for transparent huge pages from 4 MiB, and where finding them stalls, the first write
+    of a new array does (benchmarks/bench_shared_cache.py, "new memory" in a fresh process by
+    torch and by numpy: 5.2 and 143 ms for 21.5 MB, 48 and 767 ms for 172 MB in one run)."""
     import torch
 
     dtype = np.dtype(dtype)
