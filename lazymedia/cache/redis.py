@@ -37,8 +37,10 @@ _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexp
           "else return 0 end")
 
 
-# Values up to this size are joined for their SET in a buffer each writing thread keeps.
+# Values up to this size are joined for their SET in a buffer each writing thread keeps (one for
+# every RedisCache it writes to).
 _SCRATCH_BYTES = 64 << 20
+_SCRATCH = threading.local()
 
 _RENEWALS: weakref.WeakSet[LeaseRenewals] = weakref.WeakSet()
 
@@ -137,7 +139,6 @@ class RedisCache(ValueStore):
             self._async_clients[None] = async_client  # type: ignore[index]
         self._down_until = 0.0
         self._last_log = 0.0
-        self._scratch = threading.local()
 
     # -- bookkeeping ----------------------------------------------------------------------------
     @property
@@ -210,7 +211,8 @@ class RedisCache(ValueStore):
             return {}
         return self._decoded(keys, raw, again)
 
-    def _joined(self, parts: list) -> memoryview | bytes:
+    @staticmethod
+    def _joined(parts: list) -> memoryview | bytes:
         """The buffers of a value in one, for its SET: this thread's reused buffer (up to
         `_SCRATCH_BYTES`), not new memory each time (on a VM that backs memory lazily a new
         buffer's first write costs several times the copy), else new bytes."""
@@ -218,9 +220,9 @@ class RedisCache(ValueStore):
         total = sum(view.nbytes for view in views)
         if total > _SCRATCH_BYTES:
             return b"".join(views)
-        scratch = getattr(self._scratch, "buffer", None)
+        scratch = getattr(_SCRATCH, "buffer", None)
         if scratch is None or len(scratch) < total:
-            scratch = self._scratch.buffer = bytearray(total)
+            scratch = _SCRATCH.buffer = bytearray(total)
         joined = memoryview(scratch)[:total]
         at = 0
         for view in views:
