@@ -98,9 +98,9 @@ _CODE_BUFFER_MAX = 64 << 20
 
 class _CodeBuffer(threading.local):
     """This thread's buffer for level codes that are compacted or compressed before they are
-    stored (a 720p output's 5.6 MB: new memory's first write costs about as much as coding it on
-    a VM that backs memory lazily). Codes stored as they are keep the buffer (`take`), and the
-    thread's next value codes into a new one."""
+    stored (a 720p output's 5.6 MB: on a VM that backs memory lazily, a new buffer's first write
+    is a good part of the coding's cost). Codes stored as they are keep the buffer (`take`), and
+    the thread's next value codes into a new one."""
 
     buffer: np.ndarray | None = None
 
