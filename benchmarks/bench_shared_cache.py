@@ -60,6 +60,7 @@ from lazymedia.cache.serialize import dumps, loads
 # Items per fleet pool at most, per value: 32 clips of 172 MB in each of 4 private caches would
 # not fit this 24 GiB machine.
 POOL_CAP = {"video": 8}
+HERE = os.path.dirname(os.path.abspath(__file__))  # the benchmarks folder, for the processes this starts
 GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3}
 # The millisecond goals are the 720p value's (issue 36); the other values' figures are printed
 # against the same numbers as INFO lines. Each timed step: its goal, and what the line calls it
@@ -139,13 +140,6 @@ def new_memory_ms(nbytes: int, buffers: int = 16, numpy: bool = False) -> float:
     """Median ms to write every byte of a new buffer of `nbytes`, the earlier ones kept (so none
     reuses memory the process had already touched); allocated by torch, or by numpy (which asks
     for huge pages from 4 MiB: serialize allocates through torch for what this shows)."""
-    if os.environ.get("BENCH_IN_FRESH_PROCESS") != "1":  # as a fleet worker meets memory: a process of its own
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run([sys.executable, "-c", f"import bench_shared_cache as b; print(b.new_memory_ms({nbytes}, "
-                              f"{buffers}, {numpy}))"], capture_output=True, text=True, check=True,
-                             env={**os.environ, "BENCH_IN_FRESH_PROCESS": "1",
-                                  "PYTHONPATH": os.pathsep.join([here, *sys.path])})
-        return float(out.stdout.strip().splitlines()[-1])
     kept, samples = [], []
     for _ in range(buffers):
         start = time.perf_counter()
@@ -154,6 +148,14 @@ def new_memory_ms(nbytes: int, buffers: int = 16, numpy: bool = False) -> float:
         samples.append(time.perf_counter() - start)
         kept.append(buffer)
     return statistics.median(samples) * 1e3
+
+
+def fresh_process_new_memory_ms(nbytes: int, numpy: bool = False) -> float:
+    """`new_memory_ms` in a process of its own, as a fleet worker meets memory."""
+    out = subprocess.run([sys.executable, "-c", f"import bench_shared_cache as b; print(b.new_memory_ms({nbytes}, "
+                          f"numpy={numpy}))"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, *sys.path])})
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[dict]:
@@ -221,8 +223,8 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         row = {"value": kind, "value_bytes": value_bytes, "stored_bytes": len(stored),
                "stored_uncompressed_bytes": len(stored_raw),
                "stored_host_bytes": sum(memoryview(part).nbytes for part in host.encode(key, value)),
-               "exact": exact, "new_memory_first_write_ms": new_memory_ms(value_bytes),
-               "new_memory_numpy_first_write_ms": new_memory_ms(value_bytes, numpy=True),
+               "exact": exact, "new_memory_first_write_ms": fresh_process_new_memory_ms(value_bytes),
+               "new_memory_numpy_first_write_ms": fresh_process_new_memory_ms(value_bytes, numpy=True),
                "hiredis": redis.utils.HIREDIS_AVAILABLE,
                **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()}}
         row["host_hit_with_first_read_ms"] = row["host_hit_read_ms"] - row["read_ms"]
@@ -308,11 +310,10 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
         client.set("bench:expected", processes)
         client.set("bench:ready", 0)
         client.set("bench:decodes", 0)
-        here = os.path.dirname(os.path.abspath(__file__))
         profiles = [os.path.join(profile_dir, f"{kind}-{mode}-{i}.prof") if profile_dir else ""
                     for i in range(processes)]
         workers = [subprocess.Popen([sys.executable, "-c", FLEET_WORKER, url, mode, str(requests), str(pool), str(i),
-                                     host_path, kind, here, profiles[i]], stdout=subprocess.PIPE, text=True,
+                                     host_path, kind, HERE, profiles[i]], stdout=subprocess.PIPE, text=True,
                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
                    for i in range(processes)]
         start = time.perf_counter()
