@@ -6,8 +6,9 @@
     normalisation at 1, 2 threads, next to Pillow's resize and numpy for reference;
   * the cache's level coder on a 720p Qwen2-VL-shaped value (5.6 M float32 elements, 3 channel
     tables of 256 levels, uint8 codes): the vectorised write and read (AVX-512 VBMI, where the CPU
-    has it) next to the portable loops, the write on every core, the read of repeated halves (from
-    half the codes), and a memcpy of the float tensor.
+    has it) next to the portable loops, the write on every core, the read and the write of
+    repeated halves (half the codes; the write checks each second half against its first), and a
+    memcpy of the float tensor.
 
     python benchmarks/bench_native.py [--json PATH] [--corpus DIR]
 """
@@ -116,6 +117,11 @@ def bench_level_coder() -> dict:
     threads = len(os.sched_getaffinity(0))
     result["encode_vectorised_all_threads_ms"] = per_call(
         lambda: _C.level_encode(bits, row // 3, 3, 256, codes, coded, threads, True)) * 1e3
+    # The write of such an image: the first halves coded, each element checked against its twin.
+    tiled = np.repeat(bits.reshape(-1, 2, row // 6)[:, :1], 2, axis=1).reshape(-1)
+    for suffix, count in (("", 1), ("_all_threads", threads)):
+        result[f"encode_halves{suffix}_ms"] = per_call(
+            lambda: _C.level_encode(tiled, row // 3, 3, 256, halves, coded, count, True, row // 6)) * 1e3
     return result
 
 
@@ -146,6 +152,8 @@ def main(argv=None) -> int:
     print(f"  read:  vectorised {coder['decode_vectorised_ms']:.2f}  portable {coder['decode_portable_ms']:.2f}  "
           f"(memcpy of the floats {coder['memcpy_ms']:.2f}; from half the codes, each block's halves "
           f"equal: {coder['decode_halves_ms']:.2f})")
+    print(f"  write of each block's first half, the second checked against it: {coder['encode_halves_ms']:.2f}  "
+          f"(on {threads} threads {coder['encode_halves_all_threads_ms']:.2f})")
     write_json(report, args.json)
     return 0
 

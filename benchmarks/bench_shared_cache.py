@@ -4,7 +4,8 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
 (its frames through the image processor: the PIL processor here takes no videos).
 
 1. Hit costs, side by side in interleaved rounds, per value: a copy of the value's tensors
-   (memcpy of the same bytes); the dumps each tier's writer runs, `encode`: in Redis's layout
+   (memcpy of the same bytes); the dumps each tier's writer runs, `encode` (on a thread of its
+   own with one kernel thread, as the writer runs it): in Redis's layout
    (level codes + LZ4, the buffers its SET joins) and in the zero-copy host layout (the header,
    and the value's buffers as they lie, written by the store with no copy before), and whole
    writes (a Redis SET; a host write: the value's file, its LMDB entry); `loads` of the coded bytes (and of the same
@@ -46,16 +47,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import redis
 import torch
 
 import lazymedia
-from lazymedia import synthetic
+from lazymedia import ops, synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
-from lazymedia.cache.serialize import dumps, loads
+from lazymedia.cache.serialize import dumps, loads, recycle
 
 # Items per fleet pool at most, per value: 32 clips of 172 MB in each of 4 private caches would
 # not fit this 24 GiB machine.
@@ -150,6 +152,23 @@ def new_memory_ms(nbytes: int, buffers: int = 16, numpy: bool = False) -> float:
     return statistics.median(samples) * 1e3
 
 
+def free_page_reporting() -> str:
+    """Whether this machine hands the pages its kernel frees back to a hypervisor (a virtio
+    balloon with free page reporting, feature bit 5): then the first write of memory that was
+    freed, in any process, faults on the host too, and "new memory" costs many warm writes."""
+    root = "/sys/bus/virtio/devices"
+    for device in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        try:
+            with open(os.path.join(root, device, "device")) as f:
+                if int(f.read(), 16) != 5:  # the balloon's virtio device id
+                    continue
+            with open(os.path.join(root, device, "features")) as f:
+                return "on" if f.read()[5:6] == "1" else "off"
+        except (OSError, ValueError):
+            continue
+    return "no virtio balloon"
+
+
 def fresh_process_new_memory_ms(nbytes: int, numpy: bool = False) -> float:
     """`new_memory_ms` in a process of its own, as a fleet worker meets memory."""
     out = subprocess.run([sys.executable, "-c", f"import bench_shared_cache as b; print(b.new_memory_ms({nbytes}, "
@@ -160,6 +179,18 @@ def fresh_process_new_memory_ms(nbytes: int, numpy: bool = False) -> float:
 
 def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[dict]:
     process = process_with(qwen2_vl_processor())
+    # Encodes and writes run as the cache's writer runs them (cache/writer.py): on a thread of
+    # their own, with one kernel thread, the encoded buffers recycled once written.
+    writer_thread = ThreadPoolExecutor(1, initializer=ops.use_one_kernel_thread)
+
+    def as_writer(tier, key, value, store: bool):
+        def write():
+            data = tier.encode(key, value)
+            if store:
+                tier.put_encoded(key, data)
+            recycle(data)
+        return lambda: writer_thread.submit(write).result()
+
     engine = lazymedia.DecodeEngine(isolate=())
     rows = []
     for kind in kinds:
@@ -204,10 +235,10 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
             cache.flush()
 
         times = interleaved({
-            "memcpy": (memcpy, 5), "dumps": (lambda: redis_tier.encode(key, value), 1),
-            "redis_write": (lambda: redis_tier.put_encoded(key, redis_tier.encode(key, value)), 1),
-            "dumps_host": (lambda: host.encode(key, value), 1),
-            "host_write": (lambda: host.put_encoded(key, host.encode(key, value)), 1),
+            "memcpy": (memcpy, 5), "dumps": (as_writer(redis_tier, key, value, store=False), 1),
+            "redis_write": (as_writer(redis_tier, key, value, store=True), 1),
+            "dumps_host": (as_writer(host, key, value, store=False), 1),
+            "host_write": (as_writer(host, key, value, store=True), 1),
             "loads": (lambda: loads(stored, key=key), 2), "loads_uncompressed": (lambda: loads(stored_raw, key=key), 2),
             "host_hit": (lambda: host.get_many([key]), 2), "read": (lambda: read(tensors), 2),
             "host_hit_read": (host_hit_read, 2),
@@ -236,6 +267,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
         row["uncompressed_vs_lz4_loads"] = ratio(times["loads_uncompressed"], times["loads"])
         rows.append(row)
     engine.shutdown()
+    writer_thread.shutdown()
     return rows
 
 
@@ -397,6 +429,7 @@ def main(argv=None) -> int:
     if warning:
         print(warning, file=sys.stderr)
     load_before = os.getloadavg()[0]
+    reporting = free_page_reporting()
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory() as directory, tempfile.TemporaryDirectory(dir=shm) as host_path:
         server, url = start_redis(directory)
@@ -426,7 +459,9 @@ def main(argv=None) -> int:
             ratio_cell = f" ({r[name.removesuffix('_ms') + '_vs_memcpy']['median']:4.1f}x)" if versus else ""
             cells.append(f"{r[name]:{15 - len(ratio_cell)}.2f}{ratio_cell}")
         print(f"{r['value']:6s} {r['value_bytes'] / 2**20:9.1f} " + " ".join(cells))
-    print(f"redis-py parses replies with {'hiredis' if rows and rows[0]['hiredis'] else 'its Python parser'}")
+    print(f"redis-py parses replies with {'hiredis' if rows and rows[0]['hiredis'] else 'its Python parser'}; "
+          f"free page reporting (freed memory handed back to a hypervisor): {reporting}; torch intra-op threads "
+          f"{torch.get_num_threads()}")
     print("stored MB: " + ", ".join(f"{r['value']} redis {r['stored_bytes'] / 2**20:.2f} / host "
                                     f"{r['stored_host_bytes'] / 2**20:.2f}" for r in rows))
     print("\nLayout alternative (the same value, codes and buffers stored without LZ4):")
@@ -453,6 +488,7 @@ def main(argv=None) -> int:
     load = (load_before, os.getloadavg()[0])
     print(f"1-minute load before / after: {load[0]:.1f} / {load[1]:.1f} on {len(os.sched_getaffinity(0))} cores")
     write_json({"version": lazymedia.__version__, "busy_warning": warning or busy_warning(), "load": load,
+                "free_page_reporting": reporting, "torch_threads": torch.get_num_threads(),
                 "hit_costs": rows, "fleet": fleets, "verdicts": lines, "goals": GOALS, "args": vars(args)}, args.json)
     return 0
 

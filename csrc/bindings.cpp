@@ -226,16 +226,19 @@ bool with_level_types(size_t element, size_t code, const char* fn_name, Fn fn) {
   return codes(uint64_t{});
 }
 
-// Codes src's bit patterns; the tables' counts per group, or None when a group has more than
-// `levels` patterns.
+// Codes src's bit patterns (with `half`: each block's first half, where every block of 2 * half
+// repeats it); the tables' counts per group, or None when a group has more than `levels` patterns
+// or (with half) a block's halves differ.
 std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, size_t groups, size_t levels,
-                                                   py::buffer codes, py::buffer tables, int threads, bool vectorise) {
+                                                   py::buffer codes, py::buffer tables, int threads, bool vectorise,
+                                                   size_t half) {
   const char* fn =
-      "level_encode(): src, codes and tables must be 1-d contiguous, codes as many as src, "
-      "tables groups x levels of src's type";
+      "level_encode(): src, codes and tables must be 1-d contiguous, codes as many as src (half as many with "
+      "half), tables groups x levels of src's type, src and run multiples of 2 * half";
   Flat s = flat(src, false, fn), c = flat(codes, true, fn), t = flat(tables, true, fn);
-  require(c.size == s.size && t.itemsize == s.itemsize && groups > 0 && levels > 0 &&
-              levels <= (size_t(1) << (8 * c.itemsize)) && groups <= t.size / levels && groups * levels == t.size,
+  require((half > 0 ? 2 * c.size : c.size) == s.size && t.itemsize == s.itemsize && groups > 0 && levels > 0 &&
+              levels <= (size_t(1) << (8 * c.itemsize)) && groups <= t.size / levels && groups * levels == t.size &&
+              (half == 0 || (half <= s.size && s.size % (2 * half) == 0 && run % (2 * half) == 0)),
           fn);
   std::vector<size_t> counts(groups);
   bool ok = with_level_types(s.itemsize, c.itemsize, fn, [&](auto e, auto k) {
@@ -243,7 +246,7 @@ std::optional<std::vector<size_t>> level_encode_py(py::buffer src, size_t run, s
     using C = decltype(k);
     py::gil_scoped_release release;
     return level_encode(static_cast<const E*>(s.data), s.size, run, groups, levels, static_cast<C*>(c.data),
-                        static_cast<E*>(t.data), counts.data(), threads, vectorise);
+                        static_cast<E*>(t.data), counts.data(), threads, vectorise, half);
   });
   if (!ok) return std::nullopt;
   return counts;
@@ -318,8 +321,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("gray_to_rgb", &gray_to_rgb, py::arg("buffer"), py::arg("pixels"),
         "In place: the first `pixels` gray bytes of buffer -> pixels x 3 RGB.");
   m.def("level_encode", &level_encode_py, py::arg("src"), py::arg("run"), py::arg("groups"), py::arg("levels"),
-        py::arg("codes"), py::arg("tables"), py::arg("threads") = 1, py::arg("vectorise") = true,
-        "Level-codes src's bit patterns per group ((i // run) % groups): counts per group, or None past `levels`");
+        py::arg("codes"), py::arg("tables"), py::arg("threads") = 1, py::arg("vectorise") = true, py::arg("half") = 0,
+        "Level-codes src's bit patterns per group ((i // run) % groups; half > 0: each block's first half, the "
+        "blocks repeating it): counts per group, or None past `levels` or where a block's halves differ");
   m.def("level_decode", &level_decode_py, py::arg("codes"), py::arg("run"), py::arg("groups"), py::arg("tables"),
         py::arg("dst"), py::arg("threads") = 1, py::arg("vectorise") = true, py::arg("half") = 0,
         "dst = tables gathered by the codes (half > 0: each block's first half repeated); False for a code past "

@@ -332,15 +332,21 @@ struct LevelHash {
 
 template <typename E, typename C>
 bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables, size_t* counts,
-                  int threads, bool vectorise) {
+                  int threads, bool vectorise, size_t half) {
   constexpr bool kVectorForm = std::is_same_v<E, uint32_t> && std::is_same_v<C, uint8_t>;
   vectorise = vectorise && kVectorForm && level_gather_vectorised();
   if (run == 0 || groups == 0 || levels == 0 || levels - 1 > size_t(C(~C(0)))) return false;
+  if (half > 0 && (half > n || n % (2 * half) != 0 || run % (2 * half) != 0)) return false;  // half <= n: 2 * half fits
   if (n == 0) {  // nothing to code: every table empty
     std::fill(counts, counts + groups, size_t(0));
     return true;
   }
   run = std::min(run, std::max(n, size_t(1)));  // the same groups; keeps (block + 1) * run from overflowing
+  // With `half`, element j of the coded sequence is the source's element (j / half) * 2 * half +
+  // j % half (each block's first half), in group (j / (run / 2)) % groups; the rest of this
+  // function codes that sequence, of n / 2 elements and runs of run / 2.
+  const size_t coded = half > 0 ? n / 2 : n;
+  const size_t coded_run = half > 0 ? run / 2 : run;
   int bits = 2;
   // Sparse tables for uint8 codes (at most 256 levels): the vectorised write's probe loop runs
   // again for all 16 lanes when one lane's first slot holds another pattern, and the portable
@@ -353,8 +359,8 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   // A few rows a thread: each row finds every level again (and is renumbered after), so fewer is
   // cheaper, as long as each thread has some to take.
   const size_t row_count = std::min(kLevelRows, size_t(std::max(threads, 1)) * kLevelRowsPerThread);
-  const size_t chunk = std::max(kLevelChunk, (n + row_count - 1) / row_count);
-  const size_t rows = (n + chunk - 1) / chunk;
+  const size_t chunk = std::max(kLevelChunk, (coded + row_count - 1) / row_count);
+  const size_t rows = (coded + chunk - 1) / chunk;
   std::vector<E> local(rows * groups * levels);
   std::vector<size_t> local_counts(rows * groups, 0);
   // The vectorised form's slots hold pattern and code side by side (uint32 both); the others'
@@ -363,50 +369,80 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   constexpr size_t kSlotWords = kVectorForm ? 2 : 1;
   const std::unique_ptr<uint32_t[]> hash(new uint32_t[rows * groups * slots * kSlotWords]);
   const std::unique_ptr<E[]> keys(new E[kVectorForm ? 0 : rows * groups * slots]);
-  std::atomic<bool> full{false};
+  std::atomic<bool> stop{false};  // a group past its levels, or (with half) a block whose halves differ
   parallel_blocks(int(rows), threads, 1, [&](int r) {  // a few large rows: one each is worth a thread
-    if (full.load(std::memory_order_relaxed)) return;
+    if (stop.load(std::memory_order_relaxed)) return;
     const size_t base = size_t(r) * groups;
     std::fill(hash.get() + base * slots * kSlotWords, hash.get() + (base + groups) * slots * kSlotWords, 0u);
-    for_group_runs(
-        size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups, [&](size_t begin, size_t end, size_t g) {
-          if (full.load(std::memory_order_relaxed)) return;
-          LevelHash<E> level{keys.get(), hash.get() + (base + g) * slots, local.data() + (base + g) * levels, bits};
-          if constexpr (kVectorForm) {
-            level.keys = hash.get() + (base + g) * slots * 2;
-            level.slots = level.keys + 1;
-            level.stride = 2;
-          } else {
-            level.keys += (base + g) * slots;
-          }
-          size_t count = local_counts[base + g];  // a local: the uint8 code stores may alias anything in memory
-          long code = 0;
-          if constexpr (kVectorForm) {
-            // Blocks of 16 whose patterns the table holds are coded 16 at a time; a block with a new
-            // pattern takes the loop below, which adds it.
-            for (size_t i = begin; vectorise && code >= 0 && i < end;) {
-              i += level_encode_u32(src + i, end - i, level.keys, level.bits, codes + i);
-              for (const size_t stop = std::min(end, i + 16); code >= 0 && i < stop; ++i) {
-                code = level.code_of(src[i], count, levels);
-                codes[i] = C(code);
-              }
-            }
-          }
-          E last = src[begin];
-          if (!vectorise) code = level.code_of(last, count, levels);
-          for (size_t i = begin; !vectorise && code >= 0 && i < end; ++i) {
-            const E v = src[i];
-            if (v != last) {  // neighbouring pixels often repeat
-              code = level.code_of(v, count, levels);
-              last = v;
-            }
-            codes[i] = C(code);
-          }
-          local_counts[base + g] = count;
-          if (code < 0) full.store(true, std::memory_order_relaxed);
-        });
+    for_group_runs(size_t(r) * chunk, std::min(coded, size_t(r + 1) * chunk), coded_run, groups,
+                   [&](size_t begin, size_t end, size_t g) {
+                     if (stop.load(std::memory_order_relaxed)) return;
+                     LevelHash<E> level{keys.get(), hash.get() + (base + g) * slots, local.data() + (base + g) * levels,
+                                        bits};
+                     if constexpr (kVectorForm) {
+                       level.keys = hash.get() + (base + g) * slots * 2;
+                       level.slots = level.keys + 1;
+                       level.stride = 2;
+                     } else {
+                       level.keys += (base + g) * slots;
+                     }
+                     size_t count = local_counts[base + g];  // a local: the uint8 code stores may alias anything
+                     // Codes from[0, length) into to[0, length): false once the group is past its levels
+                     // or (where twin is not null) an element differs from its twin's.
+                     auto code_span = [&](const E* from, size_t length, C* to, const E* twin) {
+                       long code = 0;
+                       bool same = true;
+                       if constexpr (kVectorForm) {
+                         // Blocks of 16 whose patterns the table holds (and equal their twins) are coded
+                         // 16 at a time; a block with a new pattern takes the loop below, which adds it.
+                         for (size_t i = 0; vectorise && code >= 0 && same && i < length;) {
+                           i += level_encode_u32(from + i, length - i, level.keys, level.bits, to + i,
+                                                 twin != nullptr ? twin + i : nullptr);
+                           for (const size_t block_end = std::min(length, i + 16); code >= 0 && i < block_end; ++i) {
+                             if (twin != nullptr && twin[i] != from[i]) {
+                               same = false;
+                               break;
+                             }
+                             code = level.code_of(from[i], count, levels);
+                             to[i] = C(code);
+                           }
+                         }
+                       }
+                       E last = from[0];
+                       if (!vectorise) code = level.code_of(last, count, levels);
+                       for (size_t i = 0; !vectorise && code >= 0 && i < length; ++i) {
+                         const E v = from[i];
+                         if (twin != nullptr && twin[i] != v) {
+                           same = false;
+                           break;
+                         }
+                         if (v != last) {  // neighbouring pixels often repeat
+                           code = level.code_of(v, count, levels);
+                           last = v;
+                         }
+                         to[i] = C(code);
+                       }
+                       return code >= 0 && same;
+                     };
+                     bool coding = true;
+                     if (half == 0) {
+                       coding = code_span(src + begin, end - begin, codes + begin, nullptr);
+                     } else {
+                       // Each piece within one block: its first half coded, each element checked
+                       // against its twin in the second half as it is.
+                       for (size_t j = begin; coding && j < end;) {
+                         const size_t block = j / half, offset = j % half;
+                         const size_t length = std::min(end, (block + 1) * half) - j;
+                         const E* from = src + 2 * half * block + offset;
+                         coding = code_span(from, length, codes + j, from + half);
+                         j += length;
+                       }
+                     }
+                     local_counts[base + g] = count;
+                     if (!coding) stop.store(true, std::memory_order_relaxed);
+                   });
   });
-  if (full.load()) return false;
+  if (stop.load()) return false;
   std::vector<uint32_t> merged(groups * slots, 0);
   std::vector<E> merged_keys(groups * slots);
   std::vector<C> renumber(rows * groups * levels);
@@ -435,14 +471,14 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
     if constexpr (std::is_same_v<C, uint8_t>) {
       if (!planes.empty()) {
         const uint8_t* row_planes = planes.data() + size_t(r) * groups * 256;
-        for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
+        for_group_runs(size_t(r) * chunk, std::min(coded, size_t(r + 1) * chunk), coded_run, groups,
                        [&](size_t begin, size_t end, size_t g) {
                          level_gather_u8(codes + begin, end - begin, row_planes + g * 256, levels, codes + begin);
                        });
         return;
       }
     }
-    for_group_runs(size_t(r) * chunk, std::min(n, size_t(r + 1) * chunk), run, groups,
+    for_group_runs(size_t(r) * chunk, std::min(coded, size_t(r + 1) * chunk), coded_run, groups,
                    [&](size_t begin, size_t end, size_t g) {
                      const C* table = to + g * levels;
                      for (size_t i = begin; i < end; ++i) codes[i] = table[codes[i]];
@@ -516,8 +552,8 @@ bool level_decode(const C* codes, size_t n, size_t run, size_t groups, const E* 
   return !bad.load();
 }
 
-#define LAZYMEDIA_LEVELS(E, C)                                                                            \
-  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int, bool); \
+#define LAZYMEDIA_LEVELS(E, C)                                                                                    \
+  template bool level_encode<E, C>(const E*, size_t, size_t, size_t, size_t, C*, E*, size_t*, int, bool, size_t); \
   template bool level_decode<E, C>(const C*, size_t, size_t, size_t, const E*, size_t, E*, int, bool, size_t);
 LAZYMEDIA_LEVELS(uint16_t, uint8_t)
 LAZYMEDIA_LEVELS(uint32_t, uint8_t)

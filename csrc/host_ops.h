@@ -65,9 +65,12 @@ void gray_to_rgb_in_place(uint8_t* data, size_t pixels);
 // range (codes and tables then hold partial results). One pass over src on up to `threads`
 // threads (each codes its chunk against tables of its own, then the codes are renumbered).
 // `vectorise`: 32-bit patterns in uint8 codes take level_gather.h's write where the CPU has it.
+// `half` > 0: every block of 2 * half elements must repeat its first half (bit for bit; false
+// where one does not), and only the first halves are coded: codes then holds n / 2 codes, as
+// level_decode's `half` reads them (run a multiple of 2 * half, n of 2 * half).
 template <typename E, typename C>
 bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t levels, C* codes, E* tables, size_t* counts,
-                  int threads, bool vectorise = true);
+                  int threads, bool vectorise = true, size_t half = 0);
 
 // dst[i] = tables[g * length + codes[i]], on up to `threads` threads. False when a code is >= length
 // (such an element is not read from the table: nothing is read out of bounds; dst is then partial)

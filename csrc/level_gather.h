@@ -32,9 +32,11 @@ inline size_t level_slot(E v, int bits) {
 
 // codes[i] = code - 1 where slots[2 s] == src[i] and code = slots[2 s + 1] != 0 (pattern and
 // code + 1 side by side), s found from level_slot by linear probing, for the leading blocks of 16
-// elements whose patterns the table holds: how many elements were coded (n, or the start of the
-// first block with a pattern the table lacks). Only where level_gather_vectorised().
-size_t level_encode_u32(const uint32_t* src, size_t n, const uint32_t* slots, int bits, uint8_t* codes);
+// elements whose patterns the table holds (and, where `twin` is not null, that equal twin's):
+// how many elements were coded (n, or the start of the first block with a pattern the table lacks
+// or unlike its twin). Only where level_gather_vectorised().
+size_t level_encode_u32(const uint32_t* src, size_t n, const uint32_t* slots, int bits, uint8_t* codes,
+                        const uint32_t* twin = nullptr);
 
 // A group's table as byte planes: planes[p * 256 + c] = byte p of table[c] (zero past `length`),
 // for `groups` tables of `length` entries each, as the gather reads them.

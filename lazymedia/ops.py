@@ -347,11 +347,14 @@ def frame_buffers() -> HostBufferPool:
     return HostBufferPool(max_cached_bytes=512 << 20, idle_release_s=idle_s)
 
 def level_encode(bits: np.ndarray, run: int, groups: int, levels: int, codes: np.ndarray,
-                 tables: np.ndarray) -> list[int] | None:
+                 tables: np.ndarray, half: int = 0) -> list[int] | None:
     """Level-codes the bit patterns `bits` (1-d uint16/32/64) into `codes` (uint8/uint16, as many),
     element i against table (i // run) % groups of `tables` (groups x levels, bits' type), on the
-    kernel threads: the tables' counts, or None once a group has more than `levels` patterns."""
-    return _C.level_encode(bits, run, groups, levels, codes, tables, kernel_threads())
+    kernel threads: the tables' counts, or None once a group has more than `levels` patterns.
+    With `half`, every block of 2 * half patterns must repeat its first half (None where one does
+    not) and `codes` holds the first halves' codes (half as many): `level_decode`'s `half` form,
+    with the comparison made while each block is in cache for its coding."""
+    return _C.level_encode(bits, run, groups, levels, codes, tables, kernel_threads(), True, half)
 
 
 def level_decode(codes: np.ndarray, run: int, groups: int, tables: np.ndarray, out: np.ndarray, half: int = 0) -> bool:

@@ -429,6 +429,83 @@ def test_the_native_read_of_repeated_halves_equals_the_expanded_codes(vectorise)
                             args["half"])
 
 
+def repeated_halves(blocks: int, half: int, groups: int, levels: int, seed: int) -> tuple[np.ndarray, int]:
+    """(patterns whose every block of 2 * half repeats its first half, the run: 2 blocks)."""
+    rng = np.random.default_rng(seed)
+    run = 4 * half
+    table = rng.integers(0, 2**32, groups * levels, dtype=np.uint32)
+    group = (np.arange(blocks * half) // (run // 2)) % groups
+    firsts = table.reshape(groups, levels)[group, rng.integers(0, levels, blocks * half)].reshape(blocks, 1, half)
+    return np.repeat(firsts, 2, axis=1).reshape(-1), run
+
+
+@pytest.mark.parametrize("vectorise", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("half,levels", [(196, 200), (7, 256), (16, 3), (1, 1)])
+def test_the_native_write_of_repeated_halves_codes_the_first_halves(vectorise, threads, half, levels):
+    """With `half`, the coder gives the full write's tables and the first halves of its codes
+    (vectorised and portable, on one or more threads, halves that are and are not whole vectors),
+    which the halves read expands back to every pattern."""
+    src, run = repeated_halves(2048, half, 3, levels, seed=half)
+    full, full_tables = np.empty(src.size, np.uint8), np.zeros(3 * 256, np.uint32)
+    firsts, tables = np.empty(src.size // 2, np.uint8), np.zeros(3 * 256, np.uint32)
+    counts = _C.level_encode(src, run, 3, 256, full, full_tables, threads, vectorise)
+    assert counts is not None
+    assert _C.level_encode(src, run, 3, 256, firsts, tables, threads, vectorise, half) == counts
+    assert (tables == full_tables).all()
+    assert (firsts == full.reshape(-1, 2, half)[:, 0].reshape(-1)).all()
+    out = np.empty(src.size, np.uint32)
+    assert _C.level_decode(firsts, run, 3, tables, out, 1, vectorise, half) and (out == src).all()
+
+
+@pytest.mark.parametrize("vectorise", [True, False])
+@pytest.mark.parametrize("block,offset", [(0, 0), (0, 195), (1023, 17), (2047, 192), (2047, 195)])
+def test_one_element_unlike_its_twin_stops_the_repeated_halves_write(vectorise, block, offset):
+    """An element of a second half unlike its twin in the first, anywhere (first and last block, a
+    whole vector's lane, the masked tail of a half of 196), makes the halves write say None, and
+    the full write still codes the patterns."""
+    src, run = repeated_halves(2048, 196, 3, 200, seed=1)
+    at = block * 392 + 196 + offset
+    src[at] = src[at - 196] ^ 1
+    firsts, tables = np.empty(src.size // 2, np.uint8), np.zeros(3 * 256, np.uint32)
+    assert _C.level_encode(src, run, 3, 256, firsts, tables, 2, vectorise, 196) is None
+    assert _C.level_encode(src, run, 3, 256, np.empty(src.size, np.uint8), tables, 2, vectorise) is not None
+
+
+def test_the_native_repeated_halves_write_checks_its_sizes():
+    src, run = repeated_halves(64, 196, 3, 200, seed=2)
+    tables = np.zeros(3 * 256, np.uint32)
+    for codes, run_, half in ((np.empty(src.size, np.uint8), run, 196),  # codes for every pattern
+                              (np.empty(src.size // 2, np.uint8), run, 195),  # run not a multiple of 2 * half
+                              (np.empty(src.size // 2, np.uint8), 2 * run + 392, 392 * 2),  # src not either
+                              (np.empty(src.size // 2, np.uint8), run, src.size)):  # half past the patterns
+        with pytest.raises(ValueError):
+            _C.level_encode(src, run_, 3, 256, codes, tables, 1, True, half)
+
+
+def test_a_recycled_code_buffer_is_reused_and_only_one_that_was_lent():
+    """Codes stored as they lie take the thread's buffer; `recycle` of the parts that hold it gives
+    it back (the next value codes into the same memory), `recycle` of other parts does not."""
+    from lazymedia.cache.serialize import dump_parts, recycle
+
+    def codes_of(parts):
+        return max((np.frombuffer(part, np.uint8) for part in parts if isinstance(part, memoryview)),
+                   key=lambda array: array.nbytes)
+
+    first = dump_parts(tiled_patches(seed=1), compress=False)
+    second = dump_parts(tiled_patches(seed=2), compress=False)  # the first's buffer is still lent
+    assert not np.may_share_memory(codes_of(first), codes_of(second))
+    recycle(dump_parts({"x": torch.arange(10)}))  # parts without codes: nothing to give back
+    third = dump_parts(tiled_patches(seed=3), compress=False)
+    assert not np.may_share_memory(codes_of(third), codes_of(first))
+    assert not np.may_share_memory(codes_of(third), codes_of(second))
+    recycle(third)
+    fourth = dump_parts(tiled_patches(seed=4), compress=False)
+    assert np.may_share_memory(codes_of(fourth), codes_of(third))
+    assert bit_equal(loads(b"".join(fourth)), tiled_patches(seed=4))
+    assert bit_equal(loads(b"".join(second)), tiled_patches(seed=2))  # never recycled: intact
+
+
 def test_codes_stored_as_they_lie_are_not_overwritten_by_the_next_value():
     """A thread codes into one reused buffer; codes that a value keeps as they are (no halves, no
     LZ4) leave it to that value, so a second value's coding does not change the first's parts."""

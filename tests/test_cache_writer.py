@@ -11,6 +11,7 @@ import test_cache_host
 import torch
 
 import lazymedia
+from lazymedia import ops
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
 from lazymedia.synthetic import jpeg
 
@@ -76,6 +77,21 @@ def test_a_miss_returns_before_its_value_is_stored_and_reads_back_exact(store_pa
     token = host.try_lease(key)
     assert token  # released after the write
     host.release(key, token)
+
+
+def test_the_writer_codes_on_one_kernel_thread(store_path):
+    """The writer works behind the requests: its coding is not split across the cores theirs use."""
+    threads: list[int] = []
+
+    class Recording(HostCache):
+        def encode(self, key, value):
+            threads.append(ops.kernel_threads())
+            return super().encode(key, value)
+
+    cache = TieredCache(ProcessorCache(), Recording(store_path, capacity_bytes=64 << 20))
+    processor(cache, []).apply([lazymedia.load_image(jpeg(48, 64, seed=3))])
+    assert cache.flush(60)
+    assert threads == [1] and ops.kernel_threads() == len(os.sched_getaffinity(0))  # the caller's unchanged
 
 
 def test_a_full_queue_skips_counts_and_releases_the_lease(store_path):

@@ -24,7 +24,8 @@ stored, one encoding per tensor, exact unless asked otherwise:
   second half repeats its first (header "e": the half's length), only the first halves' codes are
   stored and the gather writes each twice: a processor that tiles an image into two temporal
   frames (Qwen2-VL and its successors, GLM-4V: temporal_patch_size 2) makes half its output a
-  copy, which one comparison of the codes finds (LZ4 found it too, in a pass over all of them).
+  copy, which the coder finds by comparing each run's halves as it codes the first (LZ4 found it
+  too, in a pass over all the codes).
 - lz4: the bytes (raw elements or codes) LZ4-compressed, where a trial on one slice says it pays.
 - raw: the elements as they are.
 - bfloat16 (only with `dumps(..., bfloat16=True)`, lossy): float32/float64 tensors without few
@@ -97,12 +98,13 @@ _CODE_BUFFER_MAX = 64 << 20
 
 
 class _CodeBuffer(threading.local):
-    """This thread's buffer for level codes that are compacted or compressed before they are
-    stored (a 720p output's 5.6 MB: on a VM that backs memory lazily, a new buffer's first write
-    is a good part of the coding's cost). Codes stored as they are keep the buffer (`take`), and
-    the thread's next value codes into a new one."""
+    """This thread's buffer for level codes (a 720p output's 2.8 MB: on a VM that backs memory
+    lazily, a new buffer's first writes cost a good part of the coding). Codes stored as they
+    lie lend the buffer to the value's parts (`take`) until their writer is done with them
+    (`recycle`); meanwhile the thread's next value codes into a new one."""
 
     buffer: np.ndarray | None = None
+    lent: np.ndarray | None = None
 
     def get(self, nbytes: int) -> np.ndarray:
         if nbytes > _CODE_BUFFER_MAX:
@@ -112,12 +114,31 @@ class _CodeBuffer(threading.local):
         return self.buffer[:nbytes]
 
     def take(self, codes: np.ndarray) -> None:
-        """`codes` are stored as they lie: the buffer they are a view of is theirs from now on."""
+        """`codes` are stored as they lie: the buffer they are a view of is lent to them."""
         if self.buffer is not None and np.may_share_memory(codes, self.buffer):
-            self.buffer = None
+            self.lent, self.buffer = self.buffer, None
+
+    def recycle(self, parts: list) -> None:
+        """The buffer lent to `parts` is this thread's again, where they hold it."""
+        lent = self.lent
+        if lent is not None and self.buffer is None and any(
+                isinstance(part, memoryview) and np.may_share_memory(np.frombuffer(part, np.uint8), lent)
+                for part in parts):
+            self.buffer, self.lent = lent, None
 
 
 _CODES = _CodeBuffer()
+
+
+def recycle(encoded) -> None:
+    """Tells serialize that whoever wrote `encoded` (`dump_parts`' buffers, or a tuple of such
+    lists and bytes, as `TieredCache.encode` makes) is done with them and holds no view of them:
+    a code buffer they borrowed from this thread is then reused for its next value."""
+    if isinstance(encoded, tuple):
+        for data in encoded:
+            recycle(data)
+    elif isinstance(encoded, list):
+        _CODES.recycle(encoded)
 
 
 class SerializationError(ValueError):
@@ -176,33 +197,30 @@ def _groupings(shape: tuple[int, ...], count: int) -> list[tuple[int, int, int]]
     return [g for g in channel if g[0] > 0] + [(count, 1, 256), (count, 1, MAX_LEVELS)]
 
 
-def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, int] | None:
-    """(tables, codes, run, groups) with tables[(i // run) % groups, codes[i]] == bits[i] bit for
-    bit (the tables padded with zeros to one length), or None when no grouping fits or coding would
-    not make the tensor smaller. Each try is one native pass (on the kernel threads) that stops at the
-    first group with too many levels (a tensor that is not level-like stops within a few hundred
-    elements)."""
+def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, int, int] | None:
+    """(tables, codes, run, groups, half) with tables[(i // run) % groups, codes[i]] == bits[i] bit
+    for bit (the tables padded with zeros to one length; with `half`, every block of 2 * half
+    elements repeats its first half and the codes are the first halves'), or None when no grouping
+    fits or coding would not make the tensor smaller. Each try is one native pass (on the kernel
+    threads) that stops at the first group with too many levels or block with unequal halves (a
+    tensor that is not level-like stops within a few hundred elements)."""
     if bits.size < _LEVEL_MIN_ELEMENTS:
         return None
     for run, groups, levels in _groupings(shape, bits.size):
         code_type = np.uint8 if levels <= 256 else np.uint16
         if np.dtype(code_type).itemsize >= bits.itemsize:
             continue
-        codes = _CODES.get(bits.size * np.dtype(code_type).itemsize).view(code_type)
-        tables = np.zeros((groups, levels), bits.dtype)
-        counts = ops.level_encode(bits, run, groups, levels, codes, tables.reshape(-1))
-        if counts is not None:
-            return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups
+        # Codes in one run share a table: a run of two equal halves (a processor that tiles an image
+        # twice) needs only its first half's.
+        halves = (run // 2, 0) if run % 2 == 0 and bits.size % run == 0 else (0,)
+        for half in halves:
+            count = bits.size // 2 if half else bits.size
+            codes = _CODES.get(count * np.dtype(code_type).itemsize).view(code_type)
+            tables = np.zeros((groups, levels), bits.dtype)
+            counts = ops.level_encode(bits, run, groups, levels, codes, tables.reshape(-1), half)
+            if counts is not None:
+                return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups, half
     return None
-
-
-def _repeated_half(codes: np.ndarray, run: int) -> int:
-    """The half length when every run of `run` codes is two equal halves, else 0 (codes in one run
-    share a table, so equal codes are equal bit patterns)."""
-    if run % 2 or run < 2 or codes.size % run:
-        return 0
-    pairs = codes.reshape(-1, 2, run // 2)
-    return run // 2 if np.array_equal(pairs[:, 0], pairs[:, 1]) else 0
 
 
 def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
@@ -227,7 +245,10 @@ def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = Fa
     for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
     are not level-coded lose precision). `compress=False` stores every buffer without LZ4 (larger,
     no LZ4 on the read); `levels=False` without level codes (with both: the zero-copy layout)."""
-    return b"".join(dump_parts(value, key=key, mac=mac, bfloat16=bfloat16, compress=compress, levels=levels))
+    parts = dump_parts(value, key=key, mac=mac, bfloat16=bfloat16, compress=compress, levels=levels)
+    joined = b"".join(parts)
+    recycle(parts)
+    return joined
 
 
 def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
@@ -236,7 +257,8 @@ def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool
     in between: buffers stored as they are are views of the value's own tensors and arrays (the
     value must not change until they are written). `tag_payload=False` leaves the payload tag
     zero (no pass over the payload; a reader must then pass `verify_payload=False`) for payloads
-    of at least `tag_below` bytes (smaller ones are tagged: cheap, and readable by any reader)."""
+    of at least `tag_below` bytes (smaller ones are tagged: cheap, and readable by any reader).
+    A writer done with the buffers hands them to `recycle` (none of them may be read after)."""
     buffers: list[memoryview] = []
     size = [0]
 
@@ -254,14 +276,12 @@ def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool
         coded = (_level_code(flat.view(_BITS[flat.itemsize]), shape)
                  if levels and is_float and flat.itemsize in _BITS else None)
         if coded is not None:
-            tables, codes, run, groups = coded
+            tables, codes, run, groups, half = coded
             node["k"] = place(tables.view(np.uint8).reshape(-1).data)
             node["c"] = codes.dtype.name
             node["g"] = [run, groups]
-            half = _repeated_half(codes, run)
             if half:
                 node["e"] = half
-                codes = np.ascontiguousarray(codes.reshape(-1, 2, half)[:, 0]).reshape(-1)
             flat = codes
         elif lossy:
             import torch

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .protocol import SteppedTier, Steps, adrive, drive, pause
-from .serialize import SECRET_ENV, BadValueLog, SerializationError, dump_parts, loads, mac_key
+from .serialize import SECRET_ENV, BadValueLog, SerializationError, dump_parts, loads, mac_key, recycle
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,9 @@ class ValueStore(SteppedTier):
 
     def put(self, key: str, value) -> bool:
         data = self.encode(key, value)
-        return data is not None and self.put_encoded(key, data)
+        stored = data is not None and self.put_encoded(key, data)
+        recycle(data)
+        return stored
 
     @property
     def available(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 from ..lru import CacheStats
 from .local import ProcessorCache
 from .protocol import Call, ChainableTier, SharedTier, SteppedTier, Steps, pause, threaded
+from .serialize import recycle
 from .store import SharedCacheStats
 from .writer import SharedWriter, WriteStats
 
@@ -87,7 +88,9 @@ class SharedChain(SteppedTier):
 
     def put(self, key: str, value) -> bool:
         data = self.encode(key, value)
-        return data is not None and self.put_encoded(key, data)
+        stored = data is not None and self.put_encoded(key, data)
+        recycle(data)
+        return stored
 
     def delete(self, keys: list[str]) -> None:
         for tier in self.tiers:

@@ -21,9 +21,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .. import ops
 from ..lru import fingerprint
 from .local import estimate_nbytes
 from .protocol import SharedTier
+from .serialize import recycle
 
 logger = logging.getLogger("lazymedia.cache")
 _LIVE: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # writers whose queues exit waits for
@@ -137,6 +139,10 @@ class SharedWriter:
         return self._busy_bytes + sum(entry[3] for entry in self._queue)
 
     def _run(self) -> None:
+        # The writer codes values behind the requests on its own thread only: the other cores
+        # are the requests' (and torch's OpenMP workers spin on them for a while after each
+        # parallel region), so a coder split across them waits for them; and it leaves them free.
+        ops.use_one_kernel_thread()
         while True:
             with self._cond:
                 if not self._cond.wait_for(lambda: bool(self._queue), _IDLE_S):
@@ -155,6 +161,7 @@ class SharedWriter:
                     outcome = "written"
                 elif unchanged is not None and not unchanged():  # changed while its buffers were written
                     outcome = "mutated"
+                recycle(data)  # the tiers copied what they keep: no view of it outlives put_encoded
                 if outcome == "mutated":
                     logger.warning("cached value %s was modified in place by a reader before it was "
                                    "stored; not written to the shared tier (docs/design.md)", key)

@@ -86,6 +86,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (ok[0] != ok[1] || (ok[0] && (codes[0] != codes[1] || coded[0] != coded[1] || counts[0] != counts[1]))) {
         __builtin_trap();
       }
+      // The write of repeated halves: the patterns' blocks of 2 * half made to repeat (one element
+      // changed where the input says), both paths agree, and where both code, the halves read
+      // gives the patterns back; a half that does not divide is refused by both.
+      if (in.next() % 4 != 0) patterns[(size_t(in.next()) << 8 | in.next()) % patterns.size()] ^= 1u;
+      std::vector<uint32_t> repeated(patterns.size() - patterns.size() % (2 * half));
+      for (size_t i = 0; i < repeated.size(); ++i) repeated[i] = patterns[i / (2 * half) * 2 * half + i % half];
+      if (!repeated.empty() && in.next() % 2) repeated[(size_t(in.next()) << 8 | in.next()) % repeated.size()] ^= 1u;
+      for (int v = 0; v < 2; ++v) {
+        codes[v].assign(repeated.size() / 2, 0);
+        std::fill(coded[v].begin(), coded[v].end(), 0u);
+        ok[v] = level_encode(repeated.data(), repeated.size(), halved_run, groups, 256, codes[v].data(),
+                             coded[v].data(), counts[v].data(), threads, v == 0, half);
+      }
+      if (ok[0] != ok[1] || (ok[0] && (codes[0] != codes[1] || coded[0] != coded[1] || counts[0] != counts[1]))) {
+        __builtin_trap();
+      }
+      if (ok[0] && !repeated.empty()) {
+        std::vector<uint32_t> back(repeated.size());
+        if (!level_decode(codes[0].data(), codes[0].size(), halved_run, groups, coded[0].data(), 256, back.data(),
+                          threads, true, half) ||
+            back != repeated) {
+          __builtin_trap();
+        }
+      }
       break;
     }
     default: {
