@@ -37,9 +37,10 @@ class SharedTier(Protocol):
         value cannot be stored."""
 
     def put_encoded(self, key: str, data: Any, unchanged: Callable[[], bool] | None = None) -> bool:
-        """Stores what `encode` returned; `unchanged`, where given, is asked just before the value
-        becomes visible to other processes (a tier whose stored bytes are views of the value's own
-        memory does not publish one changed while it was written)."""
+        """Stores what `encode` returned, keeping no view of it after it returns (the writer then
+        reuses its buffers: `serialize.recycle`); `unchanged`, where given, is asked just before
+        the value becomes visible to other processes (a tier whose stored bytes are views of the
+        value's own memory does not publish one changed while it was written)."""
 
     def delete(self, keys: list[str]) -> None: ...
 
