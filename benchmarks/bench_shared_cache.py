@@ -27,7 +27,13 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
    decoded once (in every run).
 
     python benchmarks/bench_shared_cache.py [--requests 400 --processes 4 --pool 32 --fleet-runs 3]
-        [--values 720p,4K,video] [--json PATH] [--no-fleet] [--profile DIR]
+        [--values 720p,4K,video] [--json PATH] [--no-fleet] [--profile DIR] [--torch-threads N]
+
+`--torch-threads N` sets torch's intra-op threads here and in the fleet's workers. By default
+torch uses every core, and its OpenMP workers spin for a few ms after each parallel region (a
+processor's, or this script's memcpy): on this VM a spinning core slows the other, and the step
+timed next (the writer's `encode` in the rounds) pays it. vLLM sets 1 in its own workers for this
+reason; the printed header says which setting ran.
 
 `--profile DIR` profiles each fleet worker's requests (cProfile, a file per worker in DIR) and
 prints what the level gather (a coded hit's decode into its new tensor) cost a call.
@@ -62,6 +68,13 @@ from lazymedia.cache.serialize import dumps, loads, recycle
 # Items per fleet pool at most, per value: 32 clips of 172 MB in each of 4 private caches would
 # not fit this 24 GiB machine.
 POOL_CAP = {"video": 8}
+# An untimed pause before each of the writer's steps in the rounds (they run on a thread of their
+# own, right after the memcpy): torch's OpenMP workers spin for a few ms after a parallel region
+# (the memcpy's), and on this VM a spinning core slows the other, so without it the Redis `encode`
+# paid for the memcpy before it (4.9 or 8.8 ms from one run to the next). The other steps keep no
+# pause: after one, torch's workers sleep, and the next parallel op pays their wake-up.
+WRITER_STEPS = ("dumps", "redis_write", "dumps_host", "host_write")
+SETTLE_S = 0.02
 HERE = os.path.dirname(os.path.abspath(__file__))  # the benchmarks folder, for the processes this starts
 GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3}
 # The millisecond goals are the 720p value's (issue 36); the other values' figures are printed
@@ -245,7 +258,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
             "host_coded_hit": (lambda: coded_host.get_many([key]), 2),
             "redis_hit": (lambda: redis_tier.get_many([key]), 2),
             "redis_get": (lambda: client.get(f"{redis_tier.prefix}{key}"), 2),
-            "miss_until_stored": (miss, 1)}, rounds)
+            "miss_until_stored": (miss, 1)}, rounds, settle=dict.fromkeys(WRITER_STEPS, SETTLE_S))
         times["miss_response"] = responses[1:]  # the warm-up call's left out
         cache.flush()
         value_bytes = sum(t.element_size() * t.numel() for t in tensors)
@@ -420,8 +433,14 @@ def main(argv=None) -> int:
     parser.add_argument("--fleet-runs", type=int, default=3, help="fleet runs per value; verdicts on the median")
     parser.add_argument("--profile", metavar="DIR", help="cProfile each fleet worker's requests into DIR "
                         "(the profiler's overhead is in the fleet's figures then) and print the level gather's cost")
+    parser.add_argument("--torch-threads", type=int, help="torch's intra-op threads here and in the fleet's "
+                        "workers (default: torch's own, every core; vLLM sets 1 in its workers: OpenMP workers spin "
+                        "after each parallel region, and on this VM a spinning core slows the other)")
     parser.add_argument("--json", default=os.path.join("bench-out", "shared_cache.json"))
     args = parser.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the fleet's workers and fresh processes
     kinds = args.values.split(",")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)

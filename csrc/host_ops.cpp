@@ -356,9 +356,10 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
   // Each row codes its chunk against tables of its own, in parallel; the rows' tables are then
   // merged into the result's (one lookup per level) and each row's codes renumbered through a
   // table of its codes (skipped where the numbering is already the result's).
-  // A few rows a thread: each row finds every level again (and is renumbered after), so fewer is
-  // cheaper, as long as each thread has some to take.
-  const size_t row_count = std::min(kLevelRows, size_t(std::max(threads, 1)) * kLevelRowsPerThread);
+  // A few rows a thread where there are several (each row finds every level again and is
+  // renumbered after, so fewer is cheaper, as long as each thread has some to take); one thread
+  // codes the tensor as one row (the cache's writer: no renumbering at all).
+  const size_t row_count = threads <= 1 ? 1 : std::min(kLevelRows, size_t(threads) * kLevelRowsPerThread);
   const size_t chunk = std::max(kLevelChunk, (coded + row_count - 1) / row_count);
   const size_t rows = (coded + chunk - 1) / chunk;
   std::vector<E> local(rows * groups * levels);

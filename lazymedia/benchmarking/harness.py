@@ -50,15 +50,20 @@ def median_time(fn, repeats: int, warmup: int = 1, after=None) -> float:
     return statistics.median(times)
 
 
-def interleaved(variants: dict, rounds: int) -> dict[str, list[float]]:
+def interleaved(variants: dict, rounds: int, settle: dict[str, float] | None = None) -> dict[str, list[float]]:
     """Seconds per call of each variant, one sample per round. `variants` maps a name to
     (fn, calls): every round times each variant in turn, as a batch of `calls` calls, so load
-    that comes and goes during the run hits every variant alike and per-round ratios stay fair."""
+    that comes and goes during the run hits every variant alike and per-round ratios stay fair.
+    `settle` maps variant names to an untimed pause (seconds) before their batches, so that what
+    the variant before leaves running (torch's OpenMP workers spin for a few ms after a parallel
+    region) is not timed in them."""
     for fn, _ in variants.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, (fn, calls) in variants.items():
+            if settle and settle.get(name):
+                time.sleep(settle[name])
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
