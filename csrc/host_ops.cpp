@@ -392,18 +392,14 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
                      // or (where twin is not null) an element differs from its twin's.
                      auto code_span = [&](const E* from, size_t length, C* to, const E* twin) {
                        long code = 0;
-                       bool same = true;
                        if constexpr (kVectorForm) {
                          // Blocks of 16 whose patterns the table holds (and equal their twins) are coded
                          // 16 at a time; a block with a new pattern takes the loop below, which adds it.
-                         for (size_t i = 0; vectorise && code >= 0 && same && i < length;) {
+                         for (size_t i = 0; vectorise && code >= 0 && i < length;) {
                            i += level_encode_u32(from + i, length - i, level.keys, level.bits, to + i,
                                                  twin != nullptr ? twin + i : nullptr);
                            for (const size_t block_end = std::min(length, i + 16); code >= 0 && i < block_end; ++i) {
-                             if (twin != nullptr && twin[i] != from[i]) {
-                               same = false;
-                               break;
-                             }
+                             if (twin != nullptr && twin[i] != from[i]) return false;
                              code = level.code_of(from[i], count, levels);
                              to[i] = C(code);
                            }
@@ -413,17 +409,14 @@ bool level_encode(const E* src, size_t n, size_t run, size_t groups, size_t leve
                        if (!vectorise) code = level.code_of(last, count, levels);
                        for (size_t i = 0; !vectorise && code >= 0 && i < length; ++i) {
                          const E v = from[i];
-                         if (twin != nullptr && twin[i] != v) {
-                           same = false;
-                           break;
-                         }
+                         if (twin != nullptr && twin[i] != v) return false;
                          if (v != last) {  // neighbouring pixels often repeat
                            code = level.code_of(v, count, levels);
                            last = v;
                          }
                          to[i] = C(code);
                        }
-                       return code >= 0 && same;
+                       return code >= 0;
                      };
                      bool coding = true;
                      if (half == 0) {
