@@ -13,6 +13,7 @@ root.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import dataclasses
 import os
@@ -29,7 +30,14 @@ from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
-from .errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, upstream_status_error
+from .errors import (
+    InvalidMediaError,
+    MediaError,
+    MediaFetchError,
+    MediaTooLargeError,
+    described,
+    upstream_status_error,
+)
 from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
 from .hashing import KeyHasher, media_key
 from .media import LazyMedia, from_base64, load, probe_is_instant
@@ -138,8 +146,9 @@ class _Inflater:
                 raise InvalidMediaError(f"the {self.encoding} body has data after its end: send the file as it is")
             self.inflated += len(piece)
             if self.inflated > self.max_bytes:
-                raise MediaTooLargeError(f"the response inflates to more than the {self.max_bytes}-byte limit: send a "
-                                         "smaller file", hint="raise MediaConnector(max_bytes=)")
+                raise MediaTooLargeError(f"the response inflates to more than the {self.max_bytes}-byte limit: "
+                                            "send a smaller file", hint="raise MediaConnector(max_bytes=)",
+                                            limit="max_bytes", maximum=self.max_bytes, value=self.inflated)
             if len(piece) > allowed:
                 # Not a size the client could lower: no media format compresses this far (400, as a
                 # bomb was before the client inflated).
@@ -209,19 +218,19 @@ class MediaConnector:
         settings of load_image / load_video / load_audio; every failure is a MediaError with a
         status code. Container probes (video, audio) run off the event loop. `url` may be an
         http(s) URL a caller already read with guard.read_http_url (so one URL is read once);
-        `timeout_s` and `limits` replace the connector's for this fetch (the download itself stays
-        under the connector's max_bytes)."""
+        `timeout_s` and `limits` replace the connector's for this fetch, the download's byte cap
+        (`limits.max_bytes`) included."""
         spec_bytes = make_spec(modality, spec).canonical()
+        limits = limits or self.limits
         started = time.perf_counter()
         try:
-            data, key = await self._read(url, KeyHasher(modality, spec_bytes), timeout_s)
+            data, key = await self._read(url, KeyHasher(modality, spec_bytes), timeout_s, limits.max_bytes)
         except MediaError as exc:
             exc.modality = exc.modality or modality
             count("item_errors", stage="fetch", modality=modality, status=str(exc.status_code))
             raise
         finally:  # timed by hand: an NVTX range cannot span an await
             observe("fetch", time.perf_counter() - started, modality=modality)
-        limits = limits or self.limits
         if probe_is_instant(modality, data):  # Pillow's parse goes to a thread
             return load(modality, data, limits=limits, key=key, **spec)
         return await asyncio.to_thread(load, modality, data, limits=limits, key=key, **spec)
@@ -251,11 +260,20 @@ class MediaConnector:
     def fetch_sync(self, modality: str, url: str | URL, *, timeout_s: float | None = None,
                    limits: Limits | None = None, **spec) -> LazyMedia:
         """`fetch` for code without an event loop (runs on the connector's own loop thread)."""
-        return self._run_sync(self.fetch(modality, url, timeout_s=timeout_s, limits=limits, **spec))
+        return self._submit(self.fetch(modality, url, timeout_s=timeout_s, limits=limits, **spec)).result()
+
+    async def fetch_on_own_loop(self, modality: str, url: str | URL, *, timeout_s: float | None = None,
+                                limits: Limits | None = None, **spec) -> LazyMedia:
+        """`fetch` run on the connector's own loop thread, awaited from any event loop: the
+        connection pool then lives, and is closed, with the connector (`close()`), not with the
+        caller's loop, which a server may close first and leave the pool open ("Unclosed client
+        session"). Cancelling the caller cancels the fetch."""
+        future = self._submit(self.fetch(modality, url, timeout_s=timeout_s, limits=limits, **spec))
+        return await asyncio.wrap_future(future)
 
     def download_sync(self, url: str) -> bytes:
         """`download` for code without an event loop."""
-        return self._run_sync(self.download(url))
+        return self._submit(self.download(url)).result()
 
     async def aclose(self) -> None:
         """Closes the connection pool of the calling event loop."""
@@ -287,21 +305,24 @@ class MediaConnector:
         """Connection pools held (one per live event loop that fetched)."""
         return len(self._sessions)
 
-    async def _read(self, url: str | URL, hasher: KeyHasher | None,
-                    timeout_s: float | None = None) -> tuple[bytes, str | None]:
-        """(bytes, key) for any supported URL; the key only when a hasher is given."""
+    async def _read(self, url: str | URL, hasher: KeyHasher | None, timeout_s: float | None = None,
+                    max_bytes: int | None = None) -> tuple[bytes, str | None]:
+        """(bytes, key) for any supported URL, at most `max_bytes` (the connector's by default);
+        the key only when a hasher is given."""
+        max_bytes = self.max_bytes if max_bytes is None else max_bytes
         if isinstance(url, URL):
-            return await self._fetch_http(url, hasher, timeout_s)
+            return await self._fetch_http(url, hasher, timeout_s, max_bytes)
         scheme = _split(url).scheme.lower()
         if scheme in ("http", "https"):
-            return await self._fetch_http(url, hasher, timeout_s)
+            return await self._fetch_http(url, hasher, timeout_s, max_bytes)
         if scheme == "data":
-            if len(url) // 4 * 3 > 2 * self.max_bytes + 3:  # before any copy of a huge payload
-                raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over the {self.max_bytes}-byte "
-                                         "limit: send a smaller file", hint="raise MediaConnector(max_bytes=)")
-            return await asyncio.to_thread(self._read_data_url, url, hasher)
+            if len(url) // 4 * 3 > 2 * max_bytes + 3:  # before any copy of a huge payload
+                raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over the {max_bytes}-byte "
+                                            "limit: send a smaller file", hint="raise MediaConnector(max_bytes=)",
+                                            limit="max_bytes", maximum=max_bytes, value=len(url) // 4 * 3)
+            return await asyncio.to_thread(self._read_data_url, url, hasher, max_bytes)
         if scheme == "file":
-            return await asyncio.to_thread(self._read_file_url, url, hasher)
+            return await asyncio.to_thread(self._read_file_url, url, hasher, max_bytes)
         raise InvalidMediaError(f"unsupported URL scheme {scheme!r}: use http(s), data: or file:")
 
     # -- http(s) ----------------------------------------------------------------------------
@@ -340,8 +361,8 @@ class MediaConnector:
             self.guard.check(ip, host)
         return host
 
-    async def _fetch_http(self, url: str | URL, hasher: KeyHasher | None,
-                          timeout_s: float | None = None) -> tuple[bytes, str | None]:
+    async def _fetch_http(self, url: str | URL, hasher: KeyHasher | None, timeout_s: float | None,
+                          max_bytes: int) -> tuple[bytes, str | None]:
         if isinstance(url, URL) and url.scheme not in ("http", "https"):
             raise InvalidMediaError(f"unsupported URL scheme {url.scheme!r}: use http(s), data: or file:")
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
@@ -352,11 +373,11 @@ class MediaConnector:
             if canonical_ip(host) is None:
                 await self._check_resolves(host)
             data = await asyncio.to_thread(cached.read_bytes)
-            if len(data) <= self.max_bytes:
+            if len(data) <= max_bytes:
                 return data, _finish(hasher, data)
         try:
             async with asyncio.timeout(timeout_s):
-                data, key = await self._follow(url, hasher)
+                data, key = await self._follow(url, hasher, max_bytes)
         except TimeoutError:
             raise MediaFetchError(f"fetching the URL timed out after {timeout_s:g} s: retry, or send a URL that "
                                   "answers sooner", hint="raise MediaConnector(timeout_s=)", status_code=504) from None
@@ -381,31 +402,31 @@ class MediaConnector:
             return None
         return self.download_cache_dir / (media_key("url", b"", url.encode()) + ".bin")
 
-    async def _follow(self, text: str | URL, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+    async def _follow(self, text: str | URL, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
         url = text if isinstance(text, URL) else read_http_url(text)
         refused: list[str] = []
         token = _REFUSED.set(refused)
         try:
-            return await self._follow_hops(url, hasher, refused)
+            return await self._follow_hops(url, hasher, refused, max_bytes)
         finally:
             _REFUSED.reset(token)
 
-    async def _follow_hops(self, url: URL, hasher: KeyHasher | None, refused: list[str]) -> tuple[bytes, str | None]:
+    async def _follow_hops(self, url: URL, hasher: KeyHasher | None, refused: list[str],
+                           max_bytes: int) -> tuple[bytes, str | None]:
         for _ in range(self.max_redirects + 1):
             host = self._check_url(url)
             try:
                 async with self._session().get(url, allow_redirects=False) as response:
                     if response.status in _REDIRECTS:
                         location = response.headers.get("Location")
-                        if not self.allow_redirects or not location:
-                            raise MediaFetchError(f"{host} redirects ({response.status}): send the final URL",
-                                                  hint="MediaConnector(allow_redirects=True) follows redirects",
-                                                  status_code=400)
+                        if not self.allow_redirects or not location:  # the server's policy, not the upstream's
+                            raise InvalidMediaError(f"{host} redirects ({response.status}): send the final URL",
+                                                    hint="MediaConnector(allow_redirects=True) follows redirects")
                         url = read_http_url(location, base=url)
                         continue
                     if response.status != 200:
                         raise upstream_status_error(host, response.status, response.reason)
-                    return await self._read_body(response, hasher)
+                    return await self._read_body(response, hasher, max_bytes)
             except MediaError:
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -418,21 +439,25 @@ class MediaConnector:
                     raise InvalidMediaError(f"refused {cause or exc.__cause__}",
                                             hint="MediaConnector(allow_private_networks=) admits private networks"
                                             ) from None
-                raise MediaFetchError(f"fetching from {host} failed ({type(exc).__name__}: "
-                                      f"{getattr(exc, 'strerror', None) or exc}): retry later, or check that the "
-                                      "host serves the URL", status_code=502) from None
+                # The client learns what failed, not where: aiohttp's text names the address and port
+                # the host resolved to, which stays in the operator's hint.
+                errno = getattr(exc, "errno", None)
+                reason = f"{type(exc).__name__}: {os.strerror(errno)}" if errno else type(exc).__name__
+                raise MediaFetchError(f"fetching from {host} failed ({reason}): retry later, or check that the host "
+                                      "serves the URL", hint=described(exc), status_code=502) from None
         raise MediaFetchError(f"more than {self.max_redirects} redirects: send the final URL",
                               hint="raise MediaConnector(max_redirects=)", status_code=400)
 
-    async def _read_body(self, response, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+    async def _read_body(self, response, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
         declared = response.content_length
-        if declared is not None and declared > self.max_bytes:
-            raise MediaTooLargeError(f"the response declares {declared} bytes, over the {self.max_bytes}-byte limit: "
-                                     "send a smaller file", hint="raise MediaConnector(max_bytes=)")
+        if declared is not None and declared > max_bytes:
+            raise MediaTooLargeError(f"the response declares {declared} bytes, over the {max_bytes}-byte limit: "
+                                        "send a smaller file", hint="raise MediaConnector(max_bytes=)",
+                                        limit="max_bytes", maximum=max_bytes, value=declared)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         inflater = None
         if encoding in ("gzip", "x-gzip", "deflate"):
-            inflater = _Inflater(encoding, self.max_bytes)
+            inflater = _Inflater(encoding, max_bytes)
         elif encoding != "identity":
             raise MediaFetchError(f"upstream {response.url.host} sent Content-Encoding {encoding!r}, which the client "
                                   "did not ask for: serve the file as it is", status_code=502)
@@ -441,9 +466,10 @@ class MediaConnector:
         async for chunk in response.content.iter_any():
             for piece in inflater.feed(chunk) if inflater is not None else (chunk,):
                 received += len(piece)
-                if received > self.max_bytes:
-                    raise MediaTooLargeError(f"the response sent more than the {self.max_bytes}-byte limit: send a "
-                                             "smaller file", hint="raise MediaConnector(max_bytes=)")
+                if received > max_bytes:
+                    raise MediaTooLargeError(f"the response sent more than the {max_bytes}-byte limit: send a "
+                                                "smaller file", hint="raise MediaConnector(max_bytes=)",
+                                                limit="max_bytes", maximum=max_bytes, value=received)
                 if hasher is not None:
                     hasher.update(piece)
                 chunks.append(piece)
@@ -452,11 +478,11 @@ class MediaConnector:
         return b"".join(chunks), None if hasher is None else hasher.hexdigest()  # one chunk is not copied
 
     # -- data: and file: (run in a worker thread) ---------------------------------------------
-    def _read_data_url(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
-        data = from_base64(url, self.limits)
+    def _read_data_url(self, url: str, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
+        data = from_base64(url, dataclasses.replace(self.limits, max_bytes=max_bytes))
         return data, _finish(hasher, data)
 
-    def _read_file_url(self, url: str, hasher: KeyHasher | None) -> tuple[bytes, str | None]:
+    def _read_file_url(self, url: str, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
         if self.allowed_local_path is None:
             raise InvalidMediaError("file: URLs are refused by this server",
                                     hint="MediaConnector(allowed_local_path=) admits file: URLs below a folder")
@@ -468,11 +494,12 @@ class MediaConnector:
         if path != root and not path.startswith(root.rstrip("/") + "/"):
             raise InvalidMediaError("refused a file: URL outside the folder this server reads",
                                     hint="MediaConnector(allowed_local_path=) names that folder")
-        data = read_beneath(root, path[len(root):], self.max_bytes)
+        data = read_beneath(root, path[len(root):], max_bytes)
         return data, _finish(hasher, data)
 
     # -- sync twins ---------------------------------------------------------------------------
-    def _run_sync(self, coroutine):
+    def _submit(self, coroutine) -> concurrent.futures.Future:
+        """Runs `coroutine` on the connector's loop thread (started on first use)."""
         with self._lock:
             if self._loop_thread is None:
                 loop = asyncio.new_event_loop()
@@ -480,7 +507,7 @@ class MediaConnector:
                 thread.start()
                 self._loop_thread = (loop, thread)
             loop = self._loop_thread[0]
-        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+        return asyncio.run_coroutine_threadsafe(coroutine, loop)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -9,6 +9,8 @@ where none would); `exc.operator_message` is both, for a log line.
 from __future__ import annotations
 
 import copy
+import re
+from typing import Any
 
 
 class MediaError(Exception):
@@ -49,6 +51,15 @@ class MediaError(Exception):
         return (_rebuild_error, (type(self), self.message, self.hint, self.modality, self.index, self.status_code))
 
 
+def described(exc: BaseException) -> str:
+    """`exc` as client text, "Type: message", without object reprs a library put in it (Pillow
+    names its `<_io.BytesIO object at 0x...>`): an address of the server's memory is nobody's business."""
+    return _OBJECT_REPR.sub("", f"{type(exc).__name__}: {exc}").strip()
+
+
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
 def _rebuild_error(cls, message, hint, modality, index, status_code):
     return cls(message, hint=hint, modality=modality, index=index, status_code=status_code)
 
@@ -60,9 +71,21 @@ class InvalidMediaError(MediaError, ValueError):
 
 
 class MediaTooLargeError(InvalidMediaError):
-    """Input over a byte, pixel, duration or decompression-ratio limit (HTTP 413)."""
+    """Input over a byte, pixel, duration or decompression-ratio limit (HTTP 413).
+
+    limit: the `Limits` field the input is over ("max_bytes", "max_pixels", ...; "" when no
+    single field says it), value: what the input has (bytes, seconds, or (width, height) for
+    pixels), maximum: the limit in force. A frontend that words its limits in its own settings
+    (the vLLM plugin) reads these rather than the message."""
 
     status_code = 413
+
+    def __init__(self, message: str, *, limit: str = "", value: Any = None, maximum: float | None = None,
+                 **kwargs):
+        super().__init__(message, **kwargs)
+        self.limit = limit
+        self.value = value
+        self.maximum = maximum
 
 
 class MediaNotCachedError(InvalidMediaError):

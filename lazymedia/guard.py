@@ -240,7 +240,8 @@ def _read_regular(fd: int, name: str, max_bytes: int) -> bytes:
         raise InvalidMediaError(f"refused {name}: an empty file")
     if info.st_size > max_bytes:
         raise MediaTooLargeError(f"{name}: {info.st_size} bytes, over the {max_bytes}-byte limit",
-                                 hint="raise MediaConnector(max_bytes=)")
+                                 hint="raise MediaConnector(max_bytes=)", limit="max_bytes", value=info.st_size,
+                                 maximum=max_bytes)
     chunks, received = [], 0
     while received <= info.st_size:  # one byte past the size tells a file that grows while read
         try:

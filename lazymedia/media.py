@@ -396,7 +396,8 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
         raise MediaTooLargeError(f"{len(data)} bytes are over the {limits.max_bytes}-byte limit: send a smaller "
-                                 "file", hint="raise Limits.max_bytes", modality=modality)
+                                 "file", hint="raise Limits.max_bytes", modality=modality, limit="max_bytes",
+                                 value=len(data), maximum=limits.max_bytes)
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
@@ -467,7 +468,8 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
         raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
     if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # before any copy; whitespace may pad a payload
         raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte "
-                                 "limit: send a smaller file", hint="raise Limits.max_bytes")
+                                 "limit: send a smaller file", hint="raise Limits.max_bytes", limit="max_bytes",
+                                 value=len(text) // 4 * 3, maximum=limits.max_bytes)
     if isinstance(text, str):
         try:
             text = text.encode("ascii")
@@ -485,7 +487,8 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
         text = text.translate(None, _BASE64_WHITESPACE)
     if len(text) // 4 * 3 > limits.max_bytes + 3:
         raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte "
-                                 "limit: send a smaller file", hint="raise Limits.max_bytes")
+                                 "limit: send a smaller file", hint="raise Limits.max_bytes", limit="max_bytes",
+                                 value=len(text) // 4 * 3, maximum=limits.max_bytes)
     try:
         return pybase64.b64decode(text, validate=True)  # SIMD decoder; validate rejects stray characters
     except (binascii.Error, ValueError, TypeError) as exc:

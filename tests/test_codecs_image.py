@@ -339,3 +339,23 @@ def test_only_small_jpeg_and_png_probe_on_the_event_loop():
     assert not image_codec.probe_is_instant(jpeg + bytes(1 << 20))
     for fmt in ("TIFF", "BMP", "GIF", "WEBP"):
         assert not image_codec.probe_is_instant(encode(make_image(8, 8), fmt))
+
+
+def _tall_jpeg(width: int, height: int, keep: int) -> bytes:
+    noise = np.random.default_rng(1).integers(0, 256, (height, width, 3), np.uint8)
+    return encode(noise, "JPEG", quality=90)[:keep] + b"\xff\xd9"  # cut, with its end marker
+
+
+def test_a_short_jpeg_decodes_as_libjpeg_fills_it_within_a_bound():
+    """A JPEG cut short (its end marker kept) decodes in libjpeg, so in Pillow and vLLM, with the
+    missing blocks filled: lazymedia decodes it the same while its output stays under
+    TRUNCATED_JPEG_OUTPUT; past that, the encoded-size floor refuses it before any allocation."""
+    data = _tall_jpeg(193, 31237, 2000)  # 18 MB of pixels from 2 KB, where 12 KB is the floor
+    header = lazymedia.load_image(data).header
+    assert len(data) < image_codec.least_encoded_bytes(header)
+    expected = np.asarray(Image.open(__import__("io").BytesIO(data)).convert("RGB"))
+    assert np.array_equal(lazymedia.load_image(data).decode().numpy(), expected)
+    over = _tall_jpeg(1200, 20000, 2000)  # 72 MB of pixels: over the bound
+    assert 1200 * 20000 * 3 > image_codec.TRUNCATED_JPEG_OUTPUT
+    with pytest.raises(UnprocessableMediaError, match="truncated"):
+        lazymedia.load_image(over)

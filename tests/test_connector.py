@@ -307,8 +307,9 @@ async def test_redirect_to_loopback_refused_by_guard(server, image_bytes):
 
 async def test_redirects_off_and_too_many(server):
     c = MediaConnector(allow_private_networks=LOCAL, allow_redirects=False)
-    with pytest.raises(MediaFetchError, match="redirects"):
+    with pytest.raises(InvalidMediaError, match="redirects") as caught:  # this server's policy: a 400
         await c.fetch("image", f"{server.url}/redirect?to=/img.jpg")
+    assert caught.value.status_code == 400 and not isinstance(caught.value, MediaFetchError)
     await c.aclose()
     loop_url = f"{server.url}/redirect?to=/redirect%3Fto%3D/redirect"
     c = MediaConnector(allow_private_networks=LOCAL, max_redirects=1)
@@ -693,3 +694,20 @@ def test_file_url_reads_stop_at_the_size_fstat_reported(tmp_path, image_bytes, m
     with pytest.raises(InvalidMediaError, match="changed size"):
         guard.read_beneath(tmp_path, "a.jpg", 1 << 20)
     assert sum(reads) <= len(image_bytes) + 1
+
+
+async def test_a_failed_connection_tells_the_client_what_not_where():
+    """A 502's text says what failed; the address and port the host resolved to (aiohttp's text)
+    stay in the operator's hint."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    c = MediaConnector(allow_private_networks=LOCAL, timeout_s=5)
+    with pytest.raises(MediaFetchError) as info:
+        await c.fetch("image", f"http://localhost:{port}/x.jpg")
+    await c.aclose()
+    assert info.value.status_code == 502
+    assert "127.0.0.1" not in str(info.value) and "Connection refused" in str(info.value)
+    assert "127.0.0.1" in info.value.hint  # where it went, for the operator's log

@@ -65,3 +65,11 @@ def test_an_upstream_status_maps_to_what_the_client_can_do(status, expected):
     exc = upstream_status_error("media.example", status, "Reason")
     assert exc.status_code == expected and f"answered {status} Reason" in str(exc)
     assert ("retry later" in str(exc)) == (expected != 400)
+
+
+def test_client_text_names_no_object_of_the_servers_memory():
+    from lazymedia.errors import described
+
+    text = described(OSError("cannot identify image file <_io.BytesIO object at 0x7f9974957a00>"))
+    assert text == "OSError: cannot identify image file" and "0x" not in text
+    assert described(ValueError("plain")) == "ValueError: plain"

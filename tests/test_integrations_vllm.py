@@ -217,7 +217,11 @@ def test_vllm_max_image_pixels_is_read_at_each_fetch(monkeypatch):
     with pytest.raises(lazymedia.MediaTooLargeError):
         connector.fetch_image(jpeg_url)
     monkeypatch.setenv("VLLM_MAX_IMAGE_PIXELS", "0")  # vLLM: no limit; lazymedia keeps its own bound
-    assert connector.limits_for("image").max_pixels == lazymedia.DEFAULT_LIMITS.max_pixels
+    assert connector.limits_for("image").max_pixels == 178_956_970
+    monkeypatch.setenv("LAZYMEDIA_MAX_IMAGE_PIXELS", str(63 * 64))  # ... which is a setting of its own
+    with pytest.raises(lazymedia.MediaTooLargeError, match="pixel limit"):  # lazymedia's words: not vLLM's limit
+        connector.fetch_image(jpeg_url)
+    monkeypatch.delenv("LAZYMEDIA_MAX_IMAGE_PIXELS")
     assert to_vllm(connector.fetch_image(jpeg_url)).size == (64, 64)
     connector.close()
 
@@ -233,8 +237,9 @@ def test_vllm_audio_limits_and_fetch_timeouts_are_read_at_each_fetch(monkeypatch
     with pytest.raises(lazymedia.MediaTooLargeError):
         to_vllm(connector.fetch_audio(url))
     monkeypatch.delenv("VLLM_MAX_AUDIO_DECODE_DURATION_S")
-    monkeypatch.setenv("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "0")  # vLLM: no limit
-    assert connector.limits_for("audio").max_bytes == connector.limits.max_bytes
+    monkeypatch.setenv("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "0")  # vLLM's check (size > limit) then refuses every clip
+    with pytest.raises(lazymedia.MediaTooLargeError, match="Maximum file size exceeded"):
+        connector.fetch_audio(url)
     monkeypatch.setenv("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "1")
     assert connector.limits_for("audio").max_bytes == 1 << 20
     with pytest.raises(lazymedia.MediaTooLargeError):
@@ -402,9 +407,71 @@ async def test_vllms_fetch_timeout_bounds_each_download(monkeypatch):
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/stall.jpg"
     connector = VllmMediaConnector(allow_private_networks=True)
     monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
+    monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "1")  # one attempt (vLLM's retry: the next test)
     with pytest.raises(lazymedia.MediaFetchError, match="timed out after 1 s") as caught:
         await connector.fetch_image_async(url)
     assert caught.value.status_code == 504 and isinstance(caught.value, ValueError)
+    assert connector.attempts("image") == [(1.0, 1.0)]
+    monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "3")
+    assert connector.attempts("image") == [(1.0, 1.0), (4.0, 4.0), (16.0, 16.0)]  # vLLM's 4x backoff
     never.set()
     await connector.aclose()
     await runner.cleanup()
+
+
+async def test_a_download_that_times_out_is_tried_again_as_vllm_tries_it(monkeypatch):
+    """vLLM retries a download that timed out with a 4x longer time-out (VLLM_MEDIA_FETCH_MAX_RETRIES):
+    an upstream that stalls once is served on the second attempt, as by vLLM."""
+    import asyncio
+
+    from aiohttp import web
+
+    never = asyncio.Event()
+    calls = []
+
+    async def stall_once(request):
+        calls.append(request.path)
+        if len(calls) == 1:
+            await never.wait()
+        return web.Response(body=synthetic.jpeg(32, 24), content_type="image/jpeg")
+
+    app = web.Application()
+    app.router.add_get("/once.jpg", stall_once)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/once.jpg"
+    connector = VllmMediaConnector(allow_private_networks=True)
+    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
+    monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "2")
+    handle = await connector.fetch_image_async(url)
+    assert handle.header.width == 24 and len(calls) == 2
+    never.set()
+    await connector.aclose()
+    await runner.cleanup()
+
+
+def test_lazymedias_own_bounds_are_settings(monkeypatch):
+    """Where vLLM has no bound, lazymedia keeps its own, each a setting read at each fetch:
+    LAZYMEDIA_MAX_ITEM_SIZE_MB (a data: item's bytes), LAZYMEDIA_MAX_DECODED_MB (output plus
+    working memory), LAZYMEDIA_MAX_WORKING_MB (a decoder's memory besides its output)."""
+    connector = VllmMediaConnector()
+    big = synthetic.jpeg(1024, 1024)  # 3 MiB of pixels
+    url = data_url(big, "image/jpeg")
+    assert connector.fetch_image(url).header.width == 1024
+    monkeypatch.setenv("LAZYMEDIA_MAX_ITEM_SIZE_MB", "0")
+    with pytest.raises(lazymedia.MediaTooLargeError, match="byte limit") as caught:
+        connector.fetch_image(url)
+    assert caught.value.limit == "max_bytes"
+    monkeypatch.delenv("LAZYMEDIA_MAX_ITEM_SIZE_MB")
+    monkeypatch.setenv("LAZYMEDIA_MAX_DECODED_MB", "2")
+    with pytest.raises(lazymedia.MediaTooLargeError, match="limit"):
+        connector.fetch_image(url)
+    monkeypatch.delenv("LAZYMEDIA_MAX_DECODED_MB")
+    assert connector.limits_for("image").max_working_bytes == 128 << 20
+    monkeypatch.setenv("LAZYMEDIA_MAX_WORKING_MB", "1")
+    assert connector.limits_for("image").max_working_bytes == 1 << 20
+    monkeypatch.setenv("VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB", "1")  # an http download: vLLM's setting, not lazymedia's
+    assert connector.limits_for("image", downloaded=True).max_bytes == 1 << 20
+    assert connector.limits_for("image").max_bytes == 256 << 20
+    connector.close()

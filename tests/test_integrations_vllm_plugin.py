@@ -211,8 +211,13 @@ def test_errors_answer_as_vllm_answers(tmp_path):
     assert isinstance(converted, VLLMUnprocessableEntityError) and isinstance(converted, MediaError)
     assert converted.status_code == 422 and converted.parameter == "image_url"
     assert str(converted).endswith("Failed to fetch media from URL: upstream example.com answered 404")
-    transient = MediaFetchError("upstream example.com answered 503", status_code=502)
-    assert vllm_plugin.vllm_error(transient, "image") is transient
+    # A transient failure (lazymedia's 502 and 504): vLLM's own connector lets it through as a 500;
+    # the plugin answers its status, through vLLM's GracefulHTTPError.
+    from vllm.exceptions import GracefulHTTPError
+
+    transient = vllm_plugin.vllm_error(MediaFetchError("upstream example.com answered 503", status_code=502), "image")
+    assert isinstance(transient, GracefulHTTPError) and isinstance(transient, MediaError)
+    assert transient.http_status == 502 and transient.status_code == 502
 
 
 def test_a_request_over_vllms_decoded_budget_is_refused(monkeypatch):
@@ -362,3 +367,98 @@ def test_vllms_plugin_loader_finds_the_entry_point_in_a_fresh_process(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "LazymediaVllmConnector"
+
+
+def settings_module():
+    """benchmarks/vllm_settings.py: the cases of vLLM's settings, the media server, the comparison."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("vllm_settings", REPO / "benchmarks" / "vllm_settings.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+SETTINGS = settings_module()
+
+
+@pytest.fixture(scope="module")
+def settings_rows():
+    """Every case through both connectors, in one event loop (vLLM's HTTP client keeps one
+    session for the loop that first used it)."""
+    import asyncio
+
+    return {row["case"]: row for row in asyncio.run(SETTINGS.compare(SETTINGS.CASES))}
+
+
+@pytest.mark.parametrize("case", SETTINGS.CASES, ids=lambda case: case.name)
+def test_vllms_settings_govern_the_plugin(settings_rows, case):
+    """A request vLLM refuses under its settings is refused by the plugin with vLLM's answer
+    (status and error type: the exception type vLLM's server maps), one vLLM serves is served."""
+    row = settings_rows[case.name]
+    assert row["vllm"]["result"] == case.vllm, row  # what vLLM 0.33 does, as the table says
+    if case.plugin_answer is None:
+        assert row["plugin"] == {**row["vllm"], "message": row["plugin"]["message"]}, row
+    else:  # a documented difference: refused too, with the status docs/usage.md gives
+        assert row["plugin"]["result"] == "refused"
+        assert (row["plugin"]["status"], row["plugin"]["error_type"]) == case.plugin_answer
+    if row["vllm"]["message"].startswith(("Image dimensions", "Video frame", "Audio", "Maximum file size")):
+        assert row["plugin"]["message"].split(": ", 1)[1] == row["vllm"]["message"].split(" (parameter=")[0] \
+            or "Audio exceeds" in row["vllm"]["message"], row  # vLLM's words (its duration message adds the rate)
+
+
+def test_a_corrupt_image_reaches_the_client_as_failed_to_load(tmp_path):
+    """The plugin's image decodes inside vLLM's processor call, whose wrapper answers the client
+    "Failed to apply <processor> on data=..."; that text names the image's load failure."""
+    from vllm.multimodal.processing.context import InputProcessingContext
+
+    corrupt = synthetic.jpeg(48, 64)[:300]
+    image = connector("lazymedia").fetch_image(data_url(corrupt, "image/jpeg")).media
+
+    def processor(images, **kwargs):
+        return np.asarray(images[0])
+
+    context = types.SimpleNamespace(get_merged_mm_kwargs=lambda kwargs: {})
+    with pytest.raises(ValueError, match="Failed to apply") as caught:
+        InputProcessingContext.call_hf_processor(context, processor, {"images": [image]})
+    assert "Failed to load image" in str(caught.value) and " at 0x" not in str(caught.value)
+    assert isinstance(caught.value.__cause__, MediaError)
+
+
+def test_a_refused_private_address_names_the_operators_setting(monkeypatch, caplog):
+    monkeypatch.delenv("LAZYMEDIA_ALLOW_PRIVATE_NETWORKS", raising=False)
+    with pytest.raises(MediaError) as caught:
+        connector("lazymedia").fetch_image("http://127.0.0.1:9/image.jpg")
+    assert "LAZYMEDIA_ALLOW_PRIVATE_NETWORKS" in caught.value.hint and "MediaConnector" not in caught.value.hint
+    assert "LAZYMEDIA_ALLOW_PRIVATE_NETWORKS" in caplog.text  # the operator's log says it once
+
+
+def test_an_http_fetch_leaves_no_unclosed_session_at_exit(tmp_path):
+    """aiohttp warns "Unclosed client session" at exit for a pool left open: the plugin closes
+    the shared connectors' pools at exit, after sync and async fetches."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "import vllm_settings\n"
+        "server = vllm_settings.MediaServer()\n"
+        "url = server.url('http', 'jpeg_small')\n"
+        "from lazymedia.integrations.vllm_plugin import register\n"
+        "conn = vllm_settings.build('lazymedia')\n"
+        "conn.fetch_image(url).media.load()\n"
+        "async def main():\n"
+        "    (await vllm_settings.build('lazymedia').fetch_image_async(url)).media.load()\n"
+        "asyncio.run(main())\n"
+        "server.close()\n"
+        "print('fetched')\n")
+    env = dict(os.environ, LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=SETTINGS.LOOPBACK,
+               PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", code, str(REPO / "benchmarks")], env=env, capture_output=True,
+                            text=True, timeout=240)
+    assert result.returncode == 0 and result.stdout.strip().endswith("fetched"), result.stderr[-2000:]
+    assert "Unclosed" not in result.stderr, result.stderr[-2000:]

@@ -88,7 +88,8 @@ def check_limits(header: AudioHeader, limits: Limits, spec: AudioSpec, encoded_b
     if header.duration > limits.max_audio_seconds:
         raise MediaTooLargeError(f"{header.duration:.0f} s of audio is over the {limits.max_audio_seconds:.0f} s "
                                  "limit: send a shorter clip", hint="raise Limits.max_audio_seconds",
-                                 modality="audio")
+                                 modality="audio", limit="max_audio_seconds", value=header.duration,
+                                 maximum=limits.max_audio_seconds)
     channels, samples = output_shape(header, spec)
     limits.check_decoded(channels * samples * 4, "audio", f"{channels} channels x {samples} samples",
                          resampler_bytes(header, spec))

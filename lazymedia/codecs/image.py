@@ -26,7 +26,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from .. import _C, ops
-from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
+from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError, described
 from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
 from .types import CHANNELS, ImageHeader
 
@@ -83,7 +83,7 @@ def _probe_with_pillow(data, result) -> ImageHeader:
         raise MediaTooLargeError("decompression bomb: the image has more pixels than the limit: send a smaller image",
                                  hint=f"raise Limits.max_pixels ({exc})", modality="image") from None
     except Exception as exc:  # a recognised format whose header is broken
-        raise UnprocessableMediaError(f"broken image header ({type(exc).__name__}: {exc}):"
+        raise UnprocessableMediaError(f"broken image header ({described(exc)}):"
                                       " re-encode the file or send another", modality="image") from None
     with image:
         width, height = image.size
@@ -165,7 +165,8 @@ def check_pixels(width: int, height: int, limits: Limits) -> None:
     if width * height > limits.max_pixels:
         raise MediaTooLargeError(f"an image of (height, width)=({height}, {width}) is over the {limits.max_pixels} "
                                  "pixel limit: send a smaller image", hint="raise Limits.max_pixels",
-                                 modality="image")
+                                 modality="image", limit="max_pixels", value=(width, height),
+                                 maximum=limits.max_pixels)
 
 
 def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_bytes: int) -> None:
@@ -183,12 +184,17 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
         raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported:"
                                       " re-encode it as 8-bit JPEG or PNG", modality="image")
     least = least_encoded_bytes(header)
-    if encoded_bytes < least:
+    if encoded_bytes < least and not (header.format == "jpeg" and height * width * channels <= TRUNCATED_JPEG_OUTPUT):
         raise UnprocessableMediaError(f"truncated {header.format.upper()}: {encoded_bytes} bytes, where a "
                                       f"{header.width}x{header.height} one needs {least} at least: send the whole "
                                       "file", modality="image")
 
 
+# A JPEG shorter than its floor (least_encoded_bytes) is still decoded when its output is at most
+# this many bytes: libjpeg, so Pillow and vLLM, decodes what is there and fills the rest with grey
+# (a warning, not an error). Past it the floor refuses it before the canvas is allocated, so a few
+# hundred bytes cannot make the decoder allocate and fill a gigabyte.
+TRUNCATED_JPEG_OUTPUT = 64 << 20
 # Deflate's largest ratio: a 258-byte match per 2 bits of code, about 1032:1.
 _DEFLATE_MAX_RATIO = 1032
 _PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
@@ -435,10 +441,10 @@ def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None 
             raise MediaTooLargeError("decompression bomb: the image's data inflates past the limit: send a smaller "
                                      "image", hint=f"raise Limits.max_decoded_bytes ({exc})",
                                      modality="image") from None
-        raise UnprocessableMediaError(f"corrupt {header.format} ({exc}): re-encode the file or send another",
-                                      modality="image") from None
+        raise UnprocessableMediaError(f"corrupt {header.format} ({described(exc)}): re-encode the file or send "
+                                      "another", modality="image") from None
     except Exception as exc:  # decoders raise OSError, SyntaxError, EOFError, struct.error, ...
-        raise UnprocessableMediaError(f"corrupt {header.format} ({type(exc).__name__}: {exc}):"
+        raise UnprocessableMediaError(f"corrupt {header.format} ({described(exc)}):"
                                       " re-encode the file or send another",
                                       modality="image") from None
     if array.shape[:2] != (header.height, header.width) and _draft_size(header, spec) is None:

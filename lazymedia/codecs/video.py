@@ -313,7 +313,8 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
     if header.width * header.height > limits.max_pixels:
         raise MediaTooLargeError(f"frames of (height, width)=({header.height}, {header.width}) are over "
                                  f"the {limits.max_pixels} pixel limit: send a smaller video",
-                                 hint="raise Limits.max_pixels", modality="video")
+                                 hint="raise Limits.max_pixels", modality="video", limit="max_pixels",
+                                 value=(header.width, header.height), maximum=limits.max_pixels)
     check_length(header.total_frames, header.duration, limits, "the video has")
     indices = sample_indices(sampling_source(header), spec)
     if header.codec in _CANVAS_CODECS and indices:

@@ -19,19 +19,23 @@ Same inputs as vLLM, by default: images follow `convert_image_mode` (transparenc
 over `rgba_background_color`, EXIF orientation applied), videos use the frame selection of
 vLLM's loader for the request (VIDEO_BACKENDS: opencv with num_frames=32, opencv_dynamic,
 qwen2_vl, qwen3_vl) and its OpenCV decoder (PyAV where OpenCV is not installed), audio is mono at
-the native rate. vLLM's settings (VLLM_MAX_IMAGE_PIXELS, VLLM_MAX_AUDIO_*,
-VLLM_*_FETCH_TIMEOUT) are read at each fetch, as vLLM reads them. Errors are lazymedia's typed
+the native rate. vLLM's settings (VLLM_MEDIA_SETTINGS: pixels, download sizes, the audio limits,
+fetch time-outs and retries) are read at each fetch, as vLLM reads them, and a refusal under them
+carries vLLM's words. Errors are lazymedia's typed
 `MediaError`s, as the ValueError / RuntimeError / NotImplementedError subclasses vLLM's callers
 catch. What differs is listed in docs/usage.md ("Switching a vLLM frontend").
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -55,13 +59,37 @@ VIDEO_BACKENDS = {"opencv": ("opencv", "uniform"), "pyav": ("pyav", "uniform"),
 VLLM_ONLY_VIDEO_BACKENDS = ("pynvvideocodec", "embedding_gemma2", "glm46v", "glm5next", "glmga", "molmo2",
                             "nemotron_vl", "openpangu", "clef_omni", "llava_onevision2", "minimax_m3_vl",
                             "muse_spark")
-# vLLM's envs defaults (vllm/envs.py), read at each call as vLLM reads them.
-VLLM_MAX_IMAGE_PIXELS = 178_956_970
-_FETCH_TIMEOUTS = {"image": ("VLLM_IMAGE_FETCH_TIMEOUT", 5), "video": ("VLLM_VIDEO_FETCH_TIMEOUT", 30),
-                   "audio": ("VLLM_AUDIO_FETCH_TIMEOUT", 10)}
-_AUDIO_FILESIZE_MB = ("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", 25)
-_AUDIO_DURATION_S = ("VLLM_MAX_AUDIO_DECODE_DURATION_S", 600)
-_AUDIO_DECODE_BYTES = ("VLLM_MAX_AUDIO_DECODE_BYTES", 268_435_456)
+# vLLM 0.33's media settings (vllm/envs.py) that bound one item or its fetch, with vLLM's defaults;
+# `vllm_setting` reads them as vLLM does, at each call. The per-request budgets
+# (VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB, VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES) are vLLM's own
+# objects, which the connector charges.
+VLLM_MEDIA_SETTINGS = {
+    "VLLM_MAX_IMAGE_PIXELS": 178_956_970,  # an image, or one video frame
+    "VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB": 256,  # one http(s) download
+    "VLLM_IMAGE_FETCH_TIMEOUT": 5, "VLLM_VIDEO_FETCH_TIMEOUT": 30, "VLLM_AUDIO_FETCH_TIMEOUT": 10,
+    "VLLM_MEDIA_FETCH_MAX_RETRIES": 3,  # attempts of a download that timed out or met a 5xx
+    "VLLM_MEDIA_URL_ALLOW_REDIRECTS": 1,
+    "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": 25, "VLLM_MAX_AUDIO_DECODE_DURATION_S": 600,
+    "VLLM_MAX_AUDIO_DECODE_BYTES": 268_435_456,
+}
+VLLM_MAX_IMAGE_PIXELS = VLLM_MEDIA_SETTINGS["VLLM_MAX_IMAGE_PIXELS"]
+# lazymedia's own bounds where vLLM has none (docs/usage.md lists each), as settings of vLLM's kind.
+LAZYMEDIA_SETTINGS = {
+    # an item's encoded bytes where no vLLM limit applies (data: and file: items, or
+    # VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB=0): what the item holds in memory before its probe
+    "LAZYMEDIA_MAX_ITEM_SIZE_MB": 256,
+    # the pixels of an image or frame when VLLM_MAX_IMAGE_PIXELS is 0 (vLLM: no limit)
+    "LAZYMEDIA_MAX_IMAGE_PIXELS": VLLM_MAX_IMAGE_PIXELS,
+    # what one item decodes to plus what its decoder holds besides (Limits.max_decoded_bytes)
+    "LAZYMEDIA_MAX_DECODED_MB": DEFAULT_LIMITS.max_decoded_bytes >> 20,
+    # a decoder's working memory besides its output (Limits.max_working_bytes)
+    "LAZYMEDIA_MAX_WORKING_MB": DEFAULT_LIMITS.max_working_bytes >> 20,
+}
+_FETCH_TIMEOUTS = {"image": "VLLM_IMAGE_FETCH_TIMEOUT", "video": "VLLM_VIDEO_FETCH_TIMEOUT",
+                   "audio": "VLLM_AUDIO_FETCH_TIMEOUT"}
+# vLLM's retry: each attempt's time-out, and the pause after it, grow by this factor (connections.py).
+_RETRY_BACKOFF_FACTOR = 4
+_MIB = 1 << 20
 # vllm/multimodal/media/audio.py AUDIO_BACKENDS.
 _VLLM_AUDIO_BACKENDS = ("auto", "soundfile", "pyav", "torchcodec")
 _IMAGE_KEYS = {"image_mode", "rgba_background_color"}
@@ -97,6 +125,17 @@ class DataUrlEncodingError(InvalidMediaError, NotImplementedError):
     """A data: URL that is not base64 (vLLM raises NotImplementedError)."""
 
 
+class VllmDownloadTooLargeError(MediaTooLargeError):
+    """A download over VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB, or a request's downloads over
+    VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB: vLLM answers these 422 ("Failed to fetch media from
+    URL: ..."), which the plugin raises in its place."""
+
+
+class VllmAudioFileTooLargeError(MediaTooLargeError):
+    """An audio clip over VLLM_MAX_AUDIO_CLIP_FILESIZE_MB: vLLM raises its VLLMValidationError
+    ("Maximum file size exceeded"), which the plugin raises in its place."""
+
+
 class ConnectorClosedError(MediaError, RuntimeError):
     """A fetch after close(): the server's misuse, not the client's (HTTP 500)."""
 
@@ -113,9 +152,10 @@ def as_vllm_error(exc: MediaError, *, loading_image: bool = False) -> MediaError
     """`exc` as the exception type vLLM raises for the same failure, with modality and index:
     fetch and decode failures become ValueErrors; an upstream's client error is 422, as vLLM
     answers it; an image that failed to load (`loading_image`) says so in vLLM's words ("Failed
-    to load image: ...")."""
+    to load image: ..."; not one over a limit, which vLLM raises as it is)."""
     message = exc.message
-    if loading_image and not isinstance(exc, MediaFetchError) and not message.startswith("Failed to load image"):
+    if loading_image and not isinstance(exc, (MediaFetchError, MediaTooLargeError)) and \
+            not message.startswith("Failed to load image"):
         message = f"Failed to load image: {message}"
     status = 422 if upstream_refused(exc) else exc.status_code
     if isinstance(exc, ValueError) and message == exc.message and status == exc.status_code:
@@ -128,6 +168,62 @@ def as_vllm_error(exc: MediaError, *, loading_image: bool = False) -> MediaError
     converted = vllm_type(message, modality=exc.modality, index=exc.index, status_code=status)
     converted.__cause__ = exc.__cause__
     return converted
+
+
+def retryable(exc: MediaError) -> bool:
+    """A download vLLM tries again: it timed out (504), could not connect, or met a 5xx (502)."""
+    return isinstance(exc, MediaFetchError) and exc.status_code in (502, 504)
+
+
+def over_vllm_limit(exc: MediaError, downloaded: bool) -> MediaError | None:
+    """A refusal over one of vLLM's per-item limits, with vLLM's exception type and message
+    (vllm/multimodal/media/image.py, audio.py, video_decoders/base.py, connections.py); None for
+    any other error, or one over a bound of lazymedia's own."""
+    if not isinstance(exc, MediaTooLargeError) or not exc.limit:
+        return None
+    value, maximum = exc.value, exc.maximum
+    setting = ""
+    if exc.limit == "max_pixels" and maximum == vllm_setting("VLLM_MAX_IMAGE_PIXELS"):
+        width, height = value
+        what = "Video frame" if exc.modality == "video" else "Image"
+        setting = "VLLM_MAX_IMAGE_PIXELS"
+        message = (f"{what} dimensions {width}x{height} ({width * height} pixels) exceed the maximum of {maximum} "
+                   f"pixels. Set {setting} to increase this limit.")
+    elif exc.limit == "max_audio_seconds":
+        setting = "VLLM_MAX_AUDIO_DECODE_DURATION_S"
+        message = (f"Audio exceeds maximum allowed duration of {maximum:g}s (file contains {value:.1f}s). Set "
+                   f"{setting} to increase this limit.")
+    elif exc.limit == "max_bytes" and downloaded and \
+            maximum == vllm_setting("VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB") * _MIB:
+        return VllmDownloadTooLargeError(
+            f"Remote media download exceeds VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB={maximum / _MIB:g} (received at least "
+            f"{value} bytes)", modality=exc.modality, index=exc.index, limit=exc.limit, value=value, maximum=maximum,
+            hint="raise VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB")
+    elif exc.limit == "max_bytes" and exc.modality == "audio" and \
+            maximum == vllm_setting("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB") * _MIB:
+        detail = f": HTTP response exceeded maximum size of {maximum} bytes (received at least {value} bytes)"
+        return VllmAudioFileTooLargeError("Maximum file size exceeded" + (detail if downloaded else ""),
+                                          modality="audio", index=exc.index, limit=exc.limit, value=value,
+                                          maximum=maximum, hint="raise VLLM_MAX_AUDIO_CLIP_FILESIZE_MB")
+    else:
+        return None
+    return MediaTooLargeError(message, modality=exc.modality, index=exc.index, limit=exc.limit, value=value,
+                              maximum=maximum, hint=f"raise {setting}")
+
+
+def check_audio_decode_bytes(header: Any) -> None:
+    """vLLM's check of an audio clip's PCM before decoding: source frames x channels x 4 bytes
+    against VLLM_MAX_AUDIO_DECODE_BYTES, from the header (a container that does not say its
+    length is bounded while decoding instead)."""
+    frames = header.frames or round(header.duration * header.sample_rate)
+    estimated = frames * header.channels * 4
+    limit = vllm_setting("VLLM_MAX_AUDIO_DECODE_BYTES")
+    if frames and estimated > limit:
+        raise MediaTooLargeError(f"Audio would allocate {estimated / _MIB:.0f} MiB of PCM ({frames} frames x "
+                                 f"{header.channels} channels x 4B), exceeding the {limit / _MIB:.0f} MiB limit. Set "
+                                 "VLLM_MAX_AUDIO_DECODE_BYTES to increase this limit.", modality="audio",
+                                 limit="max_decoded_bytes", value=estimated, maximum=limit,
+                                 hint="raise VLLM_MAX_AUDIO_DECODE_BYTES")
 
 
 # -- media_io_kwargs as vLLM validates them -----------------------------------------------------
@@ -155,15 +251,46 @@ def _opencv_installed() -> bool:
 
 
 def env_int(name: str, default: int) -> int:
-    """A vLLM integer setting as vLLM reads it (int(os.getenv(name, default))), read at each call
-    so a changed environment applies without a restart; a malformed value is a 500, naming it."""
+    """An integer setting as vLLM reads one (int(os.getenv(name, default))), read at each call so
+    a changed environment applies without a restart; a malformed value is a 500, naming it."""
     text = os.environ.get(name)
     try:
         return default if text is None else int(text)
     except ValueError:
-        raise MediaError("the server's media settings are misconfigured",
-                         hint=f"{name}={text!r} is not an integer: fix the server's environment",
-                         status_code=500) from None
+        raise _misconfigured(name, text) from None
+
+
+def _misconfigured(name: str, value: object) -> MediaError:
+    return MediaError("the server's media settings are misconfigured", status_code=500,
+                      hint=f"{name}={value!r} is not an integer: fix the server's environment")
+
+
+@functools.cache
+def _vllm_envs() -> Any:
+    """vllm.envs where vLLM is installed, else None."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    import vllm.envs
+
+    return vllm.envs
+
+
+def vllm_setting(name: str) -> int:
+    """A setting of VLLM_MEDIA_SETTINGS as vLLM reads it at this moment: through vllm.envs where
+    vLLM is installed (whatever a deployment or a test sets there applies), else from the
+    environment with vLLM's default."""
+    envs = _vllm_envs()
+    if envs is None:
+        return env_int(name, VLLM_MEDIA_SETTINGS[name])
+    try:
+        return int(getattr(envs, name))
+    except ValueError:
+        raise _misconfigured(name, os.environ.get(name)) from None
+
+
+def lazymedia_setting(name: str) -> int:
+    """One of LAZYMEDIA_SETTINGS, read at each call like vLLM's."""
+    return env_int(name, LAZYMEDIA_SETTINGS[name])
 
 
 def _read_http(url: str) -> tuple[URL, str]:
@@ -199,9 +326,11 @@ class VllmMediaConnector:
     its header, as vLLM charges it at fetch time); `charge_decoded` charges what a caller decodes.
     connector: a lazymedia.MediaConnector to share (vLLM builds a connector per request; the
     plugin keeps one per configuration); else one is built from the other keyword arguments
-    (limits, time-outs, private-network policy). Without `limits`, VLLM_MAX_IMAGE_PIXELS bounds
-    the pixels and VLLM_MAX_AUDIO_* the audio, read at each call; without `timeout_s`,
-    VLLM_{IMAGE,VIDEO,AUDIO}_FETCH_TIMEOUT bound each download."""
+    (limits, time-outs, private-network policy). Without `limits`, vLLM's per-item settings
+    (VLLM_MEDIA_SETTINGS) bound each fetch, read at each call, and lazymedia's own
+    (LAZYMEDIA_SETTINGS) where vLLM has none; without `timeout_s`, VLLM_*_FETCH_TIMEOUT and
+    VLLM_MEDIA_FETCH_MAX_RETRIES time and retry each download, as vLLM does. A shared connector
+    follows vLLM's settings too."""
 
     def __init__(self, media_io_kwargs: dict[str, dict[str, Any]] | None = None, connection: Any = None, *,
                  allowed_local_media_path: str = "", allowed_media_domains: list[str] | None = None,
@@ -229,8 +358,8 @@ class VllmMediaConnector:
         self.allowed_local_media_path = allowed_local_media_path
         self.decoded_budget = decoded_budget
         self.download_budget = download_budget
-        self._own_limits = "limits" in connector_options or connector is not None
-        self._own_timeout = "timeout_s" in connector_options or connector is not None
+        self._own_limits = "limits" in connector_options
+        self._own_timeout = "timeout_s" in connector_options
         if connector is None:
             # vLLM matches allowed_media_domains exactly: a listed host admits none of its subdomains.
             connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
@@ -249,27 +378,42 @@ class VllmMediaConnector:
     def limits(self) -> Limits:
         return self.connector.limits
 
-    def limits_for(self, modality: str) -> Limits:
-        """The limits of one fetch: the connector's, with vLLM's settings read now where the caller
-        gave no `limits`: VLLM_MAX_IMAGE_PIXELS (0 or less, vLLM's "no limit", keeps lazymedia's
-        bound) and, for audio, VLLM_MAX_AUDIO_CLIP_FILESIZE_MB / _DECODE_DURATION_S / _DECODE_BYTES."""
+    def limits_for(self, modality: str, downloaded: bool = False) -> Limits:
+        """The limits of one fetch (`downloaded`: of an http(s) URL): the connector's where the
+        caller gave `limits`; else vLLM's settings as they are now (VLLM_MEDIA_SETTINGS) and
+        lazymedia's own where vLLM has none (LAZYMEDIA_SETTINGS)."""
         limits = self.connector.limits
         if self._own_limits:
             return limits
-        pixels = env_int("VLLM_MAX_IMAGE_PIXELS", VLLM_MAX_IMAGE_PIXELS)
-        limits = dataclasses.replace(limits, max_pixels=pixels if pixels > 0 else DEFAULT_LIMITS.max_pixels)
-        if modality == "audio":
-            size_mb, seconds, decoded = (env_int(*setting) for setting in
-                                         (_AUDIO_FILESIZE_MB, _AUDIO_DURATION_S, _AUDIO_DECODE_BYTES))
+        download_mb = vllm_setting("VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB")
+        max_bytes = download_mb * _MIB if downloaded and download_mb > 0 else \
+            lazymedia_setting("LAZYMEDIA_MAX_ITEM_SIZE_MB") * _MIB
+        pixels = vllm_setting("VLLM_MAX_IMAGE_PIXELS")
+        limits = dataclasses.replace(
+            limits, max_bytes=max_bytes,
+            max_pixels=pixels if pixels > 0 else lazymedia_setting("LAZYMEDIA_MAX_IMAGE_PIXELS"),
+            max_decoded_bytes=lazymedia_setting("LAZYMEDIA_MAX_DECODED_MB") * _MIB,
+            max_working_bytes=lazymedia_setting("LAZYMEDIA_MAX_WORKING_MB") * _MIB)
+        if modality == "audio":  # vLLM's audio limits apply as they are: 0 refuses every clip
             limits = dataclasses.replace(
-                limits, max_bytes=min(limits.max_bytes, size_mb << 20) if size_mb > 0 else limits.max_bytes,
-                max_audio_seconds=seconds if seconds > 0 else limits.max_audio_seconds,
-                max_decoded_bytes=decoded if decoded > 0 else limits.max_decoded_bytes)
+                limits, max_bytes=min(max_bytes, vllm_setting("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB") * _MIB),
+                max_audio_seconds=vllm_setting("VLLM_MAX_AUDIO_DECODE_DURATION_S"),
+                max_decoded_bytes=vllm_setting("VLLM_MAX_AUDIO_DECODE_BYTES"))
         return limits
 
     def timeout_for(self, modality: str) -> float | None:
         """VLLM_<MODALITY>_FETCH_TIMEOUT read now, or None for the connector's own `timeout_s`."""
-        return None if self._own_timeout else float(env_int(*_FETCH_TIMEOUTS[modality]))
+        return None if self._own_timeout else float(vllm_setting(_FETCH_TIMEOUTS[modality]))
+
+    def attempts(self, modality: str) -> list[tuple[float | None, float]]:
+        """vLLM's retry of a download, as (time-out, pause after a failure) per attempt:
+        VLLM_MEDIA_FETCH_MAX_RETRIES attempts, each time-out and pause 4x the last's. One attempt
+        where the caller set the connector's own `timeout_s`."""
+        timeout = self.timeout_for(modality)
+        if timeout is None:
+            return [(None, 0.0)]
+        count = max(vllm_setting("VLLM_MEDIA_FETCH_MAX_RETRIES"), 1)
+        return [(timeout * _RETRY_BACKOFF_FACTOR ** n, float(_RETRY_BACKOFF_FACTOR ** n)) for n in range(count)]
 
     def charge_decoded(self, nbytes: int) -> None:
         """Charges vLLM's per-request decoded budget (VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES)."""
@@ -360,6 +504,7 @@ class VllmMediaConnector:
         self.closed = True
         if self._owns_connector:
             await self.connector.aclose()
+            await asyncio.to_thread(self.connector.close)  # the pool of its own loop, where downloads ran
 
     def close(self) -> None:
         self.closed = True
@@ -381,43 +526,69 @@ class VllmMediaConnector:
     # -- fetching ---------------------------------------------------------------------------
     async def _fetch(self, modality: str, url: str, spec: dict) -> LazyMedia:
         target = self._check_like_vllm(url)
-        try:
-            handle = await self.connector.fetch(modality, target, timeout_s=self.timeout_for(modality),
-                                                limits=self.limits_for(modality), **spec)
-        except UnprocessableMediaError as exc:  # raised by the loader, never by the download
-            raise as_vllm_error(exc, loading_image=modality == "image") from None
-        except MediaError as exc:
-            raise as_vllm_error(exc) from None
-        return self._charged(handle, downloaded=isinstance(target, URL))
+        downloaded = isinstance(target, URL)
+        limits = self.limits_for(modality, downloaded)
+        attempts = self.attempts(modality) if downloaded else [(self.timeout_for(modality), 0.0)]
+        for number, (timeout, pause) in enumerate(attempts, 1):
+            try:
+                # A download runs on the connector's own loop, whose pool close() closes; a data: or
+                # file: item is read on the caller's.
+                fetch = self.connector.fetch_on_own_loop if downloaded else self.connector.fetch
+                handle = await fetch(modality, target, timeout_s=timeout, limits=limits, **spec)
+                return self._charged(handle, downloaded=downloaded)
+            except MediaError as exc:
+                if number < len(attempts) and retryable(exc):
+                    await asyncio.sleep(pause)
+                    continue
+                # UnprocessableMediaError comes from the loader, never from the download.
+                raise self._in_vllm_words(exc, modality, downloaded, loading_image=modality == "image" and isinstance(
+                    exc, UnprocessableMediaError)) from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _fetch_sync(self, modality: str, url: str, spec: dict) -> LazyMedia:
         """data: URLs are read in the calling thread (no hop to the connector's loop thread: a
         hit then costs what lazymedia's own hit costs); http(s) and file: go through the
         connector's loop."""
         target = self._check_like_vllm(url)
-        limits = self.limits_for(modality)
-        try:
-            data = from_base64(url, limits) if isinstance(target, str) and target[:5].lower() == "data:" else None
-            if data is None:
-                handle = self.connector.fetch_sync(modality, target, timeout_s=self.timeout_for(modality),
-                                                   limits=limits, **spec)
-                return self._charged(handle, downloaded=isinstance(target, URL))
-        except MediaError as exc:
-            raise as_vllm_error(exc, loading_image=modality == "image" and isinstance(exc, UnprocessableMediaError)) \
-                from None
-        try:
-            return self._charged(load(modality, data, limits=limits, **spec), downloaded=False)
-        except MediaError as exc:
-            raise as_vllm_error(exc, loading_image=modality == "image") from None
+        downloaded = isinstance(target, URL)
+        limits = self.limits_for(modality, downloaded)
+        if isinstance(target, str) and target[:5].lower() == "data:":
+            try:
+                return self._charged(load(modality, from_base64(url, limits), limits=limits, **spec), downloaded=False)
+            except MediaError as exc:
+                raise self._in_vllm_words(exc, modality, False, loading_image=modality == "image") from None
+        attempts = self.attempts(modality) if downloaded else [(self.timeout_for(modality), 0.0)]
+        for number, (timeout, pause) in enumerate(attempts, 1):
+            try:
+                handle = self.connector.fetch_sync(modality, target, timeout_s=timeout, limits=limits, **spec)
+                return self._charged(handle, downloaded=downloaded)
+            except MediaError as exc:
+                if number < len(attempts) and retryable(exc):
+                    time.sleep(pause)
+                    continue
+                raise self._in_vllm_words(exc, modality, downloaded, loading_image=modality == "image" and isinstance(
+                    exc, UnprocessableMediaError)) from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _in_vllm_words(self, exc: MediaError, modality: str, downloaded: bool, *, loading_image: bool) -> MediaError:
+        """`exc` as vLLM raises it: a refusal over one of vLLM's limits in vLLM's words, the rest
+        by as_vllm_error."""
+        exc.modality = exc.modality or modality
+        reworded = None if self._own_limits else over_vllm_limit(exc, downloaded)
+        return reworded if reworded is not None else as_vllm_error(exc, loading_image=loading_image)
 
     def _charged(self, handle: LazyMedia, *, downloaded: bool) -> LazyMedia:
-        """Charges vLLM's request budgets as vLLM's fetch does: the bytes of an http(s) download,
-        and an image's decoded size (width x height x 4, from the header)."""
+        """Checks what vLLM checks from the header before decoding (an audio clip's PCM size, as
+        vLLM estimates it) and charges vLLM's request budgets as vLLM's fetch does: the bytes of
+        an http(s) download, and an image's decoded size (width x height x 4, from the header)."""
+        if handle.modality == "audio" and not self._own_limits:
+            check_audio_decode_bytes(handle.header)
         if downloaded and self.download_budget is not None:
             try:
                 self.download_budget.charge(handle.nbytes)
             except ValueError as exc:  # vLLM's MediaRequestDownloadSizeExceededError
-                raise MediaTooLargeError(str(exc), modality=handle.modality) from None
+                raise VllmDownloadTooLargeError(str(exc), modality=handle.modality,
+                                                hint="raise VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB") from None
         if handle.modality == "image":
             header = handle.header
             self.charge_decoded(header.width * header.height * 4)

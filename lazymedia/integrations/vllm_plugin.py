@@ -25,6 +25,7 @@ vLLM is optional: this module imports it only in `register()` and `connector_cla
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -41,6 +42,8 @@ from ..lru import LruCache
 from ..media import LazyMedia, image_to_pil
 from .vllm import (
     VLLM_ONLY_VIDEO_BACKENDS,
+    VllmAudioFileTooLargeError,
+    VllmDownloadTooLargeError,
     VllmMediaConnector,
     as_vllm_error,
     check_local_media_path,
@@ -49,6 +52,7 @@ from .vllm import (
     registered_backend,
     to_vllm,
     upstream_refused,
+    vllm_setting,
 )
 
 logger = logging.getLogger(__name__)
@@ -64,6 +68,8 @@ _DECODED: LruCache | None = None
 
 
 _LOGGED: set[str] = set()
+PRIVATE_NETWORKS_HINT = ("set LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=all, or a comma list of CIDR networks, in the "
+                         "server's environment to admit private addresses")
 
 
 def _log_once(message: str) -> None:
@@ -91,6 +97,39 @@ def register() -> None:
 
 
 @functools.cache
+def audio_size_error_class() -> type[VllmAudioFileTooLargeError]:
+    """An audio clip over VLLM_MAX_AUDIO_CLIP_FILESIZE_MB, as vLLM raises it: its
+    VLLMValidationError (400), and a MediaError."""
+    from vllm.exceptions import VLLMValidationError
+
+    class VllmAudioFileSizeError(VllmAudioFileTooLargeError, VLLMValidationError):
+        pass
+
+    return VllmAudioFileSizeError
+
+
+@functools.cache
+def upstream_unavailable_class() -> type[MediaFetchError]:
+    """A download that timed out or whose upstream failed (lazymedia's 504 and 502), as vLLM's
+    GracefulHTTPError with that status: vLLM's own connector lets the raw error through, which
+    its server answers 500."""
+    from http import HTTPStatus
+
+    from vllm.exceptions import GracefulHTTPError
+
+    class GracefulStatus(GracefulHTTPError):
+        def __init__(self, message: str):
+            super().__init__(message, HTTPStatus.BAD_GATEWAY)
+
+    class VllmUpstreamUnavailableError(MediaFetchError, GracefulStatus):
+        def __init__(self, message: str, **kwargs):
+            super().__init__(message, **kwargs)
+            self.http_status = HTTPStatus(self.status_code)
+
+    return VllmUpstreamUnavailableError
+
+
+@functools.cache
 def fetch_error_class() -> type[MediaFetchError]:
     """A download the upstream refused (404, 403, ...), as vLLM raises it: its
     VLLMUnprocessableEntityError (422), and a MediaFetchError."""
@@ -104,9 +143,20 @@ def fetch_error_class() -> type[MediaFetchError]:
 
 def vllm_error(exc: MediaError, modality: str) -> Exception:
     """vLLM's exception for a fetch failure: an upstream client error becomes vLLM's
-    VLLMUnprocessableEntityError (422, "Failed to fetch media from URL"); the rest are the
-    adapter's ValueError / RuntimeError / NotImplementedError types."""
-    if upstream_refused(exc):
+    VLLMUnprocessableEntityError (422, "Failed to fetch media from URL"), an audio clip over
+    VLLM_MAX_AUDIO_CLIP_FILESIZE_MB its VLLMValidationError; the rest are the adapter's
+    ValueError / RuntimeError / NotImplementedError types. A refused private address is logged
+    for the operator with the one setting that admits it inside `vllm serve`."""
+    if "allow_private_networks" in exc.hint:
+        exc.hint = PRIVATE_NETWORKS_HINT
+        _log_once(f"lazymedia refused a media URL: {exc} ({PRIVATE_NETWORKS_HINT})")
+    if isinstance(exc, VllmAudioFileTooLargeError):
+        return audio_size_error_class()(exc.message, modality=exc.modality, index=exc.index, hint=exc.hint,
+                                        limit=exc.limit, value=exc.value, maximum=exc.maximum)
+    if isinstance(exc, MediaFetchError) and exc.status_code in (502, 504):
+        return upstream_unavailable_class()(exc.message, modality=exc.modality, index=exc.index, hint=exc.hint,
+                                            status_code=exc.status_code)
+    if upstream_refused(exc) or isinstance(exc, VllmDownloadTooLargeError):
         converted: Any = fetch_error_class()(f"Failed to fetch media from URL: {exc.message}",
                                              modality=exc.modality, index=exc.index)
         converted.parameter = f"{modality}_url"  # vLLM's error field
@@ -123,6 +173,15 @@ class LazyImage(Image.Image):
         self._handle = handle
         self._size = size
         self._mode = mode
+        self.load_error: MediaError | None = None
+
+    def __repr__(self) -> str:
+        """Says why the image failed to load, once it has: vLLM's processor wrapper answers the
+        client "Failed to apply <processor> on data=..." with this repr inside, where vLLM's own
+        connector would have answered "Failed to load image: ..." at fetch."""
+        if self.load_error is not None:
+            return f"<{self.load_error.message}>"
+        return super().__repr__()
 
     @property
     def im(self):
@@ -139,15 +198,19 @@ class LazyImage(Image.Image):
             try:
                 decoded = image_to_pil(self._handle.decode())
             except MediaError as exc:
-                raise as_vllm_error(exc, loading_image=True) from None
+                self.load_error = as_vllm_error(exc, loading_image=True)
+                raise self.load_error from None
             _count("image")
             self._im, self._size, self._mode = decoded.im, decoded.size, decoded.mode
         return super().load()
 
 
 def _shared_connector(allowed_local_media_path: str, allowed_media_domains: list[str] | None) -> MediaConnector:
+    """The connector of one configuration, read now: vLLM builds a connector per request, so a
+    changed VLLM_MEDIA_URL_ALLOW_REDIRECTS or LAZYMEDIA_ALLOW_PRIVATE_NETWORKS applies to the next."""
     private = os.environ.get("LAZYMEDIA_ALLOW_PRIVATE_NETWORKS", "")
-    key = (allowed_local_media_path, tuple(allowed_media_domains or ()), private)
+    redirects = bool(vllm_setting("VLLM_MEDIA_URL_ALLOW_REDIRECTS"))
+    key = (allowed_local_media_path, tuple(allowed_media_domains or ()), private, redirects)
     with _SHARED_LOCK:
         connector = _SHARED.get(key)
         if connector is None:
@@ -155,13 +218,25 @@ def _shared_connector(allowed_local_media_path: str, allowed_media_domains: list
             try:
                 connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
                                            allowed_local_path=allowed_local_media_path or None,
-                                           allow_private_networks=policy)
+                                           allow_private_networks=policy, allow_redirects=redirects)
             except ValueError as exc:  # a malformed network: the server's configuration, not the request
                 raise MediaError("the server's media settings are misconfigured", status_code=500,
                                  hint=f"LAZYMEDIA_ALLOW_PRIVATE_NETWORKS={private!r}: {exc}; give 'all' or CIDR "
                                  "networks") from None
+            if not _SHARED:
+                atexit.register(close_shared_connectors)
             _SHARED[key] = connector
         return connector
+
+
+def close_shared_connectors() -> None:
+    """Closes the shared connectors' connection pools (at exit: aiohttp warns of a session left
+    open, "Unclosed client session")."""
+    with _SHARED_LOCK:
+        connectors = list(_SHARED.values())
+        _SHARED.clear()
+    for connector in connectors:
+        connector.close()
 
 
 def _decoded_cache() -> LruCache | None:
