@@ -1,9 +1,12 @@
 import csv
 import os
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 
+import lazymedia
 from lazymedia.synthetic import encode_image as encode
 from lazymedia.synthetic import photo as make_image
 
@@ -82,3 +85,26 @@ def pytest_report_header(config):
 
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(_corpus_line())
+
+
+META = torch.device("meta")
+
+
+class FakeGpuDecoder:
+    """Stands in for nvJPEG with output="cuda": takes RGB JPEGs, returns their pixels on the
+    fake device, and records every item it got."""
+
+    name = "fake-gpu"
+
+    def __init__(self, device=META):
+        self.device = device
+        self.seen: list = []
+        self.lock = threading.Lock()
+
+    def accepts(self, item) -> bool:
+        return item.modality == "image" and item.header.format == "jpeg" and not item.is_derived
+
+    def decode_batch(self, items):
+        with self.lock:
+            self.seen.extend(items)
+        return [lazymedia.load_image(bytes(item.encoded())).decode().to(self.device) for item in items]

@@ -3,7 +3,6 @@ GPU decoders on the "meta" device, which has shapes but no data, so a tensor's d
 it went), the device memory cap and the overflow to the CPU, the pinned host copy the cache
 keeps, and the budget given back on every path."""
 import asyncio
-import threading
 
 import pytest
 import torch
@@ -14,27 +13,7 @@ from lazymedia.cache import HostCache, TieredCache
 from lazymedia.engine.engine import device_engine
 from lazymedia.engine.placement import DeviceBudget, decoded_nbytes
 
-META = torch.device("meta")
-
-
-class FakeGpuDecoder:
-    """Stands in for nvJPEG with output="cuda": takes RGB JPEGs, returns their pixels on the
-    fake device, and records every item it got."""
-
-    name = "fake-gpu"
-
-    def __init__(self, device=META):
-        self.device = device
-        self.seen: list = []
-        self.lock = threading.Lock()
-
-    def accepts(self, item) -> bool:
-        return item.modality == "image" and item.header.format == "jpeg" and not item.is_derived
-
-    def decode_batch(self, items):
-        with self.lock:
-            self.seen.extend(items)
-        return [lazymedia.load_image(bytes(item.encoded())).decode().to(self.device) for item in items]
+from conftest import META, FakeGpuDecoder
 
 
 def recording(seen: list):

@@ -25,6 +25,7 @@ vLLM is optional: this module imports it only in `register()` and `connector_cla
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import logging
@@ -40,6 +41,8 @@ from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError
 from ..lru import LruCache
 from ..media import LazyMedia, image_to_pil
+from ..metrics import count
+from . import vllm_device
 from .vllm import (
     VLLM_ONLY_VIDEO_BACKENDS,
     VllmAudioFileTooLargeError,
@@ -312,13 +315,20 @@ def connector_class() -> type:
         @staticmethod
         def _image(handle: LazyMedia, lazy: VllmMediaConnector) -> MediaWithBytes:
             """vLLM's ImageMediaIO result, undecoded: io_config is set when RGB conversion changes
-            the image (the source opens in another mode, or carries transparency), as vLLM sets it."""
+            the image (the source opens in another mode, or carries transparency), as vLLM sets it.
+            In the device mode (LAZYMEDIA_VLLM_DEVICE) an image the device takes is a DeviceImage."""
             header = handle.header
-            turned = header.orientation in (5, 6, 7, 8)  # EXIF: transposed, as vLLM's normalize_image turns it
-            size = (header.height, header.width) if turned else (header.width, header.height)
             io_config = None
             if header.mode != "RGB" or header.has_alpha:  # vLLM's convert_image_mode composites a tRNS RGB too
                 io_config = {"image_mode": "RGB", "rgba_background_color": lazy.background}
+            device_images = vllm_device.configured()
+            if device_images is not None:
+                reason = device_images.fallback_reason(handle)
+                if reason is None:
+                    return MediaWithBytes(device_images.image(handle), handle.encoded(), io_config)
+                count("vllm_device_fallbacks", reason=reason)
+            turned = header.orientation in (5, 6, 7, 8)  # EXIF: transposed, as vLLM's normalize_image turns it
+            size = (header.height, header.width) if turned else (header.width, header.height)
             return MediaWithBytes(LazyImage(handle, size, "RGB"), handle.encoded(), io_config)
 
         # -- video and audio: decoded here, as vLLM's hasher needs the arrays ------------------------
@@ -348,7 +358,7 @@ def connector_class() -> type:
                                                        video_processor=video_processor)
             try:
                 handle = await lazy.fetch_video_async(video_url, image_mode=image_mode, video_processor=video_processor)
-                return self._decoded(lazy, handle)
+                return await asyncio.to_thread(self._decoded, lazy, handle)  # off vLLM's event loop
             except MediaError as exc:
                 raise vllm_error(exc, "video") from None
 
@@ -364,7 +374,8 @@ def connector_class() -> type:
             if self.lazy is None:
                 return await super().fetch_audio_async(audio_url)
             try:
-                return self._decoded(self.lazy, await self.lazy.fetch_audio_async(audio_url))
+                handle = await self.lazy.fetch_audio_async(audio_url)
+                return await asyncio.to_thread(self._decoded, self.lazy, handle)  # off vLLM's event loop
             except MediaError as exc:
                 raise vllm_error(exc, "audio") from None
 
@@ -373,7 +384,17 @@ def connector_class() -> type:
             """vLLM's result for a video (MediaWithBytes((frames, metadata), bytes)) or an audio clip
             ((waveform, rate)), from the decoded LRU or decoded now; charged to the request's
             decoded budget either way, as vLLM charges it. Each request gets its own copy: a
-            processor that writes into its input must not change what the next request gets."""
+            processor that writes into its input must not change what the next request gets.
+            In the device mode a video decodes on the device, each time (no LRU of device memory)."""
+            device_mode = vllm_device.configured()
+            if device_mode is not None and handle.modality == "video":
+                try:
+                    frames = device_mode.video(handle)
+                except MediaError as exc:
+                    raise as_vllm_error(exc) from None
+                _count("video")
+                lazy.charge_decoded(frames.frames.nbytes)
+                return MediaWithBytes((frames.frames, dict(frames.metadata)), handle.encoded())
             cache = _decoded_cache()
             value: Any
             found, value = cache.lookup(handle.key) if cache is not None else (False, None)
