@@ -45,7 +45,7 @@ from yarl import URL
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, UnprocessableMediaError
 from ..guard import read_http_url
-from ..media import LazyMedia, VideoFrames, from_base64, image_to_pil, load
+from ..media import AudioSamples, LazyMedia, VideoFrames, from_base64, image_to_pil, load
 from ..spec import DEFAULT_LIMITS, Limits
 
 # vLLM's VideoMediaIO and VIDEO_LOADER_REGISTRY defaults (vllm/multimodal/media/video.py).
@@ -751,7 +751,7 @@ def to_vllm(decoded, image_type: str = "pil") -> Any:
         media = decoded
     if isinstance(media, VideoFrames):
         return media.frames.cpu().numpy(), dict(media.metadata)
-    if hasattr(media, "as_tuple"):  # AudioSamples
+    if isinstance(media, AudioSamples):
         return media.as_tuple()
     if isinstance(media, torch.Tensor) and media.dtype == torch.uint8 and media.ndim == 3 and media.shape[2] <= 4:
         # an image lazymedia decoded: uint8 [H, W, C]
