@@ -77,8 +77,8 @@ def test_the_seen_keys_are_bounded():
     images, decoder, engine = meta_images()
     for seed in range(6):  # seen_items=4: the two oldest are forgotten
         images.image(lazymedia.load_image(synthetic.jpeg(16, 16, seed=seed)))
-    assert images.image(lazymedia.load_image(synthetic.jpeg(16, 16, seed=0)))._future is not None  # new again
-    assert images.image(lazymedia.load_image(synthetic.jpeg(16, 16, seed=5)))._future is None
+    assert images.image(lazymedia.load_image(synthetic.jpeg(16, 16, seed=0))).future is not None  # new again
+    assert images.image(lazymedia.load_image(synthetic.jpeg(16, 16, seed=5))).future is None
     engine.shutdown()
 
 

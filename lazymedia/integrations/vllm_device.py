@@ -59,30 +59,30 @@ class DeviceImage(torch.Tensor):
     (shape, dtype, device, nbytes) answers from the header, any other use waits for the decode
     (started then, unless `start` started it) and works on the decoded tensor."""
 
-    _handle: LazyMedia
-    _engine: DecodeEngine
-    _future: Future | None
-    _lock: threading.Lock
+    source: LazyMedia
+    decode_engine: DecodeEngine
+    future: Future | None
+    start_lock: threading.Lock
     load_error: MediaError | None
 
     @staticmethod
     def __new__(cls, handle: LazyMedia, engine: DecodeEngine, device: torch.device) -> DeviceImage:
         shape = handle.header.output_shape(handle.spec)
         image = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.uint8, device=device)
-        image._handle = handle
-        image._engine = engine
-        image._future = None
-        image._lock = threading.Lock()
+        image.source = handle
+        image.decode_engine = engine
+        image.future = None
+        image.start_lock = threading.Lock()
         image.load_error = None
         return image
 
     def start(self) -> bool:
         """Submits the decode (once); True if this call submitted it."""
-        with self._lock:
-            if self._future is not None:
+        with self.start_lock:
+            if self.future is not None:
                 return False
-            self._future = self._engine.submit(self._handle, device=self.device)
-        if not any(decoder.accepts(self._handle) for decoder in self._engine.batch_decoders):
+            self.future = self.decode_engine.submit(self.source, device=self.device)
+        if not any(decoder.accepts(self.source) for decoder in self.decode_engine.batch_decoders):
             count("vllm_device_fallbacks", reason="no_device_decoder")  # the CPU decodes it, moved to the device
         return True
 
@@ -90,9 +90,9 @@ class DeviceImage(torch.Tensor):
         """The decoded image on this image's device (a vLLM-typed MediaError if it does not decode)."""
         if self.start():
             count("vllm_device_decodes", when="first_read")
-        assert self._future is not None
+        assert self.future is not None
         try:
-            value = self._future.result()
+            value = self.future.result()
         except MediaError as exc:
             self.load_error = as_vllm_error(exc, loading_image=True)
             raise self.load_error from None
@@ -111,7 +111,7 @@ class DeviceImage(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _METADATA:
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch._C.DisableTorchFunctionSubclass():  # torch's documented idiom for a subclass
                 return func(*args, **kwargs)
         return func(*tree_map(_decoded, args), **tree_map(_decoded, kwargs))
 
@@ -134,7 +134,7 @@ class DeviceMode:
         self.seen_items = env_int("LAZYMEDIA_VLLM_SEEN_ITEMS", DEFAULT_SEEN_ITEMS) if seen_items is None \
             else seen_items
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()
+        self.start_lock = threading.Lock()
 
     @staticmethod
     def fallback_reason(handle: LazyMedia) -> str | None:
@@ -163,7 +163,7 @@ class DeviceMode:
         return image
 
     def _first_sight(self, key: str) -> bool:
-        with self._lock:
+        with self.start_lock:
             if key in self._seen:
                 self._seen.move_to_end(key)
                 return False
