@@ -1,0 +1,296 @@
+"""CPU stand-ins for the GPU half: what `bash benchmarks/gpu_check.sh --rehearse` and the CPU tests
+run in place of the native nvJPEG decoder, PyNvVideoCodec's bare decoder, libnvjpeg's C API and
+torchvision's CUDA JPEG decoder, so that every code path of the device check's scripts runs on a
+machine without a GPU (the scripts' `--rehearse`). Each keeps the real one's contract and decodes
+on the CPU:
+
+  * HostNvjpegDecoder: `_C_cuda.NvjpegDecoder`'s (`decode(requests, stream)` writes the oriented
+    RGB pixels to each request's pointer and returns (decoded, reason, path) per image; `stats`
+    with the native keys; `load(size_class)`); baseline images count as the engines', the rest as
+    the CUDA path's.
+  * video_codec(): the PyNvVideoCodec names lazymedia calls (CreateDecoder, PacketData,
+    VideoPacketFlag, cudaVideoCodec, GetDecoderCaps); its decoder, FFmpegNvDecoder, decodes with
+    FFmpeg under NVDEC's conventions (Annex B packets in, frames out in display order with the
+    PTS of the packet that started them, an empty packet flushes) and records what it returned.
+  * NvjpegLibrary: the six libnvjpeg entry points benchmarks/nvjpeg_nvdec_probe.py calls through
+    ctypes, writing planar or interleaved RGB to the device pointers it is given (host memory here).
+  * torchvision_decode_jpeg: torchvision.io.decode_jpeg(list, device=...)'s shape of result.
+
+Numbers measured through these judge nothing: the scripts mark every figure of a rehearsal
+REHEARSAL. Images and clips are scaled down by SCALE in each dimension, so that the whole check
+runs within its scaled budgets on two cores.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import threading
+import time
+import types
+from typing import Any
+
+import numpy as np
+import torch
+
+import lazymedia
+from lazymedia.codecs import image as image_codec
+
+SCALE = 8  # a rehearsal's images and clips: each dimension divided by this
+MARK = "REHEARSAL"
+
+
+def scaled(height: int, width: int, rehearse: bool) -> tuple[int, int]:
+    """The size a rehearsal uses in place of (height, width): SCALE times smaller, even (4:2:0)."""
+    if not rehearse:
+        return height, width
+    return max(16, (height // SCALE + 1) // 2 * 2), max(16, (width // SCALE + 1) // 2 * 2)
+
+
+def judged(ok: bool, rehearse: bool) -> str:
+    """A timing goal's word: PASS or FAIL, or REHEARSAL where the figures came from the CPU
+    stand-ins (they judge nothing). Goals that the stand-ins do decide (pixels, counts, errors)
+    are judged PASS / FAIL in a rehearsal too."""
+    return MARK if rehearse else ("PASS" if ok else "FAIL")
+
+
+def synchronize(device: Any) -> None:
+    """Waits for the device's queued work (nothing to wait for on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_memory(device: Any) -> dict[str, int]:
+    """The device's memory as the driver sees it (cudaMemGetInfo: what every allocator took, torch's
+    and nvJPEG's and NVDEC's), and what torch's caching allocator holds of it; zeros on the CPU."""
+    if torch.device(device).type != "cuda":
+        return {"used_bytes": 0, "torch_reserved_bytes": 0, "total_bytes": 0}
+    free, total = torch.cuda.mem_get_info(device)
+    return {"used_bytes": total - free, "torch_reserved_bytes": torch.cuda.memory_reserved(device),
+            "total_bytes": total}
+
+
+def outside_torch(before: dict[str, int], after: dict[str, int]) -> int:
+    """Device bytes taken between two device_memory() readings by allocators other than torch's
+    (nvJPEG's pool and PreAllocate, NVDEC's surfaces and frame pools)."""
+    return (after["used_bytes"] - before["used_bytes"]) - (after["torch_reserved_bytes"]
+                                                           - before["torch_reserved_bytes"])
+
+
+# -- nvJPEG ------------------------------------------------------------------------------------------
+
+class HostNvjpegDecoder:
+    """Stands in for _C_cuda.NvjpegDecoder with the CPU decoder. `refuse_progressive`: progressive
+    images fail at run time (as the engines refuse them; the tests' fallback cases), else the CUDA
+    path takes them as the real one does. `options` are the native decoder's knobs, kept as given."""
+
+    hardware = True
+    upsampling_interpolated = True
+    creation_log = "CPU stand-in (lazymedia.benchmarking.rehearsal)"
+    engines = 1
+    cores_per_engine = 1
+
+    def __init__(self, refuse_progressive: bool = True, allow_hardware: bool = True, **options):
+        self.refuse_progressive = refuse_progressive
+        self.hardware = allow_hardware  # False: every image is the CUDA path's
+        self.options = options
+        self.calls: list[int] = []
+        self.stats: dict = {}
+
+    def load(self, size_class: int) -> float:  # the engines' share per size class, as the native split keeps it
+        return (1.0, 0.75, 0.5)[size_class]
+
+    def decode(self, requests, stream) -> list[tuple[bool, str, str]]:
+        began = time.perf_counter()
+        self.calls.append(len(requests))
+        statuses: list[tuple[bool, str, str]] = []
+        prepare = 0.0
+        for data, width, height, orientation, out_ptr in requests:
+            start = time.perf_counter()
+            header = image_codec.probe(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
+            prepare += time.perf_counter() - start
+            if header.jpeg_encoding == "progressive" and self.refuse_progressive:
+                statuses.append((False, "CUDA path decode: JPEG not supported", ""))
+                continue
+            assert (header.width, header.height) == (width, height)
+            spec = lazymedia.ImageSpec(apply_orientation=orientation != 1)
+            try:
+                pixels = np.ascontiguousarray(image_codec.decode(data, header, spec).numpy())
+            except lazymedia.MediaError:
+                statuses.append((False, "CUDA path decode: bad JPEG", ""))
+                continue
+            ctypes.memmove(out_ptr, pixels.ctypes.data, pixels.nbytes)
+            engines = self.hardware and header.jpeg_encoding == "baseline"
+            statuses.append((True, "", "hardware" if engines else "cuda"))
+        total_us = (time.perf_counter() - began) * 1e6
+        hardware = sum(s[2] == "hardware" for s in statuses)
+        cuda = sum(s[2] == "cuda" for s in statuses)
+        self.stats = {"prepare_us": prepare * 1e6, "stage_us": 0.0, "hardware_submit_us": 0.0,
+                      "hardware_ms": total_us / 1e3 if hardware else 0.0, "cuda_ms": total_us / 1e3 if cuda else 0.0,
+                      "total_us": total_us, "hardware_items": hardware, "cuda_items": cuda, "gpu_hybrid_items": 0,
+                      "size_class": 0, "load": 1.0, "device_mallocs": 0, "device_frees": 0,
+                      "device_malloc_bytes": 0, "staged_bytes": sum(len(r[0]) for r in requests)}
+        return statuses
+
+
+def torchvision_decode_jpeg(tensors: list[torch.Tensor], device: Any = "cpu") -> list[torch.Tensor]:
+    """torchvision.io.decode_jpeg(list of uint8 tensors, device=...): CHW uint8 tensors."""
+    import simplejpeg
+
+    return [torch.from_numpy(simplejpeg.decode_jpeg(t.numpy().tobytes(), colorspace="RGB")).permute(2, 0, 1)
+            for t in tensors]
+
+
+class NvjpegLibrary:
+    """libnvjpeg's entry points that the probe calls through ctypes (status 0 = NVJPEG_STATUS_SUCCESS),
+    decoding with the CPU into the nvjpegImage_t channels it is given. Handles and states are
+    small integers written through the pointer argument."""
+
+    RGB, RGBI = 3, 5  # nvjpegOutputFormat_t
+
+    def __init__(self):
+        self._next = 0
+        self._formats: dict[int, int] = {}
+
+    def _new(self, pointer) -> int:
+        self._next += 1
+        pointer.contents.value = self._next
+        return 0
+
+    def nvjpegCreateEx(self, backend, device_allocator, pinned_allocator, flags, handle) -> int:
+        return self._new(handle)
+
+    def nvjpegJpegStateCreate(self, handle, state) -> int:
+        return self._new(state)
+
+    def nvjpegDecodeBatchedInitialize(self, handle, state, batch, threads, output_format) -> int:
+        self._formats[state.value] = output_format
+        return 0
+
+    def nvjpegDecodeBatched(self, handle, state, data, lengths, images, stream) -> int:
+        import simplejpeg
+
+        output_format = self._formats[state.value]
+        for i in range(len(lengths)):
+            rgb = simplejpeg.decode_jpeg(ctypes.string_at(data[i], lengths[i]), colorspace="RGB")
+            height, width = rgb.shape[:2]
+            if output_format == self.RGBI:
+                rows = [(images[i].channel[0], images[i].pitch[0], rgb.reshape(height, width * 3))]
+            else:
+                rows = [(images[i].channel[c], images[i].pitch[c], np.ascontiguousarray(rgb[:, :, c]))
+                        for c in range(3)]
+            for pointer, pitch, plane in rows:
+                for y in range(height):
+                    ctypes.memmove(pointer + y * pitch, plane[y].ctypes.data, plane.shape[1])
+        return 0
+
+    def nvjpegJpegStateDestroy(self, state) -> int:
+        return 0
+
+    def nvjpegDestroy(self, handle) -> int:
+        return 0
+
+
+# -- NVDEC (PyNvVideoCodec) --------------------------------------------------------------------------
+
+class Frame:
+    """A DecodedFrame: DLPack export of the NV12 surface, and its PTS."""
+
+    def __init__(self, surface: torch.Tensor, pts: int):
+        self.surface, self.pts = surface, pts
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.surface.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.surface.__dlpack_device__()
+
+    def getPTS(self) -> int:
+        return self.pts
+
+
+class PacketData:
+    def __init__(self):
+        self.bsl_data = self.bsl = self.pts = self.decode_flag = 0
+        self.bDiscontinuity = False
+
+
+class PacketFlag(enum.IntEnum):  # CUvideopacketflags
+    ENDOFSTREAM = 1
+    TIMESTAMP = 2
+
+
+class FFmpegNvDecoder:
+    """PyNvVideoCodec's bare decoder as lazymedia drives it, decoding with FFmpeg under NVDEC's
+    conventions: Annex B packets in, each frame out in display order with the PTS of the packet
+    that started it (CUVID_PKT_TIMESTAMP), an empty packet flushes. `shift` relabels every frame's
+    PTS (a decoder that disagrees with the container); frames wider than `widest` fail like H.264
+    above 4096 pixels on an H200. Records the PTS it returned, and each construction's thread."""
+
+    shift = 0
+    widest = 1 << 30
+    blind_starts: dict = {}  # keyframe PTS -> PTS a fresh start there cannot present (RASL pictures)
+    created: list = []  # (thread id, max width, max height) of each construction
+    returned: list = []  # every PTS handed back, in order
+
+    def __init__(self, codec: str, maxwidth: int, maxheight: int, cudastream: int, **kwargs):
+        import av
+
+        FFmpegNvDecoder.created.append((threading.get_ident(), maxwidth, maxheight))
+        self.codec = codec
+        self.context = av.CodecContext.create(codec, "r")
+        self.hidden: set = set()  # the PTS this start will not present (blind_starts)
+
+    def Decode(self, packet: PacketData) -> list:
+        import av
+
+        if packet.bsl == 0:
+            assert packet.decode_flag == PacketFlag.ENDOFSTREAM
+            frames = self.context.decode(None)
+            self.context = av.CodecContext.create(self.codec, "r")  # NVDEC's parser restarts after the flush
+        else:
+            assert packet.decode_flag == PacketFlag.TIMESTAMP  # else NVDEC hands back no PTS
+            if packet.bDiscontinuity and self.codec in ("h264", "hevc"):  # a run starts with the parameter sets
+                assert ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
+            if packet.bDiscontinuity:
+                self.hidden = self.blind_starts.get(packet.pts, set())
+            fed = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
+            fed.pts = packet.pts
+            frames = self.context.decode(fed)
+        out = []
+        for frame in frames:
+            if frame.pts in self.hidden:
+                continue
+            if frame.width > self.widest:
+                raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED: above the NVDEC's maximum size")
+            FFmpegNvDecoder.returned.append(frame.pts + self.shift)
+            out.append(Frame(torch.from_numpy(np.ascontiguousarray(frame.to_ndarray(format="nv12"))),
+                             frame.pts + self.shift))
+        return out
+
+
+def create_decoder(gpuid, codec, cudacontext, cudastream, usedevicememory, maxwidth, maxheight):
+    return FFmpegNvDecoder(codec, maxwidth, maxheight, cudastream)
+
+
+# cudaVideoCodec's members, each the FFmpeg decoder that stands in for it
+CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="libdav1d", VP8="vp8", MPEG2="mpeg2video",
+                               MPEG4="mpeg4")
+
+
+def h200_caps(gpuid, codec, chromaformat=420, bitdepth=8) -> dict:
+    """GetDecoderCaps as an H200 answers it for 8-bit 4:2:0 (7 engines; no AV1)."""
+    supported = codec != CODECS.AV1
+    side = 4096 if codec == CODECS.H264 else 8192
+    return {"supported": int(supported), "num_decoder_engines": 7 if supported else 0, "width_max": side,
+            "height_max": side, "mb_num_max": 65536 if codec == CODECS.H264 else 262144, "width_min": 48,
+            "height_min": 16, "codec_id": 0, "chromaformat_id": 1, "bitdepth": 8}
+
+
+def video_codec(caps: bool = False) -> types.SimpleNamespace:
+    """The PyNvVideoCodec module as NvdecBatchDecoder(video_codec=...) uses it; `caps`: with
+    GetDecoderCaps answering as an H200's driver does."""
+    names = {"CreateDecoder": create_decoder, "PacketData": PacketData, "cudaVideoCodec": CODECS,
+             "VideoPacketFlag": PacketFlag}
+    if caps:
+        names["GetDecoderCaps"] = h200_caps
+    return types.SimpleNamespace(**names)
