@@ -172,7 +172,8 @@ def lazymedia_decoders(rig: Rig, full: bool = True) -> tuple[dict, object]:
         found.update({
             "lazymedia-nvjpeg end-to-end": lambda blobs: nvjpeg.decode_batch([lazymedia.load_image(b) for b in blobs]),
             "lazymedia-nvjpeg cuda-path-only": lambda blobs: cuda_only.decode_batch(prepared(blobs)),
-            "lazymedia-cpu-engine": lambda blobs: engine.decode_all(prepared(blobs)),
+            # fresh handles a call: a handle keeps its decode, so prepared ones would be decoded once
+            "lazymedia-cpu-engine": lambda blobs: engine.decode_all([lazymedia.load_image(b) for b in blobs]),
         })
     return found, nvjpeg
 

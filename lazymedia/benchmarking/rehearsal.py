@@ -179,8 +179,8 @@ class NvjpegLibrary:
                 rows = [(images[i].channel[c], images[i].pitch[c], np.ascontiguousarray(rgb[:, :, c]))
                         for c in range(3)]
             for pointer, pitch, plane in rows:
-                for y in range(height):
-                    ctypes.memmove(pointer + y * pitch, plane[y].ctypes.data, plane.shape[1])
+                target = np.ctypeslib.as_array((ctypes.c_uint8 * (pitch * height)).from_address(pointer))
+                target.reshape(height, pitch)[:, : plane.shape[1]] = plane
         return 0
 
     def nvjpegJpegStateDestroy(self, state) -> int:
