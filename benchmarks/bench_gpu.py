@@ -74,8 +74,10 @@ class Rig:
     def __init__(self, rehearse: bool):
         self.rehearse = rehearse
         self.device = torch.device("cpu") if rehearse else torch.device("cuda", 0)
-        self.name = f"CPU ({rehearsal.MARK}: stand-ins)" if rehearse else torch.cuda.get_device_name(0)
         self.tag = f" [{rehearsal.MARK}]" if rehearse else ""
+
+    def name(self) -> str:
+        return f"CPU ({rehearsal.MARK}: stand-ins)" if self.rehearse else torch.cuda.get_device_name(0)
 
     def sync(self) -> None:
         rehearsal.synchronize(self.device)
@@ -573,7 +575,7 @@ def main(argv=None) -> int:
         print("bench_gpu: no CUDA device", file=sys.stderr)
         return 2
     rig = Rig(args.rehearse)
-    report: dict = {"device": rig.name, "rehearsal": rig.rehearse, "torch": torch.__version__,
+    report: dict = {"device": rig.name(), "rehearsal": rig.rehearse, "torch": torch.__version__,
                     "lazymedia": lazymedia.__version__, "cpus": len(os.sched_getaffinity(0))}
     if args.headline:
         report["headline"] = bench_headline(rig)

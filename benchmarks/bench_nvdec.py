@@ -256,7 +256,8 @@ def verdicts(report: dict) -> list[str]:
     if measured_hevc:
         lines.append("INFO HEVC 1080p: " + ", ".join(
             f"x{r['concurrency']} {r['nvdec']['clips_per_s'] / r['cpu']['clips_per_s']:.2f}x the CPU "
-            f"[{r['nvdec']['status']}]" for r in measured_hevc))
+            f"[{r['nvdec']['status']}]" for r in measured_hevc)
+            + (f" [{rehearsal.MARK}]" if report.get("rehearsal") else ""))
     else:
         lines.append("UNKNOWN HEVC 1080p: " + ", ".join(str(r["nvdec"].get("status")) for r in hevc))
     return lines

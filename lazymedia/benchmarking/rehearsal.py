@@ -294,3 +294,102 @@ def video_codec(caps: bool = False) -> types.SimpleNamespace:
     if caps:
         names["GetDecoderCaps"] = h200_caps
     return types.SimpleNamespace(**names)
+
+
+# -- what a run of benchmarks/gpu_check.sh must leave in $OUT ----------------------------------------
+
+# Every line the device check prints that answers a question (the first look's and every VERDICT),
+# as (log file, the line's start; a regular expression). A timing goal ends in PASS / FAIL on the
+# device and REHEARSAL in a rehearsal; the rest are judged PASS / FAIL in both.
+EXPECTED_LINES: list[tuple[str, str]] = [
+    ("first.txt", r"PROBE B PTS round trip \(edit list, discarded pre-roll keyframe\): "),
+    ("first.txt", r"PROBE B PTS round trip \(B-frames, FFmpeg's default edit list\): "),
+    ("first.txt", r"FIRST nvJPEG 512x512 x64: "),
+    ("first.txt", r"FIRST nvJPEG 3840x2160 x64: "),
+    ("first.txt", r"FIRST nvJPEG decoded \d+ images: "),
+    ("first.txt", r"FIRST Python per call \(64 x 512x512\): "),
+    ("first.txt", r"FIRST nvJPEG device memory outside torch's allocator: "),
+    ("bench.txt", r"VERDICT batch 8 parity \(>= 1.0x torchvision\): "),
+    ("bench.txt", r"VERDICT batch 64 parity \(>= 1.0x torchvision\): "),
+    ("bench.txt", r"VERDICT batch 64 1.2x with the CUDA share \(>= 1.2x torchvision\): "),
+    ("bench.txt", r"VERDICT batch-1 4K latency \(<= torchvision\): "),
+    ("bench.txt", r"VERDICT progressive 4K batch 8 \(>= 350 img/s and > CPU engine\): "),
+    ("bench.txt", r"VERDICT quality \(every image >= 40 dB vs Pillow, zero fallbacks\): "),
+    ("bench.txt", r"VERDICT damaged image in a batch of 64 \(a 422, the other 63 on the GPU\): "),
+    ("bench.txt", r"VERDICT nvJPEG engines decode \(decoded_by hardware > 0 at batch 64, every size\): "),
+    ("bench.txt", r"VERDICT \w+ 0 NVDEC fallbacks on the bench's clips "),
+    ("bench.txt", r"VERDICT \w+ 64 clips x 32 sampled, 1080p H.264: "),
+    ("bench.txt", r"VERDICT \w+ one clip alone: "),
+    ("bench.txt", r"VERDICT \w+ every frame, 8 clips of 1080p H.264: "),
+    ("bench.txt", r"VERDICT INFO HEVC 1080p: "),
+] + [line for scenario in ("unique_720p", "unique_4k", "video_unique") for line in (
+    ("bench.txt", rf"VERDICT {scenario}: lazy_gpu "),
+    ("bench.txt", rf"VERDICT {scenario} device check: "),
+    ("bench.txt", rf"VERDICT {scenario} memory: "))]
+# The lines whose goal is a timing: their word is REHEARSAL in a rehearsal.
+TIMING = ("parity", "1.2x", "latency", "progressive", "64 clips", "one clip", "every frame", "HEVC", "lazy_gpu",
+          "FIRST nvJPEG 512", "FIRST nvJPEG 3840", "Python per call")
+STEP_LINE = r"^(\w+)\s+rc=(\d+)\s+(\d+) s \(budget (\d+) s\)"
+JSON_FILES = ("bench_gpu.json", "serving.json")
+
+
+def check_run(out: str, rehearse: bool) -> list[str]:
+    """What is wrong with a gpu_check.sh run's $OUT (empty: nothing): an expected line missing, a
+    judged line that does not PASS (a rehearsal's timing lines must read REHEARSAL instead), a
+    JSON report missing or unreadable; for a rehearsal also a step that failed or outran its
+    budget. The device run prints these as its summary's last lines; a rehearsal fails on them."""
+    import json
+    import os
+    import re
+
+    def read(name: str) -> str:
+        try:
+            with open(os.path.join(out, name), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    problems = []
+    for name, start in EXPECTED_LINES:
+        found = [line for line in read(name).splitlines() if re.match(start, line)]
+        if not found:
+            problems.append(f"{name}: no line matching {start!r}")
+        for line in found:
+            timing = any(word in line.split(":")[0] for word in TIMING) or "lazy_gpu" in line.split("vLLM")[0]
+            words = re.findall(r"\b(PASS|FAIL|UNKNOWN|NOT RUN|REHEARSAL)\b", line)
+            if any(word in ("FAIL", "UNKNOWN", "NOT RUN") for word in words):
+                problems.append(f"{name}: {line[:200]}")
+            elif rehearse and timing and MARK not in line:
+                problems.append(f"{name}: a timing line not marked {MARK}: {line[:200]}")
+            elif not timing and "INFO" not in line and "PASS" not in words and not line.startswith("FIRST"):
+                problems.append(f"{name}: judged line without PASS: {line[:200]}")
+    for name in JSON_FILES:
+        try:
+            with open(os.path.join(out, name)) as f:
+                report = json.load(f)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        flagged = report.get("rehearsal", report.get("serving", {}).get("rehearsal"))
+        if bool(flagged) != rehearse:
+            problems.append(f"{name}: rehearsal is {flagged!r}, expected {rehearse}")
+    if rehearse:
+        steps = [re.match(STEP_LINE, line) for line in read("summary.txt").splitlines()]
+        for step in filter(None, steps):
+            name, rc, seconds, budget = step.group(1), int(step.group(2)), int(step.group(3)), int(step.group(4))
+            if rc != 0 or seconds > budget:
+                problems.append(f"summary.txt: step {name} rc={rc} after {seconds} s (budget {budget} s)")
+        if not any(steps):
+            problems.append("summary.txt: no step ran")
+    return problems
+
+
+if __name__ == "__main__":  # python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal]
+    import sys
+
+    if len(sys.argv) < 3 or sys.argv[1] != "check":
+        sys.exit("usage: python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal]")
+    found = check_run(sys.argv[2], "--rehearsal" in sys.argv[3:])
+    total = len(EXPECTED_LINES)
+    print(f"gpu_check: {total} expected lines; {len(found)} problem(s)" + "".join(f"\n  {p}" for p in found))
+    sys.exit(1 if found else 0)
