@@ -22,7 +22,7 @@
 # --rehearse runs the same steps, scripts and arguments on a machine without a GPU: the scripts
 # get --rehearse (lazymedia.benchmarking.rehearsal's CPU stand-ins of nvJPEG, NVDEC, libnvjpeg and
 # torchvision, media 8x smaller a side, every timing figure marked REHEARSAL), each step's budget is
-# scaled by REHEARSAL_SCALE, the build step does not delete the built extensions (and only checks
+# scaled by REHEARSAL_SCALE (10 s at least), the build step does not delete the built extensions (and only checks
 # that they import where pybind11 is missing), install checks .gpu/ instead of installing it, and
 # the run exits 1 when a step fails or outruns its scaled budget, or an expected line is missing,
 # FAILs, or is a timing line not marked REHEARSAL.
@@ -60,13 +60,15 @@ if [ $mode = check ]; then
   serving_args="--quick --requests 8 --concurrency 8 --scenarios unique_720p,unique_4k,video_unique"
 else  # the second call: the full tables, no tests
   STEPS=(probe install build bench nvdec serving)
-  declare -A BUDGET=([probe]=10 [install]=30 [build]=80 [bench]=180 [nvdec]=150 [serving]=120)
+  declare -A BUDGET=([probe]=10 [install]=30 [build]=80 [bench]=170 [nvdec]=130 [serving]=150)
   bench_args="--grid"
   nvdec_args=""
   serving_args="--requests 64"  # 160 a scenario across 4 modes and 7 scenarios would not fit one call
 fi
 if [ $rehearse = 1 ]; then
-  for step in "${STEPS[@]}"; do BUDGET[$step]=$(awk -v b="${BUDGET[$step]}" -v s=$REHEARSAL_SCALE 'BEGIN { printf "%d", b * s }'); done
+  for step in "${STEPS[@]}"; do  # at least 10 s: a short step is mostly interpreters starting
+    BUDGET[$step]=$(awk -v b="${BUDGET[$step]}" -v s=$REHEARSAL_SCALE 'BEGIN { b *= s; printf "%d", b < 10 ? 10 : b }')
+  done
 fi
 declare -A WHAT=(
   [probe]="nvidia-smi, the driver's video libraries (libnvcuvid), libcuda, nvcc, torch's view of the GPU"
