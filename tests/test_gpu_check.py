@@ -184,3 +184,22 @@ def test_the_checker_finds_a_missing_a_failing_an_unmarked_or_a_late_line(tmp_pa
     assert rehearsal.check_run(str(out), True) == ["summary.txt: step bench rc=0 after 50 s (budget 45 s)"]
     assert rehearsal.check_run(str(out), rehearse=False) == [
         "bench_gpu.json: rehearsal is True, expected False", "serving.json: rehearsal is True, expected False"]
+
+
+# -- the stand-ins refuse what the real ones refuse
+
+def test_the_nvjpeg_stand_in_takes_the_native_decoders_options_and_no_others():
+    source = (REPO / "csrc" / "cuda" / "bindings_cuda.cpp").read_text()
+    assert set(re.findall(r'key == "(\w+)"', source)) == rehearsal.NVJPEG_OPTIONS
+    rehearsal.HostNvjpegDecoder(interpolation=False, planar=True, pinned_staging=False)
+    with pytest.raises(ValueError, match="unknown nvJPEG option: interpolate"):
+        rehearsal.HostNvjpegDecoder(interpolate=False)
+    with pytest.raises(ValueError, match="hardware_load"):
+        rehearsal.HostNvjpegDecoder(hardware_load=1.5)
+
+
+def test_the_nvdec_stand_in_has_pynvvideocodecs_packet_fields_only():
+    packet = rehearsal.video_codec().PacketData()
+    packet.bsl_data, packet.bsl, packet.pts, packet.bDiscontinuity = 0, 0, -1024, True
+    with pytest.raises(AttributeError):
+        packet.discontinuity = True  # 2.2.4 spells it bDiscontinuity

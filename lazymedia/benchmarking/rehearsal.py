@@ -78,10 +78,17 @@ def outside_torch(before: dict[str, int], after: dict[str, int]) -> int:
 
 # -- nvJPEG ------------------------------------------------------------------------------------------
 
+# The native decoder's knobs (csrc/cuda/bindings_cuda.cpp's NvjpegOptions; a test holds the two equal).
+NVJPEG_OPTIONS = frozenset({"interpolation", "planar", "preallocate_batch", "preallocate_height", "preallocate_width",
+                            "pool_threshold", "full_parse", "pinned_staging", "hardware_load", "cuda_workers",
+                            "gpu_hybrid_pixels"})
+
+
 class HostNvjpegDecoder:
     """Stands in for _C_cuda.NvjpegDecoder with the CPU decoder. `refuse_progressive`: progressive
     images fail at run time (as the engines refuse them; the tests' fallback cases), else the CUDA
-    path takes them as the real one does. `options` are the native decoder's knobs, kept as given."""
+    path takes them as the real one does. `options` are the native decoder's knobs, refused as it
+    refuses them (an unknown name, a load over 1), else kept as given."""
 
     hardware = True
     upsampling_interpolated = True
@@ -90,6 +97,11 @@ class HostNvjpegDecoder:
     cores_per_engine = 1
 
     def __init__(self, refuse_progressive: bool = True, allow_hardware: bool = True, **options):
+        unknown = sorted(set(options) - NVJPEG_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown nvJPEG option: {unknown[0]}")
+        if options.get("hardware_load", 0) > 1:
+            raise ValueError("hardware_load must be in [0, 1], or negative for adaptive")
         self.refuse_progressive = refuse_progressive
         self.hardware = allow_hardware  # False: every image is the CUDA path's
         self.options = options
@@ -209,6 +221,12 @@ class Frame:
 
 
 class PacketData:
+    """PyNvVideoCodec 2.2.4's PacketData: these fields and no others (a misspelt one fails here as
+    it would there)."""
+
+    __slots__ = ("bsl_data", "bsl", "pts", "dts", "bDiscontinuity", "decode_flag", "key", "discardable", "duration",
+                 "pos", "seek_pts", "stream_index", "is_video")
+
     def __init__(self):
         self.bsl_data = self.bsl = self.pts = self.decode_flag = 0
         self.bDiscontinuity = False
