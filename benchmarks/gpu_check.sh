@@ -64,6 +64,7 @@ else  # the second call: the full tables, no tests
   bench_args="--grid"
   nvdec_args=""
   serving_args="--requests 64"  # 160 a scenario across 4 modes and 7 scenarios would not fit one call
+  [ $rehearse = 1 ] && serving_args="--requests 16"  # 2 cores build and serve 7 scenarios' media: fewer
 fi
 if [ $rehearse = 1 ]; then
   for step in "${STEPS[@]}"; do  # at least 10 s: a short step is mostly interpreters starting
@@ -217,7 +218,11 @@ else
 fi
 
 # The first look: if the call dies after this, $OUT already answers the big questions.
-[ $mode = check ] && run_step first "python3 benchmarks/nvjpeg_nvdec_probe.py B$R; python3 benchmarks/bench_gpu.py --headline$R"
+# Each half has its own limit inside the step's: a hang in one (PyNvVideoCodec's import, say) leaves
+# the other its time.
+half=$(( BUDGET[first] / 2 > 10 ? BUDGET[first] / 2 : 10 ))
+[ $mode = check ] && run_step first "timeout $half python3 benchmarks/nvjpeg_nvdec_probe.py B$R;
+  python3 benchmarks/bench_gpu.py --headline$R"
 
 [ $mode = check ] && run_step tests "
   python3 -m pytest -p no:cacheprovider -p no:asyncio -rA -s --timeout=60 \
@@ -242,9 +247,9 @@ echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s)" | te
   grep -h -E "^(VERDICT|FIRST|PROBE B|PEERS) " "$out/first.txt" "$out/bench.txt" 2>/dev/null | cut -c1-400
 } >> "$out/summary.txt"
 checked=0
-if [ $mode = check ]; then
+if [ $mode = check ] || [ $rehearse = 1 ]; then  # --full prints other lines: a rehearsal of it checks its steps
   python3 -m lazymedia.benchmarking.rehearsal check "$out" $([ $rehearse = 1 ] && echo --rehearsal) \
-    | tee -a "$out/summary.txt"
+    $([ $mode = full ] && echo --steps-only) | tee -a "$out/summary.txt"
   checked=${PIPESTATUS[0]}
 fi
 [ $rehearse = 1 ] && exit "$checked"

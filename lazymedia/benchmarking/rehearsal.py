@@ -351,11 +351,12 @@ STEP_LINE = r"^(\w+)\s+rc=(\d+)\s+(\d+) s \(budget (\d+) s\)"
 JSON_FILES = ("bench_gpu.json", "serving.json")
 
 
-def check_run(out: str, rehearse: bool) -> list[str]:
+def check_run(out: str, rehearse: bool, lines: bool = True) -> list[str]:
     """What is wrong with a gpu_check.sh run's $OUT (empty: nothing): an expected line missing, a
     judged line that does not PASS (a rehearsal's timing lines must read REHEARSAL instead), a
     JSON report missing or unreadable; for a rehearsal also a step that failed or outran its
-    budget. The device run prints these as its summary's last lines; a rehearsal fails on them."""
+    budget. The device run prints these as its summary's last lines; a rehearsal fails on them.
+    lines=False: the steps alone (the --full run prints other lines)."""
     import json
     import os
     import re
@@ -367,8 +368,8 @@ def check_run(out: str, rehearse: bool) -> list[str]:
         except OSError:
             return ""
 
-    problems = []
-    for name, start in EXPECTED_LINES:
+    problems: list[str] = []
+    for name, start in EXPECTED_LINES if lines else ():
         found = [line for line in read(name).splitlines() if re.match(start, line)]
         if not found:
             problems.append(f"{name}: no line matching {start!r}")
@@ -381,7 +382,7 @@ def check_run(out: str, rehearse: bool) -> list[str]:
                 problems.append(f"{name}: a timing line not marked {MARK}: {line[:200]}")
             elif not timing and "INFO" not in line and "PASS" not in words and not line.startswith("FIRST"):
                 problems.append(f"{name}: judged line without PASS: {line[:200]}")
-    for name in JSON_FILES:
+    for name in JSON_FILES if lines else ():
         try:
             with open(os.path.join(out, name)) as f:
                 report = json.load(f)
@@ -402,12 +403,13 @@ def check_run(out: str, rehearse: bool) -> list[str]:
     return problems
 
 
-if __name__ == "__main__":  # python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal]
+if __name__ == "__main__":  # python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only]
     import sys
 
     if len(sys.argv) < 3 or sys.argv[1] != "check":
-        sys.exit("usage: python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal]")
-    found = check_run(sys.argv[2], "--rehearsal" in sys.argv[3:])
-    total = len(EXPECTED_LINES)
+        sys.exit("usage: python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only]")
+    steps_only = "--steps-only" in sys.argv[3:]
+    found = check_run(sys.argv[2], "--rehearsal" in sys.argv[3:], lines=not steps_only)
+    total = 0 if steps_only else len(EXPECTED_LINES)
     print(f"gpu_check: {total} expected lines; {len(found)} problem(s)" + "".join(f"\n  {p}" for p in found))
     sys.exit(1 if found else 0)
