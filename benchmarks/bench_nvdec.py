@@ -150,7 +150,7 @@ def bench(quick: bool, device: int | str = 0, video_codec=None, seconds: int | N
     if rehearse:
         device, video_codec = "cpu", rehearsal.video_codec(caps=True)
     seconds = seconds or (REHEARSAL_SECONDS if rehearse else QUICK_SECONDS if quick else SECONDS)
-    memory_before = rehearsal.device_memory(device)
+    memory_before = rehearsal.device_memory(f"cuda:{device}" if isinstance(device, int) else device)
     try:
         backend = NvdecBatchDecoder(device=device, video_codec=video_codec)
     except Exception as exc:  # no PyNvVideoCodec / driver: the section says so

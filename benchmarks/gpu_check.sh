@@ -220,7 +220,7 @@ fi
 # The first look: if the call dies after this, $OUT already answers the big questions.
 # Each half has its own limit inside the step's: a hang in one (PyNvVideoCodec's import, say) leaves
 # the other its time.
-half=$(( BUDGET[first] / 2 > 10 ? BUDGET[first] / 2 : 10 ))
+half=$(( ${BUDGET[first]:-0} / 2 > 10 ? ${BUDGET[first]:-0} / 2 : 10 ))
 [ $mode = check ] && run_step first "timeout $half python3 benchmarks/nvjpeg_nvdec_probe.py B$R;
   python3 benchmarks/bench_gpu.py --headline$R"
 
@@ -248,7 +248,7 @@ echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s)" | te
 } >> "$out/summary.txt"
 checked=0
 if [ $mode = check ] || [ $rehearse = 1 ]; then  # --full prints other lines: a rehearsal of it checks its steps
-  python3 -m lazymedia.benchmarking.rehearsal check "$out" $([ $rehearse = 1 ] && echo --rehearsal) \
+  timeout 60 python3 -m lazymedia.benchmarking.rehearsal check "$out" $([ $rehearse = 1 ] && echo --rehearsal) \
     $([ $mode = full ] && echo --steps-only) | tee -a "$out/summary.txt"
   checked=${PIPESTATUS[0]}
 fi
