@@ -42,12 +42,14 @@ def test_a_case_that_fails_in_its_warm_up_is_its_rows_failure_not_the_sections(s
     # the first run's failure at a rehearsal's size: every frame over the limit
     monkeypatch.setattr(scripts.nvdec, "EVERY_FRAME_LIMITS", lazymedia.Limits(max_decoded_bytes=1 << 20))
     report = scripts.nvdec.bench(quick=True, rehearse=True, seconds=1)
-    every = next(row for row in report["rows"] if row["frames_asked"] == "all")
-    assert every["nvdec"]["status"].startswith("warm-up failed: MediaTooLargeError"), every
-    assert every["cpu"]["status"].startswith("failed: MediaTooLargeError")
+    every = [row for row in report["rows"] if row["frames_asked"] == "all"]
+    assert [row["concurrency"] for row in every] == [1, 8]
+    for row in every:
+        assert row["nvdec"]["status"].startswith("warm-up failed: MediaTooLargeError"), row
+        assert row["cpu"]["status"].startswith("failed: MediaTooLargeError")
     assert [(row["codec"], row["concurrency"]) for row in report["rows"]] == [
-        ("h264", 1), ("h264", 8), ("h264", 64), ("h264", 8), ("hevc", 8)]  # every case after it ran too
-    assert all(row["nvdec"]["status"] == "ok" for row in report["rows"] if row is not every)
+        ("h264", 1), ("h264", 8), ("h264", 64), ("h264", 1), ("h264", 8), ("hevc", 8)]  # the cases after ran too
+    assert all(row["nvdec"]["status"] == "ok" for row in report["rows"] if row["frames_asked"] != "all")
     lines = scripts.nvdec.table(report)
     assert "VERDICT UNKNOWN every-frame throughput: warm-up failed: MediaTooLargeError" in "\n".join(lines)
     assert any(line.startswith("VERDICT REHEARSAL 64 clips x 32 sampled") for line in lines)
