@@ -53,7 +53,7 @@ fi
 REHEARSAL_SCALE=0.5  # a rehearsal's budget for a step: the device's times this
 if [ $mode = check ]; then
   STEPS=(probe install build first tests nvjprobe bench nvdec serving)
-  declare -A BUDGET=([probe]=10 [install]=30 [build]=80 [first]=35 [tests]=110 [nvjprobe]=35 [bench]=90 [nvdec]=80
+  declare -A BUDGET=([probe]=15 [install]=30 [build]=80 [first]=35 [tests]=110 [nvjprobe]=35 [bench]=85 [nvdec]=80
                      [serving]=90)
   bench_args="--quick"
   nvdec_args="--quick"
