@@ -28,10 +28,11 @@ decodes a full clip), mixed (70 % hits on 8 warmed 720p JPEGs, 30 % new 720p JPE
 With a device, `device_check` compares the GPU path with the same processor on the CPU from the
 same decoded pixels (grid identical, pixel values within PIXEL_TOLERANCE, decode >= 40 dB, and
 the GPU decoded it: a silent CPU fallback fails the check). Before the timer each frontend serves
-the warm-up items, then a wave of `concurrency` real-size items of the scenario's kind (new
-bytes: misses), so that pinned buffers, nvJPEG's pools and every NVDEC session's decoder exist
-before the timed requests. The device's memory is read before and after each GPU mode
-(cudaMemGetInfo): what nvJPEG and NVDEC took outside torch's allocator counts against the cap.
+the warm-up items, then real-size items of the scenario's kind (new bytes: misses): one for a
+CPU mode, a wave at the timed concurrency for a GPU mode, so that pinned buffers, nvJPEG's pools
+and every NVDEC session's decoder exist before the timed requests. The device's memory is read
+before and after each GPU mode (cudaMemGetInfo): what nvJPEG and NVDEC took outside torch's
+allocator counts against the cap.
 `rehearse` (no GPU): the GPU modes run on the CPU through lazymedia.benchmarking.rehearsal's
 stand-ins of nvJPEG and NVDEC, media 8x smaller a side, timing verdicts read REHEARSAL.
 """
@@ -159,8 +160,9 @@ WARM_WAVE = 8  # items in a warm wave, at most (the concurrency, else)
 
 
 def warm_wave_names(scenario: str, concurrency: int) -> list[str]:
-    """The real-size misses a frontend serves at once, off the clock, after warm_names: one wave
-    at the timed concurrency (pinned buffers, nvJPEG's pools, each NVDEC session's decoder)."""
+    """The real-size misses a frontend serves at once, off the clock, after warm_names: for a GPU
+    mode one wave at the timed concurrency (pinned buffers, nvJPEG's pools, each NVDEC session's
+    decoder), for a CPU mode one (concurrency=1)."""
     kind = WARM_WAVE_KIND[scenario][0]
     return [f"x{scenario}{i}.{'mp4' if kind == 'clip' else 'jpg'}" for i in range(min(concurrency, WARM_WAVE))]
 
@@ -544,7 +546,7 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
                 with nvtx_range(f"lazymedia.bench.{scenario}.{mode}"):
                     figures[mode], outputs[mode] = asyncio.run(serve_requests(
                         mode, hf, base, names, concurrency, workers, device, warm_names(scenario),
-                        warm_wave_names(scenario, concurrency), rehearse))
+                        warm_wave_names(scenario, concurrency if mode.endswith("_gpu") else 1), rehearse))
                 figures[mode]["speedup"] = figures[mode]["req_per_s"] / figures["eager"]["req_per_s"]
                 gc.collect()
             figures["identical_outputs"] = same_outputs(outputs["eager"], outputs["lazy"])
