@@ -5,47 +5,87 @@
 #   device run, carry [".gpu"], timeout_s 600:   bash benchmarks/gpu_check.sh
 #   the second call (full tables, no tests):      bash benchmarks/gpu_check.sh --full
 #   here, to see the plan:                        bash benchmarks/gpu_check.sh --dry-run
+#   here, every step without a GPU (CI runs it):  bash benchmarks/gpu_check.sh --rehearse
 #
-# Steps run in order, each under its own time limit, and no failure stops a later step: the
-# environment probe first (so a missing driver library is on record even if all else fails), then
-# install, build (all cores), the GPU tests (per-test and overall time-outs), the nvJPEG
-# probe (benchmarks/nvjpeg_nvdec_probe.py A: nvjpegDecodeBatched timed directly, per backend,
-# output format, flag and input memory, beside torchvision: nvJPEG's own costs apart from the
-# library's sequencing; a copy of the project's shared/gpu-probes one, as the device run carries
-# only the repository), the GPU benchmark (--quick; --full: all sizes and the knob grid) and the serving job on the
-# device (lazymedia bench --device cuda). Each
-# step's log goes to $OUT (8 files at most); summary.txt has each step's exit status and seconds.
+# Steps run in order, each under its own time limit, and no failure stops a later step. The
+# first minutes answer the big questions: the environment probe (a missing driver library is on
+# record even if all else fails), install, build (all cores), then the first look (first.txt: the
+# bare NVDEC decoder's PTS round trip on an edit-list clip, nvJPEG against torchvision at 512^2 x 64
+# and 4K x 64 with what decoded them, the engines' image count), then the GPU tests, the nvJPEG
+# probe (nvjpegDecodeBatched timed directly), the JPEG benchmark (--quick; --full: all sizes and the
+# knob grid), the NVDEC benchmark and the serving job on the device (lazymedia bench --device cuda).
+# Each step's log goes to $OUT (8 files at most); summary.txt has each step's exit status and
+# seconds, then every VERDICT / FIRST / PROBE line of the run and what is missing or failing
+# among the lines the check must print (lazymedia.benchmarking.rehearsal.EXPECTED_LINES).
 # The whole stays under 10 minutes.
+#
+# --rehearse runs the same steps, scripts and arguments on a machine without a GPU: the scripts
+# get --rehearse (lazymedia.benchmarking.rehearsal's CPU stand-ins of nvJPEG, NVDEC, libnvjpeg and
+# torchvision, media 8x smaller a side, every timing figure marked REHEARSAL), each step's budget is
+# scaled by REHEARSAL_SCALE (10 s at least), the build step does not delete the built extensions (and only checks
+# that they import where pybind11 is missing), install checks .gpu/ instead of installing it, and
+# the run exits 1 when a step fails or outruns its scaled budget, or an expected line is missing,
+# FAILs, or is a timing line not marked REHEARSAL.
 #
 # Before the steps, the driver's video libraries (libnvcuvid.so.1 for NVDEC and nvJPEG's hardware
 # engines, libnvidia-encode.so.1 for importing PyNvVideoCodec) are put on the loader path
-# (LD_LIBRARY_PATH) when the loader does not find them; probe.txt says where they came from.
+# (LD_LIBRARY_PATH) when the loader does not find them; setup.txt says where they came from.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-bench-out/gpu-check}
-site=/tmp/lazymedia-site
-mode=check
-if [ "${1:-}" = "--full" ]; then mode=full; shift; fi
+mode=check rehearse=0 dry=0
+for arg in "$@"; do
+  case "$arg" in
+    --full) mode=full ;;
+    --rehearse) rehearse=1 ;;
+    --dry-run) dry=1 ;;
+    *) echo "usage: gpu_check.sh [--full] [--rehearse] [--dry-run] (got $arg)" >&2; exit 2 ;;
+  esac
+done
+if [ $rehearse = 1 ]; then
+  out=${OUT:-bench-out/gpu-rehearsal}
+  site=/tmp/lazymedia-rehearsal-site
+  R=" --rehearse"
+else
+  out=${OUT:-bench-out/gpu-check}
+  site=/tmp/lazymedia-site
+  R=""
+fi
+# A rehearsal's budget for a step: the device's times this (a machine busier than the 2-core CI
+# kind at load 4-6, where the whole takes 70-80 s of its 284, may set a larger one).
+REHEARSAL_SCALE=${REHEARSAL_SCALE:-0.5}
 if [ $mode = check ]; then
-  STEPS=(probe install build tests nvjprobe bench serving)
-  declare -A BUDGET=([probe]=15 [install]=45 [build]=90 [tests]=130 [nvjprobe]=70 [bench]=130 [serving]=90)
+  STEPS=(probe install build first tests nvjprobe bench nvdec serving)
+  declare -A BUDGET=([probe]=15 [install]=30 [build]=80 [first]=35 [tests]=110 [nvjprobe]=35 [bench]=85 [nvdec]=80
+                     [serving]=90)
   bench_args="--quick"
-  serving_args="--quick --requests 8 --concurrency 8 --scenarios unique_720p,unique_4k,video_unique,mixed"
+  nvdec_args="--quick"
+  serving_args="--quick --requests 8 --concurrency 8 --scenarios unique_720p,unique_4k,video_unique"
 else  # the second call: the full tables, no tests
-  STEPS=(probe install build bench serving)
-  declare -A BUDGET=([probe]=15 [install]=45 [build]=90 [bench]=250 [serving]=180)
+  STEPS=(probe install build bench nvdec serving)
+  declare -A BUDGET=([probe]=10 [install]=30 [build]=80 [bench]=170 [nvdec]=130 [serving]=150)
   bench_args="--grid"
+  nvdec_args=""
   serving_args="--requests 64"  # 160 a scenario across 4 modes and 7 scenarios would not fit one call
+  [ $rehearse = 1 ] && serving_args="--requests 16"  # 2 cores build and serve 7 scenarios' media: fewer
+fi
+if [ $rehearse = 1 ]; then
+  for step in "${STEPS[@]}"; do  # at least 10 s: a short step is mostly interpreters starting
+    BUDGET[$step]=$(awk -v b="${BUDGET[$step]}" -v s=$REHEARSAL_SCALE 'BEGIN { b *= s; printf "%d", b < 10 ? 10 : b }')
+  done
 fi
 declare -A WHAT=(
   [probe]="nvidia-smi, the driver's video libraries (libnvcuvid), libcuda, nvcc, torch's view of the GPU"
   [install]="wheels from .gpu/wheels and the slimmed PyNvVideoCodec into $site (no network)"
   [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_90, sm_100), both extensions imported (else a serial rebuild), lazymedia info"
+  [first]="nvjpeg_nvdec_probe.py B (the bare decoder's PTS round trip, per frame) and bench_gpu.py --headline (512^2 x 64 and 4K x 64 vs torchvision, decoded_by, the engines' image count, Python per call, nvJPEG's memory)"
   [tests]="pytest -p no:asyncio tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test"
-  [nvjprobe]="benchmarks/nvjpeg_nvdec_probe.py A (nvjpegDecodeBatched per backend x format x flag x input, vs torchvision) and B (the PTS PyNvVideoCodec returns beside PyAV's)"
-  [bench]="benchmarks/bench_gpu.py $bench_args: nvJPEG vs torchvision (ratios, p99, verdicts) and peers (--full: the knob grid), NVDEC vs the CPU path (bench_nvdec)"
-  [serving]="lazymedia bench --device cuda $serving_args: every mode, device checks, verdicts (into bench.txt)"
+  [nvjprobe]="nvjpeg_nvdec_probe.py A: nvjpegDecodeBatched, HARDWARE at every size and DEFAULT at 512^2, x format x flags 0/32/36 x input, vs torchvision"
+  [bench]="bench_gpu.py $bench_args --no-nvdec: nvJPEG vs torchvision (ratios, p99, decoded_by, verdicts), the A/B cells (--full: the knob grid), peers, window, lock"
+  [nvdec]="bench_nvdec.py $nvdec_args: NVDEC vs the CPU path on every core, sessions and decoder reuse, memory, verdicts (into bench_gpu.json)"
+  [serving]="lazymedia bench --device cuda $serving_args: every mode, a warm wave, device checks, memory, verdicts (into bench.txt)"
 )
+declare -A LOG=([probe]=setup.txt [install]=setup.txt [build]=setup.txt [first]=first.txt [tests]=pytest.txt
+                [nvjprobe]=nvjpeg_probe.txt [bench]=bench.txt [nvdec]=bench.txt [serving]=bench.txt)
 
 total=0
 for step in "${STEPS[@]}"; do total=$((total + BUDGET[$step])); done
@@ -78,8 +118,8 @@ video_libraries() {
   done
 }
 
-if [ "${1:-}" = "--dry-run" ]; then
-  echo "mode: $mode"
+if [ $dry = 1 ]; then
+  echo "mode: $mode$([ $rehearse = 1 ] && echo ", rehearsal (no GPU; budgets x $REHEARSAL_SCALE)")"
   echo "driver video libraries here:"
   video_libraries | sed 's/^/  /'
   if [ -d .gpu ]; then
@@ -88,34 +128,40 @@ if [ "${1:-}" = "--dry-run" ]; then
     echo ".gpu/ missing: run bash benchmarks/fetch_gpu_wheels.sh here first"
   fi
   echo "working tree that travels besides: $(git ls-files -co --exclude-standard -z | du -ch --files0-from=- 2>/dev/null | tail -1 | cut -f1)"
-  printf '%-8s %8s  %s\n' step budget what
-  for step in "${STEPS[@]}"; do printf '%-8s %7ss  %s\n' "$step" "${BUDGET[$step]}" "${WHAT[$step]}"; done
+  printf '%-8s %7s  %-16s %s\n' step budget log what
+  for step in "${STEPS[@]}"; do printf '%-8s %6ss  %-16s %s\n' "$step" "${BUDGET[$step]}" "${LOG[$step]}" "${WHAT[$step]}"; done
   echo "total budget ${total} s (< 580 s); device call: timeout_s 600, carry [\".gpu\"]; logs in \$OUT:"
-  echo "  probe.txt install.txt build.txt pytest.txt nvjpeg_probe.txt bench.txt bench_gpu.json summary.txt (8 files)"
+  echo "  summary.txt setup.txt first.txt pytest.txt nvjpeg_probe.txt bench.txt bench_gpu.json serving.json (8 files)"
   exit 0
 fi
 
 mkdir -p "$out" "$site"
-export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ $rehearse = 1 ]; then
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the wheels in .gpu/ are the device's Python's: not here
+else
+  export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
 [ -d .gpu/corpus ] && export LAZYMEDIA_CORPUS="$PWD/.gpu/corpus"
 started=$(date +%s)
-: > "$out/summary.txt"
-video_libraries | tee "$out/probe.txt"  # in this shell, before any step: its exports reach them all
+echo "$(nproc) CPUs, 1-minute load $(cut -d' ' -f1 /proc/loadavg) at the start" > "$out/summary.txt"
+video_libraries | tee "$out/setup.txt"  # in this shell, before any step: its exports reach them all
 
-run_step() {  # run_step NAME LOG COMMAND...: time-limited, logged, never fatal
-  local name=$1 log=$2
-  shift 2
+run_step() {  # run_step NAME COMMAND...: time-limited, logged into LOG[NAME], never fatal
+  local name=$1 log=$out/${LOG[$1]}
+  shift 1
   local begin rc
   begin=$(date +%s)
   echo "== $name (budget ${BUDGET[$name]} s)" | tee -a "$log"
   timeout --kill-after=5 "${BUDGET[$name]}" bash -c "$*" >> "$log" 2>&1
   rc=$?
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "$name: stopped at its ${BUDGET[$name]} s budget" >> "$log"; fi
-  printf '%-8s rc=%-3s %4s s\n' "$name" "$rc" "$(( $(date +%s) - begin ))" | tee -a "$out/summary.txt"
+  printf '%-8s rc=%-3s %4s s (budget %s s)\n' "$name" "$rc" "$(( $(date +%s) - begin ))" "${BUDGET[$name]}" \
+    | tee -a "$out/summary.txt"
   tail -n 15 "$log"
 }
 
-run_step probe "$out/probe.txt" '
+run_step probe '
   nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader
   echo "-- driver libraries (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"; ldconfig -p | grep -E "libcuda\.so|libnvcuvid|libnvidia-encode" || echo "none on the loader path"
   echo "-- platform $(uname -m); .gpu/ built for $(cat .gpu/PLATFORM 2>/dev/null || echo "an unrecorded platform")"
@@ -124,36 +170,90 @@ run_step probe "$out/probe.txt" '
   python3 -c "import numpy, PIL, aiohttp, pytest, pytest_timeout; print(\"numpy\", numpy.__version__, \"Pillow\", PIL.__version__, \"pytest\", pytest.__version__)" || echo "MISSING: a package lazymedia or its tests need is not in the image"
   nproc; df -h /tmp | tail -n 1'
 
-run_step install "$out/install.txt" '
-  set -eo pipefail
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target '"$site"' .gpu/wheels/*.whl
-  tar -C '"$site"' -xJf .gpu/pynvvideocodec.tar.xz
-  python3 -c "import av, blake3, simplejpeg, soundfile, soxr, pybase64; print(\"PyAV\", av.__version__)"
-  python3 -c "import PyNvVideoCodec as n; print(\"PyNvVideoCodec\", n.__version__)" || echo "PyNvVideoCodec does not import here"
-  ls '"$site"'/nvidia/cu13/lib/libnvjpeg.so.13'
+if [ $rehearse = 1 ]; then  # .gpu/ holds the device Python's wheels: read them, do not install them here
+  run_step install '
+    if [ ! -d .gpu ]; then
+      echo "install: .gpu/ is absent here (bash benchmarks/fetch_gpu_wheels.sh makes it before a device call)"
+    else
+      python3 - <<PY
+import glob, tarfile, zipfile
+wheels = sorted(glob.glob(".gpu/wheels/*.whl"))
+for wheel in wheels:
+    bad = zipfile.ZipFile(wheel).testzip()
+    assert bad is None, f"{wheel}: {bad} is damaged"
+assert any("libnvjpeg.so.13" in n for w in wheels if "nvjpeg" in w for n in zipfile.ZipFile(w).namelist())
+names = tarfile.open(".gpu/pynvvideocodec.tar.xz").getnames()
+assert any(n.startswith("./PyNvVideoCodec/") for n in names), "no PyNvVideoCodec in the tar"
+print(f"install: {len(wheels)} wheels and PyNvVideoCodec ({len(names)} entries) read whole")
+PY
+    fi
+    python3 -c "import av, blake3, simplejpeg, soundfile, soxr, pybase64; print(\"PyAV\", av.__version__)"'
+  run_step build '
+    set -eo pipefail
+    if python3 -c "import pybind11" 2>/dev/null; then  # up to date: nothing is compiled again
+      LAZYMEDIA_CUDA=auto python3 setup.py build_ext --inplace --parallel "$(nproc)" 2>&1 | { grep -E "lazymedia:|error" || true; } | cut -c1-300
+    else
+      echo "build: pybind11 is not importable here (pip built lazymedia in isolation): the built extensions are checked"
+    fi
+    python3 -c "import lazymedia._C; print(\"build: lazymedia._C imports\")"
+    python3 -c "import lazymedia._C_cuda as c; print(\"build: lazymedia._C_cuda imports, built for\", c.arches())" || echo "build: no CUDA extension here"
+    python3 -m lazymedia info'
+else
+  run_step install '
+    set -eo pipefail
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target '"$site"' .gpu/wheels/*.whl
+    tar -C '"$site"' -xJf .gpu/pynvvideocodec.tar.xz
+    python3 -c "import av, blake3, simplejpeg, soundfile, soxr, pybase64; print(\"PyAV\", av.__version__)"
+    python3 -c "import PyNvVideoCodec as n; print(\"PyNvVideoCodec\", n.__version__)" || echo "PyNvVideoCodec does not import here"
+    ls '"$site"'/nvidia/cu13/lib/libnvjpeg.so.13'
+  run_step build '
+    set -eo pipefail
+    rm -f lazymedia/_C*.so  # a stale build must not pass for this one
+    LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace --parallel "$(nproc)" 2>&1 | { grep -E "lazymedia:|gencode|error|warning: " || true; } | cut -c1-300
+    if ! python3 -c "import lazymedia._C, lazymedia._C_cuda"; then
+      echo "build: an extension does not import after the parallel build: rebuilding serially"
+      rm -rf build lazymedia/_C*.so
+      LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace 2>&1 | { grep -E "error|warning: " || true; } | cut -c1-300
+    fi
+    python3 -c "import lazymedia._C, lazymedia._C_cuda; print(\"build: lazymedia._C and lazymedia._C_cuda both import\")"
+    python3 -m lazymedia info'
+fi
 
-run_step build "$out/build.txt" '
-  set -eo pipefail
-  rm -f lazymedia/_C*.so  # a stale build must not pass for this one
-  LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace --parallel "$(nproc)" 2>&1 | { grep -E "lazymedia:|gencode|error|warning: " || true; } | cut -c1-300
-  if ! python3 -c "import lazymedia._C, lazymedia._C_cuda"; then
-    echo "build: an extension does not import after the parallel build: rebuilding serially"
-    rm -rf build lazymedia/_C*.so
-    LAZYMEDIA_CUDA=1 python3 setup.py build_ext --inplace 2>&1 | { grep -E "error|warning: " || true; } | cut -c1-300
-  fi
-  python3 -c "import lazymedia._C, lazymedia._C_cuda; print(\"build: lazymedia._C and lazymedia._C_cuda both import\")"
-  python3 -m lazymedia info'
+# The first look: if the call dies after this, $OUT already answers the big questions.
+# Each half has its own limit inside the step's: a hang in one (PyNvVideoCodec's import, say) leaves
+# the other its time.
+half=$(( ${BUDGET[first]:-0} / 2 > 10 ? ${BUDGET[first]:-0} / 2 : 10 ))
+[ $mode = check ] && run_step first "timeout $half python3 benchmarks/nvjpeg_nvdec_probe.py B$R;
+  python3 benchmarks/bench_gpu.py --headline$R"
 
-[ $mode = check ] && run_step tests "$out/pytest.txt" "
+[ $mode = check ] && run_step tests "
   python3 -m pytest -p no:cacheprovider -p no:asyncio -rA -s --timeout=60 \
     tests/test_gpu.py tests/test_cuda_build.py"
 
-[ $mode = check ] && run_step nvjprobe "$out/nvjpeg_probe.txt" "NVJ='$site/nvidia/cu13/lib/libnvjpeg.so.13' python3 benchmarks/nvjpeg_nvdec_probe.py A; python3 benchmarks/nvjpeg_nvdec_probe.py B"
+[ $mode = check ] && run_step nvjprobe "NVJ='$site/nvidia/cu13/lib/libnvjpeg.so.13' python3 benchmarks/nvjpeg_nvdec_probe.py A$R"
 
-run_step bench "$out/bench.txt" "python3 benchmarks/bench_gpu.py $bench_args --json '$out/bench_gpu.json'"
+run_step bench "python3 benchmarks/bench_gpu.py $bench_args --no-nvdec$R --json '$out/bench_gpu.json'"
+
+run_step nvdec "python3 benchmarks/bench_nvdec.py $nvdec_args$R --json '$out/bench_gpu.json' --merge"
 
 # The serving step logs into bench.txt (the device call brings back 8 files at most); its table,
 # device checks and verdict lines end that file.
-run_step serving "$out/bench.txt" "python3 -m lazymedia bench --device cuda $serving_args --json '' --chart ''"
+run_step serving "python3 -m lazymedia bench --device cuda $serving_args$R --json '$out/serving.json' --chart ''"
 
-echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s)" | tee -a "$out/summary.txt"
+# (issue 43's later part, another change: the vLLM render benchmark's GPU column would be a step
+# here, logging into bench.txt.)
+
+echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s), 1-minute load $(cut -d' ' -f1 /proc/loadavg) at the end" \
+  | tee -a "$out/summary.txt"
+{
+  echo "-- the run's answers"
+  grep -h -E "^(VERDICT|FIRST|PROBE B|PEERS) " "$out/first.txt" "$out/bench.txt" 2>/dev/null | cut -c1-400
+} >> "$out/summary.txt"
+checked=0
+if [ $mode = check ] || [ $rehearse = 1 ]; then  # --full prints other lines: a rehearsal of it checks its steps
+  timeout 60 python3 -m lazymedia.benchmarking.rehearsal check "$out" $([ $rehearse = 1 ] && echo --rehearsal) \
+    $([ $mode = full ] && echo --steps-only) | tee -a "$out/summary.txt"
+  checked=${PIPESTATUS[0]}
+fi
+[ $rehearse = 1 ] && exit "$checked"
+exit 0

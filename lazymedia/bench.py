@@ -10,7 +10,10 @@ lazymedia.benchmarking.serving, shared with benchmarks/bench_frontend.py.
 --device cuda (the default where a GPU, nvJPEG and NVDEC are usable) adds the GPU modes (vLLM's
 path with its processor on the GPU, lazymedia on the GPU) and the scenarios unique_4k,
 video_unique and mixed. Exit status 1 when eager and lazy outputs differ or a device check
-fails (or a GPU request failed), 2 when transformers is missing.
+fails (or a GPU request failed), 2 when transformers is missing. --rehearse (no GPU, with --device
+cuda): the GPU modes and scenarios run on the CPU through lazymedia.benchmarking.rehearsal's
+stand-ins of nvJPEG and NVDEC, media 8x smaller a side, timing verdicts marked REHEARSAL: every
+code path of the device run, for benchmarks/gpu_check.sh --rehearse.
 """
 from __future__ import annotations
 
@@ -64,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", action="store_true", help="add the per-item tables (images by size, parallel "
                                                              "decode, RSS, batch window, video, audio)")
     parser.add_argument("--quick", action="store_true", help="few requests, small item sizes (a smoke run)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="no GPU: run --device cuda's modes on the CPU through stand-ins (gpu_check.sh --rehearse)")
     parser.add_argument("--json", default=os.path.join("bench-out", "lazymedia_bench.json"),
                         help="write the report here (default %(default)s)")
     parser.add_argument("--chart", default=os.path.join("bench-out", "lazymedia_bench.png"),
@@ -82,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from .benchmarking.harness import Progress, busy_warning, write_json
 
     device = resolve_device(args.device)
+    rehearse = bool(getattr(args, "rehearse", False)) and device == "cuda"
     scenarios = args.scenarios
     if scenarios is None:
         scenarios = list(CPU_SCENARIOS + (DEVICE_SCENARIOS if device == "cuda" else ()))
@@ -96,11 +102,11 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"version": __version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
                     "machine": platform.machine() + " " + platform.processor(),
                     "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-                    "quick": args.quick, "load_1min_before": os.getloadavg()[0]}
+                    "quick": args.quick, "rehearsal": rehearse, "load_1min_before": os.getloadavg()[0]}
     progress = Progress(total=len(scenarios) + (items.stages(args.quick) if args.items else 0))
     if scenarios:
         report["serving"] = serving.run(scenarios, requests, args.concurrency, args.workers, progress, device,
-                                        args.quick)
+                                        quick=args.quick, rehearse=rehearse)
     if args.items:
         report["items"] = items.run(args.quick, progress)
     progress.close()

@@ -39,10 +39,12 @@ def jpeg(height: int = 480, width: int = 640, seed: int = 0) -> bytes:
 
 def video(frames: int = 60, height: int = 96, width: int = 160, fps: int = 30, gop: int = 12,
           codec: str = "libx264", container: str = "mp4", pix_fmt: str = "yuv420p", vfr: bool = False,
-          preset: str = "ultrafast", seed: int = 0) -> bytes:
+          preset: str = "ultrafast", seed: int = 0, preroll: int = 0) -> bytes:
     """A clip panning across a photo-like image, with a bright bar at row 3*i of frame i, so
     frames stay distinguishable after lossy coding; a keyframe every `gop` frames. With vfr,
-    frame durations alternate 1 and 3 ticks of 1/(2*fps). `seed` picks another photo."""
+    frame durations alternate 1 and 3 ticks of 1/(2*fps). `seed` picks another photo. `preroll`
+    frames come before time 0 (in MP4, FFmpeg writes an edit list and its demuxer marks them
+    discard: decoded as references, never presented)."""
     import av
 
     base = photo(height, width + frames * 4, seed)
@@ -55,17 +57,17 @@ def video(frames: int = 60, height: int = 96, width: int = 160, fps: int = 30, g
             stream.options = {"preset": preset, "bf": "2"}
         elif codec == "libx265":
             stream.options = {"preset": preset}
-        if vfr:
+        if vfr or preroll:
             stream.codec_context.time_base = Fraction(1, fps * 2)
-        pts = 0
+        pts = -2 * preroll  # ticks of 1/(2*fps), two a frame
         for i in range(frames):
             image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
             image[(i * 3) % height] = 255
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-            if vfr:
+            if vfr or preroll:
                 frame.pts = pts
                 frame.time_base = Fraction(1, fps * 2)
-                pts += 1 if i % 2 == 0 else 3
+                pts += (1 if i % 2 == 0 else 3) if vfr else 2
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode():

@@ -56,36 +56,79 @@ def test_the_table_names_its_baseline_and_prints_checks_and_verdicts(capsys):
     serving.print_table(report)
     out = capsys.readouterr().out
     assert "lazymedia's re-implementation of vLLM 0.33's media path" in out and "benchmarks/parity_vllm.py" in out
-    assert "verdict unique_4k: lazy_gpu 5.50x vLLM 0.33's CPU path, goal >= 5.0x: PASS" in out
-    assert "verdict unique_720p: lazy_gpu 2.00x vLLM 0.33's CPU path, goal >= 3.0x: FAIL" in out
-    assert "verdict unique_720p: reserved peak 9 MiB, allocator peak 5 MiB <= cap 8 MiB, 1 failed, " \
-           "1 CPU fallbacks counted: FAIL" in out
-    assert "verdict unique_4k: reserved peak 6 MiB, allocator peak 5 MiB <= cap 8 MiB, 0 failed, " \
-           "1 CPU fallbacks counted: PASS" in out
-    assert "device check: PASS decode nvjpeg 47.5 dB" in out and "device check: FAIL" in out
+    assert "VERDICT unique_4k: lazy_gpu 5.50x vLLM 0.33's CPU path, goal >= 5.0x: PASS" in out
+    assert "VERDICT unique_720p: lazy_gpu 2.00x vLLM 0.33's CPU path, goal >= 3.0x: FAIL" in out
+    assert "VERDICT unique_720p memory: reserved peak 9 MiB, allocator peak 5 MiB + 0 MiB outside torch's " \
+           "allocator <= cap 8 MiB, 1 failed, 1 CPU fallbacks counted: FAIL" in out
+    assert "VERDICT unique_4k memory: reserved peak 6 MiB, allocator peak 5 MiB + 0 MiB outside torch's " \
+           "allocator <= cap 8 MiB, 0 failed, 1 CPU fallbacks counted: PASS" in out
+    assert "VERDICT unique_4k device check: PASS decode nvjpeg 47.5 dB" in out
+    assert "VERDICT unique_720p device check: FAIL" in out
     assert "unique_720p  lazy_gpu: 1 failed, first U3.jpg: RuntimeError: boom" in out
 
 
 def test_the_device_check_runs_end_to_end_and_bites():
-    """On the CPU the "device" path is the CPU path: the check passes; a processor whose device run
-    moves pixel_values by more than the tolerance fails it."""
+    """Through the rehearsal's stand-in GPU decoders (on the CPU) the check passes; a processor
+    whose device run moves pixel_values by more than the tolerance fails it."""
     pytest.importorskip("transformers")
     hf = serving.HfProcessor.create()
     image, clip = synthetic.jpeg(120, 160), synthetic.video(frames=40)
     for data, video in ((image, False), (clip, True)):
-        check = serving.device_check(hf, data, video, "cpu")
-        assert check["ok"] and check["psnr_db"] == float("inf") and check["grid_identical"]
+        check = serving.device_check(hf, data, video, "cpu", rehearse=True)
+        assert check["ok"] and check["gpu_decodes"] == 1 and check["grid_identical"], check
+        assert check["backend"] == ("nvdec" if video else "nvjpeg") and check["psnr_db"] >= serving.MIN_DECODE_PSNR
 
-    class Shifted(serving.HfProcessor):
-        def __call__(self, item, video, device=None):
-            out = super().__call__(item, video, device)
-            if device is not None:
-                out = {name: value + 2 * serving.PIXEL_TOLERANCE if name.startswith("pixel_values") else value
-                       for name, value in out.items()}
-            return out
+    calls: list = []
 
-    shifted = serving.device_check(Shifted(hf.image, hf.video, hf.name, hf.note), image, False, "cpu")
-    assert not shifted["ok"] and shifted["grid_identical"] and shifted["max_pixel_diff"] > serving.PIXEL_TOLERANCE
+    def moved(item, video, device=None):  # device_check runs the device side first: it is moved
+        out = hf(item, video, device)
+        calls.append(device)
+        if len(calls) == 1:
+            out = {name: value + 2 * serving.PIXEL_TOLERANCE if name.startswith("pixel_values") else value
+                   for name, value in out.items()}
+        return out
+
+    check = serving.device_check(moved, image, False, "cpu", rehearse=True)
+    assert not check["ok"] and check["grid_identical"] and check["max_pixel_diff"] > serving.PIXEL_TOLERANCE
+
+
+def test_a_device_check_fails_when_the_item_fell_back_to_the_cpu():
+    """Review 3, P2-2: pixels, grid and PSNR all perfect, but no GPU decoder took the item (here:
+    none is usable on this machine): the check fails and says so."""
+    pytest.importorskip("transformers")
+    hf = serving.HfProcessor.create()
+    check = serving.device_check(hf, synthetic.jpeg(120, 160), False, "cpu")
+    assert check["psnr_db"] == float("inf") and check["grid_identical"] and check["max_pixel_diff"] == 0
+    assert check["gpu_decodes"] == 0 and check["backend"] == "cpu (CPU fallback)" and not check["ok"]
+
+
+def test_memory_outside_torchs_allocator_counts_against_the_cap():
+    """Review 3, P2-3: nvJPEG's pool and NVDEC's surfaces (cudaMemGetInfo delta) are added to
+    torch's allocator peak."""
+    gpu = gpu_figures(5.5, 6 << 20)
+    assert serving.within_cap(gpu)
+    gpu["outside_torch_bytes"] = 4 << 20  # 5 MiB allocator peak + 4 MiB outside > 8 MiB cap
+    assert serving.device_peak(gpu) == 9 << 20 and not serving.within_cap(gpu)
+    line = next(line for line in serving.verdicts({"results": {"unique_4k": {"lazy_gpu": gpu}}})
+                if " memory:" in line)
+    assert "+ 4 MiB outside torch's allocator" in line and line.endswith("FAIL")
+
+
+def test_each_scenario_warms_a_wave_of_real_size_misses():
+    """Review 3, P2-4: before the timer, a wave at the timed concurrency of real-size items of
+    the scenario's kind, each new bytes (a miss), none of them a timed request."""
+    scenarios = ["unique_720p", "unique_4k", "video_unique"]
+    media = serving.build_media(scenarios, 4, quick=True, concurrency=3, rehearse=True)
+    for scenario in scenarios:
+        wave = serving.warm_wave_names(scenario, 3)
+        assert len(wave) == 3 and not set(wave) & set(serving.media_names(scenario, 4))
+        handles = [(lazymedia.load_video if name.endswith(".mp4") else lazymedia.load_image)(media[name])
+                   for name in wave]
+        assert len({h.key for h in handles}) == 3  # misses, not hits
+        load = lazymedia.load_video if serving.WARM_WAVE_KIND[scenario][0] == "clip" else lazymedia.load_image
+        timed = {(h.height, h.width) for h in (load(media[name]).header for name in serving.media_names(scenario, 4))}
+        assert {(h.header.height, h.header.width) for h in handles} == {max(timed)}  # the largest timed size
+    assert len(serving.warm_wave_names("unique_4k", 32)) == serving.WARM_WAVE
 
 
 def test_the_device_defaults_to_cuda_only_where_its_decoders_work(monkeypatch):

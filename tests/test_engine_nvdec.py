@@ -6,11 +6,8 @@ it); the runs that decode only the sampled frames; the backend's session pool (r
 and crops, concurrent sessions, a failing clip then a good one, caps-based refusals, a corrupt
 stream's 422); and where CUDA may run: never in an isolation worker, NVDEC in the serving process,
 shared results read into the serving process's pinned buffers."""
-import ctypes
-import enum
 import io
 import os
-import threading
 import types
 from fractions import Fraction
 from pathlib import Path
@@ -22,6 +19,8 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, ops, synthetic
+from lazymedia.benchmarking import rehearsal
+from lazymedia.benchmarking.rehearsal import CODECS, FFmpegNvDecoder
 from lazymedia.codecs import video, video_packets
 from lazymedia.engine import isolation, nvdec
 from lazymedia.errors import UnprocessableMediaError
@@ -237,86 +236,6 @@ def test_avcc_extradata_becomes_annexb_parameter_sets():
 
 # -- the backend, over a stand-in PyNvVideoCodec ------------------------------------------------------
 
-class Frame:
-    """A DecodedFrame: DLPack export of the NV12 surface, and its PTS."""
-
-    def __init__(self, surface: torch.Tensor, pts: int):
-        self.surface, self.pts = surface, pts
-
-    def __dlpack__(self, *args, **kwargs):
-        return self.surface.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self):
-        return self.surface.__dlpack_device__()
-
-    def getPTS(self) -> int:
-        return self.pts
-
-
-class PacketData:
-    def __init__(self):
-        self.bsl_data = self.bsl = self.pts = self.decode_flag = 0
-        self.bDiscontinuity = False
-
-
-class FFmpegNvDecoder:
-    """PyNvVideoCodec's bare decoder as lazymedia drives it, decoding with FFmpeg under NVDEC's
-    conventions: Annex B packets in, each frame out in display order with the PTS of the packet
-    that started it (CUVID_PKT_TIMESTAMP), an empty packet flushes. `shift` relabels every frame's
-    PTS (a decoder that disagrees with the container); frames wider than `widest` fail like H.264
-    above 4096 pixels on an H200. Records the PTS it returned, and each construction's thread."""
-
-    shift = 0
-    widest = 1 << 30
-    blind_starts: dict = {}  # keyframe PTS -> PTS a fresh start there cannot present (RASL pictures)
-    created: list = []  # (thread id, max width, max height) of each construction
-    returned: list = []  # every PTS handed back, in order
-
-    def __init__(self, codec: str, maxwidth: int, maxheight: int, cudastream: int, **kwargs):
-        FFmpegNvDecoder.created.append((threading.get_ident(), maxwidth, maxheight))
-        self.codec = codec
-        self.context = av.CodecContext.create(codec, "r")
-        self.hidden: set = set()  # the PTS this start will not present (blind_starts)
-
-    def Decode(self, packet: PacketData) -> list:
-        if packet.bsl == 0:
-            assert packet.decode_flag == PacketFlag.ENDOFSTREAM
-            frames = self.context.decode(None)
-            self.context = av.CodecContext.create(self.codec, "r")  # NVDEC's parser restarts after the flush
-        else:
-            assert packet.decode_flag == PacketFlag.TIMESTAMP  # else NVDEC hands back no PTS
-            if packet.bDiscontinuity and self.codec in ("h264", "hevc"):  # a run starts with the parameter sets
-                assert ctypes.string_at(packet.bsl_data, 4) == b"\x00\x00\x00\x01"
-            if packet.bDiscontinuity:
-                self.hidden = self.blind_starts.get(packet.pts, set())
-            fed = av.Packet(ctypes.string_at(packet.bsl_data, packet.bsl))
-            fed.pts = packet.pts
-            frames = self.context.decode(fed)
-        out = []
-        for frame in frames:
-            if frame.pts in self.hidden:
-                continue
-            if frame.width > self.widest:
-                raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED: above the NVDEC's maximum size")
-            FFmpegNvDecoder.returned.append(frame.pts + self.shift)
-            out.append(Frame(torch.from_numpy(np.ascontiguousarray(frame.to_ndarray(format="nv12"))),
-                             frame.pts + self.shift))
-        return out
-
-
-class PacketFlag(enum.IntEnum):  # CUvideopacketflags
-    ENDOFSTREAM = 1
-    TIMESTAMP = 2
-
-
-def create_decoder(gpuid, codec, cudacontext, cudastream, usedevicememory, maxwidth, maxheight):
-    return FFmpegNvDecoder(codec, maxwidth, maxheight, cudastream)
-
-
-CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="libdav1d", VP8="vp8", MPEG2="mpeg2video",
-                               MPEG4="mpeg4")
-
-
 @pytest.fixture
 def video_codec(monkeypatch):
     monkeypatch.setattr(FFmpegNvDecoder, "shift", 0)
@@ -324,8 +243,7 @@ def video_codec(monkeypatch):
     monkeypatch.setattr(FFmpegNvDecoder, "blind_starts", {})
     monkeypatch.setattr(FFmpegNvDecoder, "created", [])
     monkeypatch.setattr(FFmpegNvDecoder, "returned", [])
-    return types.SimpleNamespace(CreateDecoder=create_decoder, PacketData=PacketData, cudaVideoCodec=CODECS,
-                                 VideoPacketFlag=PacketFlag)
+    return rehearsal.video_codec()
 
 
 def assert_matches_cpu(frames, data: bytes, num_frames: int) -> None:

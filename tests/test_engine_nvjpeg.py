@@ -3,19 +3,18 @@ decoder writes CPU-decoded pixels), the native decoder's call ordering against r
 libnvjpeg and the CUDA runtime (tests/native/nvjpeg_decoder_fakes.cpp), finding libnvjpeg among
 several nvidia/ folders, and the reasons GPU tests and `lazymedia info` give where the stack is
 missing or broken."""
-import ctypes
 import shutil
 import subprocess
 import sys
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError, cli
+from lazymedia.benchmarking.rehearsal import HostNvjpegDecoder as HostDecoder
 from lazymedia.codecs import image as image_codec
 from lazymedia.engine import BackendStatus, availability, nvdec, nvjpeg
 
@@ -51,43 +50,6 @@ def test_rgb_coded_jpegs_go_to_the_cpu(jpeg_bytes):
     assert ycbcr.header.adobe_transform == 1 and nvjpeg.route(ycbcr.header, ycbcr.spec).gpu
 
 
-class HostDecoder:
-    """Stands in for _C_cuda.NvjpegDecoder: honours the native contract (write the oriented RGB
-    pixels to the out pointer) with the CPU decoder, and refuses progressive images at run time.
-    Baseline images count as the engines', the rest as the CUDA path's."""
-
-    hardware = True
-    upsampling_interpolated = True
-    creation_log = "stand-in"
-
-    def __init__(self):
-        self.calls = []
-        self.stats = {}
-
-    def load(self, size_class):  # the engines' share per size class, as the native split keeps it
-        return (1.0, 0.75, 0.5)[size_class]
-
-    def decode(self, requests, stream):
-        self.calls.append(len(requests))
-        statuses = []
-        for data, width, height, orientation, out_ptr in requests:
-            header = image_codec.probe(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
-            if header.jpeg_encoding == "progressive":
-                statuses.append((False, "CUDA path decode: JPEG not supported", ""))
-                continue
-            assert (header.width, header.height) == (width, height)
-            spec = lazymedia.ImageSpec(apply_orientation=orientation != 1)
-            try:
-                pixels = np.ascontiguousarray(image_codec.decode(data, header, spec).numpy())
-            except lazymedia.MediaError:
-                statuses.append((False, "CUDA path decode: bad JPEG", ""))
-                continue
-            ctypes.memmove(out_ptr, pixels.ctypes.data, pixels.nbytes)
-            statuses.append((True, "", "hardware" if header.jpeg_encoding == "baseline" else "cuda"))
-        self.stats = {"hardware_items": sum(s[2] == "hardware" for s in statuses)}
-        return statuses
-
-
 @requires_corpus
 def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     names = ["hopper_orientation_6.jpg", "3.jpg", "pil_sample_cmyk.jpg", "hopper.png", "hopper.jpg"]
@@ -106,7 +68,7 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     assert any("progressive" in r or "not supported" in r for r in backend.fallbacks)
     assert backend.decoded == 3  # hopper_orientation_6, hopper.jpg and its resize; not 3.jpg or the corrupt one
     assert backend.decoded_by == {"hardware": 3, "cuda": 0} and backend.fallback_count == 2
-    assert backend.stats == {"hardware_items": 3}
+    assert backend.stats["hardware_items"] == 3 and backend.stats["cuda_items"] == 0
     assert backend.split_load == {"<0.5MP": 1.0, "<2.5MP": 0.75, "larger": 0.5}
 
 

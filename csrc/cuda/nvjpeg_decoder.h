@@ -5,7 +5,10 @@
 // - stage (before the decoder's mutex, so it overlaps another call's batch): on a device with
 //   engines the bitstreams are copied (by a few threads for large batches) into one of two
 //   reused pinned slots, so nvJPEG's copies to the device are asynchronous; a slot is rewritten
-//   only after the batch that read it finished (its event), and two calls never hold one slot;
+//   only after the batch that read it finished (its event), and two calls never hold one slot.
+//   Staging is all that overlaps: under the mutex the host waits for everything queued on the
+//   private stream (the previous call's join kernels and scratch frees) before the engines'
+//   batch (see the ordering rules), as torchvision's decode waits for its stream at its start;
 // - prepare: each image's header is parsed on the calling thread; images the engines support
 //   (nvjpegDecodeBatchedSupported) are hardware candidates, the rest (progressive, or no
 //   engines: L4, L40S, A10, RTX) go to the CUDA path;

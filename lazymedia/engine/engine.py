@@ -119,14 +119,16 @@ class DecodeEngine:
     def submit(self, item: DecodeItem, out=None, device=None) -> Future:
         """Decodes `item`; the future's result is what `item.decode()` returns. With `device`,
         the result lies there: "cpu" decodes on the pool only (never a GPU batch decoder),
-        another device takes the batch decoders first and moves a pool decode there."""
+        another device takes the batch decoders first and moves a pool decode there. An engine
+        whose own device is the CPU (a rehearsal's stand-in decoders: benchmarking.rehearsal)
+        takes its batch decoders for "cpu" too: the CPU is then its device, not an overflow."""
         with self._lock:
             if self._closed:
                 raise MediaCapacityError("the server is shutting down: retry the request",
                                          hint="DecodeEngine.submit after shutdown()")
             self._in_flight += 1
         try:
-            on_host = device is not None and str(device) == "cpu"
+            on_host = device is not None and str(device) == "cpu" and str(self.device) != "cpu"
             decoder = next((d for d in self.batch_decoders if out is None and not on_host and d.accepts(item)),
                            None)
             if decoder is not None:
