@@ -111,7 +111,8 @@ class PrometheusExporter:
         try:
             import prometheus_client
         except ImportError as exc:
-            raise ImportError('PrometheusExporter needs prometheus_client: pip install "lazymedia[metrics]"') from exc
+            raise ImportError("PrometheusExporter needs prometheus_client: pip install prometheus_client "
+                              "(the lazymedia-decode[metrics] extra)") from exc
         self._client = prometheus_client
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._latency = prometheus_client.Histogram(

@@ -1,6 +1,6 @@
 """The "lazymedia" media connector inside an unmodified `vllm serve` (vLLM 0.33).
 
-`pip install lazymedia[vllm]` installs the `vllm.general_plugins` entry point
+Installing lazymedia (README.md: "Use with vLLM") installs the `vllm.general_plugins` entry point
 (`lazymedia.integrations.vllm_plugin:register`), which registers `connector_class()` in vLLM's
 MEDIA_CONNECTOR_REGISTRY; `VLLM_MEDIA_CONNECTOR=lazymedia vllm serve ...` then selects it. vLLM
 builds one per request with its own arguments and hands the results to its parser, hasher and
