@@ -21,6 +21,8 @@ class MediaError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        if hint:  # PEP 678: a traceback shows it under the message; str(exc), the client's text, does not
+            self.add_note(f"hint: {hint}")
         self.modality = modality
         self.index = index
         if status_code is not None:

@@ -3,6 +3,9 @@ the operator's hint (which setting would change the outcome) apart from it."""
 import ast
 import pickle
 import re
+import subprocess
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,18 @@ def test_an_upstream_status_maps_to_what_the_client_can_do(status, expected):
     exc = upstream_status_error("media.example", status, "Reason")
     assert exc.status_code == expected and f"answered {status} Reason" in str(exc)
     assert ("retry later" in str(exc)) == (expected != 400)
+
+
+def test_a_traceback_shows_the_hint_and_the_client_message_does_not():
+    """A str path fails with "media source is a str"; the fix (pathlib.Path) is in the hint, which an
+    uncaught traceback shows as a PEP 678 note."""
+    with pytest.raises(lazymedia.InvalidMediaError) as info:
+        lazymedia.load_image("photo.jpg")
+    assert "pathlib.Path" not in str(info.value)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "media source is a str" in shown and "hint: pass the encoded bytes, a pathlib.Path" in shown, shown
+    indexed = pickle.loads(pickle.dumps(info.value.with_index(3)))
+    assert indexed.__notes__ == [f"hint: {info.value.hint}"]  # once, after a copy and a pickle
+    uncaught = subprocess.run([sys.executable, "-c", "import lazymedia; lazymedia.load_image('photo.jpg')"],
+                              capture_output=True, text=True, timeout=120)
+    assert uncaught.returncode == 1 and "hint: pass the encoded bytes, a pathlib.Path" in uncaught.stderr
