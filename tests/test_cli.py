@@ -108,6 +108,8 @@ def test_bench_serving_scenarios_and_items_write_json_and_charts(tmp_path, capsy
         assert figures["lazy"]["processed"] == pool <= figures["eager"]["processed"]
     out = capsys.readouterr().out
     assert f"processor: {serving['processor']}" in out and "outputs identical: True" in out
+    assert "processed: the items each frontend decoded" in out and "vs eager: the mode's requests/s" in out
+    assert out.count("QUICK RUN (--quick)") >= 3 and serving["quick"] is True  # serving (twice), items
     items = report["items"]
     assert {r["format"] for r in items["sizes"]} == {"jpeg", "png"}
     for row in items["sizes"]:

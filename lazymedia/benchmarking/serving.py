@@ -49,7 +49,15 @@ import torch
 import lazymedia
 from lazymedia import synthetic
 from lazymedia._profiling import nvtx_range
-from lazymedia.benchmarking.harness import encode, encode_video, psnr, pyplot, save_figure, serve_on_loopback
+from lazymedia.benchmarking.harness import (
+    QUICK_BANNER,
+    encode,
+    encode_video,
+    psnr,
+    pyplot,
+    save_figure,
+    serve_on_loopback,
+)
 from lazymedia.connector import MediaConnector
 from lazymedia.engine.engine import gpu_decoders
 
@@ -464,7 +472,7 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
         "processor": hf.name, "processor_note": hf.note, "eager_video_decoder": eager_video_decoder()[0],
         "requests": requests, "concurrency": concurrency, "workers": workers, "num_frames": NUM_FRAMES,
         "cache_bytes": CACHE_BYTES, "device": device, "modes": modes, "identical_outputs": True, "device_ok": True,
-        "results": {}}
+        "quick": quick, "results": {}}
     try:
         base = f"http://127.0.0.1:{ports.get(timeout=900)}"
         for scenario in scenarios:
@@ -499,8 +507,15 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
     return report
 
 
+COLUMNS = ("processed: the items each frontend decoded and ran through the processor in the timed requests (its "
+           "processor-cache misses; a hit reuses the cached output)",
+           "vs eager: the mode's requests/s over eager's in the same scenario (above 1.00x: faster than vLLM's path)")
+
+
 def print_table(report: dict) -> None:
     note = f"; {report['processor_note']}" if report["processor_note"] else ""
+    if report.get("quick"):
+        print(f"\n{QUICK_BANNER}")
     print(f"\nServing: {report['requests']} requests per scenario at concurrency {report['concurrency']}, "
           f"{report['workers']} decode/process workers per frontend, device {report['device']}")
     print(f"processor: {report['processor']} (transformers, defaults){note}")
@@ -535,8 +550,12 @@ def print_table(report: dict) -> None:
                       f"{check['psnr_db']:.1f} dB (>= {MIN_DECODE_PSNR:.0f}), "
                       f"grid identical {check['grid_identical']}, "
                       f"max |pixel_values GPU - CPU| {check['max_pixel_diff']:.4f} (<= {check['tolerance']:.4f})")
+    for line in COLUMNS:
+        print(line)
     for line in verdicts(report):
         print(line)
+    if report.get("quick"):
+        print(QUICK_BANNER)
 
 
 def verdicts(report: dict) -> list[str]:
@@ -583,9 +602,11 @@ def write_chart(report: dict, path: str) -> bool:
                             ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_xticks(x, scenarios)
-    ax.set_ylabel("requests / s")
-    ax.set_title(f"{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']} "
-                 f"(vLLM's path: lazymedia's re-implementation)", fontsize=8)
+    ax.set_ylabel("requests / s (log scale)")
+    quick = "QUICK RUN, not a measurement: " if report.get("quick") else ""
+    ax.set_title(f"{quick}{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']} "
+                 f"(vLLM's path: lazymedia's re-implementation; labels: x vLLM's path)", fontsize=8,
+                 color="red" if quick else "black")
     ax.legend(fontsize=7)
     save_figure(fig, path)
     return True
