@@ -71,7 +71,7 @@ UNIQUE_CLIPS = 8
 # normalised units the model sees): two uint8 levels over the smallest std of Qwen2-VL's
 # normalisation (0.26130258), 2 / (255 * 0.26130258). torchvision resizes uint8 on the CPU in
 # integer arithmetic and on the GPU in float, rounding once: a pixel may land one level apart, and
-# the bicubic filter's clamp a second (docs/benchmarks.md).
+# the bicubic filter's clamp a second (docs/benchmarks-history.md, "On a GPU").
 PIXEL_TOLERANCE = 2 / (255 * 0.26130258)
 MIN_DECODE_PSNR = 40.0
 # lazy_gpu's device cap: 32 x 4K misses in flight reserve 32 x 0.4 GB and a 1080p clip's 32 frames
