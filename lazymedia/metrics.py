@@ -175,7 +175,7 @@ class PrometheusExporter:
                           for event, (metric, labels, text) in _COUNTERS.items()}
         self._sources: dict[str, Callable[[], Any]] = {}
         self._sources_lock = threading.Lock()
-        self.registry.register(_Collector(self))
+        self.registry.register(_Collector(self._own, self._watched))
         add_listener(self)
 
     def observe(self, name: str, seconds: float, labels: Mapping[str, str]) -> None:
@@ -233,16 +233,17 @@ class _Collector:
     """What the registry reads: the exporter's histogram and counters without their `_created`
     series, and the watched numbers."""
 
-    def __init__(self, exporter: PrometheusExporter):
-        self._exporter = exporter
+    def __init__(self, own: Any, watched: Callable[[], Iterator[tuple[str, str, str, dict[str, str], float]]]):
+        self.own = own  # the registry of the histogram and counters
+        self.watched = watched
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        for family in self._exporter._own.collect():
+        for family in self.own.collect():
             family.samples = [sample for sample in family.samples if not sample.name.endswith("_created")]
             yield family
-        read = list(self._exporter._watched())
+        read = list(self.watched())
         labelled = {metric for metric, _, _, labels, _ in read if labels}
         families: dict[str, Any] = {}
         for metric, kind, text, labels, value in read:
