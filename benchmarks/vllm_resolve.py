@@ -53,16 +53,22 @@ def report_versions(report: dict) -> dict[str, str]:
 
 
 def exact_pins(report: dict, package: str) -> dict[str, str]:
-    """The `name==version` requirements `package` itself declares (its unconditional ones)."""
+    """The `name==version` requirements `package` itself declares for this platform (markers
+    evaluated here; extras' requirements left out)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip's own copy
+        from pip._vendor.packaging.requirements import Requirement
     for item in report["install"]:
         if canonical(item["metadata"]["name"]) == canonical(package):
             pins = {}
-            for requirement in item["metadata"].get("requires_dist", []):
-                if ";" in requirement and "extra ==" in requirement:
+            for text in item["metadata"].get("requires_dist", []):
+                requirement = Requirement(text)
+                if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
                     continue
-                match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*\(?==\s*([^\s,;)]+)", requirement)
-                if match:
-                    pins[canonical(match.group(1))] = match.group(2)
+                exact = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+                if exact:
+                    pins[canonical(requirement.name)] = exact[0]
             return pins
     return {}
 

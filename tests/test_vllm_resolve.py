@@ -34,10 +34,12 @@ def test_a_changed_pin_is_found_and_new_packages_are_listed():
 
 
 def test_vllms_exact_pins_are_read_from_its_metadata():
-    report = {"install": [_item("vLLM", "0.33.0", ["torch==2.14.0", "numpy", "xgrammar==0.2.8; platform_machine == "
-                                                   "'x86_64'", "pytest==8.0; extra == 'test'", "lark (==1.2.2)"]),
+    report = {"install": [_item("vLLM", "0.33.0", ["torch==2.14.0", "numpy", "xgrammar==0.2.8; python_version >= '3'",
+                                                   "protobuf==7.36.1; python_version < '3'", "pytest==8.0; extra == "
+                                                   "'test'", "lark (==1.2.2)", "fastapi[standard]<0.137.0,>=0.133.0"]),
                           _item("Torch", "2.14.0")]}
     assert vllm_resolve.report_versions(report) == {"vllm": "0.33.0", "torch": "2.14.0"}
+    # a pin whose marker does not hold here (vLLM's protobuf for s390x) and an extra's are left out
     assert vllm_resolve.exact_pins(report, "vllm") == {"torch": "2.14.0", "xgrammar": "0.2.8", "lark": "1.2.2"}
 
 
