@@ -603,9 +603,10 @@ def write_chart(report: dict, path: str) -> bool:
     ax.set_yscale("log")
     ax.set_xticks(x, scenarios)
     ax.set_ylabel("requests / s (log scale)")
-    quick = "QUICK RUN, not a measurement: " if report.get("quick") else ""
-    ax.set_title(f"{quick}{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']} "
-                 f"(vLLM's path: lazymedia's re-implementation; labels: x vLLM's path)", fontsize=8,
+    quick = report.get("quick")
+    ax.set_title(("QUICK RUN (--quick): a smoke test, not a measurement\n" if quick else "")
+                 + f"{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']}\n"
+                 "vLLM's path: lazymedia's re-implementation; bar labels: requests/s over vLLM's path", fontsize=8,
                  color="red" if quick else "black")
     ax.legend(fontsize=7)
     save_figure(fig, path)
