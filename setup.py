@@ -5,9 +5,13 @@ dynamically: the CUDA runtime is static and libnvjpeg is dlopen'ed at first use,
 on machines without a GPU, a driver or nvJPEG.
 
 LAZYMEDIA_CUDA=0 skips the CUDA part, =1 requires it, =auto (default) builds it when nvcc exists.
-LAZYMEDIA_CUDA_ARCHES overrides the architectures (default: sm_90 and sm_100 SASS, compute_100 PTX).
+LAZYMEDIA_CUDA_ARCHES overrides the architectures, comma-separated (`89` or `sm_89`; the last one also
+gets PTX). The default covers every current server GPU: SASS for sm_80 (A100), sm_86 (A10, A10G, A40),
+sm_89 (L4, L40S), sm_90 (H100, H200) and sm_100 (B200, GB200), and compute_100 PTX, which newer GPUs
+compile at first load.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +29,7 @@ CUDA_DEVICE_SOURCES = ["csrc/cuda/device_ops.cu", "csrc/cuda/nvjpeg_kernels.cu"]
 CUDA_HOST_SOURCES = ["csrc/cuda/bindings_cuda.cpp", "csrc/cuda/nvjpeg_api.cpp", "csrc/cuda/nvjpeg_decoder.cpp",
                      "csrc/cuda/runtime_api.cpp", "csrc/cuda/host_ops_cuda.cpp", "csrc/cuda/nvjpeg_split.cpp",
                      "csrc/cuda/nvjpeg_workers.cpp", "csrc/cuda/level_gather_cuda.cpp"]
-DEFAULT_ARCHES = "90,100"
+DEFAULT_ARCHES = "80,86,89,90,100"
 
 
 def find_nvcc():
@@ -78,8 +82,19 @@ def nvcc_help(nvcc: Path) -> str:
     return subprocess.run([str(nvcc), "--help"], capture_output=True, text=True).stdout
 
 
-def gencode_flags(arches: str) -> list[str]:
-    numbers = [a.strip() for a in arches.split(",") if a.strip()]
+def parse_arches(text: str) -> list[str]:
+    """The architecture numbers of a LAZYMEDIA_CUDA_ARCHES value ("80,sm_90,100a" -> 80, 90, 100a)."""
+    numbers = []
+    for entry in (e.strip() for e in text.split(",")):
+        match = re.fullmatch(r"(?:sm_)?([1-9][0-9]{1,2}[af]?)", entry)
+        if match is None:
+            raise ValueError(f"LAZYMEDIA_CUDA_ARCHES={text!r}: {entry!r} is not an architecture; write them "
+                             f"comma-separated as numbers or sm_ names, e.g. {DEFAULT_ARCHES!r} or 'sm_89'")
+        numbers.append(match.group(1))
+    return numbers
+
+
+def gencode_flags(numbers: list[str]) -> list[str]:
     flags = [f"-gencode=arch=compute_{n},code=sm_{n}" for n in numbers]
     flags.append(f"-gencode=arch=compute_{numbers[-1]},code=compute_{numbers[-1]}")  # PTX for newer GPUs
     return flags
@@ -122,14 +137,14 @@ def cuda_extension():
             raise RuntimeError(message)
         print(f"lazymedia: {message}; building the CPU extension only")
         return None
-    arches = os.environ.get("LAZYMEDIA_CUDA_ARCHES", DEFAULT_ARCHES)
+    arches = parse_arches(os.environ.get("LAZYMEDIA_CUDA_ARCHES", DEFAULT_ARCHES))
     include_dirs = [str(ROOT / "csrc"), str(cuda_home / "include"), str(nvjpeg_include)]
     ext = Pybind11Extension(
         "lazymedia._C_cuda",
         CUDA_HOST_SOURCES,
         include_dirs=include_dirs,
         cxx_std=17,
-        define_macros=[("LAZYMEDIA_CUDA_ARCHES", f'"{",".join("sm_" + a.strip() for a in arches.split(","))}"')],
+        define_macros=[("LAZYMEDIA_CUDA_ARCHES", f'"{",".join("sm_" + a for a in arches)}"')],
         extra_compile_args=["-O3", "-Wall"],
         library_dirs=[str(cuda_library_dir(cuda_home))],
         libraries=["cudart_static", "dl", "rt", "pthread"],
@@ -140,7 +155,8 @@ def cuda_extension():
     # The fatbin stays uncompressed: a few hundred KB, and `arches()`' claims stay checkable with
     # `strings` (tests/test_cuda_build.py) where no cuobjdump is installed. Older nvcc lack the flag.
     ext.nvcc_compress = ["--compress-mode=none"] if "--compress-mode" in nvcc_help(ext.nvcc) else []
-    print(f"lazymedia: building the CUDA extension with {nvcc} for {arches}")
+    print(f"lazymedia: building the CUDA extension with {nvcc} for {','.join('sm_' + a for a in arches)} "
+          f"(+ compute_{arches[-1]} PTX)")
     return ext
 
 

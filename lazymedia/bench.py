@@ -41,6 +41,28 @@ def resolve_device(choice: str) -> str:
     return "cuda" if {"nvjpeg", "nvdec"} <= usable else "cpu"
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above 0 (argparse then exits 2 naming the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
 def scenario_list(text: str) -> list[str]:
     from .benchmarking.serving import SCENARIOS
 
@@ -53,10 +75,10 @@ def scenario_list(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `lazymedia bench` (the CLI's subcommand and this module's main share them)."""
-    parser.add_argument("--requests", type=int, help=f"requests per scenario and frontend (default {REQUESTS}, "
-                                                     f"{QUICK_REQUESTS} with --quick)")
-    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32)")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+    parser.add_argument("--requests", type=positive_int, help=f"requests per scenario and frontend (default "
+                                                              f"{REQUESTS}, {QUICK_REQUESTS} with --quick)")
+    parser.add_argument("--concurrency", type=positive_int, default=32, help="requests in flight (default 32)")
+    parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)),
                         help="decode/process threads of each frontend (default: the cores)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                         help="where lazymedia's GPU mode decodes and processes (auto: cuda where a GPU, nvJPEG "
@@ -81,18 +103,48 @@ def items_chart_path(chart: str) -> str:
     return stem + "_items.png"
 
 
+def unwritable(path: str) -> str | None:
+    """Why a report could not be written at `path` (its folder is made), checked before the run
+    rather than after it; None when it can."""
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make its folder: {exc.strerror}"
+    if os.path.isdir(path):
+        return "is a folder: name a file"
+    if not os.access(folder, os.W_OK):
+        return f"cannot write in {folder}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the job `args` asks for (parsed by add_arguments' options); the exit status."""
     from .benchmarking import items, serving
     from .benchmarking.harness import Progress, busy_warning, write_json
 
+    for option, path in (("--json", args.json), ("--chart", args.chart)):
+        why = unwritable(path)
+        if why:
+            print(f"error: argument {option}: {path!r} {why}", file=sys.stderr)
+            return 2
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: argument --device: cuda, but torch sees no usable GPU here (--device cpu, or auto)",
+                  file=sys.stderr)
+            return 2
     device = resolve_device(args.device)
     rehearse = bool(getattr(args, "rehearse", False)) and device == "cuda"
     scenarios = args.scenarios
     if scenarios is None:
         scenarios = list(CPU_SCENARIOS + (DEVICE_SCENARIOS if device == "cuda" else ()))
     if scenarios and importlib.util.find_spec("transformers") is None:
-        print("error: the serving scenarios run transformers' Qwen2-VL processor: pip install 'lazymedia[bench]' "
+        print("error: the serving scenarios run transformers' Qwen2-VL processor: pip install transformers "
+              "(the lazymedia-decode[bench] extra) "
               "(or --scenarios '' --items for the per-item tables alone)", file=sys.stderr)
         return 2
     requests = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)

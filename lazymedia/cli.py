@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from . import __version__
 from .bench import add_arguments as add_bench_arguments
+from .bench import positive_float, positive_int
 from .engine.availability import BACKENDS
 from .errors import InvalidMediaError, MediaError
 
@@ -167,25 +168,11 @@ def _size(text: str) -> tuple[int, int]:
     return height, width
 
 
-def _positive_int(text: str) -> int:
+def _frame_count(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r} (--all-frames decodes "
-                                         "every frame)")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+        return positive_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (--all-frames decodes every frame)") from None
 
 
 def _opencv_line() -> str:
@@ -296,17 +283,17 @@ def main(argv=None) -> int:
     decode.add_argument("--out", help="directory for the decoded output (PNG, NPZ of frames, WAV)")
     decode.add_argument("--size", type=_size, metavar="HxW", help="resize images and video frames")
     frames = decode.add_mutually_exclusive_group()
-    frames.add_argument("--num-frames", type=_positive_int, default=8,
+    frames.add_argument("--num-frames", type=_frame_count, default=8,
                         help="video: sample this many frames (default 8)")
-    frames.add_argument("--fps", type=_positive_float,
+    frames.add_argument("--fps", type=positive_float,
                         help="video: sample at this rate instead (at most 32 frames, vLLM's rule)")
     frames.add_argument("--all-frames", action="store_true", help="video: decode every frame")
-    decode.add_argument("--sample-rate", type=_positive_int, help="audio: resample to this rate (Hz)")
+    decode.add_argument("--sample-rate", type=positive_int, help="audio: resample to this rate (Hz)")
     decode.add_argument("--mono", action=argparse.BooleanOptionalAction, default=True,
                         help="audio: average the channels, as load_audio does by default (--no-mono keeps them)")
     decode.set_defaults(run=cmd_decode)
     hash_threads = sub.add_parser("hash-threads", help="measure from which size hashing on all cores pays here")
-    hash_threads.add_argument("--runs", type=_positive_int, default=3,
+    hash_threads.add_argument("--runs", type=positive_int, default=3,
                               help="independent measurements; a setting is advised only when all agree (default 3)")
     hash_threads.set_defaults(run=cmd_hash_threads)
     info = sub.add_parser("info", help="version, build, backends and devices")

@@ -23,6 +23,8 @@ class MediaError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        if hint:  # PEP 678: a traceback shows it under the message; str(exc), the client's text, does not
+            self.add_note(f"hint: {hint}")
         self.modality = modality
         self.index = index
         if status_code is not None:
@@ -32,6 +34,14 @@ class MediaError(Exception):
         """A copy naming item `index` of the caller's request (the original stays untouched)."""
         err = copy.copy(self)
         err.index = index
+        return err
+
+    def with_hint(self, hint: str) -> MediaError:
+        """A copy whose operator hint (and its traceback note) is `hint`: a frontend that knows
+        which of its own settings would change the outcome says that one."""
+        err = copy.copy(self)
+        err.hint = hint
+        err.__notes__ = [f"hint: {hint}"]
         return err
 
     def __str__(self) -> str:

@@ -101,27 +101,81 @@ _COUNTERS = {  # event -> (metric name, labels, help)
 }
 
 
+# The numbers of lazymedia's stats objects (CacheStats, SharedCacheStats, WriteStats, PoolStats,
+# HostBufferPool.stats(), the device budget's stats()): field -> (the metric's suffix, counter or gauge,
+# HELP). Prometheus' conventions: a count that only grows is a counter named _total, a size is in bytes
+# named _bytes. A field of a watched source that is not here is exported as a gauge under its own name.
+WATCHED_FIELDS: dict[str, tuple[str, str, str]] = {
+    "hits": ("hits", "counter", "Lookups that found the key"),
+    "misses": ("misses", "counter", "Lookups that did not find the key (absent or unreadable)"),
+    "evictions": ("evictions", "counter", "Entries removed to make room"),
+    "mutated": ("mutated", "counter", "Values refused because a reader had changed them in place"),
+    "entries": ("entries", "gauge", "Entries held now"),
+    "size": ("size_bytes", "gauge", "Bytes held now (a ProcessorCache's values)"),
+    "capacity": ("capacity_bytes", "gauge", "The most bytes held (a ProcessorCache's capacity_bytes)"),
+    "writes": ("writes", "counter", "Values written to the shared tier"),
+    "bytes_in": ("read_bytes", "counter", "Bytes read from the shared tier"),
+    "bytes_out": ("written_bytes", "counter", "Bytes written to the shared tier"),
+    "leases": ("leases", "counter", "Single-flight leases taken by this process"),
+    "lease_waits": ("lease_waits", "counter", "Waits for another process's lease"),
+    "lease_timeouts": ("lease_timeouts", "counter", "Lease waits that ended in decoding here"),
+    "fallbacks": ("fallbacks", "counter", "Calls skipped or failed because the shared tier was unavailable"),
+    "corrupt": ("corrupt", "counter", "Values that did not read back (counted as misses)"),
+    "oversized": ("oversized", "counter", "Values over max_entry_bytes, not written"),
+    "unserializable": ("unserializable", "counter", "Values of types the shared tier cannot hold, kept local"),
+    "late_hits": ("late_hits", "counter", "Missed keys found later, after a lease or while waiting"),
+    "queued": ("queued", "counter", "Writes accepted into the write-behind queue"),
+    "written": ("written", "counter", "Queued writes stored in at least one shared tier"),
+    "skipped": ("skipped", "counter", "Writes not queued because the queue was full"),
+    "failed": ("failed", "counter", "Queued writes stored in no tier"),
+    "pending": ("pending", "gauge", "Writes in the queue or being written now"),
+    "pending_bytes": ("pending_bytes", "gauge", "Bytes of the values in the write queue now"),
+    "workers": ("workers", "gauge", "Isolation workers alive now"),
+    "peak": ("peak_workers", "gauge", "The most isolation workers alive at once"),
+    "limit": ("limit_workers", "gauge", "The most isolation workers the pool starts"),
+    "started": ("started", "counter", "Isolation workers started"),
+    "restarts": ("restarts", "counter", "Isolation workers that died or timed out under a call and were replaced"),
+    "allocations": ("allocations", "counter", "Host buffers allocated"),
+    "reuses": ("reuses", "counter", "Host buffers handed out again from the pool"),
+    "cached_bytes": ("cached_bytes", "gauge", "Bytes of host buffers kept for reuse now"),
+    "cached_buffers": ("cached_buffers", "gauge", "Host buffers kept for reuse now"),
+    "leased_bytes": ("leased_bytes", "gauge", "Bytes of host buffers viewed by live tensors now"),
+    "leased_buffers": ("leased_buffers", "gauge", "Host buffers viewed by live tensors now"),
+    "released_bytes": ("released_bytes", "counter", "Bytes of idle host buffers freed"),
+    "cap_bytes": ("cap_bytes", "gauge", "The device memory the engine may hold for decoded items"),
+    "held_bytes": ("held_bytes", "gauge", "Device memory held for decoded items now"),
+    "peak_bytes": ("peak_bytes", "gauge", "The most device memory held for decoded items at once"),
+    "placed": ("placed", "counter", "Decoded items placed on the device"),
+    "overflowed": ("overflowed", "counter", "Decoded items kept on the CPU because the device cap was reached"),
+}
+
+
 class PrometheusExporter:
     """Prometheus metrics of this process: the events above as a histogram
-    (`lazymedia_phase_seconds{phase, backend, modality}`) and counters, plus gauges read at each
-    scrape from what `watch` names (cache, pool and buffer stats). `registry` defaults to a
-    private one; `serve(port)` starts prometheus_client's HTTP endpoint on it."""
+    (`lazymedia_phase_seconds{phase, backend, modality}`) and counters, plus the numbers of what
+    `watch` names (cache, pool and buffer stats) read at each scrape, as counters or gauges
+    (WATCHED_FIELDS). No `_created` series: the counters start with the process. `registry`
+    defaults to a private one; `serve(port)` starts prometheus_client's HTTP endpoint on it."""
 
     def __init__(self, registry: Any = None, buckets: tuple[float, ...] = BUCKETS_S):
         try:
             import prometheus_client
         except ImportError as exc:
-            raise ImportError('PrometheusExporter needs prometheus_client: pip install "lazymedia[metrics]"') from exc
+            raise ImportError("PrometheusExporter needs prometheus_client: pip install prometheus_client "
+                              "(the lazymedia-decode[metrics] extra)") from exc
         self._client = prometheus_client
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        # The histogram and counters live in a registry of their own, read through _Collector, which
+        # leaves out their _created series without prometheus_client's process-wide switch.
+        self._own = prometheus_client.CollectorRegistry()
         self._latency = prometheus_client.Histogram(
             "lazymedia_phase_seconds", "Latency of each phase (a request's, or one item's decode)",
-            ("phase", "backend", "modality"), buckets=buckets, registry=self.registry)
-        self._counters = {event: prometheus_client.Counter(metric, text, labels, registry=self.registry)
+            ("phase", "backend", "modality"), buckets=buckets, registry=self._own)
+        self._counters = {event: prometheus_client.Counter(metric, text, labels, registry=self._own)
                           for event, (metric, labels, text) in _COUNTERS.items()}
         self._sources: dict[str, Callable[[], Any]] = {}
         self._sources_lock = threading.Lock()
-        self.registry.register(_Gauges(self))
+        self.registry.register(_Collector(self._own, self._watched))
         add_listener(self)
 
     def observe(self, name: str, seconds: float, labels: Mapping[str, str]) -> None:
@@ -134,9 +188,12 @@ class PrometheusExporter:
 
     def watch(self, name: str, stats: Callable[[], Any]) -> None:
         """Exports every number in `stats()` (a dataclass, a mapping, or dataclasses nested in
-        one, as TieredCache's) at each scrape as `lazymedia_<name>_<field>{part=...}`: e.g.
-        `watch("cache", processor.cache.stats)` gives the bytes held (`lazymedia_cache_size`) and
-        each tier's hits, misses and faults; `watch("isolation", engine.isolation_pool().stats)`."""
+        one, as TieredCache's) at each scrape as `lazymedia_<name>_<metric>`, named and typed by
+        WATCHED_FIELDS: e.g. `watch("cache", processor.cache.stats)` gives `lazymedia_cache_size_bytes`
+        (a gauge) and `lazymedia_cache_hits_total` (a counter); a nested source's numbers carry
+        `part` (a TieredCache's `local`, `tiers[0]`, ..., `writes`).
+        `watch("isolation", engine.isolation_pool().stats)`, `watch("frame_buffers",
+        lazymedia.ops.frame_buffers().stats)` (after `import lazymedia.ops`)."""
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
             raise ValueError(f"a watched source's name is part of a metric name: [a-z][a-z0-9_]*, got {name!r}")
         with self._sources_lock:
@@ -156,49 +213,88 @@ class PrometheusExporter:
         remove_listener(self)
 
     def gauges(self) -> Iterator[tuple[str, dict[str, str], float]]:
-        """(metric, labels, value) of every watched number, read now."""
+        """(metric, labels, value) of every watched number, read now; a counter's metric ends in
+        `_total` (WATCHED_FIELDS), a number of a nested source has the label `part`."""
+        for metric, _, _, labels, value in self._watched():
+            yield metric, labels, value
+
+    def _watched(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+        """(metric, type, help, labels, value) of every watched number, read now."""
         with self._sources_lock:
             sources = list(self._sources.items())
         for source, stats in sources:
             for part, field, value in _numbers(stats()):
-                yield f"lazymedia_{source}_{field}", {"part": part}, value
+                suffix, kind, text = WATCHED_FIELDS.get(field, (field, "gauge", f"{field}, as the source reports it"))
+                metric = f"lazymedia_{source}_{suffix}" + ("_total" if kind == "counter" else "")
+                yield metric, kind, f"{text} ({source})", {"part": part} if part else {}, value
 
 
-class _Gauges:
-    """The registry's collector of `watch`ed numbers."""
+class _Collector:
+    """What the registry reads: the exporter's histogram and counters without their `_created`
+    series, and the watched numbers."""
 
-    def __init__(self, exporter: PrometheusExporter):
-        self._exporter = exporter
+    def __init__(self, own: Any, watched: Callable[[], Iterator[tuple[str, str, str, dict[str, str], float]]]):
+        self.own = own  # the registry of the histogram and counters
+        self.watched = watched
 
     def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        for family in self.own.collect():
+            family.samples = [sample for sample in family.samples if not sample.name.endswith("_created")]
+            yield family
+        read = list(self.watched())
+        labelled = {metric for metric, _, _, labels, _ in read if labels}
         families: dict[str, Any] = {}
-        for metric, labels, value in self._exporter.gauges():
-            family = families.get(metric)
-            if family is None:
-                family = families[metric] = GaugeMetricFamily(metric, "A number of a watched stats source, read now",
-                                                              labels=["part"])
-            family.add_metric([labels["part"]], value)
-        return list(families.values())
+        for metric, kind, text, labels, value in read:
+            watched = families.get(metric)
+            if watched is None:
+                names = ["part"] if metric in labelled else []
+                watched = families[metric] = CounterMetricFamily(metric, text, labels=names) if kind == "counter" \
+                    else GaugeMetricFamily(metric, text, labels=names)
+            watched.add_metric([labels.get("part", "")] if metric in labelled else [], value)
+        yield from families.values()
 
 
 def _numbers(stats: Any, part: str = "") -> Iterator[tuple[str, str, float]]:
     """(part, field, value) for each number in a stats object: dataclass fields, mapping items,
-    and nested stats (their field name becomes the part, a tuple's entries numbered)."""
+    and nested stats (their field name becomes the part, a tuple's entries numbered). A nested
+    object reachable twice (TieredStats.shared is tiers[0]) is counted once, under its last path."""
+    last_path: dict[int, str] = {}
+    _paths(stats, part, last_path)
+    yield from _walk(stats, part, last_path)
+
+
+def _fields(stats: Any) -> list[tuple[str, Any]] | None:
     if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-        items = [(field.name, getattr(stats, field.name)) for field in dataclasses.fields(stats)]
-    elif isinstance(stats, Mapping):
-        items = list(stats.items())
-    else:
-        return
-    for name, value in items:
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, (int, float)):
-            yield part, str(name), float(value)
+        return [(field.name, getattr(stats, field.name)) for field in dataclasses.fields(stats)]
+    if isinstance(stats, Mapping):
+        return list(stats.items())
+    return None
+
+
+def _children(stats: Any, part: str) -> Iterator[tuple[str, Any, str | None]]:
+    """(field, value, nested part or None for a number) of each entry of `stats`."""
+    for name, value in _fields(stats) or []:
+        if isinstance(value, (bool, int, float)):
+            yield str(name), value, None
         elif isinstance(value, (tuple, list)):
             for index, entry in enumerate(value):
-                yield from _numbers(entry, f"{part}{name}[{index}]")
+                yield str(name), entry, f"{part}{name}[{index}]"
         else:
-            yield from _numbers(value, f"{part}{name}" if not part else f"{part}.{name}")
+            yield str(name), value, f"{part}{name}" if not part else f"{part}.{name}"
+
+
+def _paths(stats: Any, part: str, last_path: dict[int, str]) -> None:
+    for _, value, nested in _children(stats, part):
+        if nested is not None and _fields(value) is not None:
+            last_path[id(value)] = nested
+            _paths(value, nested, last_path)
+
+
+def _walk(stats: Any, part: str, last_path: dict[int, str]) -> Iterator[tuple[str, str, float]]:
+    for name, value, nested in _children(stats, part):
+        if nested is None:
+            yield part, name, float(value)
+        elif last_path.get(id(value)) == nested:
+            yield from _walk(value, nested, last_path)

@@ -68,5 +68,5 @@ def test_redis_is_an_extra(monkeypatch):
     from lazymedia.cache import RedisCache
 
     monkeypatch.setitem(sys.modules, "redis", None)  # the client is not installed
-    with pytest.raises(ImportError, match=r"lazymedia\[redis\]"):
+    with pytest.raises(ImportError, match=r"pip install redis hiredis \(the lazymedia-decode\[redis\] extra\)"):
         RedisCache("redis://127.0.0.1:1/0")

@@ -108,6 +108,8 @@ def test_bench_serving_scenarios_and_items_write_json_and_charts(tmp_path, capsy
         assert figures["lazy"]["processed"] == pool <= figures["eager"]["processed"]
     out = capsys.readouterr().out
     assert f"processor: {serving['processor']}" in out and "outputs identical: True" in out
+    assert "processed: the items each frontend decoded" in out and "vs eager: the mode's requests/s" in out
+    assert out.count("QUICK RUN (--quick)") >= 3 and serving["quick"] is True  # serving (twice), items
     items = report["items"]
     assert {r["format"] for r in items["sizes"]} == {"jpeg", "png"}
     for row in items["sizes"]:
@@ -144,13 +146,56 @@ def test_bench_without_transformers_says_what_to_install(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
                         find_spec(name, *a))
     assert main(["bench", "--scenarios", "pool_720p", "--json", "", "--chart", ""]) == 2
-    assert "pip install 'lazymedia[bench]'" in capsys.readouterr().err
+    assert "pip install transformers (the lazymedia-decode[bench] extra)" in capsys.readouterr().err
 
 
 def test_bench_refuses_an_unknown_scenario(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["bench", "--scenarios", "pool_720p,nope"])
     assert exited.value.code == 2 and "unknown scenarios ['nope']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--concurrency", "0"], "--concurrency"),  # a semaphore of 0 waited for ever
+    (["--concurrency", "-3"], "--concurrency"),
+    (["--requests", "-5"], "--requests"),
+    (["--requests", "0"], "--requests"),
+    (["--requests", "many"], "--requests"),
+    (["--workers", "0"], "--workers"),
+    (["--workers", "2.5"], "--workers"),
+    (["--device", "tpu"], "--device"),
+])
+def test_bench_refuses_a_bad_argument_naming_it(argv, named, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", *argv, "--json", "", "--chart", ""])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"argument {named}:" in err and "Traceback" not in err, err
+
+
+def test_bench_refuses_a_report_path_it_cannot_write_before_running(tmp_path, capsys, monkeypatch):
+    from lazymedia.benchmarking import serving
+
+    monkeypatch.setattr(serving, "run", lambda *a, **k: pytest.fail("ran before checking the paths"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["bench", "--scenarios", "pool_720p", "--json", str(blocker / "report.json"), "--chart", ""]) == 2
+    assert "argument --json:" in capsys.readouterr().err
+    assert main(["bench", "--scenarios", "pool_720p", "--json", "", "--chart", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "argument --chart:" in err and "is a folder" in err, err
+
+
+@without_gpu
+def test_bench_refuses_cuda_without_a_gpu(capsys):
+    assert main(["bench", "--device", "cuda", "--scenarios", "", "--json", "", "--chart", ""]) == 2
+    assert "argument --device: cuda, but torch sees no usable GPU" in capsys.readouterr().err
+
+
+def test_bench_subprocess_exits_2_without_a_traceback():
+    result = subprocess.run([sys.executable, "-m", "lazymedia", "bench", "--concurrency", "0"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "argument --concurrency: must be a positive whole number, got '0'" in \
+        result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_bench_warns_when_the_machine_is_busy(monkeypatch):

@@ -305,7 +305,7 @@ def test_without_opencv_only_the_opencv_reader_refuses(h264, monkeypatch):
     assert hit_by_id.spec.decoder == "opencv"
     with pytest.raises(InvalidMediaError, match="decoder='pyav'") as refused:
         lazymedia.load_video(h264, decoder="opencv")
-    assert refused.value.status_code == 400 and "lazymedia[opencv]" in refused.value.hint
+    assert refused.value.status_code == 400 and "lazymedia-decode[opencv]" in refused.value.hint
 
 
 def mp4_boxes(data):

@@ -1,5 +1,6 @@
-"""The CUDA extension: built for sm_90 and sm_100 (+ PTX) whenever nvcc is present, importable
-and failing with typed errors on a machine without a GPU, driver or libnvjpeg."""
+"""The CUDA extension: built for every current server GPU (sm_80, sm_86, sm_89, sm_90, sm_100, + PTX)
+whenever nvcc is present, importable and failing with typed errors on a machine without a GPU,
+driver or libnvjpeg."""
 import ast
 import os
 import shutil
@@ -15,14 +16,36 @@ nvcc = shutil.which("nvcc")
 requires_build = pytest.mark.skipif(nvcc is None, reason="nvcc not installed: the CUDA part is not built")
 
 
+def _setup_functions() -> dict:
+    """DEFAULT_ARCHES and parse_arches from setup.py (which cannot be imported: it runs setup())."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    wanted = [node for node in tree.body if (isinstance(node, ast.FunctionDef) and node.name == "parse_arches") or
+              (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DEFAULT_ARCHES")]
+    namespace: dict = {"re": __import__("re")}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "setup.py", "exec"), namespace)
+    return namespace
+
+
+def test_the_default_covers_every_current_server_gpu_and_a_bad_override_is_refused():
+    setup = _setup_functions()
+    # A100; A10, A10G, A40; L4, L40S; H100, H200; B200 (PTX from the last for what comes next)
+    assert setup["parse_arches"](setup["DEFAULT_ARCHES"]) == ["80", "86", "89", "90", "100"]
+    assert setup["parse_arches"]("sm_89, 90a") == ["89", "90a"]
+    for bad in ("", "8.9", "sm89", "ampere", "89,"):
+        with pytest.raises(ValueError, match="LAZYMEDIA_CUDA_ARCHES"):
+            setup["parse_arches"](bad)
+
+
 @requires_build
-def test_cuda_extension_targets_hopper_and_blackwell():
+def test_cuda_extension_targets_every_server_gpu():
     from lazymedia import _C_cuda
 
-    assert _C_cuda.arches() == "sm_90,sm_100"
+    setup = _setup_functions()
+    arches = setup["parse_arches"](os.environ.get("LAZYMEDIA_CUDA_ARCHES", setup["DEFAULT_ARCHES"]))
+    assert _C_cuda.arches() == ",".join(f"sm_{a}" for a in arches)
     binary = Path(_C_cuda.__file__).read_bytes()
-    for marker in (b"-arch sm_90 ", b"-arch sm_100 ", b".target sm_100"):  # SASS for both, PTX for newer
-        assert marker in binary, marker
+    for marker in (*(f"-arch sm_{a} ".encode() for a in arches), f".target sm_{arches[-1]}".encode()):
+        assert marker in binary, marker  # SASS for each, PTX for newer
 
 
 @requires_build

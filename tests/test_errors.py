@@ -3,6 +3,9 @@ the operator's hint (which setting would change the outcome) apart from it."""
 import ast
 import pickle
 import re
+import subprocess
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -73,3 +76,18 @@ def test_client_text_names_no_object_of_the_servers_memory():
     text = described(OSError("cannot identify image file <_io.BytesIO object at 0x7f9974957a00>"))
     assert text == "OSError: cannot identify image file" and "0x" not in text
     assert described(ValueError("plain")) == "ValueError: plain"
+
+
+def test_a_traceback_shows_the_hint_and_the_client_message_does_not():
+    """A str path fails with "media source is a str"; the fix (pathlib.Path) is in the hint, which an
+    uncaught traceback shows as a PEP 678 note."""
+    with pytest.raises(lazymedia.InvalidMediaError) as info:
+        lazymedia.load_image("photo.jpg")
+    assert "pathlib.Path" not in str(info.value)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "media source is a str" in shown and "hint: pass the encoded bytes, a pathlib.Path" in shown, shown
+    indexed = pickle.loads(pickle.dumps(info.value.with_index(3)))
+    assert indexed.__notes__ == [f"hint: {info.value.hint}"]  # once, after a copy and a pickle
+    uncaught = subprocess.run([sys.executable, "-c", "import lazymedia; lazymedia.load_image('photo.jpg')"],
+                              capture_output=True, text=True, timeout=120)
+    assert uncaught.returncode == 1 and "hint: pass the encoded bytes, a pathlib.Path" in uncaught.stderr

@@ -26,7 +26,7 @@ NEEDS = {
     "# needs: redis": [pytest.mark.skipif(REDIS_SERVER is None,
                                           reason="redis-server is not installed (apt-get install redis-server)"),
                        pytest.mark.skipif(importlib.util.find_spec("redis") is None,
-                                          reason="the redis client is not installed (pip install 'lazymedia[redis]')")],
+                                          reason="the redis client is not installed (pip install redis hiredis)")],
 }
 
 

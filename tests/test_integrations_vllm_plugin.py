@@ -432,6 +432,7 @@ def test_a_refused_private_address_names_the_operators_setting(monkeypatch, capl
     with pytest.raises(MediaError) as caught:
         connector("lazymedia").fetch_image("http://127.0.0.1:9/image.jpg")
     assert "LAZYMEDIA_ALLOW_PRIVATE_NETWORKS" in caught.value.hint and "MediaConnector" not in caught.value.hint
+    assert caught.value.__notes__ == [f"hint: {caught.value.hint}"]  # what a traceback shows
     assert "LAZYMEDIA_ALLOW_PRIVATE_NETWORKS" in caplog.text  # the operator's log says it once
 
 

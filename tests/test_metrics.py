@@ -3,6 +3,8 @@ item, a fetch and a refused one, a crashed worker, GPU fallbacks), the Prometheu
 counts equal what was sent."""
 import base64
 import ctypes
+import dataclasses
+import re
 import urllib.request
 
 import pytest
@@ -93,11 +95,77 @@ def test_the_exporter_counts_what_was_sent(exporter, caplog):
     assert value(samples, "lazymedia_fallbacks_total", backend="nvjpeg", reason="progressive JPEG") == 1
     assert value(samples, "lazymedia_fallbacks_total", backend="nvjpeg", reason="batch failed") == 1
     stats = processor.cache.stats()
-    assert value(samples, "lazymedia_cache_size", part="") == stats.size > 0  # bytes held
-    assert value(samples, "lazymedia_cache_hits", part="") == 3
-    assert value(samples, "lazymedia_cache_entries", part="") == 3
-    assert value(samples, "lazymedia_isolation_workers", part="") == 1
-    assert value(samples, "lazymedia_isolation_restarts", part="") == 0
+    assert value(samples, "lazymedia_cache_size_bytes") == stats.size > 0  # bytes held
+    assert value(samples, "lazymedia_cache_hits_total") == 3
+    assert value(samples, "lazymedia_cache_entries") == 3
+    assert value(samples, "lazymedia_isolation_workers") == 1
+    assert value(samples, "lazymedia_isolation_restarts_total") == 0
+
+
+def test_the_scrape_follows_prometheus_naming_conventions(exporter, tmp_path):
+    """Counters end in _total and only counters do, sizes are in bytes and say so, each metric has
+    its own HELP, no label is empty for nothing, no _created series; every field of lazymedia's own
+    stats objects is described."""
+    from lazymedia.cache import HostCache, ProcessorCache, TieredCache
+    from lazymedia.ops import frame_buffers
+
+    exporter, url = exporter
+    engine = lazymedia.DecodeEngine(max_workers=1, isolate=("video",), isolation_workers=1)
+    cache = TieredCache(ProcessorCache(), HostCache(str(tmp_path / "host")))
+    processor = lazymedia.Processor(sizes, engine=engine, cache=cache)
+    exporter.watch("cache", ProcessorCache().stats)  # a flat source: no part label
+    exporter.watch("tiered", processor.cache.stats)
+    exporter.watch("isolation", engine.isolation_pool().stats)
+    exporter.watch("frame_buffers", frame_buffers().stats)
+    try:
+        processor.apply([lazymedia.load_image(synthetic.jpeg(32, 32)), lazymedia.load_image(synthetic.jpeg(32, 32))])
+        cache.flush(30)
+        with urllib.request.urlopen(url, timeout=60) as response:
+            text = response.read().decode()
+    finally:
+        engine.shutdown()
+    families = {family.name: family for family in parser.text_string_to_metric_families(text)}
+    helps = {}
+    for name, family in families.items():
+        assert re.fullmatch(r"lazymedia_[a-z0-9_]+", name), name
+        assert family.type in ("counter", "gauge", "histogram"), (name, family.type)
+        assert not name.endswith("_total"), name  # the parser strips a counter's _total; a gauge keeps it
+        for sample in family.samples:
+            assert not sample.name.endswith("_created"), sample.name
+            assert sample.name.endswith("_total") == (family.type == "counter"), (sample.name, family.type)
+            assert "part" not in sample.labels or sample.labels["part"], sample
+            if "bytes" in sample.name:
+                assert re.search(r"_bytes(_total)?$", sample.name), sample.name
+        helps.setdefault(family.documentation, []).append(name)
+    shared_help = {text: names for text, names in helps.items() if len(names) > 1}
+    assert not shared_help, shared_help
+    assert families["lazymedia_cache_hits"].type == "counter"  # exposed as lazymedia_cache_hits_total
+    assert families["lazymedia_cache_size_bytes"].type == "gauge"
+    assert families["lazymedia_frame_buffers_released_bytes"].type == "counter"
+    assert families["lazymedia_isolation_restarts"].type == "counter"
+    assert families["lazymedia_isolation_workers"].type == "gauge"
+    assert families["lazymedia_lookups"].type == "counter" and families["lazymedia_phase_seconds"].type == "histogram"
+    tier_parts = {sample.labels["part"] for sample in families["lazymedia_tiered_hits"].samples}
+    assert tier_parts == {"local", "tiers[0]"}  # TieredStats.shared is tiers[0]: counted once
+    assert {sample.labels.get("part") for sample in families["lazymedia_cache_hits"].samples} == {None}
+
+
+def test_every_stats_field_is_described():
+    from lazymedia.cache.store import SharedCacheStats
+    from lazymedia.cache.writer import WriteStats
+    from lazymedia.engine.isolation import PoolStats
+    from lazymedia.engine.placement import DeviceBudget
+    from lazymedia.lru import CacheStats
+    from lazymedia.ops import frame_buffers
+
+    fields = {field.name for stats in (CacheStats, SharedCacheStats, WriteStats, PoolStats)
+              for field in dataclasses.fields(stats)}
+    fields |= set(frame_buffers().stats()) | set(DeviceBudget(1 << 20).stats())
+    assert fields - set(metrics.WATCHED_FIELDS) == set()
+    for field, (suffix, kind, text) in metrics.WATCHED_FIELDS.items():
+        assert kind in ("counter", "gauge") and text and not suffix.endswith("_total"), field
+        if "bytes" in field or field in ("size", "capacity"):
+            assert suffix.endswith("_bytes"), field
 
 
 def test_without_a_listener_nothing_is_reported_and_a_listener_sees_each_event():
@@ -138,11 +206,11 @@ def test_tiered_stats_are_exported_per_part():
     exporter = metrics.PrometheusExporter()
     try:
         exporter.watch("pool", lambda: {"bytes": 5, "nested": {"free": 2}, "tiers": ({"hits": 1}, {"hits": 4})})
-        gauges = {(name, labels["part"]): value for name, labels, value in exporter.gauges()}
+        gauges = {(name, labels.get("part")): value for name, labels, value in exporter.gauges()}
     finally:
         exporter.close()
-    assert gauges == {("lazymedia_pool_bytes", ""): 5.0, ("lazymedia_pool_free", "nested"): 2.0,
-                      ("lazymedia_pool_hits", "tiers[0]"): 1.0, ("lazymedia_pool_hits", "tiers[1]"): 4.0}
+    assert gauges == {("lazymedia_pool_bytes", None): 5.0, ("lazymedia_pool_free", "nested"): 2.0,
+                      ("lazymedia_pool_hits_total", "tiers[0]"): 1.0, ("lazymedia_pool_hits_total", "tiers[1]"): 4.0}
 
 
 def test_shared_tier_lookups_are_counted_once_per_item(tmp_path):

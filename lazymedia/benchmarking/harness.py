@@ -13,6 +13,8 @@ import numpy as np
 
 from lazymedia import synthetic
 
+# Printed above and below a --quick run's tables (and on its charts): its figures only show the job runs.
+QUICK_BANNER = "QUICK RUN (--quick): few requests on small media, a smoke test; these figures are not measurements"
 
 def encode(array: np.ndarray, fmt: str) -> bytes:
     return synthetic.encode_image(array, fmt) if fmt == "JPEG" else synthetic.encode_image(array, fmt, compress_level=6)

@@ -28,6 +28,7 @@ from PIL import Image
 import lazymedia
 from lazymedia import synthetic
 from lazymedia.benchmarking.harness import (
+    QUICK_BANNER,
     Progress,
     encode,
     encode_video,
@@ -260,6 +261,8 @@ def bench_rss(count: int, size: int) -> dict:
 
 
 def print_tables(report: dict) -> None:
+    if report.get("quick"):
+        print(f"\n{QUICK_BANNER}")
     print("\nPer-item cost (median ms)")
     header = f"{'format':6s} {'size':>10s} {'bytes':>9s} {'eager':>8s} {'hit':>8s} {'miss':>8s} {'blake3':>8s} " \
              f"{'hit x':>7s} {'miss/eager':>10s} {'hit/blake3':>10s}"
@@ -348,9 +351,11 @@ def write_chart(report: dict, path: str) -> bool:
                                                          ("lazy hit", "lazy_hit_ms"), ("lazy miss", "lazy_miss_ms"))):
         ax.bar(x + offset, [r[field] for r in rows], width=0.27, label=name)
     ax.set_yscale("log")
-    ax.set_ylabel("ms per item (median)")
+    ax.set_ylabel("ms per item (median, log scale)")
     ax.set_xticks(x, labels, fontsize=8)
-    ax.set_title("per-item cost")
+    quick = report.get("quick")
+    ax.set_title("QUICK RUN, not a measurement: per-item cost" if quick else "per-item cost",
+                 color="red" if quick else "black")
     ax.legend(fontsize=8)
     save_figure(fig, path)
     return True

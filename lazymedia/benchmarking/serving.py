@@ -59,7 +59,15 @@ import lazymedia
 from lazymedia import synthetic
 from lazymedia._profiling import nvtx_range
 from lazymedia.benchmarking import rehearsal
-from lazymedia.benchmarking.harness import encode, encode_video, psnr, pyplot, save_figure, serve_on_loopback
+from lazymedia.benchmarking.harness import (
+    QUICK_BANNER,
+    encode,
+    encode_video,
+    psnr,
+    pyplot,
+    save_figure,
+    serve_on_loopback,
+)
 from lazymedia.connector import MediaConnector
 from lazymedia.engine.engine import gpu_decoders
 
@@ -73,7 +81,7 @@ UNIQUE_CLIPS = 8
 # normalised units the model sees): two uint8 levels over the smallest std of Qwen2-VL's
 # normalisation (0.26130258), 2 / (255 * 0.26130258). torchvision resizes uint8 on the CPU in
 # integer arithmetic and on the GPU in float, rounding once: a pixel may land one level apart, and
-# the bicubic filter's clamp a second (docs/benchmarks.md).
+# the bicubic filter's clamp a second (docs/benchmarks-history.md, "On a GPU").
 PIXEL_TOLERANCE = 2 / (255 * 0.26130258)
 MIN_DECODE_PSNR = 40.0
 # lazy_gpu's device cap: 32 x 4K misses in flight reserve 32 x 0.4 GB and a 1080p clip's 32 frames
@@ -535,7 +543,7 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
         "processor": hf.name, "processor_note": hf.note, "eager_video_decoder": eager_video_decoder()[0],
         "requests": requests, "concurrency": concurrency, "workers": workers, "num_frames": NUM_FRAMES,
         "cache_bytes": CACHE_BYTES, "device": device, "modes": modes, "identical_outputs": True, "device_ok": True,
-        "rehearsal": rehearse, "results": {}}
+        "rehearsal": rehearse, "quick": quick, "results": {}}
     try:
         base = f"http://127.0.0.1:{ports.get(timeout=900)}"
         for scenario in scenarios:
@@ -568,8 +576,15 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
     return report
 
 
+COLUMNS = ("processed: the items each frontend decoded and ran through the processor in the timed requests (its "
+           "processor-cache misses; a hit reuses the cached output)",
+           "vs eager: the mode's requests/s over eager's in the same scenario (above 1.00x: faster than vLLM's path)")
+
+
 def print_table(report: dict) -> None:
     note = f"; {report['processor_note']}" if report["processor_note"] else ""
+    if report.get("quick"):
+        print(f"\n{QUICK_BANNER}")
     print(f"\nServing: {report['requests']} requests per scenario at concurrency {report['concurrency']}, "
           f"{report['workers']} decode/process workers per frontend, device {report['device']}")
     print(f"processor: {report['processor']} (transformers, defaults){note}")
@@ -600,8 +615,12 @@ def print_table(report: dict) -> None:
                   f"cap {budget['cap_bytes'] >> 20} MiB, reserved peak {budget['peak_bytes'] >> 20} MiB, "
                   f"allocator peak {gpu['gpu_peak_bytes'] >> 20} MiB, outside torch's allocator "
                   f"{gpu.get('outside_torch_bytes', 0) >> 20} MiB")
+    for line in COLUMNS:
+        print(line)
     for line in verdicts(report):
         print(line)
+    if report.get("quick"):
+        print(QUICK_BANNER)
 
 
 def device_peak(gpu: dict) -> int:
@@ -665,9 +684,12 @@ def write_chart(report: dict, path: str) -> bool:
                             ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_xticks(x, scenarios)
-    ax.set_ylabel("requests / s")
-    ax.set_title(f"{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']} "
-                 f"(vLLM's path: lazymedia's re-implementation)", fontsize=8)
+    ax.set_ylabel("requests / s (log scale)")
+    quick = report.get("quick")
+    ax.set_title(("QUICK RUN (--quick): a smoke test, not a measurement\n" if quick else "")
+                 + f"{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']}\n"
+                 "vLLM's path: lazymedia's re-implementation; bar labels: requests/s over vLLM's path", fontsize=8,
+                 color="red" if quick else "black")
     ax.legend(fontsize=7)
     save_figure(fig, path)
     return True

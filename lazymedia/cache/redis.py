@@ -119,7 +119,8 @@ class RedisCache(ValueStore):
             import redis
             import redis.asyncio
         except ImportError as exc:
-            raise ImportError('RedisCache needs the redis client: pip install "lazymedia[redis]"') from exc
+            raise ImportError("RedisCache needs the redis client: pip install redis hiredis "
+                              "(the lazymedia-decode[redis] extra)") from exc
         super().__init__(bfloat16, BadValueLog(log_every_s, logger), "shared", secret, compress)
 
         self._errors = (redis.RedisError, OSError, asyncio.TimeoutError)

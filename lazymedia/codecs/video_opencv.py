@@ -24,7 +24,7 @@ def check_available() -> None:
     is chosen (load, decode), not in VideoSpec, so a cache hit by id never needs OpenCV."""
     if importlib.util.find_spec("cv2") is None:
         raise InvalidMediaError("decoder='opencv' is not installed on this server: use decoder='pyav'",
-                                hint="pip install opencv-python-headless (the lazymedia[opencv] extra)",
+                                hint="pip install opencv-python-headless (the lazymedia-decode[opencv] extra)",
                                 modality="video")
 
 

@@ -6,7 +6,7 @@ Workers are fresh interpreters (`python -m lazymedia.engine.isolation`) talking 
 pair: no fork of a threaded server, and no re-import of the server's __main__ as
 multiprocessing's spawn and forkserver would do. A worker warms up before it reports ready: it
 imports torch and the decoders and decodes a tiny video and audio clip (seconds, where a warm
-decode takes milliseconds: docs/benchmarks.md), so a pool created early (`DecodeEngine.warm_up`)
+decode takes milliseconds: docs/benchmarks-history.md), so a pool created early (`DecodeEngine.warm_up`)
 serves its first miss warm.
 
 Decoded frames and samples of a MiB or more come back through shared memory: the worker writes

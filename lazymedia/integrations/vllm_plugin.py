@@ -1,6 +1,6 @@
 """The "lazymedia" media connector inside an unmodified `vllm serve` (vLLM 0.33).
 
-`pip install lazymedia[vllm]` installs the `vllm.general_plugins` entry point
+Installing lazymedia (README.md: "Use with vLLM") installs the `vllm.general_plugins` entry point
 (`lazymedia.integrations.vllm_plugin:register`), which registers `connector_class()` in vLLM's
 MEDIA_CONNECTOR_REGISTRY; `VLLM_MEDIA_CONNECTOR=lazymedia vllm serve ...` then selects it. vLLM
 builds one per request with its own arguments and hands the results to its parser, hasher and
@@ -151,7 +151,7 @@ def vllm_error(exc: MediaError, modality: str) -> Exception:
     ValueError / RuntimeError / NotImplementedError types. A refused private address is logged
     for the operator with the one setting that admits it inside `vllm serve`."""
     if "allow_private_networks" in exc.hint:
-        exc.hint = PRIVATE_NETWORKS_HINT
+        exc = exc.with_hint(PRIVATE_NETWORKS_HINT)
         _log_once(f"lazymedia refused a media URL: {exc} ({PRIVATE_NETWORKS_HINT})")
     if isinstance(exc, VllmAudioFileTooLargeError):
         return audio_size_error_class()(exc.message, modality=exc.modality, index=exc.index, hint=exc.hint,
