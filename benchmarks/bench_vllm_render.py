@@ -314,8 +314,9 @@ def run_batch(loop, column: Column, modality: str, urls: list[str], fallbacks: F
 
 
 # -- identical engine inputs ---------------------------------------------------------------------
-def input_difference(a: dict, b: dict) -> str | None:
-    """None when two engine inputs are the same model input, else what differs first."""
+def input_difference(a: dict, b: dict, compared: set[str]) -> str | None:
+    """None when two engine inputs are the same model input, else what differs first; adds the
+    names of the processor outputs it compared to `compared`."""
     import torch
 
     if a["prompt_token_ids"] != b["prompt_token_ids"]:
@@ -348,6 +349,7 @@ def input_difference(a: dict, b: dict) -> str | None:
             if set(item_a) != set(item_b):
                 return f"mm_kwargs[{modality}] keys {sorted(item_a)} vs {sorted(item_b)}"
             for key in item_a:
+                compared.add(key)
                 ta, tb = item_a[key].data, item_b[key].data
                 if type(item_a[key].field) is not type(item_b[key].field):
                     return f"{key} field"
@@ -403,13 +405,16 @@ def run_scenario(loop, scenario: Scenario, columns: list[Column], seconds: float
     counted_fallbacks = dict(fallbacks.counts)
     times = interleaved({column.name: (lambda column=column: call(column), 1) for column in columns},
                         scenario.rounds)
-    differences = [input_difference(a, b) for a, b in zip(state["vllm"]["inputs"], state["plugin-cpu"]["inputs"])]
+    tensors: set[str] = set()
+    pairs = zip(state["vllm"]["inputs"], state["plugin-cpu"]["inputs"])
+    differences = [input_difference(a, b, tensors) for a, b in pairs]
     compared = len(differences)
     different = [d for d in differences if d is not None]
     result: dict = {"requests_per_round": scenario.requests, "rounds": scenario.rounds, "pool": scenario.pool,
                     "size": f"{scenario.width}x{scenario.height}", "columns": {},
                     "identical": compared == len(shared[0]) + scenario.requests * scenario.rounds and not different,
-                    "compared_requests": compared, "first_difference": different[0] if different else None}
+                    "compared_requests": compared, "compared_tensors": sorted(tensors),
+                    "first_difference": different[0] if different else None}
     for column in columns:
         mine = state[column.name]
         lat = sorted(mine["latencies"])
@@ -433,7 +438,7 @@ COLUMN_NAMES = ("vllm", "plugin-cpu", "plugin-gpu")
 
 def print_table(results: dict, ran: list[str]) -> None:
     """One row per scenario: per column requests/s and p50/p99 latency (ms), then plugin-cpu/vllm."""
-    cell = 27
+    cell = 31
     head = f"{'scenario':<12}" + "".join(f"{name + ': req/s  p50/p99 ms':>{cell}}" for name in COLUMN_NAMES)
     print(head + f"{'plugin-cpu/vllm (rounds)':>27}{'hits':>8}{'decodes':>9}  identical")
     for name, result in results.items():
@@ -458,7 +463,8 @@ def verdicts(results: dict, gpu: bool) -> list[str]:
         what = "hit" if result["pool"] else "miss"
         lines.append(f"VERDICT {name}: plugin {what} no slower than vLLM's: {'PASS' if r['median'] >= 1.0 else 'FAIL'} "
                      f"(plugin-cpu/vllm requests/s x{r['median']:.2f}, rounds {r['low']:.2f}-{r['high']:.2f})")
-        detail = f"{result['compared_requests']} requests compared"
+        detail = f"{result['compared_requests']} requests: token ids, placeholders, hashes, " + \
+            ", ".join(result["compared_tensors"])
         if result["first_difference"]:
             detail += f"; first difference: {result['first_difference']}"
         lines.append(f"VERDICT {name}: identical model inputs: {'PASS' if result['identical'] else 'FAIL'} ({detail})")
