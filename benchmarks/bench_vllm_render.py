@@ -16,25 +16,29 @@ multimodal processor with its processor cache). N requests of a round run concur
 2. plugin-cpu: VLLM_MEDIA_CONNECTOR=lazymedia, vLLM's defaults otherwise.
 3. plugin-gpu: VLLM_MEDIA_CONNECTOR=lazymedia, LAZYMEDIA_VLLM_DEVICE=cuda and mm_processor_kwargs
    {"device": "cuda"}; only where torch.cuda.is_available(), else printed as "not run: no GPU".
-   (The plugin at commit 65b7aba reads no LAZYMEDIA_VLLM_DEVICE: the column sets it as issue #44
-   names it; the processor device is what moves work to the GPU until the plugin reads it.)
+   (The plugin of this script's first commit, on 65b7aba, reads no LAZYMEDIA_VLLM_DEVICE: the column
+   sets it as issue #44 names it, for a plugin that reads it; the processor device is set either way.)
 
 Scenarios (--scenarios picks some): jpeg-720p and jpeg-4k (unique JPEGs: every request new bytes),
 jpeg-hits (a pool of 720p JPEGs every column has rendered once before timing: the processor cache
 serves them; the plugin's decodes are counted through lazymedia.integrations.vllm_plugin.DECODES
 and vLLM's cache hits through the renderer's stat_mm_cache()), h264-720p and h264-1080p (unique
 H.264 clips from lazymedia.synthetic). Columns 1 and 2 get the same bytes (each has its own
-processor cache and vLLM's connector caches nothing, so both miss); column 3 gets its own (the
-plugin's decoded-video LRU is process-wide). Every scenario starts with each column's processor
-cache cleared. Timing is lazymedia.benchmarking.harness.interleaved: its untimed first call is
-each column's warm-up (one request; for jpeg-hits the pool), then every round runs each column's
-batch in turn, so load that comes and goes hits all columns. requests/s is the median over rounds;
+processor cache and vLLM's connector caches nothing, so both miss); column 3 gets its own unique
+items (the plugin's decoded-video LRU is process-wide) after the same warm-up request, and the
+same pool. Every scenario starts with each column's processor cache cleared. Timing is
+lazymedia.benchmarking.harness.interleaved: its untimed first call is each column's warm-up (one
+request; for jpeg-hits the pool), then every round runs each column's batch in turn, so load that
+comes and goes hits all columns. requests/s is the median over rounds;
 the ratio is the median of the per-round ratios with their spread (harness.ratio).
 
 identical=True means: for every request (warm-up included), the engine input of columns 1 and 2
 has the same prompt token ids, mm placeholders, mm hashes (the processor-cache keys) and every
 processor output tensor (pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw: dtype,
-shape and values; a cache hit's output is None on both sides). VERDICT lines: per scenario
+shape and values; a cache hit's output is None on both sides). On a GPU the vllm column processes
+on the GPU and plugin-cpu on the CPU, so a difference there can be the processor's device; the
+warm-up request (the same bytes in vllm and plugin-gpu) is also compared between those two, as
+"identical_gpu_warmup". VERDICT lines: per scenario
 "plugin miss no slower than vLLM's" (plugin-cpu / vllm requests/s >= 1.0; for jpeg-hits "plugin
 hit ...") and "identical model inputs"; on a GPU also issue #44's goals (unique 4K JPEG plugin-gpu
 >= 3x vllm with p99 no worse, unique 720p >= 2x, unique 1080p H.264 >= 1.5x vLLM's pynvvideocodec
@@ -59,8 +63,11 @@ transformers' Qwen2-VL video processor needs torchvision, the release for the in
         starlette annotated-doc opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions \\
         xgrammar apache-tvm-ffi partial-json-parser llguidance einops
     pip install --no-deps --target /tmp/vllm-tv torchvision==0.28.0      # for torch 2.13
-    PYTHONPATH=/tmp/vllm-site:/tmp/vllm-testdeps:/tmp/vllm-cv2:/tmp/vllm-tv \\
+    PYTHONPATH=.:/tmp/vllm-site:/tmp/vllm-testdeps:/tmp/vllm-cv2:/tmp/vllm-tv \\
         python benchmarks/bench_vllm_render.py [--quick] [--scenarios jpeg-720p,jpeg-hits] [--json out.json]
+
+(`.` first: the checkout's lazymedia, built in place, rather than another one an editable install
+would find; the first line printed names the lazymedia measured.)
 
 PyPI's torchvision is a CUDA build: beside a CPU torch wheel its _C library does not load (it
 links libc10_cuda) and `import torchvision` stops at "operator torchvision::nms does not exist"
@@ -77,6 +84,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -90,6 +98,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import lazymedia
 from lazymedia import metrics, synthetic
 from lazymedia.benchmarking.harness import Progress, busy_warning, interleaved, ratio, write_json
 
@@ -146,9 +155,9 @@ class Scenario:
 def scenarios(quick: bool, seconds: float) -> list[Scenario]:
     """Sizes: --quick for a 2-core CPU rehearsal, else for a GPU machine."""
     if quick:
-        return [Scenario("jpeg-720p", "image", 720, 1280, 4, 3), Scenario("jpeg-4k", "image", 2160, 3840, 2, 2),
-                Scenario("jpeg-hits", "image", 720, 1280, 4, 3, pool=2),
-                Scenario("h264-720p", "video", 720, 1280, 2, 2), Scenario("h264-1080p", "video", 1080, 1920, 2, 2)]
+        return [Scenario("jpeg-720p", "image", 720, 1280, 8, 3), Scenario("jpeg-4k", "image", 2160, 3840, 2, 3),
+                Scenario("jpeg-hits", "image", 720, 1280, 8, 3, pool=4),
+                Scenario("h264-720p", "video", 720, 1280, 2, 3), Scenario("h264-1080p", "video", 1080, 1920, 2, 3)]
     return [Scenario("jpeg-720p", "image", 720, 1280, 32, 5), Scenario("jpeg-4k", "image", 2160, 3840, 8, 5),
             Scenario("jpeg-hits", "image", 720, 1280, 32, 5, pool=8),
             Scenario("h264-720p", "video", 720, 1280, 8, 5), Scenario("h264-1080p", "video", 1080, 1920, 8, 5)]
@@ -379,7 +388,10 @@ def run_scenario(loop, scenario: Scenario, columns: list[Column], seconds: float
             for _ in range(scenario.rounds)]
 
     shared = new_batches()  # columns 1 and 2 (vllm, plugin-cpu)
-    batches = {column.name: shared if column.name in ("vllm", "plugin-cpu") else new_batches() for column in columns}
+    # plugin-gpu: the shared warm-up, its own unique items (the plugin's decoded-video LRU is
+    # process-wide); a pool is the same pool (every column has its own processor cache)
+    batches = {column.name: shared if column.name in ("vllm", "plugin-cpu") or scenario.pool
+               else [shared[0], *new_batches()[1:]] for column in columns}
     state = {column.name: {"next": 0, "latencies": [], "decodes": 0, "queries": 0, "hits": 0, "inputs": []}
              for column in columns}
     for column in columns:
@@ -393,7 +405,7 @@ def run_scenario(loop, scenario: Scenario, columns: list[Column], seconds: float
         before = sum(vllm_plugin.DECODES.values())
         results = run_batch(loop, column, scenario.modality, batches[column.name][index], fallbacks)
         stats = column.renderer.stat_mm_cache()
-        if column.name in ("vllm", "plugin-cpu"):
+        if column.name in ("vllm", "plugin-cpu") or index == 0:
             mine["inputs"].extend(engine_input for _, engine_input in results)
         if index > 0:  # the warm-up call is untimed (harness.interleaved)
             mine["latencies"].extend(seconds for seconds, _ in results)
@@ -426,7 +438,11 @@ def run_scenario(loop, scenario: Scenario, columns: list[Column], seconds: float
             "cache_queries": mine["queries"], "cache_hits": mine["hits"],
             "fallbacks": fallbacks.counts.get(column.name, 0) - counted_fallbacks.get(column.name, 0)}
     result["ratio_plugin_cpu_to_vllm"] = ratio(times["vllm"], times["plugin-cpu"])
-    if "plugin-gpu" in times:
+    if "plugin-gpu" in times:  # the warm-up request(s), the same bytes in vllm and plugin-gpu
+        gpu_differences = [input_difference(a, b, set()) for a, b in zip(state["vllm"]["inputs"][:len(shared[0])],
+                                                                          state["plugin-gpu"]["inputs"])]
+        result["identical_gpu_warmup"] = all(d is None for d in gpu_differences)
+        result["first_difference_gpu_warmup"] = next((d for d in gpu_differences if d is not None), None)
         result["ratio_plugin_gpu_to_vllm"] = ratio(times["vllm"], times["plugin-gpu"])
         result["ratio_plugin_gpu_to_plugin_cpu"] = ratio(times["plugin-cpu"], times["plugin-gpu"])
     return result
@@ -477,6 +493,11 @@ def verdicts(results: dict, gpu: bool) -> list[str]:
     if not gpu:
         lines.append("VERDICT issue #44 GPU goals: not run: no GPU (torch.cuda.is_available() is False)")
         return lines
+    for name, result in results.items():
+        lines.append(f"VERDICT {name} GPU: identical model inputs, vllm vs plugin-gpu (warm-up request): "
+                     f"{'PASS' if result['identical_gpu_warmup'] else 'FAIL'}"
+                     + (f" (first difference: {result['first_difference_gpu_warmup']})"
+                        if result["first_difference_gpu_warmup"] else ""))
     goals = {"jpeg-4k": 3.0, "jpeg-720p": 2.0, "h264-1080p": 1.5}
     for name, goal in goals.items():
         if name not in results:
@@ -560,6 +581,7 @@ def main() -> None:
     print(f"vLLM's chat render (renderer.render_chat_async) on a tiny Qwen2-VL, {platform.machine()}, "
           f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, "
           f"{'GPU ' + torch.cuda.get_device_name(0) if gpu else 'no GPU'}; {time.perf_counter() - started:.0f} s")
+    print(f"  lazymedia {os.path.dirname(lazymedia.__file__)}, vLLM {importlib.metadata.version('vllm')}")
     for column in columns:
         print(f"  {column.name}: {column.settings}")
     for note in notes:
@@ -575,7 +597,8 @@ def main() -> None:
     lines = verdicts(results, gpu)
     for line in lines:
         print(line)
-    report = {"machine": {"arch": platform.machine(), "cores": len(os.sched_getaffinity(0)),
+    report = {"lazymedia": os.path.dirname(lazymedia.__file__), "vllm": importlib.metadata.version("vllm"),
+              "machine": {"arch": platform.machine(), "cores": len(os.sched_getaffinity(0)),
                           "load_1min": os.getloadavg()[0], "gpu": torch.cuda.get_device_name(0) if gpu else None,
                           "torch": torch.__version__},
               "columns": {column.name: column.settings for column in columns}, "notes": notes,

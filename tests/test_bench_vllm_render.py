@@ -30,7 +30,7 @@ def test_the_render_bench_gives_identical_inputs_and_verdicts(tmp_path):
     out = tmp_path / "render.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *sys.path]), HF_HUB_OFFLINE="1")
     run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_vllm_render.py"), "--quick",
-                          "--scenarios", "jpeg-720p", "--rounds", "2", "--json", str(out)],
+                          "--scenarios", "jpeg-720p", "--requests", "4", "--rounds", "2", "--json", str(out)],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=580)
     assert run.returncode == 0, run.stderr[-4000:]
     lines = run.stdout.splitlines()
