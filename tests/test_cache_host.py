@@ -833,3 +833,22 @@ def test_a_shared_group_is_trusted_only_when_named(store_path):
     status = os.stat(os.path.join(cache.files, file_name))
     assert status.st_gid == group and stat.S_IMODE(status.st_mode) == 0o440
     assert torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])
+
+
+def test_a_large_value_is_read_in_parts_at_once_and_a_cut_part_is_a_miss(store_path):
+    """A value of several read parts (4 MiB each, one per torch thread) reads back whole; cut in
+    its last part, it is a miss."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        value = {"x": torch.randn(3, 1 << 20)}  # 12 MiB: three parts
+        cache = HostCache(store_path, capacity_bytes=64 << 20)
+        assert cache.put("k", value)
+        assert torch.equal(cache.get_many(["k"])["k"]["x"], value["x"])
+        (file_name,) = os.listdir(cache.files)
+        path = os.path.join(cache.files, file_name)
+        os.chmod(path, 0o600)
+        os.truncate(path, os.path.getsize(path) - (1 << 20))
+        assert cache.get_many(["k"]) == {} and cache.usage()[0] == 0
+    finally:
+        torch.set_num_threads(threads)

@@ -43,6 +43,7 @@ import stat
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import blake3
@@ -66,6 +67,11 @@ _LEASE = struct.Struct("<16sdq")  # token, expiry (CLOCK_MONOTONIC is host-wide)
 _FILE_REFERENCE = b"LMF1"  # a value entry naming the file that holds the value (then its name)
 _TEMPORARY = ".part-"  # a value file being written
 _NAME_MAX = 64  # the longest file name an entry holds (blake3 hex 16 + "-" + token hex 16: 33)
+# A hit's read is split into parts of at least this many bytes, read at once on up to torch's
+# intra-op thread count (as many as a memcpy of the value by torch uses), so the read costs about
+# what that memcpy does.
+_READ_PART_BYTES = 4 << 20
+_READERS: list[ThreadPoolExecutor] = []  # one pool for the read parts' threads, made at the first large hit
 
 
 def _environment(path: str, map_size: int, group: int | None):
@@ -127,6 +133,33 @@ def trust(path: str, group: int | None, folder: bool) -> None:
                  "it serves (its files are read into every process that hits them). Remove it and let HostCache "
                  "create it, or chown it to this user and chmod go-w; a cache shared by several users on purpose "
                  "names their group: HostCache(shared_group=...)")
+
+
+def _read_at_once(descriptor: int, view: memoryview, parts: int) -> bool:
+    """Fills `view` from the file at offset 0 in `parts` preads at once (the first on this
+    thread): whether every byte came (a short read: the file was cut). Returns or raises only
+    once every part is done with the descriptor."""
+    step = -(-len(view) // parts)
+
+    def read(start: int) -> bool:
+        end = min(len(view), start + step)
+        while start < end:
+            got = os.preadv(descriptor, [view[start:end]], start)
+            if got == 0:
+                return False
+            start += got
+        return True
+    if parts == 1:
+        return read(0)
+    with _ENVS_LOCK:
+        if not _READERS:
+            _READERS.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="lazymedia-host-read"))
+    others = [_READERS[0].submit(read, start) for start in range(step, len(view), step)]
+    try:
+        first = read(0)
+    finally:
+        wait(others)
+    return first and all(other.result() for other in others)
 
 
 def _plain_name(text: str) -> bool:
@@ -389,15 +422,14 @@ class HostCache(ValueStore):
             except (RuntimeError, MemoryError) as exc:
                 self._fault(exc)
                 return None, False
-            view, done, got = buffer.data, 0, 0
-            while done < len(buffer) and (got := os.preadv(descriptor, [view[done:]], done)):
-                done += got
+            parts = max(1, min(torch.get_num_threads(), len(buffer) // _READ_PART_BYTES))
+            whole = _read_at_once(descriptor, buffer.data, parts)
         except OSError as exc:  # EIO and the like: the file cannot be read
             self._fault(exc)
             return None, True
         finally:
             os.close(descriptor)
-        if done < len(buffer) or bytes(buffer[-len(file_name):]) != file_name:
+        if not whole or bytes(buffer[-len(file_name):]) != file_name:
             return None, True
         return buffer[:-len(file_name)], False
 
