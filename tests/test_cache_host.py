@@ -852,3 +852,39 @@ def test_a_large_value_is_read_in_parts_at_once_and_a_cut_part_is_a_miss(store_p
         assert cache.get_many(["k"]) == {} and cache.usage()[0] == 0
     finally:
         torch.set_num_threads(threads)
+
+
+def put_and_read_a_large_value(path, outcome):
+    """In a forked child: numpy alone for the value and the comparison (torch's OpenMP workers do
+    not survive a fork either, and a parallel torch op here would wait on them)."""
+    import faulthandler
+
+    import numpy as np
+
+    faulthandler.dump_traceback_later(30, exit=True)
+    cache = HostCache(path, capacity_bytes=64 << 20)
+    ones = np.ones((3, 1 << 20), np.float32)
+    assert cache.put("k", {"x": ones})
+    outcome.put(bool(np.array_equal(cache.get_many(["k"])["k"]["x"], ones)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_large_values_in_parts_too(store_path):
+    """The read parts' threads do not survive a fork: a child that inherited the parent's pool
+    makes its own instead of waiting on threads it does not have (the child opens a store of its
+    own: LMDB refuses the one its parent opened)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cache = HostCache(store_path, capacity_bytes=64 << 20)
+        assert cache.put("k", {"x": torch.ones(3, 1 << 20)})
+        assert torch.equal(cache.get_many(["k"])["k"]["x"], torch.ones(3, 1 << 20))  # the parent's pool exists
+        fork = multiprocessing.get_context("fork")
+        outcome = fork.Queue()
+        child = fork.Process(target=put_and_read_a_large_value, args=(store_path + "-child", outcome))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0 and outcome.get(timeout=5)
+    finally:
+        torch.set_num_threads(threads)
+        shutil.rmtree(store_path + "-child", ignore_errors=True)

@@ -71,7 +71,9 @@ _NAME_MAX = 64  # the longest file name an entry holds (blake3 hex 16 + "-" + to
 # intra-op thread count (as many as a memcpy of the value by torch uses), so the read costs about
 # what that memcpy does.
 _READ_PART_BYTES = 4 << 20
-_READERS: list[ThreadPoolExecutor] = []  # one pool for the read parts' threads, made at the first large hit
+# The read parts' threads: one pool per process (a forked child's copy has no threads), made at
+# its first large hit.
+_READERS: dict[int, ThreadPoolExecutor] = {}
 
 
 def _environment(path: str, map_size: int, group: int | None):
@@ -152,9 +154,12 @@ def _read_at_once(descriptor: int, view: memoryview, parts: int) -> bool:
     if parts == 1:
         return read(0)
     with _ENVS_LOCK:
-        if not _READERS:
-            _READERS.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="lazymedia-host-read"))
-    others = [_READERS[0].submit(read, start) for start in range(step, len(view), step)]
+        pool = _READERS.get(os.getpid())
+        if pool is None:
+            _READERS.clear()
+            pool = _READERS[os.getpid()] = ThreadPoolExecutor(os.cpu_count() or 1,
+                                                              thread_name_prefix="lazymedia-host-read")
+    others = [pool.submit(read, start) for start in range(step, len(view), step)]
     try:
         first = read(0)
     finally:
