@@ -6,8 +6,9 @@ import pytest
 from test_hostile import run_capped
 
 from lazymedia import MediaError, MediaTooLargeError, UnprocessableMediaError
-from lazymedia.codecs.metadata import MAX_METADATA_ENTRIES, check_metadata
+from lazymedia.codecs.metadata import MAX_METADATA_ENTRIES, MAX_WALKED_UNITS, check_metadata
 
+_EBML_HEADER = b"\x1a\x45\xdf\xa3\x80"  # an empty EBML header
 BOMB_CPU_SECONDS = 5.0  # the issue's bound (FFmpeg took 17 s to minutes on these files)
 LOADS = {"audio": "lazymedia.load_audio(data)", "video": "lazymedia.load_video(data, num_frames=4)"}
 
@@ -115,3 +116,14 @@ def test_the_refusal_names_the_total_and_its_parts():
     assert isinstance(refused.value, MediaError) and refused.value.status_code == 413
     assert f"counted {MAX_METADATA_ENTRIES + 1} before stopping: {MAX_METADATA_ENTRIES + 1} ID3v2 tags" in str(
         refused.value)
+
+
+def test_tags_after_more_units_than_the_walk_steps_over_are_refused_not_skipped():
+    """A million tiny blocks in a cluster of unknown size, then the tags: the walk does not stop
+    short of them and pass the file on uncounted."""
+    unknown = b"\x01\xff\xff\xff\xff\xff\xff\xff"
+    data = _EBML_HEADER + b"\x18\x53\x80\x67" + unknown + b"\x1f\x43\xb6\x75" + unknown + \
+        b"\xa3\x81\x00" * (MAX_WALKED_UNITS + 1)
+    with pytest.raises(MediaTooLargeError, match=f"more than {MAX_WALKED_UNITS} elements"):
+        check_metadata(data, "video")
+    check_metadata(data[:len(data) - 3 * 16], "video")  # within the walk: nothing to count

@@ -7,7 +7,8 @@ tag and frame of the chain at the start, every FLAC metadata block and Vorbis co
 `udta` entry, `keys` key and `ilst` item, every Matroska SimpleTag. Past MAX_METADATA_ENTRIES in
 all it is a 413, so splitting the tags over many tags, blocks or boxes does not get round it. The
 walks stop there, so their own cost is at most that many entries plus MAX_WALKED_UNITS container
-units (boxes, elements) stepped over; at that count FFmpeg's probe costs milliseconds. Entries are
+units (boxes, elements) stepped over (more is a 413 too); at that count FFmpeg's probe costs
+milliseconds. Entries are
 counted as they are found, never from a count field, so a garbage count in a tiny file is not a
 count of entries."""
 from __future__ import annotations
@@ -16,8 +17,9 @@ from ..errors import MediaTooLargeError, UnprocessableMediaError
 
 MAX_METADATA_ENTRIES = 2000
 # Boxes or elements a walk steps over to find the metadata, at most (their sizes make each step
-# O(1)); past it the walk stops and leaves the rest to the decoder, as it does with what it does
-# not understand. A fragmented hour at one fragment per frame, 60 fps, is 432 k boxes.
+# O(1): about 1 CPU-s for this many); past it the file is refused (413), since tags could follow
+# where the walk stopped. A fragmented hour at one fragment per frame, 60 fps, is 432 k boxes; an
+# hour of a browser's live WebM (clusters of unknown size, every block walked) about 300 k blocks.
 MAX_WALKED_UNITS = 1 << 20
 
 _EBML_MAGIC = b"\x1a\x45\xdf\xa3"
@@ -50,6 +52,11 @@ class MetadataCount:
             raise MediaTooLargeError(f"the file's metadata holds more than {MAX_METADATA_ENTRIES} entries in all "
                                      f"(counted {self.total} before stopping: {found}): strip the file's tags",
                                      modality=self.modality)
+
+
+def _too_long_a_walk(units: str, modality: str) -> MediaTooLargeError:
+    return MediaTooLargeError(f"the file has more than {MAX_WALKED_UNITS} {units} to step over where its tags may "
+                              "lie: re-encode the file or send another", modality=modality)
 
 
 def check_metadata(data, modality: str) -> None:
@@ -169,7 +176,7 @@ def _count_mp4(view: memoryview, count: MetadataCount) -> None:
         for kind, body_start, body_end in mp4_boxes(view, start, end):
             walked += 1
             if walked > MAX_WALKED_UNITS:
-                return
+                raise _too_long_a_walk("boxes", count.modality)
             if parent == b"ilst" or (parent == b"udta" and kind != b"meta"):
                 count.add(f"MP4 {parent.decode()} entries")
             if kind in _MP4_ENTERED and parent != b"ilst":
@@ -224,8 +231,10 @@ def _count_matroska(view: memoryview, count: MetadataCount) -> None:
     tag hierarchy and skipping everything else by its size; counts SimpleTags (in every Tags
     element, nested ones included)."""
     offset, walked = 0, 0
-    while offset < len(view) and walked < MAX_WALKED_UNITS:
+    while offset < len(view):
         walked += 1
+        if walked > MAX_WALKED_UNITS:
+            raise _too_long_a_walk("elements", count.modality)
         element, id_length, _ = _vint(view, offset, keep_marker=True)
         size, size_length, unknown = _vint(view, offset + id_length, keep_marker=False)
         if not id_length or not size_length:
