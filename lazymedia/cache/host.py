@@ -18,8 +18,8 @@ read-only (0400) under a temporary name and renamed before its entry commits, is
 after, and is unlinked after the entry that names it is removed. A hit checks the key and the
 header's tag, not the payload's (`verify_payloads=True` hashes every byte too): the folder is
 trusted only when no one but this user (or the operator's `shared_group`) can write it or its
-LMDB files (`trust`, checked before LMDB opens them), so only a process that could as well write
-into this process's memory can rewrite a payload in place.
+LMDB files (`refuse_untrusted`, checked before LMDB opens them), so only a process that could as
+well write into this process's memory can rewrite a payload in place.
 With `zero_copy=False`, values are level-coded and LZ4-compressed (`compress`) into LMDB, and a
 hit builds the tensors from them (serialize.py).
 
@@ -79,13 +79,13 @@ _READERS: dict[int, ThreadPoolExecutor] = {}
 def _environment(path: str, map_size: int, group: int | None):
     """The process's one LMDB environment for `path` (LMDB forbids opening it twice in a
     process; a forked child opens its own), opened only once the folder and its LMDB files are
-    trusted (`trust`)."""
+    trusted (`refuse_untrusted`)."""
     real = os.path.realpath(path)
     with _ENVS_LOCK:
         _make_folder(real, group)
         for name in ("", "data.mdb", "lock.mdb"):
             if name == "" or os.path.lexists(os.path.join(real, name)):
-                trust(os.path.join(real, name), group, folder=name == "")
+                refuse_untrusted(os.path.join(real, name), group, folder=name == "")
         known = _ENVS.get(real)
         if known is not None and known[0] == os.getpid():
             return known[1]
@@ -99,7 +99,8 @@ def _environment(path: str, map_size: int, group: int | None):
 
 def _make_folder(path: str, group: int | None) -> None:
     """Creates `path` for this user alone (0700), or for the shared group (its group, 2770: files
-    made in it take the group); an existing folder is left as it is, for `trust` to judge."""
+    made in it take the group); an existing folder is left as it is, for `refuse_untrusted` to
+    judge."""
     try:
         os.makedirs(path, mode=0o700 if group is None else 0o770)
     except FileExistsError:
@@ -109,7 +110,7 @@ def _make_folder(path: str, group: int | None) -> None:
         os.chmod(path, 0o2770)
 
 
-def trust(path: str, group: int | None, folder: bool) -> None:
+def refuse_untrusted(path: str, group: int | None, folder: bool) -> None:
     """Refuses (UntrustedCacheError) a cache folder or store file that is not a plain folder or
     file of this user that no one else can write, or, where the operator names a shared group,
     of that group that others cannot write: anyone who can write it can choose what every reader
@@ -130,7 +131,7 @@ def trust(path: str, group: int | None, folder: bool) -> None:
             problems.append(f"is writable by others (mode {stat.S_IMODE(status.st_mode):o})")
     if problems:
         raise UntrustedCacheError(
-            "the server's shared cache is misconfigured", status_code=500,
+            "the server's shared cache is misconfigured",
             hint=f"HostCache refuses {path}: it {' and '.join(problems)}, so another user could choose the values "
                  "it serves (its files are read into every process that hits them). Remove it and let HostCache "
                  "create it, or chown it to this user and chmod go-w; a cache shared by several users on purpose "
@@ -217,7 +218,7 @@ class HostCache(ValueStore):
         self._faults = BadValueLog(log_every_s)
         self.files = os.path.join(os.path.realpath(path), "values")
         _make_folder(self.files, self._group)
-        trust(self.files, self._group, folder=True)
+        refuse_untrusted(self.files, self._group, folder=True)
         self._sweep_files()
 
     # -- bookkeeping ----------------------------------------------------------------------------
