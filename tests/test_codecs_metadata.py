@@ -62,13 +62,33 @@ tags = element(b"\x12\x54\xc3\x67", element(b"\x73\x73", simple * {entries})) * 
 data = clip[:at - 8] + b"\x01\xff\xff\xff\xff\xff\xff\xff" + tags + clip[at:]  # the Segment's size: unknown
 """
 
-BOMBS = {"id3_chain": ID3_CHAIN, "flac_blocks": FLAC_BLOCKS, "mp4_mdta_keys": MP4_MDTA_KEYS, "mkv_tags": MKV_TAGS}
+# A WAV with `parts` LIST INFO chunks of `entries` distinct entries each after its data.
+WAV_INFO_LISTS = r"""
+wav = synthetic.tone(0.5, fmt="wav")
+info = b"".join(b"I%03X" % (i % 4096) + (2).to_bytes(4, "little") + b"a\0" for i in range({entries}))
+lists = (b"LIST" + (4 + len(info)).to_bytes(4, "little") + b"INFO" + info) * {parts}
+data = b"RIFF" + (len(wav) - 8 + len(lists)).to_bytes(4, "little") + wav[8:] + lists
+"""
+
+# A WAV with `parts` `id3 ` chunks, each an ID3v2.3 tag of `entries` TXXX frames.
+WAV_ID3_CHUNKS = r"""
+wav = synthetic.tone(0.5, fmt="wav")
+body = b"".join(b"TXXX" + (3).to_bytes(4, "big") + b"\x00\x00" + b"\x00a\x00" for _ in range({entries}))
+size = len(body)
+tag = b"ID3\x03\x00\x00" + bytes([(size >> 21) & 0x7F, (size >> 14) & 0x7F, (size >> 7) & 0x7F, size & 0x7F]) + body
+chunks = (b"id3 " + len(tag).to_bytes(4, "little") + tag + bytes(len(tag) & 1)) * {parts}
+data = b"RIFF" + (len(wav) - 8 + len(chunks)).to_bytes(4, "little") + wav[8:] + chunks
+"""
+
+BOMBS = {"id3_chain": ID3_CHAIN, "flac_blocks": FLAC_BLOCKS, "mp4_mdta_keys": MP4_MDTA_KEYS, "mkv_tags": MKV_TAGS,
+         "wav_info_lists": WAV_INFO_LISTS, "wav_id3_chunks": WAV_ID3_CHUNKS}
 
 
 @pytest.mark.parametrize("modality", sorted(LOADS))
 @pytest.mark.parametrize("bomb, parts, entries", [
     ("id3_chain", 50, 2000), ("id3_chain", 100, 2000), ("flac_blocks", 50, 2000), ("flac_blocks", 100, 2000),
-    ("mp4_mdta_keys", 1, 50_000), ("mp4_mdta_keys", 100, 2000), ("mkv_tags", 100, 2000)])
+    ("mp4_mdta_keys", 1, 50_000), ("mp4_mdta_keys", 100, 2000), ("mkv_tags", 100, 2000),
+    ("wav_info_lists", 50, 2000), ("wav_id3_chunks", 50, 2000)])
 def test_metadata_split_over_many_parts_is_refused_as_one_total(bomb, parts, entries, modality):
     report = run_capped(BOMBS[bomb].format(parts=parts, entries=entries), LOADS[modality])
     assert report["outcome"] == "refused" and report["status"] == 413, report
@@ -78,7 +98,8 @@ def test_metadata_split_over_many_parts_is_refused_as_one_total(bomb, parts, ent
 
 @pytest.mark.parametrize("bomb, parts, entries, load", [
     ("id3_chain", 2, 990, LOADS["audio"]), ("flac_blocks", 2, 990, LOADS["audio"]),
-    ("mp4_mdta_keys", 1, 990, LOADS["video"]), ("mkv_tags", 2, 990, LOADS["video"])])
+    ("mp4_mdta_keys", 1, 990, LOADS["video"]), ("mkv_tags", 2, 990, LOADS["video"]),
+    ("wav_info_lists", 2, 990, LOADS["audio"]), ("wav_id3_chunks", 2, 990, LOADS["audio"])])
 def test_metadata_under_the_total_decodes(bomb, parts, entries, load):
     report = run_capped(BOMBS[bomb].format(parts=parts, entries=entries), load)
     assert report["outcome"] == "decoded", report

@@ -4,14 +4,16 @@ the file's tag count, wherever the tags lie (50k FLAC comments: 19 CPU-s; 50 ID3
 frames each: 104 CPU-s; 50k MP4 `mdta` keys: 17-22 CPU-s), and the probe is where an attacker
 pays least. These walks read only length fields and keep one count for the whole file: every ID3v2
 tag and frame of the chain at the start, every FLAC metadata block and Vorbis comment, every MP4
-`udta` entry, `keys` key and `ilst` item, every Matroska SimpleTag. Past MAX_METADATA_ENTRIES in
-all it is a 413, so splitting the tags over many tags, blocks or boxes does not get round it. The
-walks stop there, so their own cost is at most that many entries plus MAX_WALKED_UNITS container
-units (boxes, elements) stepped over (more is a 413 too); at that count FFmpeg's probe costs
-milliseconds. Entries are
-counted as they are found, never from a count field, so a garbage count in a tiny file is not a
-count of entries."""
+`udta` entry, `keys` key and `ilst` item, every Matroska SimpleTag, every RIFF INFO entry, AIFF
+text chunk and frame of an ID3 chunk in a WAV, AVI or AIFF. Past MAX_METADATA_ENTRIES in all it
+is a 413, so splitting the tags over many tags, blocks or boxes does not get round it. The walks
+stop there, so their own cost is at most that many entries plus MAX_WALKED_UNITS container units
+(boxes, elements, chunks) stepped over (more is a 413 too); at that count FFmpeg's probe costs
+milliseconds. Entries are counted as they are found, never from a count field, so a garbage count
+in a tiny file is not a count of entries. Not counted: Ogg comment packets and APE tags."""
 from __future__ import annotations
+
+from typing import Literal
 
 from ..errors import MediaTooLargeError, UnprocessableMediaError
 
@@ -73,6 +75,8 @@ def check_metadata(data, modality: str) -> None:
         _count_matroska(view, count)
     elif bytes(view[4:8]) in MP4_FIRST_BOXES:
         _count_mp4(view, count)
+    elif bytes(view[:4]) in (b"RIFF", b"FORM"):
+        _count_chunks(view, count)
 
 
 def _count_id3_chain(view: memoryview, count: MetadataCount) -> int:
@@ -142,6 +146,36 @@ def _count_vorbis_comments(view: memoryview, at: int, end: int, count: MetadataC
         if at > end:  # a comment its block cannot hold: the parser stops there too
             return
         count.add("Vorbis comments")
+
+
+# Chunks of a RIFF (WAV, AVI) or IFF (AIFF) file whose every sub-chunk or chunk is one dictionary
+# entry in FFmpeg: a LIST of type INFO, and AIFF's text chunks.
+_AIFF_TEXT_CHUNKS = {b"NAME", b"AUTH", b"(c) ", b"ANNO", b"COMT"}
+
+
+def _count_chunks(view: memoryview, count: MetadataCount) -> None:
+    """Walks a RIFF (little-endian sizes) or AIFF (big-endian) file's chunks, entering LIST
+    chunks (AVI nests its INFO in them), stepping over the rest by their sizes: each sub-chunk of
+    an INFO list, each AIFF text chunk and each frame of an embedded ID3v2 tag (`id3 `, `ID3 `)
+    is an entry."""
+    order: Literal["little", "big"] = "little" if bytes(view[:4]) == b"RIFF" else "big"
+    pending = [(12, min(len(view), 8 + int.from_bytes(view[4:8], order)), False)]
+    walked = 0
+    while pending:
+        offset, end, info = pending.pop()
+        while offset + 8 <= end:
+            walked += 1
+            if walked > MAX_WALKED_UNITS:
+                raise _too_long_a_walk("chunks", count.modality)
+            kind, size = bytes(view[offset:offset + 4]), int.from_bytes(view[offset + 4:offset + 8], order)
+            body, after = offset + 8, min(end, offset + 8 + size)
+            if info or (order == "big" and kind in _AIFF_TEXT_CHUNKS):
+                count.add("RIFF INFO or AIFF text chunks")
+            elif kind == b"LIST" and body + 4 <= after:
+                pending.append((body + 4, after, bytes(view[body:body + 4]) == b"INFO"))
+            elif kind in (b"id3 ", b"ID3 ") and after - body >= 10 and bytes(view[body:body + 3]) == b"ID3":
+                _count_id3_frames(view, body + 10, after, view[body + 3], view[body + 5], count)
+            offset = body + size + (size & 1)  # chunks are padded to an even size
 
 
 def mp4_boxes(data, start: int, end: int):
