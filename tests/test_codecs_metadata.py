@@ -80,15 +80,41 @@ chunks = (b"id3 " + len(tag).to_bytes(4, "little") + tag + bytes(len(tag) & 1)) 
 data = b"RIFF" + (len(wav) - 8 + len(chunks)).to_bytes(4, "little") + wav[8:] + chunks
 """
 
+# `parts` logical Ogg Vorbis streams, each a comment packet of `entries` comments (pages cut at 255
+# segments, CRCs left zero: refused before anything checks them), before a real Ogg Vorbis file.
+OGG_VORBIS_STREAMS = r"""
+import struct as _struct
+def pages(serial, packets):
+    lacing, body = [], b""
+    for packet in packets:
+        lacing += [255] * (len(packet) // 255) + [len(packet) % 255]
+        body += packet
+    out, at, sequence = b"", 0, 0
+    while lacing:
+        chunk, lacing = lacing[:255], lacing[255:]
+        size = sum(chunk)
+        flags = (2 if sequence == 0 else 0) | (1 if at and lacing_before[0] == 255 else 0)
+        out += b"OggS\0" + bytes([flags]) + bytes(8) + _struct.pack("<III", serial, sequence, 0) + bytes([len(chunk)])
+        out += bytes(chunk) + body[at:at + size]
+        lacing_before = chunk[-1:]
+        at, sequence = at + size, sequence + 1
+    return out
+comments = b"".join(_struct.pack("<I", 7) + b"T=%05d" % i for i in range({entries}))
+comment = b"\x03vorbis" + _struct.pack("<I", 6) + b"vendor" + _struct.pack("<I", {entries}) + comments + b"\x01"
+ident = b"\x01vorbis" + bytes(23)
+data = b"".join(pages(1000 + s, [ident, comment]) for s in range({parts})) + synthetic.tone(0.5, fmt="ogg")
+"""
+
 BOMBS = {"id3_chain": ID3_CHAIN, "flac_blocks": FLAC_BLOCKS, "mp4_mdta_keys": MP4_MDTA_KEYS, "mkv_tags": MKV_TAGS,
-         "wav_info_lists": WAV_INFO_LISTS, "wav_id3_chunks": WAV_ID3_CHUNKS}
+         "wav_info_lists": WAV_INFO_LISTS, "wav_id3_chunks": WAV_ID3_CHUNKS, "ogg_vorbis_streams": OGG_VORBIS_STREAMS}
 
 
 @pytest.mark.parametrize("modality", sorted(LOADS))
 @pytest.mark.parametrize("bomb, parts, entries", [
     ("id3_chain", 50, 2000), ("id3_chain", 100, 2000), ("flac_blocks", 50, 2000), ("flac_blocks", 100, 2000),
     ("mp4_mdta_keys", 1, 50_000), ("mp4_mdta_keys", 100, 2000), ("mkv_tags", 100, 2000),
-    ("wav_info_lists", 50, 2000), ("wav_id3_chunks", 50, 2000)])
+    ("wav_info_lists", 50, 2000), ("wav_id3_chunks", 50, 2000), ("ogg_vorbis_streams", 1, 50_000),
+    ("ogg_vorbis_streams", 50, 2000)])
 def test_metadata_split_over_many_parts_is_refused_as_one_total(bomb, parts, entries, modality):
     report = run_capped(BOMBS[bomb].format(parts=parts, entries=entries), LOADS[modality])
     assert report["outcome"] == "refused" and report["status"] == 413, report
@@ -148,3 +174,15 @@ def test_tags_after_more_units_than_the_walk_steps_over_are_refused_not_skipped(
     with pytest.raises(MediaTooLargeError, match=f"more than {MAX_WALKED_UNITS} elements"):
         check_metadata(data, "video")
     check_metadata(data[:len(data) - 3 * 16], "video")  # within the walk: nothing to count
+
+
+def test_an_ogg_file_s_own_comments_are_counted_and_a_real_one_passes():
+    from lazymedia import synthetic
+
+    namespace = {"synthetic": synthetic}
+    exec(OGG_VORBIS_STREAMS.format(parts=1, entries=MAX_METADATA_ENTRIES), namespace)  # 2000 + the real file's
+    with pytest.raises(MediaTooLargeError, match="Vorbis comments"):
+        check_metadata(namespace["data"], "audio")
+    exec(OGG_VORBIS_STREAMS.format(parts=1, entries=MAX_METADATA_ENTRIES - 10), namespace)
+    check_metadata(namespace["data"], "audio")
+    check_metadata(synthetic.tone(0.5, fmt="ogg"), "audio")

@@ -10,7 +10,8 @@ is a 413, so splitting the tags over many tags, blocks or boxes does not get rou
 stop there, so their own cost is at most that many entries plus MAX_WALKED_UNITS container units
 (boxes, elements, chunks) stepped over (more is a 413 too); at that count FFmpeg's probe costs
 milliseconds. Entries are counted as they are found, never from a count field, so a garbage count
-in a tiny file is not a count of entries. Not counted: Ogg comment packets and APE tags."""
+in a tiny file is not a count of entries. Ogg streams' comment packets (Vorbis, Opus, Theora,
+Speex, FLAC's blocks) count too; APE tags do not."""
 from __future__ import annotations
 
 from typing import Literal
@@ -77,6 +78,8 @@ def check_metadata(data, modality: str) -> None:
         _count_mp4(view, count)
     elif bytes(view[:4]) in (b"RIFF", b"FORM"):
         _count_chunks(view, count)
+    elif bytes(view[:4]) == b"OggS":
+        _count_ogg(view, count)
 
 
 def _count_id3_chain(view: memoryview, count: MetadataCount) -> int:
@@ -176,6 +179,67 @@ def _count_chunks(view: memoryview, count: MetadataCount) -> None:
             elif kind in (b"id3 ", b"ID3 ") and after - body >= 10 and bytes(view[body:body + 3]) == b"ID3":
                 _count_id3_frames(view, body + 10, after, view[body + 3], view[body + 5], count)
             offset = body + size + (size & 1)  # chunks are padded to an even size
+
+
+# Where an Ogg stream's comment packet keeps its Vorbis comments, by the first packet's magic:
+# (the comment packet's magic, where its comments start).
+_OGG_COMMENTS = {b"\x01vorbis": (b"\x03vorbis", 7), b"OpusHead": (b"OpusTags", 8),
+                 b"\x80theora": (b"\x81theora", 7), b"Speex   ": (b"", 0)}
+_OGG_FLAC = b"\x7fFLAC"  # FLAC in Ogg: its metadata blocks follow, a packet each
+
+
+class _OggStream:
+    """What the walk keeps of one logical stream: its packets so far, the one being put together
+    (header packets only), its codec's first-packet magic, and whether its headers are done."""
+
+    def __init__(self):
+        self.packets = 0
+        self.packet = bytearray()
+        self.magic = b""
+        self.done = False
+
+
+def _count_ogg(view: memoryview, count: MetadataCount) -> None:
+    """Walks an Ogg file's pages (each a unit of the walk) and puts together the header packets
+    of each logical stream: the comment packet of a Vorbis, Opus, Theora or Speex stream, and
+    every metadata block of a FLAC one, counted as `_count_flac` counts them."""
+    streams: dict[int, _OggStream] = {}
+    offset, walked = 0, 0
+    while offset + 27 <= len(view) and bytes(view[offset:offset + 4]) == b"OggS":
+        walked += 1
+        if walked > MAX_WALKED_UNITS:
+            raise _too_long_a_walk("pages", count.modality)
+        serial, segments = int.from_bytes(view[offset + 14:offset + 18], "little"), view[offset + 26]
+        at = offset + 27 + segments
+        stream = streams.setdefault(serial, _OggStream())
+        for length in view[offset + 27:offset + 27 + segments]:
+            if not stream.done:
+                stream.packet += view[at:at + length]
+            at += length
+            if length < 255:  # a packet ends here
+                _ogg_packet(stream, count)
+        offset = at
+
+
+def _ogg_packet(stream: _OggStream, count: MetadataCount) -> None:
+    packet, stream.packet = memoryview(stream.packet), bytearray()
+    stream.packets += 1
+    if stream.done:
+        return
+    if stream.packets == 1:  # the codec's identification header
+        stream.magic = next((magic for magic in (*_OGG_COMMENTS, _OGG_FLAC) if bytes(packet[:len(magic)]) == magic),
+                            b"")
+        stream.done = not stream.magic
+    elif stream.magic == _OGG_FLAC:  # a metadata block a packet, the last one flagged
+        count.add("FLAC metadata blocks")
+        if len(packet) >= 4 and packet[0] & 0x7F == 4:
+            _count_vorbis_comments(packet, 4, len(packet), count)
+        stream.done = len(packet) == 0 or bool(packet[0] & 0x80)
+    else:
+        magic, start = _OGG_COMMENTS[stream.magic]
+        if bytes(packet[:len(magic)]) == magic:
+            _count_vorbis_comments(packet, start, len(packet), count)
+        stream.done = True
 
 
 def mp4_boxes(data, start: int, end: int):
