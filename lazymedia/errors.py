@@ -142,3 +142,11 @@ def upstream_status_error(host: str, status: int, reason: str | None = None) -> 
     if 400 <= status < 500 and status != 429:
         return MediaFetchError(f"{answered}: check the URL", status_code=400)
     return MediaFetchError(f"{answered}: retry later", status_code=502)
+
+
+class UntrustedCacheError(MediaError, PermissionError):
+    """A shared cache's folder or store that another user owns or could write: values read from
+    it could be anyone's, so the tier refuses to open it (HTTP 500: the server's configuration,
+    not the request; `hint` names the fix)."""
+
+    status_code = 500

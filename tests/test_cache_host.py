@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import threading
 import time
 
@@ -16,6 +17,7 @@ import torch
 import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
 from lazymedia.cache.protocol import threaded
+from lazymedia.errors import UntrustedCacheError
 from lazymedia.synthetic import jpeg
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -101,6 +103,31 @@ def put_with_a_full_disk(path, redis_url, limit, outcome):
     outcome.put((torch.equal(out["x"], value_for(7)["x"]), host.stats().fallbacks, redis_tier.stats().writes))
 
 
+def serve_while_files_change(path, image, rounds, stop, outcome):
+    """A serving loop: each round a Processor request for `image` whose only cached copy is the
+    host tier's (the local tier cleared), and a direct hit, holding the last hits and reading
+    every byte they hold, until `stop`. Reports (hits, misses, tensors unlike the reference)."""
+    host = HostCache(path, capacity_bytes=64 << 20)
+    local = ProcessorCache()
+    processor = lazymedia.Processor(lambda decoded: [value_for(1) for _ in decoded],
+                                    cache=TieredCache(local, host), engine=lazymedia.DecodeEngine(isolate=()))
+    item = lazymedia.load_image(image)
+    key = processor.cache_key(item)
+    reference = value_for(1)["x"]
+    held: list = []
+    hits = misses = wrong = 0
+    while not stop.is_set():
+        local.clear()
+        held.append(processor.apply([lazymedia.load_image(image)])[0])  # a miss decodes (and writes) it
+        found = host.get_many([key]).get(key)
+        hits, misses = hits + (found is not None), misses + (found is None)
+        held = held[-4:] + ([found] if found is not None else [])
+        wrong += sum(not torch.equal(value["x"], reference) for value in held)
+        with rounds.get_lock():
+            rounds.value += 1
+    outcome.put((hits, misses, wrong))
+
+
 # -- tests ------------------------------------------------------------------------------------------
 def test_processes_x_items_decode_each_item_once(store_path):
     processes, items = 3, 6
@@ -180,15 +207,16 @@ def mapped_files(address: int) -> list[str]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
-def test_a_zero_copy_hit_is_a_private_view_of_the_value_file(store_path):
-    """A hit's tensor lies in a map of the value's file (no copy); writing to it changes neither
-    the file nor another reader's value (copy on write)."""
+def test_a_hit_is_a_private_copy_of_the_value_file(store_path):
+    """A hit's tensor lies in memory of this process, not in a map of the value's file (a file
+    cut under a map faults its reader); writing to it changes neither the file nor another
+    reader's value."""
     value = {"x": torch.randn(512, 1024), "small": torch.arange(4)}
     writer, reader = HostCache(store_path), HostCache(store_path)
     assert writer.put("k", value)
     first, second = reader.get_many(["k"])["k"], writer.get_many(["k"])["k"]
     (file_name,) = os.listdir(writer.files)
-    assert mapped_files(first["x"].data_ptr()) == [os.path.join(writer.files, file_name)]
+    assert os.path.join(writer.files, file_name) not in mapped_files(first["x"].data_ptr())
     first["x"][0, 0] = 1234.5
     assert torch.equal(second["x"], value["x"]) and torch.equal(reader.get_many(["k"])["k"]["x"], value["x"])
     assert torch.equal(first["small"], value["small"])
@@ -250,7 +278,8 @@ def test_a_damaged_or_missing_value_file_is_a_miss(store_path):
     assert os.listdir(cache.files) == [] and cache.usage()[0] == 0
 
     assert checked.put("k", value_for(1))  # a writer that tags the payload
-    flip_a_byte_of_the_value_file(cache, -5)  # in the payload
+    (file_name,) = os.listdir(cache.files)
+    flip_a_byte_of_the_value_file(cache, -len(file_name) - 5)  # in the payload (the file ends with its name)
     assert not torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])
     assert checked.get_many(["k"]) == {} and checked.stats().corrupt == 1
     assert os.listdir(cache.files) == []
@@ -302,14 +331,14 @@ def test_a_value_file_gone_behind_the_store_is_dropped_with_its_entry(store_path
     assert cache.get_many(["k"]) == {} and cache.usage() == (0, 0)  # not left holding capacity
 
 
-def test_a_map_that_fails_is_a_miss_that_keeps_the_entry(store_path, monkeypatch):
-    """No memory or too many maps for one hit: a miss counted as a fallback, not a bad value."""
+def test_a_read_without_memory_is_a_miss_that_keeps_the_entry(store_path, monkeypatch):
+    """No memory for one hit's buffer: a miss counted as a fallback, not a bad value."""
     cache = HostCache(store_path)
     assert cache.put("k", value_for(1))
 
     def refuse(*args, **kwargs):
-        raise RuntimeError("unable to mmap: Cannot allocate memory")
-    monkeypatch.setattr(torch.UntypedStorage, "from_file", refuse)
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+    monkeypatch.setattr(torch, "empty", refuse)
     assert cache.get_many(["k"]) == {} and cache.stats().fallbacks == 1 and cache.usage()[0] == 1
     monkeypatch.undo()
     assert torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])
@@ -324,11 +353,14 @@ def test_processes_with_either_layout_read_small_values_of_the_other(store_path)
     assert torch.equal(coded.get_many(["k"])["k"]["x"], small["x"]) and coded.stats().corrupt == 0
 
 
-def test_a_host_folder_others_can_write_is_refused(store_path):
-    os.makedirs(os.path.join(store_path, "values"))
-    os.chmod(os.path.join(store_path, "values"), 0o777)
-    with pytest.raises(ValueError, match="others cannot write"):
+@pytest.mark.parametrize("where", ["", "values", "data.mdb"])
+def test_a_host_folder_or_store_others_can_write_is_refused(store_path, where):
+    HostCache(store_path)
+    os.chmod(os.path.join(store_path, where), 0o777 if where != "data.mdb" else 0o666)
+    with pytest.raises(UntrustedCacheError) as refused:
         HostCache(store_path)
+    assert refused.value.status_code == 500 and "writable by group or others" in refused.value.hint
+    assert "chmod go-w" in refused.value.hint and "shared_group" in refused.value.hint
 
 
 def test_orphan_value_files_are_swept_once_older_than_a_lease(store_path):
@@ -478,7 +510,6 @@ def test_a_chain_writes_each_tier_in_its_own_layout(store_path, redis_url, monke
         assert torch.equal(tier.get_many(["k"])["k"]["pixel_values"], value["pixel_values"])
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
 def test_a_redis_hit_fills_the_host_tier_in_its_own_zero_copy_layout(store_path, redis_url):
     from lazymedia.cache import RedisCache
 
@@ -488,7 +519,8 @@ def test_a_redis_hit_fills_the_host_tier_in_its_own_zero_copy_layout(store_path,
     assert found and torch.equal(value["x"], value_for(5)["x"])
     again = host.get_many(["k"])["k"]["x"]
     (file_name,) = os.listdir(host.files)
-    assert mapped_files(again.data_ptr()) == [os.path.join(host.files, file_name)] and torch.equal(again, value["x"])
+    raw_bytes = again.numel() * again.element_size()  # the floats as they lie, no level codes or LZ4
+    assert os.path.getsize(os.path.join(host.files, file_name)) > raw_bytes and torch.equal(again, value["x"])
 
 
 def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):
@@ -618,3 +650,241 @@ def test_a_cancelled_atry_lease_releases_the_lease_it_took(store_path):
     token = HostCache(store_path).try_lease("k")
     assert token
     host.release("k", token)
+
+
+# -- value files changed under their readers (issue 46) -------------------------------------------
+def damage(path: str, how: str, other: str) -> None:
+    """Changes a value file as a careless or hostile process of this user could: it is
+    read-only, so the change starts with a chmod."""
+    try:
+        os.chmod(path, 0o600)
+        size = os.path.getsize(path)
+        if how in ("truncate_to_0", "truncate_to_half", "truncate_to_4096"):
+            os.truncate(path, {"truncate_to_0": 0, "truncate_to_half": size // 2, "truncate_to_4096": 4096}[how])
+        elif how == "shrink_then_regrow":  # the tail comes back as zeros, at the size it had
+            os.truncate(path, size // 2)
+            os.truncate(path, size)
+        elif how == "extend":
+            with open(path, "ab") as file:
+                file.write(bytes(8192))
+        elif how == "replace":  # another value's file renamed over it
+            shutil.copyfile(other, path + ".new")
+            os.replace(path + ".new", path)
+        elif how == "unlink":
+            os.unlink(path)
+    except FileNotFoundError:  # the reader's miss wrote a new value and dropped this one meanwhile
+        pass
+
+
+DAMAGES = ("truncate_to_0", "truncate_to_half", "truncate_to_4096", "shrink_then_regrow", "extend", "replace",
+           "unlink")
+
+
+def test_a_value_file_changed_under_a_serving_loop_never_takes_it_down(store_path, tmp_path):
+    """Each round, the host tier gets the value afresh, then its file is cut, cut and regrown,
+    extended, replaced or unlinked while a serving process hits it, reads it and holds earlier
+    hits: the reader exits 0, every tensor it returned equals the reference or was a miss."""
+    image = jpeg(16, 16, seed=3)
+    writer = HostCache(store_path, capacity_bytes=64 << 20)
+    key = lazymedia.Processor(lambda decoded: decoded).cache_key(lazymedia.load_image(image))
+    assert writer.put("other", value_for(2))
+    (other_name,) = os.listdir(writer.files)
+    other = str(tmp_path / "other-value")
+    shutil.copyfile(os.path.join(writer.files, other_name), other)
+    rounds, stop, outcome = SPAWN.Value("i", 0), SPAWN.Event(), SPAWN.Queue()
+    reader = SPAWN.Process(target=serve_while_files_change, args=(store_path, image, rounds, stop, outcome))
+    reader.start()
+    try:
+        for step in range(8 * len(DAMAGES)):
+            assert writer.put(key, value_for(1))
+            seen = rounds.value
+            deadline = time.monotonic() + 60
+            while rounds.value < seen + 1 and reader.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            names = [name for name in os.listdir(writer.files) if name != other_name and not name.startswith(".")]
+            for name in names:  # the value's file (and one the reader's own miss may have written)
+                damage(os.path.join(writer.files, name), DAMAGES[step % len(DAMAGES)], other)
+            assert reader.is_alive(), f"the reader died (exit code {reader.exitcode}; -7 is SIGBUS)"
+    finally:
+        stop.set()
+        reader.join(60)
+    assert reader.exitcode == 0, f"the reader died (exit code {reader.exitcode}; -7 is SIGBUS)"
+    hits, misses, wrong = outcome.get(timeout=10)
+    assert wrong == 0 and hits > 0 and misses > 0, (hits, misses, wrong)
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_held_hit_survives_any_change_to_its_file_and_the_next_hit_is_right_or_a_miss(store_path, how):
+    """In a child process (a fault would kill it, not the test run): a hit held while its file
+    changes reads back whole; the next hit is the value or a clean miss."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, sys, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_cache_host import damage, value_for
+        from lazymedia.cache import HostCache
+        cache = HostCache({store_path!r})
+        assert cache.put("other", value_for(2))
+        (other,) = os.listdir(cache.files)
+        assert cache.put("k", value_for(1))
+        held = cache.get_many(["k"])["k"]
+        (name,) = [name for name in os.listdir(cache.files) if name != other]
+        damage(os.path.join(cache.files, name), {how!r}, os.path.join(cache.files, other))
+        assert torch.equal(held["x"], value_for(1)["x"])
+        again = cache.get_many(["k"]).get("k")
+        assert again is None or torch.equal(again["x"], value_for(1)["x"])
+        print("miss" if again is None else "hit")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert result.stdout.split() == ["miss"]  # every change leaves a file that is not whole, or none
+
+
+def test_a_payload_rewritten_in_place_after_a_hit_does_not_change_the_hit(store_path):
+    """What a caller holds is its own memory: a payload rewritten after the hit (by a process
+    that could chmod the file) leaves it as it was."""
+    cache = HostCache(store_path)
+    assert cache.put("k", value_for(1))
+    held = cache.get_many(["k"])["k"]
+    (file_name,) = os.listdir(cache.files)
+    flip_a_byte_of_the_value_file(cache, -len(file_name) - 5)
+    assert torch.equal(held["x"], value_for(1)["x"])
+
+
+# -- a cache folder another user made (issue 46) ---------------------------------------------------
+AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                reason="needs root and setpriv to act as another user (uid 65534)")
+
+
+def as_nobody(code: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([*AS_NOBODY, sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@needs_root
+@pytest.mark.parametrize("mode", [0o700, 0o777])
+def test_a_cache_folder_another_user_made_is_refused(store_path, mode):
+    """Another local user creates the folder first, with an LMDB in it (a value for item A could
+    carry B's pixels): HostCache refuses it, naming the owner and the fix, before LMDB opens it."""
+    made = as_nobody(f"import os, lmdb; os.makedirs({store_path!r}); os.chmod({store_path!r}, {mode}); "
+                     f"lmdb.open({store_path!r}, max_dbs=4).close()")
+    assert made.returncode == 0, made.stderr
+    assert os.stat(store_path).st_uid == 65534
+    with pytest.raises(UntrustedCacheError) as refused:
+        HostCache(store_path)
+    assert refused.value.status_code == 500 and "owned by uid 65534" in refused.value.hint
+    assert "Remove it" in refused.value.hint and "shared_group" in refused.value.hint
+    assert "65534" not in str(refused.value)  # the client's message names no server detail
+
+
+@needs_root
+def test_lmdb_files_another_user_owns_are_refused(store_path):
+    os.makedirs(store_path, mode=0o700)
+    os.chmod(store_path, 0o777)  # for a moment: nobody plants data.mdb
+    assert as_nobody(f"import lmdb; lmdb.open({store_path!r}, max_dbs=4).close()").returncode == 0
+    os.chmod(store_path, 0o700)
+    with pytest.raises(UntrustedCacheError) as refused:
+        HostCache(store_path)
+    assert "data.mdb" in refused.value.hint and "owned by uid 65534" in refused.value.hint
+
+
+@needs_root
+def test_no_one_but_the_owner_can_write_the_folder_or_its_value_files(store_path):
+    """Why payloads need not be hashed on a hit: another user can neither add a file to the
+    values folder nor open a value file for writing (the folder is 0700, its files 0400)."""
+    cache = HostCache(store_path)
+    assert cache.put("k", value_for(1))
+    (file_name,) = os.listdir(cache.files)
+    for target in (cache.files, store_path):
+        assert stat.S_IMODE(os.stat(target).st_mode) & 0o077 == 0
+    assert stat.S_IMODE(os.stat(os.path.join(cache.files, file_name)).st_mode) == 0o400
+    tried = as_nobody(f"""
+import os
+for path, flags in (({os.path.join(cache.files, file_name)!r}, os.O_WRONLY),
+                    ({os.path.join(cache.files, "planted")!r}, os.O_WRONLY | os.O_CREAT),
+                    ({os.path.join(store_path, "data.mdb")!r}, os.O_RDWR)):
+    try:
+        os.open(path, flags, 0o600)
+        print("opened", path)
+    except PermissionError:
+        print("refused")
+""")
+    assert tried.returncode == 0 and tried.stdout.split() == ["refused"] * 3, tried.stdout + tried.stderr
+
+
+def test_a_shared_group_is_trusted_only_when_named(store_path):
+    """A group-writable folder is refused unless the operator names its group; then it opens,
+    and its value files are the group's and read-only."""
+    group = os.getegid()
+    HostCache(store_path, shared_group=group)
+    assert stat.S_IMODE(os.stat(store_path).st_mode) == 0o2770
+    with pytest.raises(UntrustedCacheError) as refused:
+        HostCache(store_path)
+    assert "writable by group or others" in refused.value.hint
+    cache = HostCache(store_path, shared_group=group)
+    assert cache.put("k", value_for(1))
+    (file_name,) = os.listdir(cache.files)
+    status = os.stat(os.path.join(cache.files, file_name))
+    assert status.st_gid == group and stat.S_IMODE(status.st_mode) == 0o440
+    assert torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"])
+
+
+def test_a_large_value_is_read_in_parts_at_once_and_a_cut_part_is_a_miss(store_path):
+    """A value of several read parts (4 MiB each, one per torch thread) reads back whole; cut in
+    its last part, it is a miss."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        value = {"x": torch.randn(3, 1 << 20)}  # 12 MiB: three parts
+        cache = HostCache(store_path, capacity_bytes=64 << 20)
+        assert cache.put("k", value)
+        assert torch.equal(cache.get_many(["k"])["k"]["x"], value["x"])
+        (file_name,) = os.listdir(cache.files)
+        path = os.path.join(cache.files, file_name)
+        os.chmod(path, 0o600)
+        os.truncate(path, os.path.getsize(path) - (1 << 20))
+        assert cache.get_many(["k"]) == {} and cache.usage()[0] == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def put_and_read_a_large_value(path, outcome):
+    """In a forked child: numpy alone for the value and the comparison (torch's OpenMP workers do
+    not survive a fork either, and a parallel torch op here would wait on them)."""
+    import faulthandler
+
+    import numpy as np
+
+    faulthandler.dump_traceback_later(30, exit=True)
+    cache = HostCache(path, capacity_bytes=64 << 20)
+    ones = np.ones((3, 1 << 20), np.float32)
+    assert cache.put("k", {"x": ones})
+    outcome.put(bool(np.array_equal(cache.get_many(["k"])["k"]["x"], ones)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_large_values_in_parts_too(store_path):
+    """The read parts' threads do not survive a fork: a child that inherited the parent's pool
+    makes its own instead of waiting on threads it does not have (the child opens a store of its
+    own: LMDB refuses the one its parent opened)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cache = HostCache(store_path, capacity_bytes=64 << 20)
+        assert cache.put("k", {"x": torch.ones(3, 1 << 20)})
+        assert torch.equal(cache.get_many(["k"])["k"]["x"], torch.ones(3, 1 << 20))  # the parent's pool exists
+        fork = multiprocessing.get_context("fork")
+        outcome = fork.Queue()
+        child = fork.Process(target=put_and_read_a_large_value, args=(store_path + "-child", outcome))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0 and outcome.get(timeout=5)
+    finally:
+        torch.set_num_threads(threads)
+        shutil.rmtree(store_path + "-child", ignore_errors=True)

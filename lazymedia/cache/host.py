@@ -8,14 +8,18 @@ than diskcache (SQLite + files) on /dev/shm: the figures are in docs/design.md.
 
 Zero-copy values (`zero_copy=True`, the default): values are stored with their buffers as they
 are (no level codes, no LZ4), and one of at least `file_min_bytes` lies in a file of its own in
-`<path>/values` (mode 0700), which LMDB's entry names. A hit maps the file privately (copy on
-write) and its tensors are views of that map: no copy and no new memory, since every process
-reading the value maps the same page-cache pages (a write to a tensor copies only the page it
-touches, and never reaches the file). A file is written under a temporary name and renamed before
-its entry commits, is never changed after, and is unlinked after the entry that names it is
-removed (a process still mapping it keeps its pages until it lets go). A hit checks the key and
-the header's tag, not the payload's (`verify_payloads=True` reads every byte to check it too): the
-files are trusted as the folder is, writable only by this user, as this process's own memory is.
+`<path>/values`, which LMDB's entry names and which ends with its own name. A hit reads the file
+with one pread into memory torch allocates, and its tensors are views of that buffer: one copy
+(about a memcpy of the value) and nothing shared with the file afterwards. A map of the file would
+copy nothing, but a file cut while mapped kills its reader (SIGBUS, private maps included) and a
+rewrite would change tensors a caller holds; a read cannot fault, and a short read or a file that
+does not end with its name (cut, grown, zero-filled, replaced) is a miss. A file is written
+read-only (0400) under a temporary name and renamed before its entry commits, is never changed
+after, and is unlinked after the entry that names it is removed. A hit checks the key and the
+header's tag, not the payload's (`verify_payloads=True` hashes every byte too): the folder is
+trusted only when no one but this user (or the operator's `shared_group`) can write it or its
+LMDB files (`refuse_untrusted`, checked before LMDB opens them), so only a process that could as
+well write into this process's memory can rewrite a payload in place.
 With `zero_copy=False`, values are level-coded and LZ4-compressed (`compress`) into LMDB, and a
 hit builds the tensors from them (serialize.py).
 
@@ -32,17 +36,20 @@ free at once, one whose holder hangs after `lease_s`.
 """
 from __future__ import annotations
 
+import grp
 import os
 import secrets
 import stat
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import blake3
 import lmdb
 
+from ..errors import UntrustedCacheError
 from .protocol import Steps, threaded
 from .serialize import BadValueLog, dump_parts
 from .store import ValueStore
@@ -60,23 +67,105 @@ _LEASE = struct.Struct("<16sdq")  # token, expiry (CLOCK_MONOTONIC is host-wide)
 _FILE_REFERENCE = b"LMF1"  # a value entry naming the file that holds the value (then its name)
 _TEMPORARY = ".part-"  # a value file being written
 _NAME_MAX = 64  # the longest file name an entry holds (blake3 hex 16 + "-" + token hex 16: 33)
+# A hit's read is split into parts of at least this many bytes, read at once on up to torch's
+# intra-op thread count (as many as a memcpy of the value by torch uses), so the read costs about
+# what that memcpy does.
+_READ_PART_BYTES = 4 << 20
+# The read parts' threads: one pool per process (a forked child's copy has no threads), made at
+# its first large hit.
+_READERS: dict[int, ThreadPoolExecutor] = {}
 
 
-def _environment(path: str, map_size: int):
+def _environment(path: str, map_size: int, group: int | None):
     """The process's one LMDB environment for `path` (LMDB forbids opening it twice in a
-    process; a forked child opens its own)."""
+    process; a forked child opens its own), opened only once the folder and its LMDB files are
+    trusted (`refuse_untrusted`)."""
     real = os.path.realpath(path)
     with _ENVS_LOCK:
+        _make_folder(real, group)
+        for name in ("", "data.mdb", "lock.mdb"):
+            if name == "" or os.path.lexists(os.path.join(real, name)):
+                refuse_untrusted(os.path.join(real, name), group, folder=name == "")
         known = _ENVS.get(real)
         if known is not None and known[0] == os.getpid():
             return known[1]
         if known is not None:
             _INHERITED.append(known[1])
-        os.makedirs(real, exist_ok=True)
         env = lmdb.open(real, map_size=map_size, max_dbs=4, max_readers=1024, sync=False, metasync=False,
-                        readahead=False, lock=True)
+                        readahead=False, lock=True, mode=0o600 if group is None else 0o660)
         _ENVS[real] = (os.getpid(), env)
         return env
+
+
+def _make_folder(path: str, group: int | None) -> None:
+    """Creates `path` for this user alone (0700), or for the shared group (its group, 2770: files
+    made in it take the group); an existing folder is left as it is, for `refuse_untrusted` to
+    judge."""
+    try:
+        os.makedirs(path, mode=0o700 if group is None else 0o770)
+    except FileExistsError:
+        return
+    if group is not None:
+        os.chown(path, -1, group)
+        os.chmod(path, 0o2770)
+
+
+def refuse_untrusted(path: str, group: int | None, folder: bool) -> None:
+    """Refuses (UntrustedCacheError) a cache folder or store file that is not a plain folder or
+    file of this user that no one else can write, or, where the operator names a shared group,
+    of that group that others cannot write: anyone who can write it can choose what every reader
+    of the cache is served."""
+    status = os.lstat(path)
+    problems = []
+    if not (stat.S_ISDIR if folder else stat.S_ISREG)(status.st_mode):
+        problems.append(f"is not a {'folder' if folder else 'regular file'}")
+    if group is None:
+        if status.st_uid != os.geteuid():
+            problems.append(f"is owned by uid {status.st_uid}, not this process's {os.geteuid()}")
+        if status.st_mode & 0o022:
+            problems.append(f"is writable by group or others (mode {stat.S_IMODE(status.st_mode):o})")
+    else:
+        if status.st_gid != group:
+            problems.append(f"belongs to gid {status.st_gid}, not the shared group {group}")
+        if status.st_mode & 0o002:
+            problems.append(f"is writable by others (mode {stat.S_IMODE(status.st_mode):o})")
+    if problems:
+        raise UntrustedCacheError(
+            "the server's shared cache is misconfigured",
+            hint=f"HostCache refuses {path}: it {' and '.join(problems)}, so another user could choose the values "
+                 "it serves (its files are read into every process that hits them). Remove it and let HostCache "
+                 "create it, or chown it to this user and chmod go-w; a cache shared by several users on purpose "
+                 "names their group: HostCache(shared_group=...)")
+
+
+def _read_at_once(descriptor: int, view: memoryview, parts: int) -> bool:
+    """Fills `view` from the file at offset 0 in `parts` preads at once (the first on this
+    thread): whether every byte came (a short read: the file was cut). Returns or raises only
+    once every part is done with the descriptor."""
+    step = -(-len(view) // parts)
+
+    def read(start: int) -> bool:
+        end = min(len(view), start + step)
+        while start < end:
+            got = os.preadv(descriptor, [view[start:end]], start)
+            if got == 0:
+                return False
+            start += got
+        return True
+    if parts == 1:
+        return read(0)
+    with _ENVS_LOCK:
+        pool = _READERS.get(os.getpid())
+        if pool is None:
+            _READERS.clear()
+            pool = _READERS[os.getpid()] = ThreadPoolExecutor(os.cpu_count() or 1,
+                                                              thread_name_prefix="lazymedia-host-read")
+    others = [pool.submit(read, start) for start in range(step, len(view), step)]
+    try:
+        first = read(0)
+    finally:
+        wait(others)
+    return first and all(other.result() for other in others)
 
 
 def _plain_name(text: str) -> bool:
@@ -104,7 +193,8 @@ class HostCache(ValueStore):
                  namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
                  log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True,
-                 zero_copy: bool = True, file_min_bytes: int = 1 << 20, verify_payloads: bool = False):
+                 zero_copy: bool = True, file_min_bytes: int = 1 << 20, verify_payloads: bool = False,
+                 shared_group: str | int | None = None):
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
         super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress and not zero_copy,
@@ -119,18 +209,16 @@ class HostCache(ValueStore):
         self.lease_s = lease_s
         self.wait_s = lease_s if wait_s is None else wait_s
         self.log_every_s = log_every_s
-        self._env = _environment(path, map_size or 2 * capacity_bytes + (64 << 20))
+        self._group = grp.getgrnam(shared_group).gr_gid if isinstance(shared_group, str) else shared_group
+        self._env = _environment(path, map_size or 2 * capacity_bytes + (64 << 20), self._group)
         self._values = self._env.open_db(b"values")
         self._order = self._env.open_db(b"order")
         self._meta = self._env.open_db(b"meta")
         self._leases = self._env.open_db(b"leases")
         self._faults = BadValueLog(log_every_s)
         self.files = os.path.join(os.path.realpath(path), "values")
-        os.makedirs(self.files, mode=0o700, exist_ok=True)
-        folder = os.lstat(self.files)
-        if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.geteuid() or folder.st_mode & 0o022:
-            raise ValueError(f"HostCache: {self.files} must be a folder of this user that others cannot write to "
-                             "(its files are mapped into every process that reads them)")
+        _make_folder(self.files, self._group)
+        refuse_untrusted(self.files, self._group, folder=True)
         self._sweep_files()
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -176,7 +264,7 @@ class HostCache(ValueStore):
                     data = txn.get(name, db=self._values)
                     record = None if data is None else bytes(data[:4 + _NAME_MAX])
                     if record is not None and record.startswith(_FILE_REFERENCE):
-                        data, gone = self._mapped(record[4:])
+                        data, gone = self._read_file(record[4:])
                         if gone:  # evicted and unlinked since this snapshot, lost, or not a value file
                             bad.append((name, record))
                         ok, value = self.decode(key, data, again, zero_copy=True, verify_payload=self.verify_payloads)
@@ -293,9 +381,12 @@ class HostCache(ValueStore):
         file_name = f"{blake3.blake3(name).hexdigest(8)}-{secrets.token_hex(8)}"
         temporary = os.path.join(self.files, _TEMPORARY + file_name)
         try:
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                 0o400 if self._group is None else 0o440)
             try:
-                for part in parts:
+                if self._group is not None:
+                    os.fchown(descriptor, -1, self._group)
+                for part in [*parts, file_name.encode()]:  # the file ends with its own name
                     view = memoryview(part).cast("B")
                     while view:
                         view = view[os.write(descriptor, view):]
@@ -307,31 +398,46 @@ class HostCache(ValueStore):
             return None
         return file_name
 
-    def _mapped(self, file_name: bytes) -> tuple[Any, bool]:
-        """(the value file an entry names, mapped privately (copy on write) as a writable uint8
-        array that keeps the map, None if it cannot be; whether the file is gone for good). Torch's
-        file mapping holds no file descriptor, so a process keeps thousands of values. Gone: no
-        such file, or not a regular, non-empty file of this user named plainly in the folder (no
-        path, link or FIFO to block on). A map that fails (no memory, too many maps) is a miss
-        that leaves the entry."""
+    def _read_file(self, file_name: bytes) -> tuple[Any, bool]:
+        """(the value in the file an entry names, read into private memory as a writable uint8
+        array, None if it cannot be; whether the file is bad for good). One read (pread) into a
+        buffer torch allocates: the value's tensors are views of it, and no later change to the
+        file (cut, grown, rewritten, replaced, unlinked) can reach them or fault their reader, as
+        a map of the file would (a cut file's pages are SIGBUS, even privately mapped ones).
+        Bad: no such file, not a regular file of this user (or the shared group) that no one can
+        write, named plainly in the folder (no path, link or FIFO to block on), or not whole: a
+        short read, or not ending with its own name (cut, grown, zero-filled, another file's
+        bytes). A buffer that cannot be had (no memory) is a miss that leaves the entry."""
         text = file_name.decode("ascii", "replace")
         if not _plain_name(text) or text.startswith("."):
             return None, True
-        path = os.path.join(self.files, text)
         try:
-            status = os.lstat(path)
+            descriptor = os.open(os.path.join(self.files, text),
+                                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None, True
-        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_size == 0:
-            return None, True
-        import torch
-
         try:
-            storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=status.st_size)
-        except (OSError, RuntimeError) as exc:
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode) or status.st_mode & 0o222 or status.st_size <= len(file_name) or \
+                    (status.st_uid != os.geteuid() and (self._group is None or status.st_gid != self._group)):
+                return None, True
+            import torch
+
+            try:
+                buffer = torch.empty(status.st_size, dtype=torch.uint8).numpy()
+            except (RuntimeError, MemoryError) as exc:
+                self._fault(exc)
+                return None, False
+            parts = max(1, min(torch.get_num_threads(), len(buffer) // _READ_PART_BYTES))
+            whole = _read_at_once(descriptor, buffer.data, parts)
+        except OSError as exc:  # EIO and the like: the file cannot be read
             self._fault(exc)
-            return None, False
-        return torch.empty(0, dtype=torch.uint8).set_(storage).numpy(), False  # type: ignore[arg-type]
+            return None, True
+        finally:
+            os.close(descriptor)
+        if not whole or bytes(buffer[-len(file_name):]) != file_name:
+            return None, True
+        return buffer[:-len(file_name)], False
 
     def _unlink(self, file_names: list[bytes]) -> None:
         for file_name in file_names:

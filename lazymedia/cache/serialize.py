@@ -5,10 +5,10 @@ Layout (version 6): b"LMV6", a 4-byte little-endian header length, the 16-byte B
 of the key the value was written under, a 16-byte BLAKE3 tag of the payload, a 16-byte BLAKE3 tag
 of the key digest, payload tag and header (BLAKE3's keyed mode for both when a secret is set), a
 JSON header describing the value's structure, then the payload: the buffers of its tensors,
-arrays and bytes, each at a 64-byte aligned offset (from the value's start: a value mapped from a
-file at a page boundary is aligned for every dtype). A value read under another key, or without
+arrays and bytes, each at a 64-byte aligned offset (from the value's start: a value read into a
+64-byte aligned buffer, as torch allocates, is aligned for every dtype). A value read under another key, or without
 the writer's secret, is refused: the key binds a value to what it is the value of, the secret to
-who may write it. The two tags let a reader that trusts where the bytes lie (HostCache's mapped
+who may write it. The two tags let a reader that trusts where the bytes lie (HostCache's value
 files, see host.py) check the header without reading the payload. The header holds
 plain values (None, bool, int, float, str) inline; containers (dict, list, tuple; any Mapping
 comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
@@ -32,8 +32,8 @@ stored, one encoding per tensor, exact unless asked otherwise:
   levels stored as bfloat16 and widened back to their dtype when read.
 
 `dumps(..., levels=False, compress=False)` is the layout for the read that copies nothing: every
-buffer as it is, so `loads(..., zero_copy=True)` of a writable buffer (a private memory map)
-returns tensors that are views of it.
+buffer as it is, so `loads(..., zero_copy=True)` of a writable buffer (HostCache's private read
+of a value file) returns tensors that are views of it.
 
 Reading checks the key, the tags, every range, dtype, shape and size against the bytes and a bound
 on what the value may expand to, so a corrupt, truncated, foreign or other-version value is a

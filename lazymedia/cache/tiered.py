@@ -42,7 +42,7 @@ class SharedChain(SteppedTier):
 
     def _fill(self, upto: int, found: dict) -> None:
         """Stores what tier `upto` found in the nearer tiers: its bytes as they are where a tier's
-        layout is the same, else encoded in that tier's own (a zero-copy host tier maps values
+        layout is the same, else encoded in that tier's own (a zero-copy host tier reads values
         stored as they are, not Redis's codes)."""
         source = getattr(self.tiers[upto], "layout", None)
         for key, (value, data) in found.items():

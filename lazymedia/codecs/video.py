@@ -13,7 +13,7 @@ from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, Unproces
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
 from ._ffmpeg import DecodedFrames
 from ._video_common import sampled_output, video_frames
-from .metadata import check_metadata
+from .metadata import MP4_FIRST_BOXES, check_metadata, mp4_boxes
 from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
 from .types import VideoFrames, VideoHeader
 
@@ -97,30 +97,12 @@ _MP4_ENTRY_BYTES = {b"stts": 8, b"ctts": 8, b"stsc": 12, b"stco": 4, b"co64": 8,
 # Edit-list entries, versions 0 and 1.
 _ELST_V0 = np.dtype([("duration", ">u4"), ("media_time", ">i4"), ("rate", ">i4")])
 _ELST_V1 = np.dtype([("duration", ">u8"), ("media_time", ">i8"), ("rate", ">i4")])
-# First boxes of an ISO BMFF / QuickTime file.
-_MP4_FIRST_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"styp", b"moof"}
 # Demuxer memory per index entry: FFmpeg's AVIndexEntry (24 bytes) and the per-sample tables
 # beside it (sizes, composition offsets, the edit-list rebuild's copy). Measured: 37 bytes per
 # sample for one constant-size track (60 M samples: +2.1 GB); counted at 64.
 _INDEX_BYTES_PER_SAMPLE = 64
 # Boxes the walk reads at most (a fragmented hour at one fragment per frame, 60 fps: 432 k).
 _MP4_MAX_BOXES = 1 << 20
-
-
-def _mp4_boxes(data, start: int, end: int):
-    """(type, payload start, payload end) of the boxes in [start, end); 64-bit and to-the-end
-    sizes as ISO 14496-12 says; a box that overruns is cut at `end` (a truncated file)."""
-    while start + 8 <= end:
-        size, kind = int.from_bytes(data[start:start + 4], "big"), bytes(data[start + 4:start + 8])
-        header = 8
-        if size == 1 and start + 16 <= end:
-            size, header = int.from_bytes(data[start + 8:start + 16], "big"), 16
-        elif size == 0:
-            size = end - start
-        if size < header:
-            return
-        yield kind, start + header, min(start + size, end)
-        start += size
 
 
 def _u32(data, at: int) -> int:
@@ -199,7 +181,7 @@ def check_sample_tables(data, limits: Limits) -> int:
     the frame or duration limit, and an index over the working-memory budget (413). Returns the
     index's bytes (0 for other containers)."""
     view = memoryview(data)
-    if bytes(view[4:8]) not in _MP4_FIRST_BOXES:
+    if bytes(view[4:8]) not in MP4_FIRST_BOXES:
         return 0
     tracks: list[_Mp4Track] = []
     fragments = _Mp4Track()
@@ -207,7 +189,7 @@ def check_sample_tables(data, limits: Limits) -> int:
     boxes = 0
     while pending:
         parent, start, end, track = pending.pop()
-        for kind, body_start, body_end in _mp4_boxes(view, start, end):
+        for kind, body_start, body_end in mp4_boxes(view, start, end):
             boxes += 1
             if boxes > _MP4_MAX_BOXES:
                 raise MediaTooLargeError(f"MP4 has more than {_MP4_MAX_BOXES} boxes where its tables are",
