@@ -169,13 +169,17 @@ def vllm_error(exc: MediaError, modality: str) -> Exception:
 
 class LazyImage(Image.Image):
     """A PIL image that reports its size and mode from the header and decodes through lazymedia
-    on the first pixel access (`load`, which every pixel-reading PIL method calls first)."""
+    on the first pixel access: `np.asarray(image)` / `np.array(image)`, which is how HF image
+    processors read a PIL image, view the decoded array (Pillow's own `__array_interface__` copies
+    the image out twice: its raw encoder, then a join); any other pixel-reading PIL method calls
+    `load`, which builds Pillow's image from it once."""
 
     def __init__(self, handle: LazyMedia, size: tuple[int, int], mode: str):
         super().__init__()
         self._handle = handle
         self._size = size
         self._mode = mode
+        self._pixels: np.ndarray | None = None
         self.load_error: MediaError | None = None
 
     def __repr__(self) -> str:
@@ -185,6 +189,24 @@ class LazyImage(Image.Image):
         if self.load_error is not None:
             return f"<{self.load_error.message}>"
         return super().__repr__()
+
+    def pixels(self) -> np.ndarray:
+        """The decoded uint8 [H, W, 3] array, decoded on the first call."""
+        if self._pixels is None:
+            try:
+                self._pixels = self._handle.decode().numpy()
+            except MediaError as exc:
+                self.load_error = as_vllm_error(exc, loading_image=True)
+                raise self.load_error from None
+            _count("image")
+        return self._pixels
+
+    @property
+    def __array_interface__(self) -> dict:
+        """The decoded array's, read-only as Pillow's is: numpy views it (this image keeps it alive)."""
+        interface = dict(self.pixels().__array_interface__)
+        interface["data"] = (interface["data"][0], True)
+        return interface
 
     @property
     def im(self):
@@ -198,12 +220,7 @@ class LazyImage(Image.Image):
 
     def load(self):
         if self._im is None:
-            try:
-                decoded = image_to_pil(self._handle.decode())
-            except MediaError as exc:
-                self.load_error = as_vllm_error(exc, loading_image=True)
-                raise self.load_error from None
-            _count("image")
+            decoded = image_to_pil(self.pixels())
             self._im, self._size, self._mode = decoded.im, decoded.size, decoded.mode
         return super().load()
 
