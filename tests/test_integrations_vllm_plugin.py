@@ -464,3 +464,14 @@ def test_an_http_fetch_leaves_no_unclosed_session_at_exit(tmp_path):
                             text=True, timeout=240)
     assert result.returncode == 0 and result.stdout.strip().endswith("fetched"), result.stderr[-2000:]
     assert "Unclosed" not in result.stderr, result.stderr[-2000:]
+
+
+def test_a_lazy_image_reads_as_a_view_of_one_decode_and_still_works_as_a_pil_image():
+    before = decodes().get("image", 0)
+    image = connector("lazymedia").fetch_image(data_url(synthetic.jpeg(48, 64), "image/jpeg")).media
+    array = np.asarray(image)  # how HF image processors read a PIL image
+    assert array.shape == (48, 64, 3) and not array.flags.writeable  # read-only, as Pillow's
+    assert np.shares_memory(array, np.asarray(image))  # views of one decode
+    assert image.resize((32, 24)).size == (32, 24)  # any other PIL method: Pillow's image, built from it
+    assert np.array_equal(np.asarray(image.convert("RGB")), array)
+    assert decodes()["image"] == before + 1
