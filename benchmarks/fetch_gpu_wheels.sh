@@ -22,13 +22,18 @@
 # video, and the DALI test and benchmark column skip, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-vllm=0
-[ "${1:-}" = --vllm ] && { vllm=1; shift; }
-arch=${1:-x86_64}
-case "$arch" in
-  x86_64|aarch64) ;;
-  *) echo "usage: fetch_gpu_wheels.sh [--vllm] [x86_64|aarch64] (got $arch)" >&2; exit 2 ;;
-esac
+vllm=0 arch=x86_64 platforms_named=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) vllm=1 ;;
+    x86_64|aarch64) arch=$arg; platforms_named=$((platforms_named + 1)) ;;
+    *) platforms_named=9 ;;
+  esac
+  if [ $platforms_named -gt 1 ]; then
+    echo "usage: fetch_gpu_wheels.sh [--vllm] [x86_64|aarch64] (got $*)" >&2
+    exit 2
+  fi
+done
 # 60 MiB before --vllm's tarball (14 MiB): 61 leaves the working tree (2.4 MiB) room in the device
 # tool's 64 MiB carry
 limit_mib=61

@@ -311,3 +311,12 @@ def test_the_cpu_engine_column_decodes_every_call(scripts):
     assert all(a is not b and a.equal(b) for a, b in zip(first, second))
     nvjpeg_first, nvjpeg_second = found["lazymedia-nvjpeg"](blobs), found["lazymedia-nvjpeg"](blobs)
     assert all(a is not b for a, b in zip(nvjpeg_first, nvjpeg_second))  # decode_batch decodes each call
+
+
+def test_fetch_gpu_wheels_takes_vllm_and_one_platform_and_refuses_the_rest():
+    """The argument check runs before anything is downloaded or .gpu/ is touched."""
+    for args in (["--vllm", "sparc"], ["x86_64", "--vlm"], ["x86_64", "aarch64", "--vllm"]):
+        run = subprocess.run(["bash", "benchmarks/fetch_gpu_wheels.sh", *args], cwd=REPO, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 2, (args, run.stderr)
+        assert "usage: fetch_gpu_wheels.sh [--vllm] [x86_64|aarch64]" in run.stderr
