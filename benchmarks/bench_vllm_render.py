@@ -78,6 +78,16 @@ put first on PYTHONPATH, in the subprocess vLLM inspects the model class in; it 
 does. With a torchvision that loads (a GPU machine's matching build) nothing is changed.
 VLLM_TARGET_DEVICE=cpu is set where there is no GPU. --quick is a rehearsal size for a small CPU
 machine (1-2 minutes on a loaded 2-core VM); the default sizes are for a GPU machine.
+
+--rehearse (what `bash benchmarks/gpu_check.sh --rehearse` runs): media
+lazymedia.benchmarking.rehearsal.SCALE times smaller a side (4K becomes 480x270), and the timing
+verdicts (plugin no slower than vLLM's, the GPU goals) read REHEARSAL in place of PASS / FAIL; the
+identical-inputs and cache verdicts are judged as ever. Where vLLM's render path does not import
+(no vLLM; on the device, vLLM 0.33's pure-Python files beside a torch it was not built for), the
+script prints one line, `RENDER SKIP vLLM does not import: <error>`, and exits 0 (where it imports
+but its config or renderer fails to build: `RENDER SKIP vLLM does not start: <error>` after the
+traceback); --probe only
+tries that import: it prints that line and exits 1, or `RENDER vLLM <version> imports (<folder>)`.
 """
 from __future__ import annotations
 
@@ -94,6 +104,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +112,7 @@ import numpy as np
 import lazymedia
 from lazymedia import metrics, synthetic
 from lazymedia.benchmarking.harness import Progress, busy_warning, interleaved, ratio, write_json
+from lazymedia.benchmarking.rehearsal import judged, scaled
 
 MODEL_NAME = "tiny-qwen2-vl"
 # Qwen2-VL's special tokens, in the order (so with the ids) its tokenizer has them: 151643 on.
@@ -139,6 +151,8 @@ except Exception:
 
 
 _SHIM_GLOBALS: dict = {}
+# What the render path imports (build_columns, render_one): the SKIP line's test.
+RENDER_IMPORTS = ("vllm", "vllm.config", "vllm.renderers.registry", "vllm.entrypoints.openai.chat_completion.protocol")
 HIT_BATCHES_PER_ROUND = 5
 
 
@@ -162,6 +176,19 @@ def scenarios(quick: bool, seconds: float) -> list[Scenario]:
     return [Scenario("jpeg-720p", "image", 720, 1280, 32, 5), Scenario("jpeg-4k", "image", 2160, 3840, 8, 5),
             Scenario("jpeg-hits", "image", 720, 1280, 32, 5, pool=8),
             Scenario("h264-720p", "video", 720, 1280, 8, 5), Scenario("h264-1080p", "video", 1080, 1920, 8, 5)]
+
+
+def render_path_error() -> str | None:
+    """None when vLLM's render path imports, else the error in one line (an untested vLLM and
+    torch pairing can fail in any way, so any exception is the answer)."""
+    import importlib
+
+    try:
+        for name in RENDER_IMPORTS:
+            importlib.import_module(name)
+    except Exception as exc:
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return None
 
 
 # -- the tiny model ------------------------------------------------------------------------------
@@ -474,12 +501,13 @@ def print_table(results: dict, ran: list[str]) -> None:
         print(row + f"  identical={result['identical']}")
 
 
-def verdicts(results: dict, gpu: bool) -> list[str]:
+def verdicts(results: dict, gpu: bool, rehearse: bool = False) -> list[str]:
+    """The VERDICT lines; `rehearse`: the timing goals read REHEARSAL (judge nothing)."""
     lines = []
     for name, result in results.items():
         r = result["ratio_plugin_cpu_to_vllm"]
         what = "hit" if result["pool"] else "miss"
-        lines.append(f"VERDICT {name}: plugin {what} no slower than vLLM's: {'PASS' if r['median'] >= 1.0 else 'FAIL'} "
+        lines.append(f"VERDICT {name}: plugin {what} no slower than vLLM's: {judged(r['median'] >= 1.0, rehearse)} "
                      f"(plugin-cpu/vllm requests/s x{r['median']:.2f}, rounds {r['low']:.2f}-{r['high']:.2f})")
         detail = f"{result['compared_requests']} requests: token ids, placeholders, hashes, " + \
             ", ".join(result["compared_tensors"])
@@ -517,21 +545,24 @@ def verdicts(results: dict, gpu: bool) -> list[str]:
             fell = result["columns"]["plugin-gpu"]["fallbacks"]
             ok = ok and fell == 0
             detail += f"; NVDEC fallbacks {fell}"
-        lines.append(f"VERDICT {name} GPU: {'PASS' if ok else 'FAIL'} ({detail})")
+        lines.append(f"VERDICT {name} GPU: {judged(ok, rehearse)} ({detail})")
     if "jpeg-hits" in results:
         r = results["jpeg-hits"]["ratio_plugin_gpu_to_plugin_cpu"]
         lines.append(f"VERDICT jpeg-hits GPU: plugin-gpu no slower than plugin-cpu: "
-                     f"{'PASS' if r['median'] >= 1.0 else 'FAIL'} (x{r['median']:.2f})")
+                     f"{judged(r['median'] >= 1.0, rehearse)} (x{r['median']:.2f})")
     return lines
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a rehearsal on a 2-core CPU")
     parser.add_argument("--scenarios", help="comma list of: jpeg-720p, jpeg-4k, jpeg-hits, h264-720p, h264-1080p")
     parser.add_argument("--requests", type=int, help="concurrent requests per round (every scenario)")
     parser.add_argument("--rounds", type=int, help="timed rounds (every scenario)")
     parser.add_argument("--seconds", type=float, help="clip length (default 1 with --quick, else 2)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="media SCALE times smaller a side, timing verdicts REHEARSAL (gpu_check.sh --rehearse)")
+    parser.add_argument("--probe", action="store_true", help="only import vLLM's render path: exit 0 if it imports")
     parser.add_argument("--json")
     args = parser.parse_args()
     seconds = args.seconds or (1.0 if args.quick else 2.0)
@@ -542,8 +573,8 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown scenarios {sorted(unknown)}; choose from {[s.name for s in chosen]}")
         chosen = [s for s in chosen if s.name in names]
-    chosen = [Scenario(s.name, s.modality, s.height, s.width, args.requests or s.requests, args.rounds or s.rounds,
-                       s.pool) for s in chosen]
+    chosen = [Scenario(s.name, s.modality, *scaled(s.height, s.width, args.rehearse), args.requests or s.requests,
+                       args.rounds or s.rounds, s.pool) for s in chosen]
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -551,10 +582,16 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     if not gpu:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    progress = Progress(2 + len(chosen))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-vllm-render-") as folder:
         shimmed = torchvision_shim(folder)
+        error = render_path_error()
+        if error or args.probe:  # one line, on a line of its own (no progress bar yet)
+            print(f"RENDER SKIP vLLM does not import: {error}" if error else
+                  f"RENDER vLLM {importlib.metadata.version('vllm')} imports "
+                  f"({os.path.dirname(os.path.dirname(sys.modules['vllm'].__file__))})")
+            return 1 if error and args.probe else 0
+        progress = Progress(2 + len(chosen))
         model_dir = os.path.join(folder, MODEL_NAME)
         os.makedirs(model_dir)
         write_tiny_qwen2_vl(model_dir)
@@ -562,7 +599,13 @@ def main() -> None:
 
         vllm_plugin.register()
         progress.step("vLLM config and renderers")
-        columns, notes = build_columns(model_dir, gpu)
+        try:
+            columns, notes = build_columns(model_dir, gpu)
+        except Exception as exc:  # imported, but vLLM without its compiled ops may not start on this torch
+            progress.close()
+            traceback.print_exc()
+            print(f"RENDER SKIP vLLM does not start: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:300]}")
+            return 0
         progress.step("scenarios")
         fallbacks = FallbackCounter()
         metrics.add_listener(fallbacks)
@@ -597,7 +640,7 @@ def main() -> None:
               f" of {HIT_BATCHES_PER_ROUND} batches, a pool of {s.pool}" if s.pool else ""))
     print_table(results, ran)
     print("(hits, decodes: the plugin-cpu column's processor-cache hits/queries and plugin decodes, timed rounds)")
-    lines = verdicts(results, gpu)
+    lines = verdicts(results, gpu, args.rehearse)
     for line in lines:
         print(line)
     report = {"lazymedia": os.path.dirname(lazymedia.__file__), "vllm": importlib.metadata.version("vllm"),
@@ -605,13 +648,15 @@ def main() -> None:
                           "load_1min": os.getloadavg()[0], "gpu": torch.cuda.get_device_name(0) if gpu else None,
                           "torch": torch.__version__},
               "columns": {column.name: column.settings for column in columns}, "notes": notes,
-              "torchvision_shim": shimmed, "clip_seconds": seconds, "scenarios": results, "verdicts": lines}
+              "torchvision_shim": shimmed, "clip_seconds": seconds, "rehearsal": args.rehearse, "scenarios": results,
+              "verdicts": lines}
     warning = busy_warning()
     if warning:
         print(warning)
         report["warning"] = warning
     write_json(report, args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

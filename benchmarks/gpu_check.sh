@@ -13,7 +13,10 @@
 # bare NVDEC decoder's PTS round trip on an edit-list clip, nvJPEG against torchvision at 512^2 x 64
 # and 4K x 64 with what decoded them, the engines' image count), then the GPU tests, the nvJPEG
 # probe (nvjpegDecodeBatched timed directly), the JPEG benchmark (--quick; --full: all sizes and the
-# knob grid), the NVDEC benchmark and the serving job on the device (lazymedia bench --device cuda).
+# knob grid), the NVDEC benchmark and the serving job on the device (lazymedia bench --device cuda);
+# --full then runs vLLM's chat render (benchmarks/bench_vllm_render.py --quick: the vllm, plugin-cpu
+# and plugin-gpu columns) on vLLM 0.33's pure-Python files from .gpu/vllm.tar.xz (made by
+# fetch_gpu_wheels.sh --vllm), or prints one line, "RENDER SKIP vLLM does not import: <error>".
 # Each step's log goes to $OUT (8 files at most); summary.txt has each step's exit status and
 # seconds, then every VERDICT / FIRST / PROBE line of the run and what is missing or failing
 # among the lines the check must print (lazymedia.benchmarking.rehearsal.EXPECTED_LINES).
@@ -25,7 +28,11 @@
 # scaled by REHEARSAL_SCALE (10 s at least), the build step does not delete the built extensions (and only checks
 # that they import where pybind11 is missing), install checks .gpu/ instead of installing it, and
 # the run exits 1 when a step fails or outruns its scaled budget, or an expected line is missing,
-# FAILs, or is a timing line not marked REHEARSAL.
+# FAILs, or is a timing line not marked REHEARSAL. The rehearsal of the check call also runs the
+# --full call's render step (CI rehearses the check call only), on the vLLM folders that
+# LAZYMEDIA_VLLM_PATH names (default: those of /tmp/vllm-site, /tmp/vllm-testdeps, /tmp/vllm-cv2
+# and /tmp/vllm-tv that exist; empty: none); where vLLM does not import there, the step prints the
+# SKIP line, which the check then expects.
 #
 # Before the steps, the driver's video libraries (libnvcuvid.so.1 for NVDEC and nvJPEG's hardware
 # engines, libnvidia-encode.so.1 for importing PyNvVideoCodec) are put on the loader path
@@ -45,24 +52,33 @@ if [ $rehearse = 1 ]; then
   out=${OUT:-bench-out/gpu-rehearsal}
   site=/tmp/lazymedia-rehearsal-site
   R=" --rehearse"
+  default_vllm=$(for dir in /tmp/vllm-site /tmp/vllm-testdeps /tmp/vllm-cv2 /tmp/vllm-tv; do [ -d $dir ] && echo $dir; done \
+                 | paste -sd:)
+  vllm_path=${LAZYMEDIA_VLLM_PATH-$default_vllm}
 else
   out=${OUT:-bench-out/gpu-check}
   site=/tmp/lazymedia-site
   R=""
+  vllm_path=/tmp/lazymedia-vllm  # .gpu/vllm.tar.xz unpacked here, on PYTHONPATH for the render step alone
 fi
+render_args="--quick --scenarios jpeg-720p,jpeg-4k,jpeg-hits,h264-1080p"
+[ $rehearse = 1 ] && render_args="--quick --rounds 2 --scenarios jpeg-720p,jpeg-4k,jpeg-hits,h264-1080p"
+
 # A rehearsal's budget for a step: the device's times this (a machine busier than the 2-core CI
 # kind at load 4-6, where the whole takes 70-80 s of its 284, may set a larger one).
 REHEARSAL_SCALE=${REHEARSAL_SCALE:-0.5}
 if [ $mode = check ]; then
   STEPS=(probe install build first tests nvjprobe bench nvdec serving)
   declare -A BUDGET=([probe]=15 [install]=30 [build]=80 [first]=35 [tests]=110 [nvjprobe]=35 [bench]=85 [nvdec]=80
-                     [serving]=90)
+                     [serving]=90 [render]=100)
+  [ $rehearse = 1 ] && STEPS+=(render)  # the --full call's step, rehearsed here too (CI rehearses this call)
   bench_args="--quick"
   nvdec_args="--quick"
   serving_args="--quick --requests 8 --concurrency 8 --scenarios unique_720p,unique_4k,video_unique"
 else  # the second call: the full tables, no tests
-  STEPS=(probe install build bench nvdec serving)
-  declare -A BUDGET=([probe]=10 [install]=30 [build]=80 [bench]=170 [nvdec]=130 [serving]=150)
+  STEPS=(probe install build bench nvdec serving render)
+  # render's 100 s came out of bench (was 170), nvdec (130) and serving (150): the whole stays < 580 s
+  declare -A BUDGET=([probe]=10 [install]=30 [build]=80 [bench]=130 [nvdec]=105 [serving]=120 [render]=100)
   bench_args="--grid"
   nvdec_args=""
   serving_args="--requests 64"  # 160 a scenario across 4 modes and 7 scenarios would not fit one call
@@ -76,16 +92,17 @@ fi
 declare -A WHAT=(
   [probe]="nvidia-smi, the driver's video libraries (libnvcuvid), libcuda, nvcc, torch's view of the GPU"
   [install]="wheels from .gpu/wheels and the slimmed PyNvVideoCodec into $site (no network)"
-  [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_90, sm_100), both extensions imported (else a serial rebuild), lazymedia info"
+  [build]="LAZYMEDIA_CUDA=1 setup.py build_ext --inplace on all cores (sm_80, sm_86, sm_89, sm_90, sm_100 + PTX), both extensions imported (else a serial rebuild), lazymedia info"
   [first]="nvjpeg_nvdec_probe.py B (the bare decoder's PTS round trip, per frame) and bench_gpu.py --headline (512^2 x 64 and 4K x 64 vs torchvision, decoded_by, the engines' image count, Python per call, nvJPEG's memory)"
   [tests]="pytest -p no:asyncio tests/test_gpu.py (all marked gpu) and tests/test_cuda_build.py, 60 s a test"
   [nvjprobe]="nvjpeg_nvdec_probe.py A: nvjpegDecodeBatched, HARDWARE at every size and DEFAULT at 512^2, x format x flags 0/32/36 x input, vs torchvision"
   [bench]="bench_gpu.py $bench_args --no-nvdec: nvJPEG vs torchvision (ratios, p99, decoded_by, verdicts), the A/B cells (--full: the knob grid), peers, window, lock"
   [nvdec]="bench_nvdec.py $nvdec_args: NVDEC vs the CPU path on every core, sessions and decoder reuse, memory, verdicts (into bench_gpu.json)"
   [serving]="lazymedia bench --device cuda $serving_args: every mode, a warm wave, device checks, memory, verdicts (into bench.txt)"
+  [render]="bench_vllm_render.py $render_args: vLLM's chat render, columns vllm / plugin-cpu / plugin-gpu, verdicts (into bench.txt, render.json), on .gpu/vllm.tar.xz (fetch_gpu_wheels.sh --vllm); else RENDER SKIP"
 )
 declare -A LOG=([probe]=setup.txt [install]=setup.txt [build]=setup.txt [first]=first.txt [tests]=pytest.txt
-                [nvjprobe]=nvjpeg_probe.txt [bench]=bench.txt [nvdec]=bench.txt [serving]=bench.txt)
+                [nvjprobe]=nvjpeg_probe.txt [bench]=bench.txt [nvdec]=bench.txt [serving]=bench.txt [render]=bench.txt)
 
 total=0
 for step in "${STEPS[@]}"; do total=$((total + BUDGET[$step])); done
@@ -123,19 +140,33 @@ if [ $dry = 1 ]; then
   echo "driver video libraries here:"
   video_libraries | sed 's/^/  /'
   if [ -d .gpu ]; then
-    echo ".gpu/ to carry: $(du -sh .gpu | cut -f1) ($(find .gpu -type f | wc -l) files; limit 60 MiB), built for $(cat .gpu/PLATFORM 2>/dev/null || echo "an unrecorded platform")"
+    echo ".gpu/ to carry: $(du -sh .gpu | cut -f1) ($(find .gpu -type f | wc -l) files; limit 61 MiB), built for $(cat .gpu/PLATFORM 2>/dev/null || echo "an unrecorded platform")"
   else
     echo ".gpu/ missing: run bash benchmarks/fetch_gpu_wheels.sh here first"
   fi
+  if [ -f .gpu/vllm.tar.xz ]; then
+    echo ".gpu/vllm.tar.xz: $(du -sh .gpu/vllm.tar.xz | cut -f1), vLLM's pure-Python files for the render step"
+  else
+    echo ".gpu/vllm.tar.xz missing: the render step will print RENDER SKIP (bash benchmarks/fetch_gpu_wheels.sh --vllm makes it)"
+  fi
+  [ $rehearse = 1 ] && echo "vLLM folders for the render step (LAZYMEDIA_VLLM_PATH): ${vllm_path:-none}"
+
   echo "working tree that travels besides: $(git ls-files -co --exclude-standard -z | du -ch --files0-from=- 2>/dev/null | tail -1 | cut -f1)"
   printf '%-8s %7s  %-16s %s\n' step budget log what
   for step in "${STEPS[@]}"; do printf '%-8s %6ss  %-16s %s\n' "$step" "${BUDGET[$step]}" "${LOG[$step]}" "${WHAT[$step]}"; done
   echo "total budget ${total} s (< 580 s); device call: timeout_s 600, carry [\".gpu\"]; logs in \$OUT:"
-  echo "  summary.txt setup.txt first.txt pytest.txt nvjpeg_probe.txt bench.txt bench_gpu.json serving.json (8 files)"
+  if [ $mode = check ]; then
+    echo "  summary.txt setup.txt first.txt pytest.txt nvjpeg_probe.txt bench.txt bench_gpu.json serving.json (8 files)$(
+      [ $rehearse = 1 ] && echo '; the rehearsal adds render.json')"
+  else
+    echo "  summary.txt setup.txt bench.txt bench_gpu.json serving.json render.json (6 files)"
+  fi
   exit 0
 fi
 
 mkdir -p "$out" "$site"
+# the steps append to their logs: a former run's lines (a rehearsal's $OUT stays) must not pass for this one's
+rm -f "$out"/{setup,first,pytest,nvjpeg_probe,bench}.txt "$out"/{bench_gpu,serving,render}.json
 if [ $rehearse = 1 ]; then
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the wheels in .gpu/ are the device's Python's: not here
 else
@@ -240,19 +271,49 @@ run_step nvdec "python3 benchmarks/bench_nvdec.py $nvdec_args$R --json '$out/ben
 # device checks and verdict lines end that file.
 run_step serving "python3 -m lazymedia bench --device cuda $serving_args$R --json '$out/serving.json' --chart ''"
 
-# (issue 43's later part, another change: the vLLM render benchmark's GPU column would be a step
-# here, logging into bench.txt.)
+# vLLM's chat render with the plugin's GPU column (issue 44), into bench.txt. On the device vLLM
+# 0.33's pure-Python files (.gpu/vllm.tar.xz) go into their own folder, on PYTHONPATH for this step
+# alone; vLLM without its compiled ops on the image's torch is an untested pairing, so where its
+# render path does not import the script prints one line, RENDER SKIP vLLM does not import: ...,
+# and exits 0.
+if [[ " ${STEPS[*]} " == *" render "* ]]; then
+  if [ $rehearse = 0 ]; then
+    unpack="if [ ! -f .gpu/vllm.tar.xz ]; then
+      echo 'RENDER SKIP vLLM does not import: .gpu/vllm.tar.xz is absent (bash benchmarks/fetch_gpu_wheels.sh --vllm makes it)'
+      exit 0
+    fi
+    rm -rf '$vllm_path' && mkdir -p '$vllm_path' && tar -C '$vllm_path' -xJf .gpu/vllm.tar.xz
+    echo \"render: .gpu/vllm.tar.xz unpacked into $vllm_path (\$(du -sh '$vllm_path' | cut -f1))\";"
+  else
+    unpack="echo 'render: vLLM folders: ${vllm_path:-none}';"
+  fi
+  run_step render "$unpack
+    PYTHONPATH='$PWD${vllm_path:+:$vllm_path}':\$PYTHONPATH python3 benchmarks/bench_vllm_render.py $render_args$R \
+      --json '$out/render.json'"
+fi
 
 echo "gpu_check: $(( $(date +%s) - started )) s in all (budget ${total} s), 1-minute load $(cut -d' ' -f1 /proc/loadavg) at the end" \
   | tee -a "$out/summary.txt"
 {
   echo "-- the run's answers"
-  grep -h -E "^(VERDICT|FIRST|PROBE B|PEERS) " "$out/first.txt" "$out/bench.txt" 2>/dev/null | cut -c1-400
+  grep -h -E "^(VERDICT|FIRST|PROBE B|PEERS|RENDER) " "$out/first.txt" "$out/bench.txt" 2>/dev/null | cut -c1-400
 } >> "$out/summary.txt"
 checked=0
+# A rehearsal's render lines: the verdicts where vLLM's render path imports from its folders, else
+# the SKIP line (asked of the script itself, apart from what the step printed)
+render_check=""
+if [ $rehearse = 1 ] && [[ " ${STEPS[*]} " == *" render "* ]]; then
+  if PYTHONPATH="$PWD${vllm_path:+:$vllm_path}:$PYTHONPATH" timeout 60 python3 benchmarks/bench_vllm_render.py --probe \
+       > /dev/null 2>&1; then
+    render_check="--render ran"
+  else
+    render_check="--render skip"
+  fi
+fi
 if [ $mode = check ] || [ $rehearse = 1 ]; then  # --full prints other lines: a rehearsal of it checks its steps
+  # shellcheck disable=SC2086
   timeout 60 python3 -m lazymedia.benchmarking.rehearsal check "$out" $([ $rehearse = 1 ] && echo --rehearsal) \
-    $([ $mode = full ] && echo --steps-only) | tee -a "$out/summary.txt"
+    $([ $mode = full ] && echo --steps-only) $render_check | tee -a "$out/summary.txt"
   checked=${PIPESTATUS[0]}
 fi
 [ $rehearse = 1 ] && exit "$checked"

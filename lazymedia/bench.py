@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         if why:
             print(f"error: argument {option}: {path!r} {why}", file=sys.stderr)
             return 2
-    if args.device == "cuda":
+    if args.device == "cuda" and not getattr(args, "rehearse", False):  # a rehearsal's CUDA is the stand-ins'
         import torch
 
         if not torch.cuda.is_available():

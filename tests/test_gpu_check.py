@@ -150,8 +150,103 @@ def test_the_check_fits_one_call_and_looks_first_after_the_build():
     assert len(logs) <= 8  # the files a device call brings back
     rehearsed = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--rehearse", "--dry-run"], cwd=REPO,
                                capture_output=True, text=True, timeout=60)
+    rehearsed_steps = re.findall(r"^(\w+)\s+(\d+)s  (\S+)", rehearsed.stdout, re.M)
+    assert [name for name, _, _ in rehearsed_steps] == [name for name, _, _ in steps] + ["render"]  # --full's, too
     assert re.search(r"total budget (\d+) s", rehearsed.stdout).group(1) == str(
-        sum(max(10, int(int(b) * 0.5)) for _, b, _ in steps))
+        sum(max(10, int(int(b) * 0.5)) for _, b, _ in steps) + 50)
+
+
+def test_the_second_call_runs_the_render_step_within_the_call():
+    plan = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--full", "--dry-run"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    steps = re.findall(r"^(\w+)\s+(\d+)s  (\S+)\s+(.*)$", plan.stdout, re.M)
+    assert [name for name, *_ in steps] == ["probe", "install", "build", "bench", "nvdec", "serving", "render"]
+    total = int(re.search(r"total budget (\d+) s", plan.stdout).group(1))
+    assert total == sum(int(b) for _, b, _, _ in steps) < 580
+    render = steps[-1]
+    assert render[2] == "bench.txt"
+    assert f"--scenarios {','.join(rehearsal.RENDER_SCENARIOS)}" in render[3]  # what the check expects
+    logs = {log for _, _, log, _ in steps} | {"summary.txt", "bench_gpu.json", "serving.json", "render.json"}
+    assert len(logs) <= 8
+    assert "sm_80, sm_86, sm_89, sm_90, sm_100" in plan.stdout  # setup.py's arches, not the stale (sm_90, sm_100)
+
+
+# -- the render step: its SKIP line, and the lines the check learns
+
+def test_the_render_benchmark_prints_one_skip_line_where_vllm_does_not_import(tmp_path):
+    """No vLLM (CI), or vLLM's pure-Python files that do not import on the device's torch: one line,
+    exit 0 (the step does not fail the check); --probe exits 1. A stand-in vllm that fails on import
+    makes it so whatever is installed."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise ImportError('vllm._C: cannot open shared object file')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{REPO}:{tmp_path}"}
+    command = [sys.executable, str(REPO / "benchmarks" / "bench_vllm_render.py")]
+    run = subprocess.run(command + ["--quick", "--rehearse", "--json", str(tmp_path / "render.json")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "RENDER SKIP vLLM does not import: ImportError: vllm._C: cannot open shared object file"]
+    assert not (tmp_path / "render.json").exists()
+    probe = subprocess.run(command + ["--probe"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 1 and probe.stdout.startswith("RENDER SKIP vLLM does not import: ImportError")
+
+
+@pytest.fixture
+def render_script():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_vllm_render
+
+        yield bench_vllm_render
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def render_results(cpu_ratio: float, identical: bool = True) -> dict:
+    """bench_vllm_render's results for RENDER_SCENARIOS on a machine without a GPU."""
+    results = {}
+    for name in rehearsal.RENDER_SCENARIOS:
+        pool = 4 if name == "jpeg-hits" else 0
+        results[name] = {"ratio_plugin_cpu_to_vllm": {"median": cpu_ratio, "low": cpu_ratio, "high": cpu_ratio},
+                         "pool": pool, "compared_requests": 9, "compared_tensors": ["pixel_values"],
+                         "first_difference": None if identical else "pixel_values", "identical": identical,
+                         "columns": {"plugin-cpu": {"cache_hits": 8 if pool else 0, "cache_queries": 8 if pool else 8,
+                                                    "plugin_decodes": 0 if pool else 8}}}
+    return results
+
+
+def test_the_check_learns_the_render_verdicts_where_vllm_imports_and_the_skip_line_where_not(tmp_path, render_script):
+    assert len(rehearsal.expected_lines()) == len(rehearsal.EXPECTED_LINES)
+    assert len(rehearsal.expected_lines(render="ran")) == len(rehearsal.EXPECTED_LINES) + 9
+    assert rehearsal.expected_lines(lines=False, render="skip") == [rehearsal.RENDER_SKIP]
+    out = sample_out(tmp_path)
+    bench = (out / "bench.txt").read_text()
+    # SKIP: the one line expected (it judges nothing)
+    assert rehearsal.check_run(str(out), True, render="skip") == [
+        "bench.txt: no line matching 'RENDER SKIP vLLM does not import: '"]
+    (out / "bench.txt").write_text(bench + "RENDER SKIP vLLM does not import: ModuleNotFoundError: No module named "
+                                          "'vllm'\n")
+    assert rehearsal.check_run(str(out), True, render="skip") == []
+    # ran: the script's own verdict lines, a timing one marked REHEARSAL (a slower plugin judges nothing)
+    lines = render_script.verdicts(render_results(0.5), gpu=False, rehearse=True)
+    assert sum(line.startswith("VERDICT ") and "no slower than vLLM's: REHEARSAL" in line for line in lines) == 4
+    (out / "bench.txt").write_text(bench + "\n".join(lines) + "\n")
+    missing = rehearsal.check_run(str(out), True, render="ran")
+    assert missing == ["render.json: FileNotFoundError: [Errno 2] No such file or directory: "
+                       f"'{out / 'render.json'}'"]
+    (out / "render.json").write_text(json.dumps({"rehearsal": True}))
+    assert rehearsal.check_run(str(out), True, render="ran") == []
+    assert len(rehearsal.check_run(str(out), True, render="skip")) == 1  # vLLM imported: the SKIP line is missing
+    # a device run's words in a rehearsal, a difference in the inputs, a scenario missing
+    device_lines = render_script.verdicts(render_results(1.2), gpu=False, rehearse=False)
+    (out / "bench.txt").write_text(bench + "\n".join(device_lines) + "\n")
+    assert sum("not marked REHEARSAL" in p for p in rehearsal.check_run(str(out), True, render="ran")) == 4
+    different = render_script.verdicts(render_results(0.5, identical=False), gpu=False, rehearse=True)
+    (out / "bench.txt").write_text(bench + "\n".join(line for line in different if "jpeg-4k" not in line) + "\n")
+    problems = rehearsal.check_run(str(out), True, render="ran")
+    assert sum("identical model inputs: FAIL" in p for p in problems) == 3
+    assert sum("no line matching" in p and "VERDICT jpeg-4k: " in p for p in problems) == 2
 
 
 # -- the checker of a run's $OUT
@@ -216,3 +311,12 @@ def test_the_cpu_engine_column_decodes_every_call(scripts):
     assert all(a is not b and a.equal(b) for a, b in zip(first, second))
     nvjpeg_first, nvjpeg_second = found["lazymedia-nvjpeg"](blobs), found["lazymedia-nvjpeg"](blobs)
     assert all(a is not b for a, b in zip(nvjpeg_first, nvjpeg_second))  # decode_batch decodes each call
+
+
+def test_fetch_gpu_wheels_takes_vllm_and_one_platform_and_refuses_the_rest():
+    """The argument check runs before anything is downloaded or .gpu/ is touched."""
+    for args in (["--vllm", "sparc"], ["x86_64", "--vlm"], ["x86_64", "aarch64", "--vllm"]):
+        run = subprocess.run(["bash", "benchmarks/fetch_gpu_wheels.sh", *args], cwd=REPO, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 2, (args, run.stderr)
+        assert "usage: fetch_gpu_wheels.sh [--vllm] [x86_64|aarch64]" in run.stderr

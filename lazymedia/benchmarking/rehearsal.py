@@ -350,13 +350,35 @@ TIMING = ("parity", "1.2x", "latency", "progressive", "64 clips", "one clip", "e
 STEP_LINE = r"^(\w+)\s+rc=(\d+)\s+(\d+) s \(budget (\d+) s\)"
 JSON_FILES = ("bench_gpu.json", "serving.json")
 
+# The render step (gpu_check.sh --full; its rehearsal runs in the check call's too):
+# benchmarks/bench_vllm_render.py on these scenarios. Where vLLM's render path imports, its verdicts
+# (the plugin-cpu / vllm ratio is a timing goal: REHEARSAL in a rehearsal; identical inputs and the
+# hits' cache are judged), else its one SKIP line, which judges nothing.
+RENDER_SCENARIOS = ("jpeg-720p", "jpeg-4k", "jpeg-hits", "h264-1080p")
+RENDER_LINES: list[tuple[str, str]] = [line for scenario in RENDER_SCENARIOS for line in (
+    ("bench.txt", rf"VERDICT {scenario}: plugin (miss|hit) no slower than vLLM's: "),
+    ("bench.txt", rf"VERDICT {scenario}: identical model inputs: "))] + [
+    ("bench.txt", r"VERDICT jpeg-hits: the processor cache serves the repeats with no plugin decode: ")]
+RENDER_SKIP = ("bench.txt", r"RENDER SKIP vLLM does not import: ")
+RENDER_TIMING = "no slower than"
 
-def check_run(out: str, rehearse: bool, lines: bool = True) -> list[str]:
+
+def expected_lines(lines: bool = True, render: str | None = None) -> list[tuple[str, str]]:
+    """The lines a run must print: EXPECTED_LINES (lines=False: none of them), and the render
+    step's: its verdicts (render="ran": vLLM's render path imports) or its SKIP line ("skip")."""
+    if render not in (None, "ran", "skip"):
+        raise ValueError(f"render is None, 'ran' or 'skip', not {render!r}")
+    return (list(EXPECTED_LINES) if lines else []) + (RENDER_LINES if render == "ran" else [RENDER_SKIP]
+                                                     if render == "skip" else [])
+
+
+def check_run(out: str, rehearse: bool, lines: bool = True, render: str | None = None) -> list[str]:
     """What is wrong with a gpu_check.sh run's $OUT (empty: nothing): an expected line missing, a
     judged line that does not PASS (a rehearsal's timing lines must read REHEARSAL instead), a
     JSON report missing or unreadable; for a rehearsal also a step that failed or outran its
     budget. The device run prints these as its summary's last lines; a rehearsal fails on them.
-    lines=False: the steps alone (the --full run prints other lines)."""
+    lines=False: the steps alone (the --full run prints other lines). render: the render step's
+    lines are expected too (expected_lines), with render.json where it ran."""
     import json
     import os
     import re
@@ -369,12 +391,15 @@ def check_run(out: str, rehearse: bool, lines: bool = True) -> list[str]:
             return ""
 
     problems: list[str] = []
-    for name, start in EXPECTED_LINES if lines else ():
+    for name, start in expected_lines(lines, render):
         found = [line for line in read(name).splitlines() if re.match(start, line)]
         if not found:
             problems.append(f"{name}: no line matching {start!r}")
         for line in found:
-            timing = any(word in line.split(":")[0] for word in TIMING) or "lazy_gpu" in line.split("vLLM")[0]
+            if line.startswith("RENDER "):  # the SKIP line judges nothing
+                continue
+            timing = any(word in line.split(":")[0] for word in TIMING) or "lazy_gpu" in line.split("vLLM")[0] \
+                or RENDER_TIMING in line.split(" (")[0]
             words = re.findall(r"\b(PASS|FAIL|UNKNOWN|NOT RUN|REHEARSAL)\b", line)
             if any(word in ("FAIL", "UNKNOWN", "NOT RUN") for word in words):
                 problems.append(f"{name}: {line[:200]}")
@@ -382,7 +407,7 @@ def check_run(out: str, rehearse: bool, lines: bool = True) -> list[str]:
                 problems.append(f"{name}: a timing line not marked {MARK}: {line[:200]}")
             elif not timing and "INFO" not in line and "PASS" not in words and not line.startswith("FIRST"):
                 problems.append(f"{name}: judged line without PASS: {line[:200]}")
-    for name in JSON_FILES if lines else ():
+    for name in (JSON_FILES if lines else ()) + (("render.json",) if render == "ran" else ()):
         try:
             with open(os.path.join(out, name)) as f:
                 report = json.load(f)
@@ -403,13 +428,19 @@ def check_run(out: str, rehearse: bool, lines: bool = True) -> list[str]:
     return problems
 
 
-if __name__ == "__main__":  # python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only]
+if __name__ == "__main__":
+    # python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only] [--render ran|skip]
     import sys
 
-    if len(sys.argv) < 3 or sys.argv[1] != "check":
-        sys.exit("usage: python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only]")
-    steps_only = "--steps-only" in sys.argv[3:]
-    found = check_run(sys.argv[2], "--rehearsal" in sys.argv[3:], lines=not steps_only)
-    total = 0 if steps_only else len(EXPECTED_LINES)
+    usage = ("usage: python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only] "
+             "[--render ran|skip]")
+    args = sys.argv[3:]
+    render_arg = args[args.index("--render") + 1] if "--render" in args[:-1] else None
+    if len(sys.argv) < 3 or sys.argv[1] != "check" or render_arg not in (None, "ran", "skip") or \
+            ("--render" in args and render_arg is None):
+        sys.exit(usage)
+    steps_only = "--steps-only" in args
+    found = check_run(sys.argv[2], "--rehearsal" in args, lines=not steps_only, render=render_arg)
+    total = len(expected_lines(not steps_only, render_arg))
     print(f"gpu_check: {total} expected lines; {len(found)} problem(s)" + "".join(f"\n  {p}" for p in found))
     sys.exit(1 if found else 0)
