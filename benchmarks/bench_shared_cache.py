@@ -257,7 +257,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
             "host_hit_read": (host_hit_read, 2),
             "host_coded_hit": (lambda: coded_host.get_many([key]), 2),
             "redis_hit": (lambda: redis_tier.get_many([key]), 2),
-            "redis_get": (lambda: client.get(f"{redis_tier.prefix}{key}"), 2),
+            "redis_get": (lambda: client.get(redis_tier.name(key)), 2),
             "miss_until_stored": (miss, 1)}, rounds, settle=dict.fromkeys(WRITER_STEPS, SETTLE_S))
         times["miss_response"] = responses[1:]  # the warm-up call's left out
         cache.flush()

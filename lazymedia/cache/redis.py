@@ -1,16 +1,29 @@
-"""RedisCache: processed outputs on a Redis-protocol server (Redis 7, Valkey), shared by every
-frontend process and machine, with leases for cross-process single-flight.
+"""RedisCache: processed outputs on a Redis-protocol server (Redis 7, Valkey) or a Redis Cluster,
+shared by every frontend process and machine, with leases for cross-process single-flight.
 
-Keys are `lazymedia:<namespace>:<key>` (content keys, so sharing them is safe); values are
-`serialize.dumps` bytes (no pickle) written with a TTL and refused past `max_entry_bytes`. A
-process that misses takes `<key>:lease` (SET NX PX) before it decodes; the others poll for the
-value with back-off until the lease's holder writes it, gives it up, or dies, and decode
-themselves after `wait_s` at the latest. A lease lives `lease_s` (1.5 s) and its holder renews it
-while it works (a thread, every quarter of `lease_s`): a holder that dies frees its keys within
-`lease_s`, one that works for minutes keeps them. Every call is bounded by `timeout_s`; any
-fault (server down, slow, out of memory, a foreign or corrupt value) is counted, logged at most
-once per `log_every_s`, and turns into a miss or a no-op, so requests fall back to the local tier
-and their own decodes. After a fault the server is left alone for `retry_after_s`.
+Keys are `lazymedia:<namespace>:{<key>}` (content keys, so sharing them is safe) and the lease
+`lazymedia:<namespace>:{<key>}:lease`: the item key is the key's hash tag, so on a cluster an
+item's value and lease lie in one slot (one node's atomic work) and a request's items spread over
+every primary. Values are `serialize.dumps` bytes (no pickle) written with a TTL and refused past
+`max_entry_bytes`. A process that misses takes the lease (a SET NX PX in a script that also
+answers yes to its own token, so a call made again after a lost reply keeps the lease it took)
+before it decodes; the others poll for the value with back-off until the lease's holder writes
+it, gives it up, or dies, and decode themselves after `wait_s` at the latest. A lease lives
+`lease_s` (1.5 s) and its holder renews it while it works (a thread, every quarter of `lease_s`):
+a holder that dies frees its keys within `lease_s`, one that works for minutes keeps them. Every
+call is bounded by `timeout_s`; any fault (server down, slow, out of memory, a foreign or corrupt
+value) is counted, logged at most once per `log_every_s`, and turns into a miss or a no-op, so
+requests fall back to the local tier and their own decodes. After a fault the server is left
+alone for `retry_after_s`.
+
+On a cluster (`cluster=True`, or a ready `redis.cluster.RedisCluster` client) a fault is one
+node's, not the tier's: a read that fails on a node gives misses for that node's keys and the
+others' values; a lease, a poll, a release, a renewal or a write is made again (the client has
+refreshed its slot map) every 20-200 ms until it succeeds or `failover_s` has passed since its
+first failure, so a request waits through the promotion of a dead or hung primary's replica and
+the lease it then takes is the fleet's single flight again. Only a call that gave up rests the
+tier. A request waits at most `failover_s` plus a call's `timeout_s` (and the 200 ms of one
+back-off) per failover; MOVED and ASK redirects (a resharding) are followed by the client.
 """
 from __future__ import annotations
 
@@ -24,12 +37,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .protocol import Call, Steps
+from .protocol import Call, Steps, drive, pause
 from .serialize import BadValueLog
 from .store import ValueStore
 
 logger = logging.getLogger("lazymedia.cache")
 
+# Takes the lease if it is free; yes also when it holds this token already (the SET of an earlier
+# try whose reply was lost: a call made again during a failover must not wait for its own lease).
+_TAKE = ("if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
+         "if redis.call('get', KEYS[1]) == ARGV[1] then return 1 end return 0")
 # Deletes the lease only if it still holds this process's token (the holder may have expired).
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 # Extends the lease only if it still holds this process's token.
@@ -107,38 +124,63 @@ class LeaseRenewals:
 
 
 class RedisCache(ValueStore):
-    """A shared cache tier. `url` (redis://host:port/db) or ready `client` / `async_client`
-    (redis-py clients; a Redis Cluster client works for the sync calls)."""
+    """A shared cache tier. `url` (redis://host:port/db; on a cluster, any node's) or ready
+    `client` / `async_client` (redis-py clients, plain or `RedisCluster`). `cluster=True` makes
+    cluster clients from `url` (a ready cluster client says so by itself); `failover_s`: how long a
+    call on a cluster is made again after it failed (5 s by default; 0 on one server, whose fault
+    rests the tier at once)."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
                  max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 1.5,
                  wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
                  bfloat16: bool = False, client=None, async_client=None, secret: str | bytes | None = None,
-                 compress: bool = True):
+                 compress: bool = True, cluster: bool | None = None, failover_s: float | None = None):
         try:
             import redis
             import redis.asyncio
+            import redis.asyncio.cluster
+            import redis.cluster
         except ImportError as exc:
             raise ImportError('RedisCache needs the redis client: pip install "lazymedia[redis]"') from exc
         super().__init__(bfloat16, BadValueLog(log_every_s, logger), "shared", secret, compress)
-
-        self._errors = (redis.RedisError, OSError, asyncio.TimeoutError)
+        if "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace {namespace!r} has a brace: the item key must be each key's hash tag")
+        if isinstance(async_client, redis.asyncio.cluster.RedisCluster):
+            raise ValueError("an asyncio RedisCluster client follows ASK redirects wrongly (see _async_form): "
+                             "give the sync redis.cluster.RedisCluster as `client`, or `cluster=True` and the url")
+        if cluster is None:
+            cluster = isinstance(client, redis.cluster.RedisCluster)
+        self.cluster = cluster
+        # RedisClusterException (no node reachable, no slot map) is not a RedisError
+        self._errors = (redis.RedisError, redis.exceptions.RedisClusterException, OSError, asyncio.TimeoutError)
         self.prefix = f"lazymedia:{namespace}:"
         self.ttl_ms = int(ttl_s * 1000)
         self.max_entry_bytes = max_entry_bytes
         self.lease_ms = int(lease_s * 1000)
         self.wait_s = 30.0 if wait_s is None else wait_s
+        self.failover_s = (5.0 if cluster else 0.0) if failover_s is None else failover_s
         self._renewals = LeaseRenewals(self._renew, lease_s / 4)
         self.retry_after_s = retry_after_s
         self.log_every_s = log_every_s
-        options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-        self._client = client if client is not None else redis.Redis.from_url(url, **options)
-        self._url, self._options = url, options
+        self._options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+        self._url = url
+        self._client_lock = threading.Lock()
+        # A cluster client connects as it is made (to learn the slot map): made on first use, so a
+        # cluster that is down when the tier is built is a fault of the first call, not an error here.
+        self._client = client if client is not None or cluster else redis.Redis.from_url(url, **self._options)
         self._async_clients: dict[asyncio.AbstractEventLoop, object] = {}
         if async_client is not None:
             self._async_clients[None] = async_client  # type: ignore[index]
         self._down_until = 0.0
         self._last_log = 0.0
+
+    def name(self, key: str) -> str:
+        """The Redis key of `key`'s value: `lazymedia:<namespace>:{<key>}` (its lease: `:lease`
+        after it), so on a cluster the item key is the hash tag that picks their slot."""
+        return f"{self.prefix}{{{key}}}"
+
+    def _lease_name(self, key: str) -> str:
+        return self.name(key) + ":lease"
 
     # -- bookkeeping ----------------------------------------------------------------------------
     @property
@@ -146,17 +188,21 @@ class RedisCache(ValueStore):
         """False while the tier rests after a fault (calls then fall back without trying)."""
         return time.monotonic() >= self._down_until
 
-    def _fault(self, exc: BaseException, what: str) -> None:
+    def _fault(self, exc: BaseException, what: str, rest: bool = True) -> None:
+        """Counts and logs (rate-limited) a failed call; `rest`: leave the server alone for
+        `retry_after_s` (on a cluster only once a call gave up: one node's fault is not the tier's)."""
         now = time.monotonic()
         with self._lock:
             self._counts["fallbacks"] += 1
-            self._down_until = now + self.retry_after_s
+            if rest:
+                self._down_until = now + self.retry_after_s
             log = now - self._last_log >= self.log_every_s
             if log:
                 self._last_log = now
         if log:
-            logger.warning("shared cache %s failed (%s: %s); using the local tier for %.1f s", what,
-                           type(exc).__name__, exc, self.retry_after_s)
+            logger.warning("shared cache %s failed (%s: %s); %s", what, type(exc).__name__, exc,
+                           f"using the local tier for {self.retry_after_s:.1f} s" if rest
+                           else "those keys are misses")
 
     def _skip(self) -> bool:
         if self.available:
@@ -164,32 +210,72 @@ class RedisCache(ValueStore):
         self._count("fallbacks")
         return True
 
+    def _sync_client(self):
+        client = self._client
+        if client is None:
+            import redis.cluster
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            with self._client_lock:
+                if self._client is None:  # the tier makes calls again itself, bounded by failover_s
+                    self._client = redis.cluster.RedisCluster.from_url(self._url, retry=Retry(NoBackoff(), 0),
+                                                                       **self._options)
+                client = self._client
+        return client
+
     def _command(self, name: str, *args, **kwargs) -> Call:
-        """A Redis command as a Call on the sync client or the calling event loop's client (a
-        Redis Cluster client reads keys of several slots with mget_nonatomic, split per slot)."""
-        def method(client):
-            if name == "mget":
-                return getattr(client, "mget_nonatomic", client.mget)
-            return getattr(client, name)
+        """A Redis command as a Call on the sync client or the calling event loop's client."""
+        run = lambda: getattr(self._sync_client(), name)(*args, **kwargs)
+        return Call(run, self._async_form(run, lambda: getattr(self._async_client(), name)(*args, **kwargs)))
 
-        return Call(lambda: method(self._client)(*args, **kwargs),
-                    lambda: method(self._async_client())(*args, **kwargs))
+    def _async_form(self, run: Callable[[], Any], arun: Callable[[], Any]) -> Callable[[], Any]:
+        """How an asyncio caller makes a call: on the loop's own client; on a cluster, the sync
+        client's call on a worker thread. redis-py's asyncio cluster client (8.2) sends the ASKING
+        of an ASK redirect on one pooled connection and the command on another (its pool hands
+        connections out first in, first out), so during a resharding a key whose slot is
+        migrating bounces between the two nodes until "TTL exhausted"; the sync client sends
+        both on one connection."""
+        if self.cluster:
+            return lambda: asyncio.to_thread(run)
+        return arun
 
-    def _pipeline(self, *commands: tuple) -> Call:
-        """Commands in one round trip, without a transaction: the list of their replies."""
+    def _pipeline(self, commands: list[tuple], raise_on_error: bool = True) -> Call:
+        """Commands in one round trip (on a cluster, one per node, sent to all before any is
+        read), without a transaction: the list of their replies (with `raise_on_error=False`, a
+        command's failure as its reply)."""
         def run():
-            with self._client.pipeline(transaction=False) as pipe:
+            with self._sync_client().pipeline(transaction=False) as pipe:
                 for name, *args in commands:
                     getattr(pipe, name)(*args)
-                return pipe.execute()
+                return pipe.execute(raise_on_error=raise_on_error)
 
         async def arun():
             async with self._async_client().pipeline(transaction=False) as pipe:
                 for name, *args in commands:
                     getattr(pipe, name)(*args)
-                return await pipe.execute()
+                return await pipe.execute(raise_on_error=raise_on_error)
 
-        return Call(run, arun)
+        return Call(run, self._async_form(run, arun))
+
+    def _steady(self, make: Callable[[], Call]) -> Steps:
+        """Steps running the call `make()` gives and returning its result. On a cluster a failed
+        call is made again (the client has refreshed its slot map) after 20, 40, ... 200 ms, until
+        it succeeds or `failover_s` has passed since its first failure (a dead or hung primary's
+        replica is promoted meanwhile); then the last failure is raised."""
+        deadline = None
+        delay = 0.02
+        while True:
+            try:
+                return (yield make())
+            except self._errors:
+                now = time.monotonic()
+                deadline = now + self.failover_s if deadline is None else deadline
+                if now + delay > deadline:
+                    raise
+            self._count("retries")
+            yield pause(delay)
+            delay = min(delay * 2, 0.2)
 
     # -- values -----------------------------------------------------------------------------------
     def _decoded(self, keys: list[str], raw: list, again: bool) -> dict[str, tuple[Any, bytes | None]]:
@@ -200,15 +286,32 @@ class RedisCache(ValueStore):
                 found[key] = (value, data)
         return found
 
+    def _read(self, names: list[str]) -> Call:
+        """The stored bytes under `names` (None where absent) in one round trip: a GET for one,
+        an MGET on one server; on a cluster a pipeline of GETs (a batch's keys lie in as many
+        slots as items), where a node's failure is its keys' reply."""
+        if len(names) == 1:
+            get = self._command("get", names[0])
+            return Call(lambda: [get.run()], lambda: _listed(get.arun()))
+        if self.cluster:
+            return self._pipeline([("get", name) for name in names], raise_on_error=False)
+        return self._command("mget", names)
+
     def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
-        """{key: (value, its stored bytes)} for the keys the server holds (one round trip)."""
+        """{key: (value, its stored bytes)} for the keys the server holds (one round trip). A read
+        is not made again on a failure: the failed keys are misses (their lease then waits for
+        the failover)."""
         if not keys or self._skip():
             return {}
         try:
-            raw = yield self._command("mget", [self.prefix + key for key in keys])
+            raw = yield self._read([self.name(key) for key in keys])
         except self._errors as exc:
-            self._fault(exc, "read")
+            self._fault(exc, "read", rest=not self.cluster)
             return {}
+        failed = [reply for reply in raw if isinstance(reply, Exception)]
+        if failed:
+            self._fault(failed[0], "read", rest=False)
+            raw = [None if isinstance(reply, Exception) else reply for reply in raw]  # misses
         return self._decoded(keys, raw, again)
 
     @staticmethod
@@ -234,7 +337,8 @@ class RedisCache(ValueStore):
         """Stores `serialize.dumps` bytes (or the buffers they join) with the TTL; False when over
         `max_entry_bytes` or the server is unavailable. `unchanged` is asked before the SET. The
         value goes to redis-py as a memoryview, which it sends as it lies (a bytes value, where
-        hiredis is installed, it would copy into its command buffer first)."""
+        hiredis is installed, it would copy into its command buffer first). On a cluster the SET
+        waits out a failover (`failover_s`) on the writer's thread, behind the requests."""
         size = sum(memoryview(part).nbytes for part in data) if isinstance(data, list) else len(data)
         if size > self.max_entry_bytes:
             self._count("oversized")
@@ -245,7 +349,7 @@ class RedisCache(ValueStore):
         if unchanged is not None and not unchanged():  # after the join: what is sent is what was checked
             return False
         try:
-            self._client.set(self.prefix + key, value, px=self.ttl_ms)
+            drive(self._steady(lambda: self._command("set", self.name(key), value, px=self.ttl_ms)))
         except self._errors as exc:
             self._fault(exc, "write")
             return False
@@ -258,9 +362,9 @@ class RedisCache(ValueStore):
         if not keys or self._skip():
             return
         try:
-            self._client.delete(*[self.prefix + key for key in keys])
+            self._sync_client().delete(*[self.name(key) for key in keys])
         except self._errors as exc:
-            self._fault(exc, "delete")
+            self._fault(exc, "delete", rest=not self.cluster)
 
     # -- leases -----------------------------------------------------------------------------------
     def lease_steps(self, key: str) -> Steps:
@@ -270,7 +374,8 @@ class RedisCache(ValueStore):
             return ""
         token = secrets.token_hex(8)
         try:
-            taken = yield self._command("set", self.prefix + key + ":lease", token, nx=True, px=self.lease_ms)
+            taken = yield from self._steady(
+                lambda: self._command("eval", _TAKE, 1, self._lease_name(key), token, self.lease_ms))
         except self._errors as exc:
             self._fault(exc, "lease")
             return ""
@@ -286,28 +391,39 @@ class RedisCache(ValueStore):
         if not token or self._skip():
             return
         try:
-            yield self._command("eval", _RELEASE, 1, self.prefix + key + ":lease", token)
+            yield from self._steady(lambda: self._command("eval", _RELEASE, 1, self._lease_name(key), token))
         except self._errors as exc:
             self._fault(exc, "lease release")
 
     def _renew(self, held: list[tuple[str, str]]) -> list[bool]:
-        """One round trip that extends every held lease still ours; which ones were."""
-        try:
-            with self._client.pipeline(transaction=False) as pipe:
-                for key, token in held:
-                    pipe.eval(_RENEW, 1, self.prefix + key + ":lease", token, self.lease_ms)
-                return [bool(kept) for kept in pipe.execute()]
-        except self._errors as exc:  # given up: they expire on the server (a duplicate decode at worst)
-            self._fault(exc, "lease renewal")
+        """One round trip (on a cluster, one per node) that extends every held lease still ours;
+        which ones were. A call that fails gives them all up (they expire on the server: a
+        duplicate decode at worst); on a cluster a lease whose node failed is kept and renewed
+        next time (its replica may be promoted meanwhile), the others' renewals stand."""
+        if not self.available:
             return [False] * len(held)
+        # a cluster pipeline has no eval(): the raw command, routed by its key
+        commands = [("execute_command", "EVAL", _RENEW, 1, self._lease_name(key), token, self.lease_ms)
+                    for key, token in held]
+        try:
+            replies = self._pipeline(commands, raise_on_error=False).run()
+        except self._errors as exc:
+            self._fault(exc, "lease renewal", rest=not self.cluster)
+            return [False] * len(held)
+        failed = [reply for reply in replies if isinstance(reply, Exception)]
+        if failed:
+            self._fault(failed[0], "lease renewal", rest=False)
+        return [isinstance(reply, Exception) or bool(reply) for reply in replies]
 
     def probe_steps(self, key: str) -> Steps:
-        """One poll of `key` (one round trip): ("found", value), ("leased", None) while another
-        process holds its lease, or ("free", None) (also when the server is unavailable)."""
+        """One poll of `key` (one round trip, to one node: value and lease share a slot):
+        ("found", value), ("leased", None) while another process holds its lease, or ("free",
+        None) (also when the server is unavailable)."""
         if self._skip():
             return "free", None
         try:
-            data, lease = yield self._pipeline(("get", self.prefix + key), ("exists", self.prefix + key + ":lease"))
+            data, lease = yield from self._steady(
+                lambda: self._pipeline([("get", self.name(key)), ("exists", self._lease_name(key))]))
         except self._errors as exc:
             self._fault(exc, "wait")
             return "free", None
@@ -318,6 +434,8 @@ class RedisCache(ValueStore):
 
     # -- the asyncio client: one per event loop -----------------------------------------------------
     def _async_client(self):
+        """The calling event loop's client (one server; a cluster's asyncio calls use the sync
+        client on a thread: see `_async_form`)."""
         import redis.asyncio
 
         loop = asyncio.get_running_loop()
@@ -334,4 +452,9 @@ class RedisCache(ValueStore):
             await client.aclose()  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
+
+
+async def _listed(reply) -> list:
+    return [await reply]
