@@ -4,6 +4,7 @@ sync and asyncio: values, leases, TTLs, size cap, key-bound and secret-tagged va
 the key layout (an item's value and lease in one slot, items spread over every primary), and a
 4-process fleet that keeps serving, with no failed request and no wrong value, while a primary is
 killed, another hangs (SIGSTOP) and slots migrate under it."""
+import asyncio
 import json
 import os
 import subprocess
@@ -103,6 +104,20 @@ def test_key_bound_and_secret_tagged_values_on_a_cluster(cluster):
     found = trusted.get_many(["a", "b", "planted"])
     assert set(found) == {"b"} and torch.equal(found["b"]["v"], torch.zeros(4))
     assert trusted.stats().corrupt == 2
+
+
+def test_a_ready_cluster_client(cluster):
+    """A ready sync RedisCluster is a cluster tier by itself (its asyncio calls run it on a
+    thread); a ready asyncio one is refused: it follows ASK redirects on the wrong connection."""
+    import redis.asyncio.cluster
+
+    from lazymedia.cache import RedisCache
+
+    cache = RedisCache(client=redis.cluster.RedisCluster.from_url(cluster.url), namespace="ready")
+    assert cache.cluster and cache.put("a", {"v": torch.arange(3)})
+    assert torch.equal(asyncio.run(cache.aget_many(["a"]))["a"]["v"], torch.arange(3))
+    with pytest.raises(ValueError, match="ASK"):
+        RedisCache(async_client=redis.asyncio.cluster.RedisCluster.from_url(cluster.url))
 
 
 def test_the_keys_of_a_fleet_spread_within_ten_percent_of_even(cluster):

@@ -125,10 +125,11 @@ class LeaseRenewals:
 
 class RedisCache(ValueStore):
     """A shared cache tier. `url` (redis://host:port/db; on a cluster, any node's) or ready
-    `client` / `async_client` (redis-py clients, plain or `RedisCluster`). `cluster=True` makes
-    cluster clients from `url` (a ready cluster client says so by itself); `failover_s`: how long a
-    call on a cluster is made again after it failed (5 s by default; 0 on one server, whose fault
-    rests the tier at once)."""
+    `client` / `async_client` (redis-py clients; `client` may be a `redis.cluster.RedisCluster`,
+    which says `cluster` by itself; an asyncio cluster client is refused, see `_async_form`).
+    `cluster=True` makes a cluster client from `url`; `failover_s`: how long a call on a cluster is
+    made again after it failed (5 s by default; 0 on one server, whose fault rests the tier at
+    once)."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
                  max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 1.5,
