@@ -26,8 +26,17 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
    and req/s of the slowest process; verdicts: host >= 2x private, Redis >= 1.3x, each item
    decoded once (in every run).
 
+3. `--cluster N` (instead of 1 and 2): a real Redis Cluster of N primaries with a replica each
+   (`redis-server` processes on 127.0.0.1, `lazymedia.benchmarking.redis_cluster`) next to one
+   redis-server, per value: a hit (`get_many` of one key) in each, side by side in interleaved
+   rounds, and the fleet (N processes x R requests) on each, with the fleet's req/s, its decodes
+   and the share of the stored keys per primary; verdicts against issue 47's goals (a cluster
+   hit <= 1.2x a single-node hit; each item decoded once; 3000 items' keys on every primary
+   within 10% of even: a fleet's pool of 32 is too few keys to judge a spread on).
+
     python benchmarks/bench_shared_cache.py [--requests 400 --processes 4 --pool 32 --fleet-runs 3]
         [--values 720p,4K,video] [--json PATH] [--no-fleet] [--profile DIR] [--torch-threads N]
+    python benchmarks/bench_shared_cache.py --cluster 3 [--values 720p --requests 100 --rounds 7]
 
 `--torch-threads N` sets torch's intra-op threads here and in the fleet's workers. By default
 torch uses every core, and its OpenMP workers spin for a few ms after each parallel region (a
@@ -62,6 +71,7 @@ import torch
 import lazymedia
 from lazymedia import ops, synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
+from lazymedia.benchmarking.redis_cluster import LocalCluster
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
 from lazymedia.cache.serialize import dumps, loads, recycle
 
@@ -76,7 +86,8 @@ POOL_CAP = {"video": 8}
 WRITER_STEPS = ("dumps", "redis_write", "dumps_host", "host_write")
 SETTLE_S = 0.02
 HERE = os.path.dirname(os.path.abspath(__file__))  # the benchmarks folder, for the processes this starts
-GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3}
+GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3,
+         "cluster_hit_vs_single": 1.2, "key_spread": 0.10}
 # The millisecond goals are the 720p value's (issue 36); the other values' figures are printed
 # against the same numbers as INFO lines. Each timed step: its goal, and what the line calls it
 # (the coded host layout is the alternative to the default, shown for reference).
@@ -293,6 +304,7 @@ sys.path.insert(0, sys.argv[8])
 from bench_shared_cache import media, process_with, qwen2_vl_processor
 
 url, mode, host_path, kind, profile = sys.argv[1], sys.argv[2], sys.argv[6], sys.argv[7], sys.argv[9]
+cluster_url = sys.argv[10]
 requests, pool, seed = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 process = process_with(qwen2_vl_processor())
 counter = redis.Redis.from_url(url)
@@ -306,6 +318,9 @@ if mode == "host":
     cache = TieredCache(cache, HostCache(host_path, capacity_bytes=8 << 30, namespace="fleet"))
 elif mode == "redis":
     cache = TieredCache(cache, RedisCache(url, namespace="fleet", timeout_s=5.0, max_entry_bytes=512 << 20))
+elif mode == "cluster":
+    cache = TieredCache(cache, RedisCache(cluster_url, cluster=True, namespace="fleet", timeout_s=5.0,
+                                          max_entry_bytes=512 << 20))
 processor = lazymedia.Processor(counted, cache=cache, engine=lazymedia.DecodeEngine(isolate=()))
 encoded = [media(kind, seed=i).root.encoded() for i in range(pool)]
 load = lazymedia.load_video if kind == "video" else lazymedia.load_image
@@ -345,12 +360,17 @@ def gather_cost(profiles: list[str]) -> dict:
 
 
 def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, pool: int,
-          profile_dir: str | None = None) -> dict:
-
+          profile_dir: str | None = None, modes: tuple[str, ...] = ("private", "host", "redis"),
+          cluster: LocalCluster | None = None) -> dict:
+    """The fleet in each of `modes` ("cluster": RedisCache on `cluster`; the counters stay on the
+    single server at `url`)."""
     client = redis.Redis.from_url(url)
     result: dict = {"value": kind, "items": pool}
-    for mode in ("private", "host", "redis"):
+    for mode in modes:
         client.flushall()
+        if cluster is not None:
+            for port in cluster.primary_ports():
+                cluster.client(port).flushall()
         HostCache(host_path, capacity_bytes=8 << 30).clear()
         client.set("bench:expected", processes)
         client.set("bench:ready", 0)
@@ -358,7 +378,8 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
         profiles = [os.path.join(profile_dir, f"{kind}-{mode}-{i}.prof") if profile_dir else ""
                     for i in range(processes)]
         workers = [subprocess.Popen([sys.executable, "-c", FLEET_WORKER, url, mode, str(requests), str(pool), str(i),
-                                     host_path, kind, HERE, profiles[i]], stdout=subprocess.PIPE, text=True,
+                                     host_path, kind, HERE, profiles[i], cluster.url if cluster else ""],
+                                    stdout=subprocess.PIPE, text=True,
                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
                    for i in range(processes)]
         start = time.perf_counter()
@@ -371,8 +392,13 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
                         "slowest_process_s": max(seconds), "req_per_s": processes * requests / max(seconds),
                         "wall_s_with_startup": time.perf_counter() - start,
                         **(gather_cost(profiles) if profile_dir else {})}
+        if mode == "cluster" and cluster is not None:
+            result[mode]["keys_per_primary"] = cluster.keys_per_primary("lazymedia:fleet:*")
     for mode in ("host", "redis"):
-        result[mode]["vs_private"] = result[mode]["req_per_s"] / result["private"]["req_per_s"]
+        if mode in result and "private" in result:
+            result[mode]["vs_private"] = result[mode]["req_per_s"] / result["private"]["req_per_s"]
+    if "cluster" in result and "redis" in result:
+        result["cluster"]["vs_single"] = result["cluster"]["req_per_s"] / result["redis"]["req_per_s"]
     return result
 
 
@@ -391,6 +417,119 @@ def fleet_runs(url: str, host_path: str, kind: str, processes: int, requests: in
         combined[mode] = {**ordered[len(ordered) // 2][mode], "decodes": max(r[mode]["decodes"] for r in results),
                           f"{measure}_runs": [r[mode][measure] for r in results]}
     return combined
+
+
+def cluster_hits(single_url: str, cluster: LocalCluster, kinds: list[str], rounds: int) -> list[dict]:
+    """Per value: a hit (`get_many` of its key) on one redis-server and on the cluster, the same
+    value, in interleaved rounds; the cluster's cost per round over the single server's."""
+    process = process_with(qwen2_vl_processor())
+    engine = lazymedia.DecodeEngine(isolate=())
+    rows = []
+    for kind in kinds:
+        processor = lazymedia.Processor(process, engine=engine)
+        value = processor.apply([media(kind)])[0]
+        key = processor.cache_key(media(kind))
+        options = {"namespace": f"hit-{kind}", "max_entry_bytes": 512 << 20, "timeout_s": 5.0}
+        single, clustered = RedisCache(single_url, **options), RedisCache(cluster.url, cluster=True, **options)
+        assert single.put(key, value) and clustered.put(key, value)
+        times = interleaved({"single_hit": (lambda: single.get_many([key]), 2),
+                             "cluster_hit": (lambda: clustered.get_many([key]), 2)}, rounds)
+        exact = all(bit_equal(a, b) for a, b in zip(value.values(), clustered.get_many([key])[key].values()))
+        rows.append({"value": kind, "stored_bytes": len(dumps(value, key=key)), "exact": exact,
+                     "node": cluster.owner(redis.cluster.key_slot(clustered.name(key).encode())),
+                     **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()},
+                     "cluster_vs_single": ratio(times["cluster_hit"], times["single_hit"])})
+    engine.shutdown()
+    return rows
+
+
+def key_spread(cluster: LocalCluster, items: int = 3000) -> dict:
+    """`items` content keys (of distinct small images) stored through a cluster RedisCache: the
+    keys each primary holds, and the largest deviation from an even share."""
+    tier = RedisCache(cluster.url, cluster=True, namespace="spread", ttl_s=600)
+    for seed in range(items):
+        assert tier.put_encoded(lazymedia.load_image(synthetic.jpeg(8, 8, seed=seed)).key, b"x")
+    counts = cluster.keys_per_primary("lazymedia:spread:*")
+    even = items / len(counts)
+    return {"items": items, "keys_per_primary": counts,
+            "largest_deviation": max(abs(count - even) / even for count in counts.values())}
+
+
+def cluster_verdicts(hits: list[dict], fleets: list[dict], spread: dict, primaries: int) -> list[str]:
+    """One line per goal of issue 47."""
+    lines = []
+    goal = GOALS["cluster_hit_vs_single"]
+    for r in hits:
+        got = r["cluster_vs_single"]["median"]
+        lines.append(f"{'PASS' if got <= goal else 'FAIL'} {r['value']}: a cluster hit costs {got:.2f}x a single-node "
+                     f"hit ({r['cluster_hit_ms']:.2f} vs {r['single_hit_ms']:.2f} ms, median of per-round ratios; "
+                     f"goal <= {goal}x)")
+        lines.append(f"{'PASS' if r['exact'] else 'FAIL'} {r['value']}: the cluster's value reads back bit for bit")
+    for f in fleets:
+        if "failed" in f:
+            lines.append(f"FAIL {f['value']} fleet: did not finish ({f['failed']})")
+            continue
+        for mode in ("redis", "cluster"):
+            once = f[mode]["decodes"] == f["items"]
+            lines.append(f"{'PASS' if once else 'FAIL'} {f['value']} fleet: {mode} decoded {f[mode]['decodes']} "
+                         f"for {f['items']} items (goal: each once)")
+    deviation, goal = spread["largest_deviation"], GOALS["key_spread"]
+    lines.append(f"{'PASS' if deviation <= goal and len(spread['keys_per_primary']) == primaries else 'FAIL'} "
+                 f"{spread['items']} items' keys on {len(spread['keys_per_primary'])} primaries: "
+                 + " / ".join(str(n) for n in spread["keys_per_primary"].values())
+                 + f", at most {deviation:.1%} from even (goal <= {goal:.0%})")
+    return lines
+
+
+def cluster_main(args, kinds: list[str]) -> int:
+    """`--cluster N`: one redis-server and an N-primary cluster (a replica each) side by side."""
+    warning = busy_warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as directory, tempfile.TemporaryDirectory() as host_path:
+        server, url = start_redis(directory)
+        try:
+            with LocalCluster(os.path.join(directory, "cluster"), primaries=args.cluster, maxmemory="2gb") as cluster:
+                hits = cluster_hits(url, cluster, kinds, args.rounds)
+                fleets = [] if args.no_fleet else [
+                    fleet(url, os.path.join(host_path, kind), kind, args.processes, args.requests,
+                          min(args.pool, POOL_CAP.get(kind, args.pool)), modes=("redis", "cluster"), cluster=cluster)
+                    for kind in kinds]
+                spread = key_spread(cluster)
+        finally:
+            server.kill()
+    print(f"\nA hit on one redis-server and on a {args.cluster}-primary cluster (a replica each), the same value "
+          f"(median ms, {args.rounds} interleaved rounds; cluster/single: median of the per-round ratios [low-high])")
+    primaries = f"{args.cluster} primaries"
+    print(f"{'value':6s} {'stored MB':>10s} {'1 primary':>10s} {primaries:>12s} {'cluster/single':>22s}")
+    for r in hits:
+        c = r["cluster_vs_single"]
+        print(f"{r['value']:6s} {r['stored_bytes'] / 2**20:10.2f} {r['single_hit_ms']:10.2f} "
+              f"{r['cluster_hit_ms']:12.2f} {c['median']:8.2f}x [{c['low']:.2f}-{c['high']:.2f}]")
+    for f in (f for f in fleets if "failed" not in f):
+        print(f"\nFleet, {f['value']}: {args.processes} processes x {args.requests} requests over {f['items']} items")
+        for mode, label in (("redis", "1 primary"), ("cluster", f"{args.cluster} primaries")):
+            m = f[mode]
+            extra = ""
+            if mode == "cluster":
+                counts = m["keys_per_primary"]
+                extra = (f"  {m['vs_single']:.2f}x 1 primary; keys per primary "
+                         + " / ".join(f"{n} ({n / max(1, sum(counts.values())):.0%})" for n in counts.values()))
+            print(f"  {label:12s} decodes {m['decodes']:5d}  {m['req_per_s']:8.1f} req/s  (slowest process "
+                  f"{m['slowest_process_s']:.1f} s){extra}")
+    print(f"\nKeys of {spread['items']} items stored through the cluster tier, per primary: "
+          + " / ".join(f"{port}: {n}" for port, n in spread["keys_per_primary"].items()))
+    lines = cluster_verdicts(hits, fleets, spread, args.cluster)
+    print("\nVerdicts (issue 47 goals; milliseconds are this machine's):")
+    for line in lines:
+        print("  " + line)
+    load = (load_before, os.getloadavg()[0])
+    print(f"1-minute load before / after: {load[0]:.1f} / {load[1]:.1f} on {len(os.sched_getaffinity(0))} cores")
+    write_json({"version": lazymedia.__version__, "busy_warning": warning or busy_warning(), "load": load,
+                "primaries": args.cluster, "hits": hits, "fleet": fleets, "spread": spread, "verdicts": lines,
+                "goals": GOALS, "args": vars(args)}, args.json)
+    return 0
 
 
 def verdicts(rows: list[dict], fleets: list[dict]) -> list[str]:
@@ -436,12 +575,18 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-threads", type=int, help="torch's intra-op threads here and in the fleet's "
                         "workers (default: torch's own, every core; vLLM sets 1 in its workers: OpenMP workers spin "
                         "after each parallel region, and on this VM a spinning core slows the other)")
-    parser.add_argument("--json", default=os.path.join("bench-out", "shared_cache.json"))
+    parser.add_argument("--cluster", type=int, metavar="N", help="one redis-server next to a real N-primary Redis "
+                        "Cluster (a replica each) on 127.0.0.1: hit cost, fleet and key spread (instead of the rest)")
+    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.json is None:
+        args.json = os.path.join("bench-out", "shared_cache_cluster.json" if args.cluster else "shared_cache.json")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
         os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the fleet's workers and fresh processes
     kinds = args.values.split(",")
+    if args.cluster:
+        return cluster_main(args, kinds)
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     warning = busy_warning()
