@@ -245,7 +245,8 @@ def test_a_fleet_keeps_serving_through_a_kill_a_hang_and_a_reshard(own_cluster, 
     """4 processes (2 sync, 2 asyncio) keep requesting new and earlier items while a primary is
     SIGKILLed, another SIGSTOPped, and 6 slots (3 of stored items, 3 of items still to come)
     migrate key by key: no request fails, none gets another item's value, each item is decoded at
-    most twice (twice only around a failover), and no request waits past failover_s + 3 s."""
+    most twice (twice only around a failover), and no request waits longer than the failover
+    plus one call's time-out and one back-off (and slack for a loaded machine)."""
     from lazymedia.cache import RedisCache
 
     cluster, failover_s = own_cluster, 5.0
@@ -298,5 +299,7 @@ def test_a_fleet_keeps_serving_through_a_kill_a_hang_and_a_reshard(own_cluster, 
     near_fault = [item for item, times in twice.items()
                   if any(begin - 3.0 <= t <= end + 3.0 for begin, end in windows for t in times)]
     assert len(near_fault) == len(twice), (twice, windows)
-    assert max(r["max_latency_s"] for r in reports) <= failover_s + 3.0
+    # the stated bound: the failover itself, one call's timeout_s (0.5 s) and one back-off (0.2 s),
+    # with 2 s for a loaded machine (failover_s itself, 5 s, is never reached here)
+    assert max(r["max_latency_s"] for r in reports) <= max(end - begin for begin, end in windows) + 0.7 + 2.0
     assert sum(r["stats"]["retries"] for r in reports) > 0  # the failovers were waited out
