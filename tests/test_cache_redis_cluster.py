@@ -182,6 +182,49 @@ def test_a_cluster_that_is_down_is_a_miss_not_an_error(tmp_path):
     assert not cache.available and cache.stats().fallbacks >= 2
 
 
+def test_a_dead_primary_costs_only_its_own_keys_and_its_leases_wait_for_the_replica(own_cluster):
+    """A primary is killed: a batched read still returns the live primaries' values at once (the
+    dead one's keys are misses); a lease on the dead one's key, sync and asyncio, waits for the
+    promotion of its replica and is then taken there (held: another process is refused), and
+    every value, replicated, reads back once the slot map has caught up."""
+    from lazymedia.cache import RedisCache
+
+    cluster = own_cluster
+    cache = RedisCache(cluster.url, cluster=True, namespace="dead", failover_s=30.0)
+    keys = [f"item-{i}" for i in range(30)]
+    for i, key in enumerate(keys):
+        assert cache.put(key, {"v": torch.full((4,), i)})
+    victim = cluster.replicated_primaries()[0]
+    on_victim = {key for key in keys if cluster.owner(slot_of(cache, key)) == victim}
+    assert on_victim and len(on_victim) < len(keys)
+    replica = redis.Redis(port=cluster.replicas_of(victim)[0], single_connection_client=True)
+    replica.execute_command("READONLY")  # a replica answers reads of its primary's slots
+    for _ in range(500):  # replication is asynchronous: until the replica holds them
+        if sum(replica.exists(cache.name(key)) for key in on_victim) == len(on_victim):
+            break
+        time.sleep(0.01)
+    cluster.kill(victim)
+    found = cache.get_many(keys)
+    assert set(found) == set(keys) - on_victim
+    assert all(torch.equal(found[key]["v"], torch.full((4,), keys.index(key))) for key in found)
+    assert cache.available  # one node's fault does not rest the tier
+    dead_keys = sorted(on_victim)
+    token = cache.try_lease(dead_keys[0])  # made again until the replica serves the slot
+    assert token and RedisCache(cluster.url, cluster=True, namespace="dead").try_lease(dead_keys[0]) is None
+    assert cache.stats().retries > 0
+    other = RedisCache(cluster.url, cluster=True, namespace="dead")
+    if len(dead_keys) > 1:
+        held = asyncio.run(other.atry_lease(dead_keys[1]))
+        assert held
+        asyncio.run(other.arelease(dead_keys[1], held))
+    cache.release(dead_keys[0], token)
+    cluster.wait_failover(victim)
+    for _ in range(50):  # the client refreshes its slot map after a failed call
+        if len(cache.get_many(keys)) == len(keys):
+            break
+    assert set(cache.get_many(keys)) == set(keys)
+
+
 WORKER = textwrap.dedent("""
     import asyncio, json, os, sys, time
     import torch

@@ -43,6 +43,7 @@ class Node:
     bus_port: int
     process: subprocess.Popen
     hung: bool = False
+    first_slot: int | None = None  # of the slots it served when it was killed or hung
 
     @property
     def name(self) -> str:
@@ -147,6 +148,12 @@ class LocalCluster:
         backed = {ids.get(row["primary_id"]) for row in rows if "slave" in row["flags"] and row["port"] in live}
         return [port for port in self.primary_ports() if port in backed]
 
+    def replicas_of(self, port: int) -> list[int]:
+        """The live replicas of the primary `port`."""
+        rows = self.topology()
+        node_id = next(row["id"] for row in rows if row["port"] == port)
+        return [row["port"] for row in rows if row["primary_id"] == node_id and row["port"] in self.live_ports()]
+
     def owner(self, slot: int) -> int:
         """The port of the primary that serves `slot`, by a live node's view."""
         for row in self.topology():
@@ -193,14 +200,20 @@ class LocalCluster:
             time.sleep(0.05)
 
     # -- faults -------------------------------------------------------------------------------------
+    def _note_slots(self, port: int) -> None:
+        rows = [row for row in self.topology() if row["port"] == port and row["slots"]]
+        self.nodes[port].first_slot = rows[0]["slots"][0][0] if rows else None
+
     def kill(self, port: int) -> None:
         """SIGKILL: the node is gone (its replica takes over after the node timeout)."""
+        self._note_slots(port)
         node = self.nodes[port]
         node.process.kill()
         node.process.wait()
 
     def hang(self, port: int) -> None:
         """SIGSTOP: the node accepts connections (the kernel's backlog) and answers nothing."""
+        self._note_slots(port)
         self.nodes[port].process.send_signal(signal.SIGSTOP)
         self.nodes[port].hung = True
 
@@ -208,7 +221,9 @@ class LocalCluster:
         """Until another primary (its promoted replica) serves the slots of the dead or hung
         primary `port` and the cluster is healthy again: that primary's port."""
         deadline = time.monotonic() + timeout_s
-        slot = next(low for row in self.topology() if row["port"] == port for low, _ in row["slots"])
+        slot = self.nodes[port].first_slot
+        if slot is None:
+            raise ClusterError(f"{port} served no slots when it was killed or hung")
         taken: list[int] = []
 
         def taken_over() -> bool:

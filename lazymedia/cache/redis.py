@@ -203,7 +203,7 @@ class RedisCache(ValueStore):
         if log:
             logger.warning("shared cache %s failed (%s: %s); %s", what, type(exc).__name__, exc,
                            f"using the local tier for {self.retry_after_s:.1f} s" if rest
-                           else "those keys are misses")
+                           else "the other nodes are still used")
 
     def _skip(self) -> bool:
         if self.available:
@@ -298,14 +298,45 @@ class RedisCache(ValueStore):
             return self._pipeline([("get", name) for name in names], raise_on_error=False)
         return self._command("mget", names)
 
+    def _read_by_node(self, names: list[str]) -> Call:
+        """`_read` on a cluster, a pipeline per node in turn: a node's failure is its keys' reply."""
+        def run() -> list:
+            client = self._sync_client()
+            by_node: dict[str, list[int]] = {}
+            for index, name in enumerate(names):
+                by_node.setdefault(client.get_node_from_key(name).name, []).append(index)
+            replies: list = [None] * len(names)
+            for indices in by_node.values():
+                try:
+                    with client.pipeline(transaction=False) as pipe:
+                        for index in indices:
+                            pipe.get(names[index])
+                        got = pipe.execute(raise_on_error=False)
+                except self._errors as exc:
+                    got = [exc] * len(indices)
+                for index, reply in zip(indices, got):
+                    replies[index] = reply
+            return replies
+
+        return Call(run, lambda: asyncio.to_thread(run))
+
     def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
         """{key: (value, its stored bytes)} for the keys the server holds (one round trip). A read
-        is not made again on a failure: the failed keys are misses (their lease then waits for
-        the failover)."""
+        does not wait out a failover: the keys it could not read are misses (their lease then
+        waits for it). On a cluster a node's failure while its replies are read is its own keys'
+        (the others' values come back); one while connecting fails the whole batch, which is then
+        then read node by node, on the slot map the client has just refreshed (so the live
+        nodes' values still come back while a dead primary's replica is being promoted)."""
         if not keys or self._skip():
             return {}
+        names = [self.name(key) for key in keys]
         try:
-            raw = yield self._read([self.name(key) for key in keys])
+            try:
+                raw = yield self._read(names)
+            except self._errors:
+                if not self.cluster or len(keys) == 1:
+                    raise
+                raw = yield self._read_by_node(names)
         except self._errors as exc:
             self._fault(exc, "read", rest=not self.cluster)
             return {}
