@@ -74,37 +74,53 @@ class LocalCluster:
         return [port for port, node in self.nodes.items() if node.process.poll() is None and not node.hung]
 
     # -- starting and stopping -------------------------------------------------------------------
-    def start(self, timeout_s: float = 60.0) -> LocalCluster:
+    def start(self, timeout_s: float = 60.0, attempts: int = 3) -> LocalCluster:
+        """Starts the nodes and builds the cluster; a node that exits at once (another process
+        took its port between the check and the bind) makes the whole start again, on new ports,
+        up to `attempts` times."""
         binaries = server_binaries(self.kind)
         if binaries is None:
             raise ClusterError(f"{self.kind}-server / {self.kind}-cli are not installed")
-        server, cli = binaries
         os.makedirs(self.directory, exist_ok=True)
-        try:
-            for _ in range(self.primaries * (1 + self.replicas)):
-                port, bus_port = free_port(), free_port()
-                process = subprocess.Popen(
-                    [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                     "--cluster-port", str(bus_port), "--cluster-config-file", f"nodes-{port}.conf",
-                     "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
-                     "--cluster-replica-validity-factor", "0", "--save", "", "--appendonly", "no",
-                     "--dir", self.directory, "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru",
-                     "--proto-max-bulk-len", "1gb", "--logfile", os.path.join(self.directory, f"{port}.log")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                self.nodes[port] = Node(port, bus_port, process)
-            deadline = time.monotonic() + timeout_s
-            for port in self.nodes:
-                self._until(lambda port=port: self.client(port).ping(), deadline, f"node {port} did not start")
-            created = subprocess.run(
-                [cli, "--cluster", "create", *(node.name for node in self.nodes.values()),
-                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                capture_output=True, text=True, timeout=timeout_s)
-            if created.returncode:
-                raise ClusterError(f"{cli} --cluster create failed: {created.stdout[-2000:]} {created.stderr[-2000:]}")
-            self.wait_healthy(deadline - time.monotonic())
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(attempts):
+            try:
+                return self._start(*binaries, timeout_s)
+            except ClusterError:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start(self, server: str, cli: str, timeout_s: float) -> LocalCluster:
+        for _ in range(self.primaries * (1 + self.replicas)):
+            port, bus_port = free_port(), free_port()
+            process = subprocess.Popen(
+                [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-port", str(bus_port), "--cluster-config-file", f"nodes-{port}.conf",
+                 "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
+                 "--cluster-replica-validity-factor", "0", "--save", "", "--appendonly", "no",
+                 "--dir", self.directory, "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru",
+                 "--proto-max-bulk-len", "1gb", "--logfile", os.path.join(self.directory, f"{port}.log")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.nodes[port] = Node(port, bus_port, process)
+        deadline = time.monotonic() + timeout_s
+        for port, node in self.nodes.items():
+            def up(port=port, node=node) -> bool:
+                if node.process.poll() is not None:
+                    raise ClusterError(f"node {port} exited with {node.process.returncode} (its log: "
+                                       f"{os.path.join(self.directory, f'{port}.log')})")
+                return bool(self.client(port).ping())
+            self._until(up, deadline, f"node {port} did not start")
+        created = subprocess.run(
+            [cli, "--cluster", "create", *(node.name for node in self.nodes.values()),
+             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+            capture_output=True, text=True, timeout=timeout_s)
+        if created.returncode:
+            raise ClusterError(f"{cli} --cluster create failed: {created.stdout[-2000:]} {created.stderr[-2000:]}")
+        self.wait_healthy(deadline - time.monotonic())
         return self
 
     def stop(self) -> None:
