@@ -35,6 +35,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .protocol import Call, Steps, drive, pause
@@ -58,6 +59,9 @@ _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexp
 # every RedisCache it writes to).
 _SCRATCH_BYTES = 64 << 20
 _SCRATCH = threading.local()
+
+# Threads per RedisCache for its asyncio calls on a cluster (started as needed, up to this many).
+_CLUSTER_THREADS = 64
 
 _RENEWALS: weakref.WeakSet[LeaseRenewals] = weakref.WeakSet()
 
@@ -166,6 +170,7 @@ class RedisCache(ValueStore):
         self._options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         self._url = url
         self._client_lock = threading.Lock()
+        self._threads: tuple[int, ThreadPoolExecutor] | None = None
         # A cluster client connects as it is made (to learn the slot map): made on first use, so a
         # cluster that is down when the tier is built is a fault of the first call, not an error here.
         self._client = client if client is not None or cluster else redis.Redis.from_url(url, **self._options)
@@ -232,14 +237,24 @@ class RedisCache(ValueStore):
 
     def _async_form(self, run: Callable[[], Any], arun: Callable[[], Any]) -> Callable[[], Any]:
         """How an asyncio caller makes a call: on the loop's own client; on a cluster, the sync
-        client's call on a worker thread. redis-py's asyncio cluster client (8.2) sends the ASKING
-        of an ASK redirect on one pooled connection and the command on another (its pool hands
-        connections out first in, first out), so during a resharding a key whose slot is
-        migrating bounces between the two nodes until "TTL exhausted"; the sync client sends
-        both on one connection."""
-        if self.cluster:
-            return lambda: asyncio.to_thread(run)
-        return arun
+        client's call on one of the tier's threads (its own pool, not the loop's default
+        executor: during a hang each call holds its thread up to `timeout_s`, and the default
+        pool has cores + 4 threads for everything the loop runs off it). redis-py's asyncio
+        cluster client (8.2) sends the ASKING of an ASK redirect on one pooled connection and the
+        command on another (its pool hands connections out first in, first out), so during a
+        resharding a key whose slot is migrating bounces between the two nodes until "TTL
+        exhausted"; the sync client sends both on one connection."""
+        if not self.cluster:
+            return arun
+        return lambda: asyncio.get_running_loop().run_in_executor(self._cluster_threads(), run)
+
+    def _cluster_threads(self) -> ThreadPoolExecutor:
+        """The threads the asyncio calls on a cluster run on (a forked child makes its own)."""
+        with self._client_lock:
+            if self._threads is None or self._threads[0] != os.getpid():
+                self._threads = (os.getpid(), ThreadPoolExecutor(_CLUSTER_THREADS,
+                                                                 thread_name_prefix="lazymedia-redis-cluster"))
+            return self._threads[1]
 
     def _pipeline(self, commands: list[tuple], raise_on_error: bool = True) -> Call:
         """Commands in one round trip (on a cluster, one per node, sent to all before any is
@@ -318,7 +333,7 @@ class RedisCache(ValueStore):
                     replies[index] = reply
             return replies
 
-        return Call(run, lambda: asyncio.to_thread(run))
+        return Call(run, self._async_form(run, run))
 
     def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
         """{key: (value, its stored bytes)} for the keys the server holds (one round trip). A read
@@ -486,6 +501,8 @@ class RedisCache(ValueStore):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+        if self._threads is not None and self._threads[0] == os.getpid():
+            self._threads[1].shutdown(wait=False)
 
 
 async def _listed(reply) -> list:
