@@ -185,8 +185,9 @@ def test_a_cluster_that_is_down_is_a_miss_not_an_error(tmp_path):
 def test_a_dead_primary_costs_only_its_own_keys_and_its_leases_wait_for_the_replica(own_cluster):
     """A primary is killed: a batched read still returns the live primaries' values at once (the
     dead one's keys are misses); a lease on the dead one's key, sync and asyncio, waits for the
-    promotion of its replica and is then taken there (held: another process is refused), and
-    every value, replicated, reads back once the slot map has caught up."""
+    promotion of its replica and is then taken there (held: another process is refused); a
+    process's lease on a live primary stays renewed through it; and every value, replicated,
+    reads back once the slot map has caught up."""
     from lazymedia.cache import RedisCache
 
     cluster = own_cluster
@@ -196,13 +197,19 @@ def test_a_dead_primary_costs_only_its_own_keys_and_its_leases_wait_for_the_repl
         assert cache.put(key, {"v": torch.full((4,), i)})
     victim = cluster.replicated_primaries()[0]
     on_victim = {key for key in keys if cluster.owner(slot_of(cache, key)) == victim}
-    assert on_victim and len(on_victim) < len(keys)
+    assert 3 <= len(on_victim) < len(keys)
     replica = redis.Redis(port=cluster.replicas_of(victim)[0], single_connection_client=True)
     replica.execute_command("READONLY")  # a replica answers reads of its primary's slots
     for _ in range(500):  # replication is asynchronous: until the replica holds them
         if sum(replica.exists(cache.name(key)) for key in on_victim) == len(on_victim):
             break
         time.sleep(0.01)
+    # leases held across the kill by one process, on the dead primary and on a live one, renewed
+    # every 0.125 s: the live one's renewal must not fail with the dead one's
+    holder = RedisCache(cluster.url, cluster=True, namespace="dead", lease_s=0.5)
+    live_key = next(key for key in keys if key not in on_victim)
+    held = {key: holder.try_lease(key) for key in (live_key, sorted(on_victim)[-1])}
+    assert all(held.values())
     cluster.kill(victim)
     found = cache.get_many(keys)
     assert set(found) == set(keys) - on_victim
@@ -214,11 +221,14 @@ def test_a_dead_primary_costs_only_its_own_keys_and_its_leases_wait_for_the_repl
     assert cache.stats().retries > 0
     other = RedisCache(cluster.url, cluster=True, namespace="dead")
     if len(dead_keys) > 1:
-        held = asyncio.run(other.atry_lease(dead_keys[1]))
-        assert held
-        asyncio.run(other.arelease(dead_keys[1], held))
+        taken = asyncio.run(other.atry_lease(dead_keys[1]))
+        assert taken
+        asyncio.run(other.arelease(dead_keys[1], taken))
     cache.release(dead_keys[0], token)
-    cluster.wait_failover(victim)
+    cluster.wait_failover(victim)  # 1 s of node timeout at least: two lease lifetimes
+    assert cache.try_lease(live_key) is None  # still the holder's, renewed throughout
+    for key, token in held.items():
+        holder.release(key, token)
     for _ in range(50):  # the client refreshes its slot map after a failed call
         if len(cache.get_many(keys)) == len(keys):
             break

@@ -313,8 +313,10 @@ class RedisCache(ValueStore):
             return self._pipeline([("get", name) for name in names], raise_on_error=False)
         return self._command("mget", names)
 
-    def _read_by_node(self, names: list[str]) -> Call:
-        """`_read` on a cluster, a pipeline per node in turn: a node's failure is its keys' reply."""
+    def _by_node(self, commands: list[tuple], names: list[str]) -> Call:
+        """`_pipeline(commands, raise_on_error=False)` on a cluster, a pipeline per node in turn
+        (`names[i]`: the key command i is about): a node's failure, even while connecting, is its
+        own commands' reply, not the batch's."""
         def run() -> list:
             client = self._sync_client()
             by_node: dict[str, list[int]] = {}
@@ -325,7 +327,8 @@ class RedisCache(ValueStore):
                 try:
                     with client.pipeline(transaction=False) as pipe:
                         for index in indices:
-                            pipe.get(names[index])
+                            method, *args = commands[index]
+                            getattr(pipe, method)(*args)
                         got = pipe.execute(raise_on_error=False)
                 except self._errors as exc:
                     got = [exc] * len(indices)
@@ -340,8 +343,8 @@ class RedisCache(ValueStore):
         does not wait out a failover: the keys it could not read are misses (their lease then
         waits for it). On a cluster a node's failure while its replies are read is its own keys'
         (the others' values come back); one while connecting fails the whole batch, which is then
-        then read node by node, on the slot map the client has just refreshed (so the live
-        nodes' values still come back while a dead primary's replica is being promoted)."""
+        read node by node, on the slot map the client has just refreshed (so the live nodes'
+        values still come back while a dead primary's replica is being promoted)."""
         if not keys or self._skip():
             return {}
         names = [self.name(key) for key in keys]
@@ -351,7 +354,7 @@ class RedisCache(ValueStore):
             except self._errors:
                 if not self.cluster or len(keys) == 1:
                     raise
-                raw = yield self._read_by_node(names)
+                raw = yield self._by_node([("get", name) for name in names], names)
         except self._errors as exc:
             self._fault(exc, "read", rest=not self.cluster)
             return {}
@@ -444,16 +447,23 @@ class RedisCache(ValueStore):
 
     def _renew(self, held: list[tuple[str, str]]) -> list[bool]:
         """One round trip (on a cluster, one per node) that extends every held lease still ours;
-        which ones were. A call that fails gives them all up (they expire on the server: a
-        duplicate decode at worst); on a cluster a lease whose node failed is kept and renewed
-        next time (its replica may be promoted meanwhile), the others' renewals stand."""
+        which ones were. On one server a call that fails gives them all up (they expire on the
+        server: a duplicate decode at worst). On a cluster a lease whose node failed is kept and
+        renewed next time (its replica may be promoted meanwhile), the others' renewals stand
+        (a batch that fails while connecting is made again node by node)."""
         if not self.available:
             return [False] * len(held)
+        names = [self._lease_name(key) for key, _ in held]
         # a cluster pipeline has no eval(): the raw command, routed by its key
-        commands = [("execute_command", "EVAL", _RENEW, 1, self._lease_name(key), token, self.lease_ms)
-                    for key, token in held]
+        commands = [("execute_command", "EVAL", _RENEW, 1, name, token, self.lease_ms)
+                    for name, (_, token) in zip(names, held)]
         try:
-            replies = self._pipeline(commands, raise_on_error=False).run()
+            try:
+                replies = self._pipeline(commands, raise_on_error=False).run()
+            except self._errors:
+                if not self.cluster:
+                    raise
+                replies = self._by_node(commands, names).run()
         except self._errors as exc:
             self._fault(exc, "lease renewal", rest=not self.cluster)
             return [False] * len(held)
