@@ -435,14 +435,19 @@ def cluster_hits(single_url: str, cluster: LocalCluster, kinds: list[str], round
         def lease(tier):  # a miss's own round trips: the lease taken and released, one poll
             return lambda: (tier.release(key, tier.try_lease(key) or ""), tier.probe("absent"))
 
+        small = {"v": torch.ones(1)}  # the clients' own cost per call, which a large value's transfer hides
+        assert single.put("small", small) and clustered.put("small", small)
         times = interleaved({"single_hit": (lambda: single.get_many([key]), 2),
                              "cluster_hit": (lambda: clustered.get_many([key]), 2),
+                             "single_small_hit": (lambda: single.get_many(["small"]), 50),
+                             "cluster_small_hit": (lambda: clustered.get_many(["small"]), 50),
                              "single_lease": (lease(single), 5), "cluster_lease": (lease(clustered), 5)}, rounds)
         exact = all(bit_equal(a, b) for a, b in zip(value.values(), clustered.get_many([key])[key].values()))
         rows.append({"value": kind, "stored_bytes": len(dumps(value, key=key)), "exact": exact,
                      "node": cluster.owner(redis.cluster.key_slot(clustered.name(key).encode())),
                      **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()},
                      "cluster_vs_single": ratio(times["cluster_hit"], times["single_hit"]),
+                     "small_cluster_vs_single": ratio(times["cluster_small_hit"], times["single_small_hit"]),
                      "lease_cluster_vs_single": ratio(times["cluster_lease"], times["single_lease"])})
     engine.shutdown()
     return rows
@@ -468,6 +473,7 @@ def cluster_fleet_runs(url: str, host_path: str, kind: str, processes: int, requ
     ratios = [r["cluster"]["vs_single"] for r in results]
     combined["cluster"]["vs_single"] = statistics.median(ratios)
     combined["cluster"]["vs_single_runs"] = ratios
+    combined["req_per_s_runs"] = [(r["redis"]["req_per_s"], r["cluster"]["req_per_s"]) for r in results]
     return combined
 
 
@@ -538,6 +544,9 @@ def cluster_main(args, kinds: list[str]) -> int:
         c, lc = r["cluster_vs_single"], r["lease_cluster_vs_single"]
         print(f"{r['value']:6s} {r['stored_bytes'] / 2**20:10.2f} {r['single_hit_ms']:10.2f} "
               f"{r['cluster_hit_ms']:12.2f} {c['median']:8.2f}x [{c['low']:.2f}-{c['high']:.2f}]")
+        sc = r["small_cluster_vs_single"]
+        print(f"{'':6s} a hit of a 4-byte tensor (the clients' own cost): {r['single_small_hit_ms'] * 1e3:.0f} vs "
+              f"{r['cluster_small_hit_ms'] * 1e3:.0f} us, {sc['median']:.2f}x [{sc['low']:.2f}-{sc['high']:.2f}]")
         print(f"{'':6s} a miss's lease, release and one poll: {r['single_lease_ms']:.2f} vs "
               f"{r['cluster_lease_ms']:.2f} ms, {lc['median']:.2f}x [{lc['low']:.2f}-{lc['high']:.2f}]")
     for f in (f for f in fleets if "failed" not in f):
@@ -553,6 +562,8 @@ def cluster_main(args, kinds: list[str]) -> int:
                          + " / ".join(f"{n} ({n / max(1, sum(counts.values())):.0%})" for n in counts.values()))
             print(f"  {label:12s} decodes {m['decodes']:5d}  {m['req_per_s']:8.1f} req/s  (slowest process "
                   f"{m['slowest_process_s']:.1f} s){extra}")
+        print("  req/s run by run, 1 primary / cluster: "
+              + ", ".join(f"{one:.1f} / {many:.1f}" for one, many in f["req_per_s_runs"]))
     print(f"\nKeys of {spread['items']} items stored through the cluster tier, per primary: "
           + " / ".join(f"{port}: {n}" for port, n in spread["keys_per_primary"].items()))
     lines = cluster_verdicts(hits, fleets, spread, args.cluster)
