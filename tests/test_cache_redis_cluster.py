@@ -237,6 +237,36 @@ def test_a_dead_primary_costs_only_its_own_keys_and_its_leases_wait_for_the_repl
     assert set(cache.get_many(keys)) == set(keys)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_primary_with_no_replica_costs_its_keys_one_wait_not_every_request(kind, tmp_path):
+    """A primary that dies with no replica to take over: the first call about one of its keys
+    waits `failover_s` and gives up (that item is decoded here); later calls about its keys give
+    up at their first try (no second wait); the tier does not rest: the live primaries' keys are
+    read, leased and written as before."""
+    from lazymedia.cache import RedisCache
+
+    with LocalCluster(str(tmp_path / "cluster"), replicas=0, kind=kind) as cluster:
+        cache = RedisCache(cluster.url, cluster=True, namespace="lone", failover_s=1.0)
+        keys = [f"item-{i}" for i in range(30)]
+        for key in keys:
+            assert cache.put(key, {"v": torch.ones(2)})
+        victim = cluster.primary_ports()[0]
+        dead = [key for key in keys if cluster.owner(slot_of(cache, key)) == victim]
+        live = [key for key in keys if key not in dead]
+        assert len(dead) >= 4 and live
+        cluster.kill(victim)
+        assert cache.try_lease(dead[0]) == ""  # waited for a replica that is not there: decode here
+        retries = cache.stats().retries
+        assert retries > 0 and cache.available
+        assert [cache.try_lease(key) for key in dead[1:4]] == ["", "", ""]
+        assert cache.stats().retries == retries  # at their first try
+        token = cache.try_lease(live[0])
+        assert token
+        cache.release(live[0], token)
+        assert set(cache.get_many(keys)) == set(live)
+        assert cache.put(live[1], {"v": torch.zeros(2)}) and not cache.put(dead[4 % len(dead)], {"v": torch.zeros(2)})
+
+
 WORKER = textwrap.dedent("""
     import asyncio, json, os, sys, time
     import torch

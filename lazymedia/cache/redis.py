@@ -18,12 +18,14 @@ alone for `retry_after_s`.
 
 On a cluster (`cluster=True`, or a ready `redis.cluster.RedisCluster` client) a fault is one
 node's, not the tier's: a read that fails on a node gives misses for that node's keys and the
-others' values; a lease, a poll, a release, a renewal or a write is made again (the client has
-refreshed its slot map) every 20-200 ms until it succeeds or `failover_s` has passed since its
-first failure, so a request waits through the promotion of a dead or hung primary's replica and
-the lease it then takes is the fleet's single flight again. Only a call that gave up rests the
-tier. A request waits at most `failover_s` plus a call's `timeout_s` (and the 200 ms of one
-back-off) per failover; MOVED and ASK redirects (a resharding) are followed by the client.
+others' values; a lease, a poll, a release or a write is made again (the client has refreshed
+its slot map) every 20-200 ms until it succeeds or `failover_s` has passed on the tier's failure
+clock (from the first failure until a call made again succeeds), so a request waits through the
+promotion of a dead or hung primary's replica and the lease it then takes is the fleet's single
+flight again; a renewal that fails on a node keeps that node's leases for its next round. A call
+that gave up is a local decode; it rests the tier only when no node answered. A request waits at
+most `failover_s` plus a call's `timeout_s` per failover; MOVED and ASK redirects (a
+resharding) are followed by the client.
 """
 from __future__ import annotations
 
@@ -131,8 +133,9 @@ class RedisCache(ValueStore):
     """A shared cache tier. `url` (redis://host:port/db; on a cluster, any node's) or ready
     `client` / `async_client` (redis-py clients; `client` may be a `redis.cluster.RedisCluster`,
     which says `cluster` by itself; an asyncio cluster client is refused, see `_async_form`).
-    `cluster=True` makes a cluster client from `url`; `failover_s`: how long a call on a cluster is
-    made again after it failed (5 s by default; 0 on one server, whose fault rests the tier at
+    `cluster=True` makes a cluster client from `url`; `failover_s`: how long calls on a cluster are
+    made again once they fail (5 s by default; set it above the cluster's failover time, about
+    `cluster-node-timeout` plus a second or two; 0 on one server, whose fault rests the tier at
     once)."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
@@ -157,7 +160,9 @@ class RedisCache(ValueStore):
             cluster = isinstance(client, redis.cluster.RedisCluster)
         self.cluster = cluster
         # RedisClusterException (no node reachable, no slot map) is not a RedisError
-        self._errors = (redis.RedisError, redis.exceptions.RedisClusterException, OSError, asyncio.TimeoutError)
+        self._unreachable = getattr(redis.exceptions, "RedisClusterUnreachableError",
+                                    redis.exceptions.RedisClusterException)  # no node answered
+        self._errors = (redis.RedisError, self._unreachable, OSError, asyncio.TimeoutError)
         self.prefix = f"lazymedia:{namespace}:"
         self.ttl_ms = int(ttl_s * 1000)
         self.max_entry_bytes = max_entry_bytes
@@ -171,6 +176,7 @@ class RedisCache(ValueStore):
         self._url = url
         self._client_lock = threading.Lock()
         self._threads: tuple[int, ThreadPoolExecutor] | None = None
+        self._failing_since: float | None = None  # see _steady
         # A cluster client connects as it is made (to learn the slot map): made on first use, so a
         # cluster that is down when the tier is built is a fault of the first call, not an error here.
         self._client = client if client is not None or cluster else redis.Redis.from_url(url, **self._options)
@@ -224,9 +230,10 @@ class RedisCache(ValueStore):
             from redis.retry import Retry
 
             with self._client_lock:
-                if self._client is None:  # the tier makes calls again itself, bounded by failover_s
+                if self._client is None:  # the tier makes calls again itself, bounded by failover_s;
+                    # slots nobody serves (a primary down with no replica) are its keys' misses only
                     self._client = redis.cluster.RedisCluster.from_url(self._url, retry=Retry(NoBackoff(), 0),
-                                                                       **self._options)
+                                                                       require_full_coverage=False, **self._options)
                 client = self._client
         return client
 
@@ -277,21 +284,41 @@ class RedisCache(ValueStore):
     def _steady(self, make: Callable[[], Call]) -> Steps:
         """Steps running the call `make()` gives and returning its result. On a cluster a failed
         call is made again (the client has refreshed its slot map) after 20, 40, ... 200 ms, until
-        it succeeds or `failover_s` has passed since its first failure (a dead or hung primary's
-        replica is promoted meanwhile); then the last failure is raised."""
-        deadline = None
+        it succeeds or `failover_s` has passed since the cluster's calls began to fail (a dead or
+        hung primary's replica is promoted meanwhile); then the last failure is raised. The clock
+        is the tier's, not the call's: it starts at the first failure and stops when a call made
+        again succeeds, so once calls have failed for `failover_s` (no replica took over) the
+        next ones give up at their first try instead of each waiting `failover_s` again; calls
+        about the other nodes' keys succeed at their first try and are not held up."""
+        retried = False
         delay = 0.02
         while True:
             try:
-                return (yield make())
+                result = yield make()
             except self._errors:
-                now = time.monotonic()
-                deadline = now + self.failover_s if deadline is None else deadline
-                if now + delay > deadline:
+                if not self.cluster:
                     raise
+                now = time.monotonic()
+                with self._lock:
+                    if self._failing_since is None:
+                        self._failing_since = now
+                    left = self._failing_since + self.failover_s - now
+                if left <= 0:
+                    raise
+            else:
+                if retried:
+                    with self._lock:
+                        self._failing_since = None
+                return result
+            retried = True
             self._count("retries")
-            yield pause(delay)
+            yield pause(min(delay, left))
             delay = min(delay * 2, 0.2)
+
+    def _gave_up(self, exc: BaseException, what: str) -> None:
+        """A call that failed past `failover_s` (on one server: at once). On a cluster it rests
+        the tier only when no node could be reached; else the failing node's keys are misses."""
+        self._fault(exc, what, rest=not self.cluster or isinstance(exc, self._unreachable))
 
     # -- values -----------------------------------------------------------------------------------
     def _decoded(self, keys: list[str], raw: list, again: bool) -> dict[str, tuple[Any, bytes | None]]:
@@ -320,9 +347,12 @@ class RedisCache(ValueStore):
         def run() -> list:
             client = self._sync_client()
             by_node: dict[str, list[int]] = {}
-            for index, name in enumerate(names):
-                by_node.setdefault(client.get_node_from_key(name).name, []).append(index)
             replies: list = [None] * len(names)
+            for index, name in enumerate(names):
+                try:
+                    by_node.setdefault(client.get_node_from_key(name).name, []).append(index)
+                except self._errors as exc:  # a slot no node serves
+                    replies[index] = exc
             for indices in by_node.values():
                 try:
                     with client.pipeline(transaction=False) as pipe:
@@ -401,7 +431,7 @@ class RedisCache(ValueStore):
         try:
             drive(self._steady(lambda: self._command("set", self.name(key), value, px=self.ttl_ms)))
         except self._errors as exc:
-            self._fault(exc, "write")
+            self._gave_up(exc, "write")
             return False
         self._count("writes")
         self._count("bytes_out", size)
@@ -427,7 +457,7 @@ class RedisCache(ValueStore):
             taken = yield from self._steady(
                 lambda: self._command("eval", _TAKE, 1, self._lease_name(key), token, self.lease_ms))
         except self._errors as exc:
-            self._fault(exc, "lease")
+            self._gave_up(exc, "lease")
             return ""
         if taken:
             self._count("leases")
@@ -443,7 +473,7 @@ class RedisCache(ValueStore):
         try:
             yield from self._steady(lambda: self._command("eval", _RELEASE, 1, self._lease_name(key), token))
         except self._errors as exc:
-            self._fault(exc, "lease release")
+            self._gave_up(exc, "lease release")
 
     def _renew(self, held: list[tuple[str, str]]) -> list[bool]:
         """One round trip (on a cluster, one per node) that extends every held lease still ours;
@@ -482,7 +512,7 @@ class RedisCache(ValueStore):
             data, lease = yield from self._steady(
                 lambda: self._pipeline([("get", self.name(key)), ("exists", self._lease_name(key))]))
         except self._errors as exc:
-            self._fault(exc, "wait")
+            self._gave_up(exc, "wait")
             return "free", None
         if data is not None:
             found = self._decoded([key], [data], True)
