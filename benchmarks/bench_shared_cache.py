@@ -28,8 +28,17 @@ defaults (no download), for three values: a 720p image, a 4K image and a 32-fram
    and req/s of the slowest process; verdicts: host >= 2x private, Redis >= 1.3x, each item
    decoded once (in every run).
 
+3. `--cluster N` (instead of 1 and 2): a real Redis Cluster of N primaries with a replica each
+   (`redis-server` processes on 127.0.0.1, `lazymedia.benchmarking.redis_cluster`) next to one
+   redis-server, per value: a hit (`get_many` of one key) in each, side by side in interleaved
+   rounds, and the fleet (N processes x R requests) on each, with the fleet's req/s, its decodes
+   and the share of the stored keys per primary; verdicts against issue 47's goals (a cluster
+   hit <= 1.2x a single-node hit; each item decoded once; 3000 items' keys on every primary
+   within 10% of even: a fleet's pool of 32 is too few keys to judge a spread on).
+
     python benchmarks/bench_shared_cache.py [--requests 400 --processes 4 --pool 32 --fleet-runs 3]
         [--values 720p,4K,video] [--json PATH] [--no-fleet] [--profile DIR] [--torch-threads N]
+    python benchmarks/bench_shared_cache.py --cluster 3 [--values 720p --requests 100 --rounds 7]
 
 `--torch-threads N` sets torch's intra-op threads here and in the fleet's workers. By default
 torch uses every core, and its OpenMP workers spin for a few ms after each parallel region (a
@@ -64,6 +73,7 @@ import torch
 import lazymedia
 from lazymedia import ops, synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
+from lazymedia.benchmarking.redis_cluster import LocalCluster
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
 from lazymedia.cache.serialize import dumps, loads, recycle
 
@@ -78,7 +88,8 @@ POOL_CAP = {"video": 8}
 WRITER_STEPS = ("dumps", "redis_write", "dumps_host", "host_write")
 SETTLE_S = 0.02
 HERE = os.path.dirname(os.path.abspath(__file__))  # the benchmarks folder, for the processes this starts
-GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3}
+GOALS = {"host_hit_ms": 2.0, "redis_hit_ms": 5.0, "dumps_ms": 5.0, "host_fleet": 2.0, "redis_fleet": 1.3,
+         "cluster_hit_vs_single": 1.2, "key_spread": 0.10}
 # The millisecond goals are the 720p value's (issue 36); the other values' figures are printed
 # against the same numbers as INFO lines. Each timed step: its goal, and what the line calls it
 # (the coded host layout is the alternative to the default, shown for reference).
@@ -264,7 +275,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
             "host_coded_hit": (lambda: coded_host.get_many([key]), 2),
             "host_verified_hit": (lambda: verified_host.get_many([key]), 2),
             "redis_hit": (lambda: redis_tier.get_many([key]), 2),
-            "redis_get": (lambda: client.get(f"{redis_tier.prefix}{key}"), 2),
+            "redis_get": (lambda: client.get(redis_tier.name(key)), 2),
             "miss_until_stored": (miss, 1)}, rounds, settle=dict.fromkeys(WRITER_STEPS, SETTLE_S))
         times["miss_response"] = responses[1:]  # the warm-up call's left out
         cache.flush()
@@ -300,6 +311,7 @@ sys.path.insert(0, sys.argv[8])
 from bench_shared_cache import media, process_with, qwen2_vl_processor
 
 url, mode, host_path, kind, profile = sys.argv[1], sys.argv[2], sys.argv[6], sys.argv[7], sys.argv[9]
+cluster_url = sys.argv[10]
 requests, pool, seed = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 process = process_with(qwen2_vl_processor())
 counter = redis.Redis.from_url(url)
@@ -313,6 +325,9 @@ if mode == "host":
     cache = TieredCache(cache, HostCache(host_path, capacity_bytes=8 << 30, namespace="fleet"))
 elif mode == "redis":
     cache = TieredCache(cache, RedisCache(url, namespace="fleet", timeout_s=5.0, max_entry_bytes=512 << 20))
+elif mode == "cluster":
+    cache = TieredCache(cache, RedisCache(cluster_url, cluster=True, namespace="fleet", timeout_s=5.0,
+                                          max_entry_bytes=512 << 20))
 processor = lazymedia.Processor(counted, cache=cache, engine=lazymedia.DecodeEngine(isolate=()))
 encoded = [media(kind, seed=i).root.encoded() for i in range(pool)]
 load = lazymedia.load_video if kind == "video" else lazymedia.load_image
@@ -352,12 +367,17 @@ def gather_cost(profiles: list[str]) -> dict:
 
 
 def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, pool: int,
-          profile_dir: str | None = None) -> dict:
-
+          profile_dir: str | None = None, modes: tuple[str, ...] = ("private", "host", "redis"),
+          cluster: LocalCluster | None = None) -> dict:
+    """The fleet in each of `modes` ("cluster": RedisCache on `cluster`; the counters stay on the
+    single server at `url`)."""
     client = redis.Redis.from_url(url)
     result: dict = {"value": kind, "items": pool}
-    for mode in ("private", "host", "redis"):
+    for mode in modes:
         client.flushall()
+        if cluster is not None:
+            for port in cluster.primary_ports():
+                cluster.client(port).flushall()
         HostCache(host_path, capacity_bytes=8 << 30).clear()
         client.set("bench:expected", processes)
         client.set("bench:ready", 0)
@@ -365,7 +385,8 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
         profiles = [os.path.join(profile_dir, f"{kind}-{mode}-{i}.prof") if profile_dir else ""
                     for i in range(processes)]
         workers = [subprocess.Popen([sys.executable, "-c", FLEET_WORKER, url, mode, str(requests), str(pool), str(i),
-                                     host_path, kind, HERE, profiles[i]], stdout=subprocess.PIPE, text=True,
+                                     host_path, kind, HERE, profiles[i], cluster.url if cluster else ""],
+                                    stdout=subprocess.PIPE, text=True,
                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
                    for i in range(processes)]
         start = time.perf_counter()
@@ -378,8 +399,13 @@ def fleet(url: str, host_path: str, kind: str, processes: int, requests: int, po
                         "slowest_process_s": max(seconds), "req_per_s": processes * requests / max(seconds),
                         "wall_s_with_startup": time.perf_counter() - start,
                         **(gather_cost(profiles) if profile_dir else {})}
+        if mode == "cluster" and cluster is not None:
+            result[mode]["keys_per_primary"] = cluster.keys_per_primary("lazymedia:fleet:*")
     for mode in ("host", "redis"):
-        result[mode]["vs_private"] = result[mode]["req_per_s"] / result["private"]["req_per_s"]
+        if mode in result and "private" in result:
+            result[mode]["vs_private"] = result[mode]["req_per_s"] / result["private"]["req_per_s"]
+    if "cluster" in result and "redis" in result:
+        result["cluster"]["vs_single"] = result["cluster"]["req_per_s"] / result["redis"]["req_per_s"]
     return result
 
 
@@ -398,6 +424,165 @@ def fleet_runs(url: str, host_path: str, kind: str, processes: int, requests: in
         combined[mode] = {**ordered[len(ordered) // 2][mode], "decodes": max(r[mode]["decodes"] for r in results),
                           f"{measure}_runs": [r[mode][measure] for r in results]}
     return combined
+
+
+def cluster_hits(single_url: str, cluster: LocalCluster, kinds: list[str], rounds: int) -> list[dict]:
+    """Per value: a hit (`get_many` of its key) on one redis-server and on the cluster, the same
+    value, in interleaved rounds; the cluster's cost per round over the single server's."""
+    process = process_with(qwen2_vl_processor())
+    engine = lazymedia.DecodeEngine(isolate=())
+    rows = []
+    for kind in kinds:
+        processor = lazymedia.Processor(process, engine=engine)
+        value = processor.apply([media(kind)])[0]
+        key = processor.cache_key(media(kind))
+        options = {"namespace": f"hit-{kind}", "max_entry_bytes": 512 << 20, "timeout_s": 5.0}
+        single, clustered = RedisCache(single_url, **options), RedisCache(cluster.url, cluster=True, **options)
+        assert single.put(key, value) and clustered.put(key, value)
+        def lease(tier):  # a miss's own round trips: the lease taken and released, one poll
+            return lambda: (tier.release(key, tier.try_lease(key) or ""), tier.probe("absent"))
+
+        small = {"v": torch.ones(1)}  # the clients' own cost per call, which a large value's transfer hides
+        assert single.put("small", small) and clustered.put("small", small)
+        times = interleaved({"single_hit": (lambda: single.get_many([key]), 2),
+                             "cluster_hit": (lambda: clustered.get_many([key]), 2),
+                             "single_small_hit": (lambda: single.get_many(["small"]), 50),
+                             "cluster_small_hit": (lambda: clustered.get_many(["small"]), 50),
+                             "single_lease": (lease(single), 5), "cluster_lease": (lease(clustered), 5)}, rounds)
+        exact = all(bit_equal(a, b) for a, b in zip(value.values(), clustered.get_many([key])[key].values()))
+        rows.append({"value": kind, "stored_bytes": len(dumps(value, key=key)), "exact": exact,
+                     "node": cluster.owner(redis.cluster.key_slot(clustered.name(key).encode())),
+                     **{f"{name}_ms": statistics.median(samples) * 1e3 for name, samples in times.items()},
+                     "cluster_vs_single": ratio(times["cluster_hit"], times["single_hit"]),
+                     "small_cluster_vs_single": ratio(times["cluster_small_hit"], times["single_small_hit"]),
+                     "lease_cluster_vs_single": ratio(times["cluster_lease"], times["single_lease"])})
+    engine.shutdown()
+    return rows
+
+
+def cluster_fleet_runs(url: str, host_path: str, kind: str, processes: int, requests: int, pool: int, runs: int,
+                       cluster: LocalCluster) -> dict:
+    """The fleet on one server and on the cluster, `runs` times, the order swapped each run (the
+    mode that runs first pays the machine's warm-up): per mode the run with the median req/s,
+    the cluster's ratio to the single server in every run (judged on the median), the most
+    decodes any run made."""
+    results = []
+    for run in range(runs):
+        modes = ("redis", "cluster") if run % 2 == 0 else ("cluster", "redis")
+        results.append(fleet(url, host_path, kind, processes, requests, pool, modes=modes, cluster=cluster))
+    failed = [r for r in results if "failed" in r]
+    if failed:
+        return failed[0]
+    combined: dict = {"value": kind, "items": pool, "runs": runs}
+    for mode in ("redis", "cluster"):
+        ordered = sorted(results, key=lambda r: r[mode]["req_per_s"])
+        combined[mode] = {**ordered[len(ordered) // 2][mode], "decodes": max(r[mode]["decodes"] for r in results)}
+    ratios = [r["cluster"]["vs_single"] for r in results]
+    combined["cluster"]["vs_single"] = statistics.median(ratios)
+    combined["cluster"]["vs_single_runs"] = ratios
+    combined["req_per_s_runs"] = [(r["redis"]["req_per_s"], r["cluster"]["req_per_s"]) for r in results]
+    return combined
+
+
+def key_spread(cluster: LocalCluster, items: int = 3000) -> dict:
+    """`items` content keys (of distinct small images) stored through a cluster RedisCache: the
+    keys each primary holds, and the largest deviation from an even share."""
+    tier = RedisCache(cluster.url, cluster=True, namespace="spread", ttl_s=600)
+    for seed in range(items):
+        assert tier.put_encoded(lazymedia.load_image(synthetic.jpeg(8, 8, seed=seed)).key, b"x")
+    counts = cluster.keys_per_primary("lazymedia:spread:*")
+    even = items / len(counts)
+    return {"items": items, "keys_per_primary": counts,
+            "largest_deviation": max(abs(count - even) / even for count in counts.values())}
+
+
+def cluster_verdicts(hits: list[dict], fleets: list[dict], spread: dict, primaries: int) -> list[str]:
+    """One line per goal of issue 47."""
+    lines = []
+    goal = GOALS["cluster_hit_vs_single"]
+    for r in hits:
+        got = r["cluster_vs_single"]["median"]
+        lines.append(f"{'PASS' if got <= goal else 'FAIL'} {r['value']}: a cluster hit costs {got:.2f}x a single-node "
+                     f"hit ({r['cluster_hit_ms']:.2f} vs {r['single_hit_ms']:.2f} ms, median of per-round ratios; "
+                     f"goal <= {goal}x)")
+        lines.append(f"{'PASS' if r['exact'] else 'FAIL'} {r['value']}: the cluster's value reads back bit for bit")
+    for f in fleets:
+        if "failed" in f:
+            lines.append(f"FAIL {f['value']} fleet: did not finish ({f['failed']})")
+            continue
+        for mode in ("redis", "cluster"):
+            once = f[mode]["decodes"] == f["items"]
+            lines.append(f"{'PASS' if once else 'FAIL'} {f['value']} fleet: {mode} decoded {f[mode]['decodes']} "
+                         f"for {f['items']} items (goal: each once)")
+        lines.append(f"INFO {f['value']} fleet: {primaries} primaries {f['cluster']['req_per_s']:.1f} req/s, 1 primary "
+                     f"{f['redis']['req_per_s']:.1f} ({f['cluster']['vs_single']:.2f}x, median of {f['runs']} runs; "
+                     "here the primaries share the fleet's cores: a scale figure needs them on their own)")
+    deviation, goal = spread["largest_deviation"], GOALS["key_spread"]
+    lines.append(f"{'PASS' if deviation <= goal and len(spread['keys_per_primary']) == primaries else 'FAIL'} "
+                 f"{spread['items']} items' keys on {len(spread['keys_per_primary'])} primaries: "
+                 + " / ".join(str(n) for n in spread["keys_per_primary"].values())
+                 + f", at most {deviation:.1%} from even (goal <= {goal:.0%})")
+    return lines
+
+
+def cluster_main(args, kinds: list[str]) -> int:
+    """`--cluster N`: one redis-server and an N-primary cluster (a replica each) side by side."""
+    warning = busy_warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as directory, tempfile.TemporaryDirectory() as host_path:
+        server, url = start_redis(directory)
+        try:
+            with LocalCluster(os.path.join(directory, "cluster"), primaries=args.cluster, maxmemory="2gb") as cluster:
+                hits = cluster_hits(url, cluster, kinds, args.rounds)
+                fleets = [] if args.no_fleet else [
+                    cluster_fleet_runs(url, os.path.join(host_path, kind), kind, args.processes, args.requests,
+                                       min(args.pool, POOL_CAP.get(kind, args.pool)), args.fleet_runs, cluster)
+                    for kind in kinds]
+                spread = key_spread(cluster)
+        finally:
+            server.kill()
+    print(f"\nA hit on one redis-server and on a {args.cluster}-primary cluster (a replica each), the same value "
+          f"(median ms, {args.rounds} interleaved rounds; cluster/single: median of the per-round ratios [low-high])")
+    primaries = f"{args.cluster} primaries"
+    print(f"{'value':6s} {'stored MB':>10s} {'1 primary':>10s} {primaries:>12s} {'cluster/single':>22s}")
+    for r in hits:
+        c, lc = r["cluster_vs_single"], r["lease_cluster_vs_single"]
+        print(f"{r['value']:6s} {r['stored_bytes'] / 2**20:10.2f} {r['single_hit_ms']:10.2f} "
+              f"{r['cluster_hit_ms']:12.2f} {c['median']:8.2f}x [{c['low']:.2f}-{c['high']:.2f}]")
+        sc = r["small_cluster_vs_single"]
+        print(f"{'':6s} a hit of a 4-byte tensor (the clients' own cost): {r['single_small_hit_ms'] * 1e3:.0f} vs "
+              f"{r['cluster_small_hit_ms'] * 1e3:.0f} us, {sc['median']:.2f}x [{sc['low']:.2f}-{sc['high']:.2f}]")
+        print(f"{'':6s} a miss's lease, release and one poll: {r['single_lease_ms']:.2f} vs "
+              f"{r['cluster_lease_ms']:.2f} ms, {lc['median']:.2f}x [{lc['low']:.2f}-{lc['high']:.2f}]")
+    for f in (f for f in fleets if "failed" not in f):
+        print(f"\nFleet, {f['value']}: {args.processes} processes x {args.requests} requests over {f['items']} items "
+              f"(the median of {f['runs']} runs, the order swapped each run)")
+        for mode, label in (("redis", "1 primary"), ("cluster", f"{args.cluster} primaries")):
+            m = f[mode]
+            extra = ""
+            if mode == "cluster":
+                counts = m["keys_per_primary"]
+                extra = (f"  {m['vs_single']:.2f}x 1 primary (runs: "
+                         + ", ".join(f"{x:.2f}" for x in m["vs_single_runs"]) + "); keys per primary "
+                         + " / ".join(f"{n} ({n / max(1, sum(counts.values())):.0%})" for n in counts.values()))
+            print(f"  {label:12s} decodes {m['decodes']:5d}  {m['req_per_s']:8.1f} req/s  (slowest process "
+                  f"{m['slowest_process_s']:.1f} s){extra}")
+        print("  req/s run by run, 1 primary / cluster: "
+              + ", ".join(f"{one:.1f} / {many:.1f}" for one, many in f["req_per_s_runs"]))
+    print(f"\nKeys of {spread['items']} items stored through the cluster tier, per primary: "
+          + " / ".join(f"{port}: {n}" for port, n in spread["keys_per_primary"].items()))
+    lines = cluster_verdicts(hits, fleets, spread, args.cluster)
+    print("\nVerdicts (issue 47 goals; milliseconds are this machine's):")
+    for line in lines:
+        print("  " + line)
+    load = (load_before, os.getloadavg()[0])
+    print(f"1-minute load before / after: {load[0]:.1f} / {load[1]:.1f} on {len(os.sched_getaffinity(0))} cores")
+    write_json({"version": lazymedia.__version__, "busy_warning": warning or busy_warning(), "load": load,
+                "primaries": args.cluster, "hits": hits, "fleet": fleets, "spread": spread, "verdicts": lines,
+                "goals": GOALS, "args": vars(args)}, args.json)
+    return 0
 
 
 def verdicts(rows: list[dict], fleets: list[dict]) -> list[str]:
@@ -446,12 +631,18 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-threads", type=int, help="torch's intra-op threads here and in the fleet's "
                         "workers (default: torch's own, every core; vLLM sets 1 in its workers: OpenMP workers spin "
                         "after each parallel region, and on this VM a spinning core slows the other)")
-    parser.add_argument("--json", default=os.path.join("bench-out", "shared_cache.json"))
+    parser.add_argument("--cluster", type=int, metavar="N", help="one redis-server next to a real N-primary Redis "
+                        "Cluster (a replica each) on 127.0.0.1: hit cost, fleet and key spread (instead of the rest)")
+    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.json is None:
+        args.json = os.path.join("bench-out", "shared_cache_cluster.json" if args.cluster else "shared_cache.json")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
         os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the fleet's workers and fresh processes
     kinds = args.values.split(",")
+    if args.cluster:
+        return cluster_main(args, kinds)
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     warning = busy_warning()

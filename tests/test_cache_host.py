@@ -558,7 +558,7 @@ def test_a_killed_holders_keys_free_within_two_seconds_in_the_chain(store_path, 
 
     client = redis.Redis.from_url(redis_url)
     keys = [lazymedia.load_image(jpeg(16, 16, seed=s)).key for s in range(40)]
-    names = [f"lazymedia:dying:{key}:lease" for key in keys]
+    names = [RedisCache(redis_url, namespace="dying").name(key) + ":lease" for key in keys]
     for delay in (0.0, 0.013, 0.031):
         holding = SPAWN.Value("i", 0)
         holder = SPAWN.Process(target=hold_leases_and_hang, args=(store_path, redis_url, keys, holding))
@@ -595,7 +595,7 @@ def test_a_killed_holders_keys_free_within_two_seconds_in_the_chain(store_path, 
         assert len(outputs) == 40 and sum(calls) == 40  # every key decoded here, once
         assert taker.cache.flush(60)
         assert client.keys("lazymedia:dying:*:lease") == []  # and released
-        client.delete(*[f"lazymedia:dying:{key}" for key in keys])
+        client.delete(*[RedisCache(redis_url, namespace="dying").name(key) for key in keys])
         host.clear()
 
 

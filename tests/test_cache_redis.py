@@ -85,7 +85,7 @@ def test_values_round_trip_with_ttl_size_cap_and_namespace(server):
     found = cache.get_many(["k1", "missing"])
     assert set(found) == {"k1"} and torch.equal(found["k1"]["pixel_values"], value["pixel_values"])
     assert found["k1"]["meta"] == ("x", 3, None) and found["k1"]["grid"].tolist() == [[1, 2, 2]]
-    assert 0 < server.client().pttl("lazymedia:model-a:k1") <= 60_000
+    assert 0 < server.client().pttl(cache.name("k1")) <= 60_000
     assert RedisCache(server.url, namespace="model-b").get_many(["k1"]) == {}  # namespaces stay apart
     assert not cache.put("big", torch.randn(1 << 20))  # over max_entry_bytes: not written
     assert not cache.put("odd", object())  # a type the tier cannot hold: kept local
@@ -109,12 +109,12 @@ def test_values_joined_in_the_reused_buffer_stay_each_their_own(server, monkeypa
         if key == "past-cap":
             monkeypatch.setattr(redis_tier, "_SCRATCH_BYTES", 1 << 10)
         assert cache.put(key, {"pixel_values": value})
-        stored = server.client().get(f"lazymedia:scratch:{key}")
+        stored = server.client().get(cache.name(key))
         assert stored == dumps({"pixel_values": value}, key=key)
     found = cache.get_many(list(values))
     for key, value in values.items():
         assert torch.equal(found[key]["pixel_values"].view(torch.int32), value.view(torch.int32))
-    assert cache.stats().bytes_out == sum(len(server.client().get(f"lazymedia:scratch:{k}")) for k in values)
+    assert cache.stats().bytes_out == sum(len(server.client().get(cache.name(k))) for k in values)
 
 
 @requires_redis_server
@@ -125,9 +125,9 @@ def test_garbage_and_pickles_under_a_key_are_misses(server):
 
     cache = RedisCache(server.url)
     client = server.client()
-    client.set("lazymedia::garbage", b"\x00\xff not a value")
-    client.set("lazymedia::pickle", pickle.dumps({"x": 1}))
-    client.set("lazymedia::truncated", lazymedia.cache.serialize.dumps({"t": torch.ones(100)}, key="truncated")[:-7])
+    client.set(cache.name("garbage"), b"\x00\xff not a value")
+    client.set(cache.name("pickle"), pickle.dumps({"x": 1}))
+    client.set(cache.name("truncated"), lazymedia.cache.serialize.dumps({"t": torch.ones(100)}, key="truncated")[:-7])
     assert cache.get_many(["garbage", "pickle", "truncated"]) == {}
     assert cache.stats().corrupt == 3
 
@@ -153,7 +153,8 @@ def test_another_items_value_under_a_key_is_a_corrupt_miss_and_is_decoded(server
     expected_b = writer.apply([b])[0]
     assert writer.cache.flush(60)
     client = server.client()
-    client.set(f"lazymedia::{a.key}", client.get(f"lazymedia::{b.key}"))  # B's bytes, A's key
+    names = RedisCache(server.url)
+    client.set(names.name(a.key), client.get(names.name(b.key)))  # B's bytes, A's key
     reader_tier = RedisCache(server.url)
     reader = lazymedia.Processor(counting_means(calls), cache=TieredCache(ProcessorCache(), reader_tier))
     with caplog.at_level(logging.WARNING, logger="lazymedia.cache"):
@@ -450,6 +451,6 @@ def test_a_cancelled_atry_lease_releases_the_lease_redis_set(server):
         await asyncio.wait_for(cache.released.wait(), 30)
 
     asyncio.run(main())
-    assert server.client().get(cache.prefix + "k:lease") is None
+    assert server.client().get(cache.name("k") + ":lease") is None
     token = RedisCache(server.url).try_lease("k")
     assert token

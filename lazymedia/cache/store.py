@@ -32,6 +32,7 @@ class SharedCacheStats:
     unserializable: int  # values of types the shared tier cannot hold (kept local)
     evictions: int = 0  # entries this process removed to make room (HostCache; Redis evicts by itself)
     late_hits: int = 0  # missed keys found later, by a re-read after the lease or while waiting
+    retries: int = 0  # calls made again after a failure, while a cluster failed over (RedisCache)
 
 
 class ValueStore(SteppedTier):
