@@ -1,4 +1,4 @@
-"""The vLLM plugin's device mode: images decoded on the device that runs vLLM's processor.
+"""The vLLM plugin's device mode: media decoded on the device that runs vLLM's processor.
 
 With `LAZYMEDIA_VLLM_DEVICE` naming a device (`cuda`, `cuda:1`; set it with vLLM's
 `--mm-processor-device cuda`), the plugin hands vLLM's parser a `DeviceImage` for each JPEG it
@@ -17,6 +17,9 @@ micro-batcher gives nvJPEG those that arrive within its window in one call. An i
 (a predicted hit: vLLM's processor cache likely holds its outputs) is decoded only if vLLM's
 processor reads it. A prediction can be wrong either way: a miss predicted as a hit decodes when
 the processor reads it, a hit predicted as a miss costs one decode nobody reads.
+
+A video is decoded on the device at fetch (`DeviceMode.video`: NVDEC where it takes the clip),
+as the CPU path decodes it at fetch: vLLM's hasher and parser need its frames then.
 
 What the device does not take stays on the plugin's CPU path (a lazily decoded PIL image), counted
 in `lazymedia.metrics` as `vllm_device_fallbacks` by reason: other formats, progressive JPEGs
@@ -184,13 +187,13 @@ def configured() -> DeviceMode | None:
     if not name or name == "cpu":
         return None
     with _BY_DEVICE_LOCK:
-        images = _BY_DEVICE.get(name)
-        if images is None:
-            images = _BY_DEVICE[name] = DeviceMode(name)
-        return images
+        mode = _BY_DEVICE.get(name)
+        if mode is None:
+            mode = _BY_DEVICE[name] = DeviceMode(name)
+        return mode
 
 
-def use(name: str, images: DeviceMode) -> None:
-    """Makes `images` the device mode for LAZYMEDIA_VLLM_DEVICE=`name` (an engine of one's own)."""
+def use(name: str, mode: DeviceMode) -> None:
+    """Makes `mode` the device mode for LAZYMEDIA_VLLM_DEVICE=`name` (an engine of one's own)."""
     with _BY_DEVICE_LOCK:
-        _BY_DEVICE[name] = images
+        _BY_DEVICE[name] = mode
