@@ -120,7 +120,7 @@ WATCHED_FIELDS: dict[str, tuple[str, str, str]] = {
     "lease_waits": ("lease_waits", "counter", "Waits for another process's lease"),
     "lease_timeouts": ("lease_timeouts", "counter", "Lease waits that ended in decoding here"),
     "fallbacks": ("fallbacks", "counter", "Calls skipped or failed because the shared tier was unavailable"),
-    "retries": ("retries", "counter", "Shared-tier calls made again after a failure, while a Redis Cluster failed over"),
+    "retries": ("retries", "counter", "Shared-tier calls made again while a Redis Cluster failed over"),
     "corrupt": ("corrupt", "counter", "Values that did not read back (counted as misses)"),
     "oversized": ("oversized", "counter", "Values over max_entry_bytes, not written"),
     "unserializable": ("unserializable", "counter", "Values of types the shared tier cannot hold, kept local"),
