@@ -2,6 +2,7 @@
 giving the objects vLLM's fetch methods return (its rules, re-derived here with Pillow and numpy;
 benchmarks/parity_vllm.py compares against vLLM itself where it is installed)."""
 import base64
+import contextlib
 import importlib.util
 import io
 
@@ -387,6 +388,23 @@ def test_backends_vllm_alone_implements_are_refused_naming_the_alternative(monke
     connector.close()
 
 
+@contextlib.asynccontextmanager
+async def loopback(routes: dict):
+    """An aiohttp server on 127.0.0.1 serving `routes` ({path: handler}); yields its base URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 async def test_vllms_fetch_timeout_bounds_each_download(monkeypatch):
     """VLLM_IMAGE_FETCH_TIMEOUT replaces the connector's 10 s for the download, read at the fetch."""
     import asyncio
@@ -399,24 +417,18 @@ async def test_vllms_fetch_timeout_bounds_each_download(monkeypatch):
         await never.wait()  # never answers
         return web.Response()
 
-    app = web.Application()
-    app.router.add_get("/stall.jpg", stall)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/stall.jpg"
-    connector = VllmMediaConnector(allow_private_networks=True)
-    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
-    monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "1")  # one attempt (vLLM's retry: the next test)
-    with pytest.raises(lazymedia.MediaFetchError, match="timed out after 1 s") as caught:
-        await connector.fetch_image_async(url)
-    assert caught.value.status_code == 504 and isinstance(caught.value, ValueError)
-    assert connector.attempts("image") == [(1.0, 1.0)]
-    monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "3")
-    assert connector.attempts("image") == [(1.0, 1.0), (4.0, 4.0), (16.0, 16.0)]  # vLLM's 4x backoff
-    never.set()
-    await connector.aclose()
-    await runner.cleanup()
+    async with loopback({"/stall.jpg": stall}) as base:
+        connector = VllmMediaConnector(allow_private_networks=True)
+        monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
+        monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "1")  # one attempt (vLLM's retry: the next test)
+        with pytest.raises(lazymedia.MediaFetchError, match="timed out after 1 s") as caught:
+            await connector.fetch_image_async(base + "/stall.jpg")
+        assert caught.value.status_code == 504 and isinstance(caught.value, ValueError)
+        assert connector.attempts("image") == [(1.0, 1.0)]
+        monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "3")
+        assert connector.attempts("image") == [(1.0, 1.0), (4.0, 4.0), (16.0, 16.0)]  # vLLM's 4x backoff
+        never.set()
+        await connector.aclose()
 
 
 async def test_a_download_that_times_out_is_tried_again_as_vllm_tries_it(monkeypatch):
@@ -435,20 +447,14 @@ async def test_a_download_that_times_out_is_tried_again_as_vllm_tries_it(monkeyp
             await never.wait()
         return web.Response(body=synthetic.jpeg(32, 24), content_type="image/jpeg")
 
-    app = web.Application()
-    app.router.add_get("/once.jpg", stall_once)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/once.jpg"
-    connector = VllmMediaConnector(allow_private_networks=True)
-    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
-    monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "2")
-    handle = await connector.fetch_image_async(url)
-    assert handle.header.width == 24 and len(calls) == 2
-    never.set()
-    await connector.aclose()
-    await runner.cleanup()
+    async with loopback({"/once.jpg": stall_once}) as base:
+        connector = VllmMediaConnector(allow_private_networks=True)
+        monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
+        monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "2")
+        handle = await connector.fetch_image_async(base + "/once.jpg")
+        assert handle.header.width == 24 and len(calls) == 2
+        never.set()
+        await connector.aclose()
 
 
 def test_lazymedias_own_bounds_are_settings(monkeypatch):
