@@ -3,7 +3,7 @@ tags, FLAC comment blocks, MP4 boxes or Matroska Tags elements are refused (413)
 through load_audio and load_video, within a few CPU-seconds, in a child process (run_capped: an
 address-space cap and a time-out); a count field is never read as a count of entries."""
 import pytest
-from test_hostile import run_capped
+from test_hostile import MKV_TAGS, run_capped
 
 from lazymedia import MediaError, MediaTooLargeError, UnprocessableMediaError
 from lazymedia.codecs.metadata import MAX_METADATA_ENTRIES, MAX_WALKED_UNITS, check_metadata
@@ -49,17 +49,6 @@ hdlr = box(b"hdlr", bytes(8) + b"mdta" + bytes(12) + b"\0")
 meta = box(b"meta", bytes(4) + hdlr + keys + box(b"ilst", items)) * {parts}
 size = int.from_bytes(clip[moov:moov + 4], "big")
 data = clip[:moov] + (size + len(meta)).to_bytes(4, "big") + clip[moov + 4:moov + size] + meta + clip[moov + size:]
-"""
-
-# A Matroska file whose Segment holds `parts` Tags elements of `entries` SimpleTags before its tracks.
-MKV_TAGS = r"""
-def element(element_id, payload):
-    return element_id + (len(payload) | 1 << 56).to_bytes(8, "big") + payload  # 8-byte sizes
-clip = synthetic.video(frames=8, height=64, width=64, container="matroska")
-at = clip.index(b"\x18\x53\x80\x67") + 4 + 8  # the Segment's data (its size: 8 bytes)
-simple = element(b"\x67\xc8", element(b"\x45\xa3", b"A") + element(b"\x44\x87", b"1"))
-tags = element(b"\x12\x54\xc3\x67", element(b"\x73\x73", simple * {entries})) * {parts}
-data = clip[:at - 8] + b"\x01\xff\xff\xff\xff\xff\xff\xff" + tags + clip[at:]  # the Segment's size: unknown
 """
 
 # A WAV with `parts` LIST INFO chunks of `entries` distinct entries each after its data.

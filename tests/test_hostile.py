@@ -265,14 +265,14 @@ syncsafe = bytes([(size >> 21) & 0x7F, (size >> 14) & 0x7F, (size >> 7) & 0x7F, 
 data = b"ID3\x03\x00\x00" + syncsafe + frames + synthetic.tone(0.5, fmt="mp3")
 """
 
-MKV_100K_TAGS = r"""
+# A Matroska file whose Segment holds `parts` Tags elements of `entries` SimpleTags before its tracks.
+MKV_TAGS = r"""
 def element(element_id, payload):
     return element_id + (len(payload) | 1 << 56).to_bytes(8, "big") + payload  # 8-byte sizes
-
 clip = synthetic.video(frames=8, height=64, width=64, container="matroska")
 at = clip.index(b"\x18\x53\x80\x67") + 4 + 8  # the Segment's data (its size: 8 bytes)
 simple = element(b"\x67\xc8", element(b"\x45\xa3", b"A") + element(b"\x44\x87", b"1"))
-tags = element(b"\x12\x54\xc3\x67", element(b"\x73\x73", simple * 100_000))
+tags = element(b"\x12\x54\xc3\x67", element(b"\x73\x73", simple * {entries})) * {parts}
 data = clip[:at - 8] + b"\x01\xff\xff\xff\xff\xff\xff\xff" + tags + clip[at:]  # the Segment's size: unknown
 """
 
@@ -366,7 +366,7 @@ CASES = {
     # An MP3 behind an ID3v2 tag of 100,000 frames (FFmpeg's probe ran past 120 s).
     "mp3_100k_id3_frames": (MP3_100K_ID3_FRAMES, "lazymedia.load_audio(data)", 413),
     # A Matroska file whose Segment holds 100,000 SimpleTags before its tracks (ran past 120 s).
-    "mkv_100k_tags": (MKV_100K_TAGS, "lazymedia.load_video(data, num_frames=4)", 413),
+    "mkv_100k_tags": (MKV_TAGS.format(parts=1, entries=100_000), "lazymedia.load_video(data, num_frames=4)", 413),
     # Just under the cap (2000 entries in all, the file's own blocks, tags and frames included), the same files
     # decode.
     "flac_1990_vorbis_comments": (FLAC_50K_COMMENTS.replace("50_000", "1_990"), "lazymedia.load_audio(data)", None),
