@@ -574,15 +574,20 @@ def cluster_main(args, kinds: list[str]) -> int:
     print(f"\nKeys of {spread['items']} items stored through the cluster tier, per primary: "
           + " / ".join(f"{port}: {n}" for port, n in spread["keys_per_primary"].items()))
     lines = cluster_verdicts(hits, fleets, spread, args.cluster)
-    print("\nVerdicts (issue 47 goals; milliseconds are this machine's):")
+    finish("issue 47", lines, load_before, warning, args,
+           {"primaries": args.cluster, "hits": hits, "fleet": fleets, "spread": spread})
+    return 0
+
+
+def finish(goals_of: str, lines: list[str], load_before: float, warning: str | None, args, figures: dict) -> None:
+    """Prints the verdict lines and the load over the run, and writes the report."""
+    print(f"\nVerdicts ({goals_of} goals; milliseconds are this machine's):")
     for line in lines:
         print("  " + line)
     load = (load_before, os.getloadavg()[0])
     print(f"1-minute load before / after: {load[0]:.1f} / {load[1]:.1f} on {len(os.sched_getaffinity(0))} cores")
     write_json({"version": lazymedia.__version__, "busy_warning": warning or busy_warning(), "load": load,
-                "primaries": args.cluster, "hits": hits, "fleet": fleets, "spread": spread, "verdicts": lines,
-                "goals": GOALS, "args": vars(args)}, args.json)
-    return 0
+                **figures, "verdicts": lines, "goals": GOALS, "args": vars(args)}, args.json)
 
 
 def verdicts(rows: list[dict], fleets: list[dict]) -> list[str]:
@@ -701,15 +706,9 @@ def main(argv=None) -> int:
                       if m.get("gather_calls") else "")
             print(f"  {mode:8s} decodes {m['decodes']:5d}  {m['req_per_s']:8.1f} req/s  (slowest process "
                   f"{m['slowest_process_s']:.1f} s{gather}){versus}")
-    lines = verdicts(rows, fleets)
-    print("\nVerdicts (issue 36 goals; milliseconds are this machine's):")
-    for line in lines:
-        print("  " + line)
-    load = (load_before, os.getloadavg()[0])
-    print(f"1-minute load before / after: {load[0]:.1f} / {load[1]:.1f} on {len(os.sched_getaffinity(0))} cores")
-    write_json({"version": lazymedia.__version__, "busy_warning": warning or busy_warning(), "load": load,
-                "free_page_reporting": reporting, "torch_threads": torch.get_num_threads(),
-                "hit_costs": rows, "fleet": fleets, "verdicts": lines, "goals": GOALS, "args": vars(args)}, args.json)
+    finish("issue 36", verdicts(rows, fleets), load_before, warning, args,
+           {"free_page_reporting": reporting, "torch_threads": torch.get_num_threads(), "hit_costs": rows,
+            "fleet": fleets})
     return 0
 
 
