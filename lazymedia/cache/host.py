@@ -423,8 +423,10 @@ class HostCache(ValueStore):
                 return None, True
             import torch
 
-            try:
-                buffer = torch.empty(status.st_size, dtype=torch.uint8).numpy()
+            from ..ops import frame_buffers
+
+            try:  # a reused buffer: a fresh one page-faults on every first write, which costs more than the read
+                buffer = frame_buffers().empty((status.st_size,), torch.uint8).numpy()
             except (RuntimeError, MemoryError) as exc:
                 self._fault(exc)
                 return None, False
