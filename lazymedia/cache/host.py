@@ -9,7 +9,8 @@ than diskcache (SQLite + files) on /dev/shm: the figures are in docs/design.md.
 Zero-copy values (`zero_copy=True`, the default): values are stored with their buffers as they
 are (no level codes, no LZ4), and one of at least `file_min_bytes` lies in a file of its own in
 `<path>/values`, which LMDB's entry names and which ends with its own name. A hit reads the file
-with one pread into memory torch allocates, and its tensors are views of that buffer: one copy
+with one pread into a reused buffer of the process's pool (`ops.frame_buffers`), and its tensors
+are views of that buffer (it returns to the pool when they die): one copy
 (about a memcpy of the value) and nothing shared with the file afterwards. A map of the file would
 copy nothing, but a file cut while mapped kills its reader (SIGBUS, private maps included) and a
 rewrite would change tensors a caller holds; a read cannot fault, and a short read or a file that
@@ -401,7 +402,7 @@ class HostCache(ValueStore):
     def _read_file(self, file_name: bytes) -> tuple[Any, bool]:
         """(the value in the file an entry names, read into private memory as a writable uint8
         array, None if it cannot be; whether the file is bad for good). One read (pread) into a
-        buffer torch allocates: the value's tensors are views of it, and no later change to the
+        reused buffer of the process's pool: the value's tensors are views of it, and no later change to the
         file (cut, grown, rewritten, replaced, unlinked) can reach them or fault their reader, as
         a map of the file would (a cut file's pages are SIGBUS, even privately mapped ones).
         Bad: no such file, not a regular file of this user (or the shared group) that no one can
