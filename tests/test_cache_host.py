@@ -3,6 +3,7 @@ decode per item across a fleet, no torn value after a SIGKILLed writer, eviction
 bad values as misses, a failing disk degrading to the next tier, and the chain local -> host ->
 Redis."""
 import asyncio
+import gc
 import multiprocessing
 import os
 import shutil
@@ -18,6 +19,7 @@ import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
 from lazymedia.cache.protocol import threaded
 from lazymedia.errors import UntrustedCacheError
+from lazymedia.ops import frame_buffers
 from lazymedia.synthetic import jpeg
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -220,6 +222,24 @@ def test_a_hit_is_a_private_copy_of_the_value_file(store_path):
     first["x"][0, 0] = 1234.5
     assert torch.equal(second["x"], value["x"]) and torch.equal(reader.get_many(["k"])["k"]["x"], value["x"])
     assert torch.equal(first["small"], value["small"])
+
+
+def test_a_hit_returns_its_read_buffer_to_the_pool_when_its_tensors_die(store_path):
+    """The next hit reuses the buffer the last one read into (already mapped: a new buffer's
+    first writes page-fault, which costs more than the read), with no garbage collection."""
+    cache = HostCache(store_path)
+    assert cache.put("k", {"x": torch.randn(512, 1024)})
+    cache.get_many(["k"])
+    gc.collect()
+    gc.disable()
+    try:
+        before = frame_buffers().stats()
+        for _ in range(5):
+            assert cache.get_many(["k"])["k"]["x"].shape == (512, 1024)
+        after = frame_buffers().stats()
+    finally:
+        gc.enable()
+    assert after["allocations"] == before["allocations"] and after["reuses"] >= before["reuses"] + 5
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc/self/fd")

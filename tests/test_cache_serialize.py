@@ -1,5 +1,6 @@
 """Cache values as bytes without pickle: every supported type round-trips, and any damage reads
 as a SerializationError (a miss), never as an untyped error or code that runs."""
+import gc
 import pickle
 import random
 
@@ -532,6 +533,26 @@ def test_the_zero_copy_layout_reads_as_views_of_a_writable_buffer():
     assert read["pixel_values"].data_ptr() != loads(bytes(data), key="k", zero_copy=True)["pixel_values"].data_ptr()
     copied = loads(buffer, key="k")  # without zero_copy: tensors own their memory
     assert not start <= copied["pixel_values"].data_ptr() < start + len(buffer)
+
+
+@pytest.mark.parametrize("layout", [{}, {"levels": False, "compress": False}])
+def test_reading_a_value_leaves_no_reference_cycle(layout):
+    """A read's tensors are its only hold on the buffer it read: a cycle would keep the buffer
+    (HostCache's pooled read buffer) until the garbage collector runs, and every hit would take
+    a new one."""
+    value = {"pixel_values": qwen_patches(), "grid": torch.tensor([[1, 8, 8]]), "nested": [{"b": b"x"}, (1, 2.5)],
+             "pairs": {1: "one"}}
+    data = bytearray(dumps(value, key="k", **layout))
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            assert bit_equal(loads(data, key="k", zero_copy=True)["pixel_values"], value["pixel_values"])
+        with pytest.raises(SerializationError):
+            loads(data, key="other")
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_verify_payload_false_reads_the_header_tag_only():

@@ -47,12 +47,17 @@ import math
 import threading
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 import blake3
 import lz4.block
 import numpy as np
+import numpy.typing as npt
 
 from .. import ops
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"LMV6"
 _PREFIX = 4 + 4 + 16 + 16 + 16  # magic, header length, key digest, payload tag, header tag
@@ -67,7 +72,8 @@ _NUMPY_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", 
                  "complex128", "uint16", "uint32", "uint64")
 _TORCH_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
-_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}  # element size -> the integer type of its bit pattern
+# An element's size -> the integer type of its bit pattern.
+_BITS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 # Level coding: tensors smaller than this stay raw; one table holds at most MAX_LEVELS levels ("a
 # few thousand"), else the tensor is not level-like.
 _LEVEL_MIN_ELEMENTS = 1 << 14
@@ -81,16 +87,64 @@ _COMPRESS_GAIN = 0.8
 _LZ4_MAX = 0x7E000000
 _LZ4_ACCELERATION = 4
 
+Bytes = npt.NDArray[np.uint8]
 
-def _empty(count: int, dtype) -> np.ndarray:
+
+# -- the header's schema ----------------------------------------------------------------------------
+# The JSON header is one node per value: a dict whose one-letter keys say what the value is (the
+# kind's key) and how its bytes are stored. Byte ranges are [start, length] in the payload.
+class PlainNode(TypedDict):
+    v: None | bool | int | float | str  # the value itself
+
+
+class BytesNode(TypedDict):
+    b: list[int]  # the bytes' range
+
+
+class ElementsNode(TypedDict, total=False):
+    """A numpy array ("a") or torch tensor ("t"), one encoding of its elements' range "r":
+    raw, level codes ("k", "c", "g", "e"), bfloat16 ("h"), each maybe LZ4 ("z", "n")."""
+    a: str  # a numpy dtype's name
+    t: str  # a torch dtype's name
+    s: list[int]  # shape
+    k: list[int]  # levels: the tables' range (groups x levels bit patterns, padded with zeros)
+    c: str  # levels: the codes' dtype, uint8 or uint16
+    g: list[int]  # levels: [run, groups]: element i is in table (i // run) % groups
+    e: int  # levels: each block of 2 * e elements repeats its first half; "r" holds the first halves' codes
+    h: str  # lossy: "bfloat16", the elements stored as bfloat16
+    z: str  # "r" compressed: "lz4"
+    n: int  # "r" compressed: its length unpacked
+    r: list[int]  # the elements' (or codes') range
+
+
+class DictNode(TypedDict):
+    d: dict[str, Node]  # a mapping whose keys are all str
+
+
+class MappingNode(TypedDict):
+    m: list[list[Node]]  # any other mapping: [[key, value], ...]
+
+
+class ListNode(TypedDict):
+    l: list[Node]  # noqa: E741  # the format's key
+
+
+class TupleNode(TypedDict):
+    u: list[Node]
+
+
+Node: TypeAlias = PlainNode | BytesNode | ElementsNode | DictNode | MappingNode | ListNode | TupleNode
+
+
+def _empty(count: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
     """A new 1-d array for a value's elements, allocated by torch in plain pages: numpy asks the
     kernel for transparent huge pages from 4 MiB, and where finding them stalls, the first write
     of a new array does (benchmarks/bench_shared_cache.py, "new memory" in a fresh process by
     torch and by numpy: 5.2 and 143 ms for 21.5 MB, 48 and 767 ms for 172 MB in one run)."""
     import torch
 
-    dtype = np.dtype(dtype)
-    return torch.empty(count * dtype.itemsize, dtype=torch.uint8).numpy().view(dtype)
+    element = np.dtype(dtype)
+    return torch.empty(count * element.itemsize, dtype=torch.uint8).numpy().view(element)
 
 
 # Level codes of up to this many bytes are coded in a buffer each thread keeps (see _CodeBuffer).
@@ -103,22 +157,22 @@ class _CodeBuffer(threading.local):
     lie lend the buffer to the value's parts (`take`) until their writer is done with them
     (`recycle`); meanwhile the thread's next value codes into a new one."""
 
-    buffer: np.ndarray | None = None
-    lent: np.ndarray | None = None
+    buffer: Bytes | None = None
+    lent: Bytes | None = None
 
-    def get(self, nbytes: int) -> np.ndarray:
+    def get(self, nbytes: int) -> Bytes:
         if nbytes > _CODE_BUFFER_MAX:
             return _empty(nbytes, np.uint8)
         if self.buffer is None or self.buffer.nbytes < nbytes:
             self.buffer = _empty(nbytes, np.uint8)
         return self.buffer[:nbytes]
 
-    def take(self, codes: np.ndarray) -> None:
+    def take(self, codes: npt.NDArray[Any]) -> None:
         """`codes` are stored as they lie: the buffer they are a view of is lent to them."""
         if self.buffer is not None and np.may_share_memory(codes, self.buffer):
             self.lent, self.buffer = self.buffer, None
 
-    def recycle(self, parts: list) -> None:
+    def recycle(self, parts: list[Any]) -> None:
         """The buffer lent to `parts` is this thread's again, where they hold it."""
         lent = self.lent
         if lent is not None and self.buffer is None and any(
@@ -130,7 +184,7 @@ class _CodeBuffer(threading.local):
 _CODES = _CodeBuffer()
 
 
-def recycle(encoded) -> None:
+def recycle(encoded: object) -> None:
     """Tells serialize that whoever wrote `encoded` (`dump_parts`' buffers, or a tuple of such
     lists and bytes, as `TieredCache.encode` makes) is done with them and holds no view of them:
     a code buffer they borrowed from this thread is then reused for its next value."""
@@ -158,7 +212,7 @@ def mac_key(secret: str | bytes | None) -> bytes | None:
     return blake3.blake3(raw, derive_key_context=_MAC_CONTEXT).digest()
 
 
-def _tagger(key: bytes | None):
+def _tagger(key: bytes | None) -> blake3.blake3:
     return blake3.blake3(key=key) if key is not None else blake3.blake3()
 
 
@@ -197,7 +251,8 @@ def _groupings(shape: tuple[int, ...], count: int) -> list[tuple[int, int, int]]
     return [g for g in channel if g[0] > 0] + [(count, 1, 256), (count, 1, MAX_LEVELS)]
 
 
-def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int, int, int] | None:
+def _level_code(bits: npt.NDArray[Any], shape: tuple[int, ...]
+                ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], int, int, int] | None:
     """(tables, codes, run, groups, half) with tables[(i // run) % groups, codes[i]] == bits[i] bit
     for bit (the tables padded with zeros to one length; with `half`, every block of 2 * half
     elements repeats its first half and the codes are the first halves'), or None when no grouping
@@ -207,15 +262,15 @@ def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, n
     if bits.size < _LEVEL_MIN_ELEMENTS:
         return None
     for run, groups, levels in _groupings(shape, bits.size):
-        code_type = np.uint8 if levels <= 256 else np.uint16
-        if np.dtype(code_type).itemsize >= bits.itemsize:
+        code_type = np.dtype(np.uint8 if levels <= 256 else np.uint16)
+        if code_type.itemsize >= bits.itemsize:
             continue
         # Codes in one run share a table: a run of two equal halves (a processor that tiles an image
         # twice) needs only its first half's.
         halves = (run // 2, 0) if run % 2 == 0 and bits.size % run == 0 else (0,)
         for half in halves:
             count = bits.size // 2 if half else bits.size
-            codes = _CODES.get(count * np.dtype(code_type).itemsize).view(code_type)
+            codes = _CODES.get(count * code_type.itemsize).view(code_type)
             tables = np.zeros((groups, levels), bits.dtype)
             counts = ops.level_encode(bits, run, groups, levels, codes, tables.reshape(-1), half)
             if counts is not None:
@@ -223,7 +278,7 @@ def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, n
     return None
 
 
-def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
+def _maybe_compress(buffer: memoryview) -> tuple[memoryview, ElementsNode]:
     """The buffer LZ4-compressed with the header fields that say so, where a trial slice says it
     pays; else the buffer as it is."""
     size = buffer.nbytes
@@ -239,45 +294,71 @@ def _maybe_compress(buffer: memoryview) -> tuple[memoryview, dict]:
     return memoryview(packed), {"z": "lz4", "n": size}
 
 
-def dumps(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
-          levels: bool = True) -> bytes:
-    """The value as bytes bound to `key` (and tagged with `mac`, a `mac_key`); SerializationError
-    for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
-    are not level-coded lose precision). `compress=False` stores every buffer without LZ4 (larger,
-    no LZ4 on the read); `levels=False` without level codes (with both: the zero-copy layout)."""
-    parts = dump_parts(value, key=key, mac=mac, bfloat16=bfloat16, compress=compress, levels=levels)
-    joined = b"".join(parts)
-    recycle(parts)
-    return joined
+class _Writer:
+    """One value's header nodes and the payload's buffers, each placed at an aligned offset."""
 
+    def __init__(self, levels: bool, compress: bool, bfloat16: bool):
+        self.levels, self.compress, self.bfloat16 = levels, compress, bfloat16
+        self.buffers: list[memoryview] = []
+        self.size = 0
 
-def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
-               levels: bool = True, tag_payload: bool = True, tag_below: int = 0) -> list:
-    """`dumps` as the buffers it joins, for a writer that writes them where they go with no copy
-    in between: buffers stored as they are are views of the value's own tensors and arrays (the
-    value must not change until they are written). `tag_payload=False` leaves the payload tag
-    zero (no pass over the payload; a reader must then pass `verify_payload=False`) for payloads
-    of at least `tag_below` bytes (smaller ones are tagged: cheap, and readable by any reader).
-    A writer done with the buffers hands them to `recycle` (none of them may be read after)."""
-    buffers: list[memoryview] = []
-    size = [0]
-
-    def place(buffer: memoryview) -> list[int]:
-        start = -(-size[0] // _ALIGN) * _ALIGN
-        if start > size[0]:
-            buffers.append(memoryview(bytes(start - size[0])))
-        buffers.append(buffer)
-        size[0] = start + buffer.nbytes
+    def place(self, buffer: memoryview) -> list[int]:
+        """Appends `buffer` (after padding to the next aligned offset): its range."""
+        start = -(-self.size // _ALIGN) * _ALIGN
+        if start > self.size:
+            self.buffers.append(memoryview(bytes(start - self.size)))
+        self.buffers.append(buffer)
+        self.size = start + buffer.nbytes
         return [start, buffer.nbytes]
 
-    def elements(node: dict, flat: np.ndarray, is_float: bool, lossy: bool) -> dict:
+    def node(self, item: object, depth: int) -> Node:
+        if depth > MAX_DEPTH:
+            raise SerializationError("value nested too deeply")
+        if item is None or isinstance(item, (bool, int, float, str)):
+            return {"v": item}
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            return {"b": self.place(memoryview(item).cast("B"))}
+        if isinstance(item, np.ndarray):
+            return self.array(item)
+        if type(item).__module__.startswith("torch") and hasattr(item, "untyped_storage"):
+            return self.tensor(item)  # type: ignore[arg-type]  # a torch.Tensor (its subclasses included)
+        if isinstance(item, Mapping):
+            if all(isinstance(k, str) for k in item):
+                return {"d": {k: self.node(v, depth + 1) for k, v in item.items()}}
+            return {"m": [[self.node(k, depth + 1), self.node(v, depth + 1)] for k, v in item.items()]}
+        if isinstance(item, list):
+            return {"l": [self.node(v, depth + 1) for v in item]}
+        if isinstance(item, tuple):
+            return {"u": [self.node(v, depth + 1) for v in item]}
+        raise SerializationError(f"{type(item).__name__} values cannot be stored in the shared cache")
+
+    def array(self, item: npt.NDArray[Any]) -> ElementsNode:
+        if item.dtype.name not in _NUMPY_DTYPES:
+            raise SerializationError(f"numpy dtype {item.dtype} is not supported")
+        array = np.ascontiguousarray(item)
+        return self.elements({"a": array.dtype.name, "s": list(array.shape)}, array.reshape(-1),
+                             array.dtype.name in _FLOATS, False)
+
+    def tensor(self, item: torch.Tensor) -> ElementsNode:
+        import torch
+
+        dtype = str(item.dtype).removeprefix("torch.")
+        if dtype not in _TORCH_DTYPES:
+            raise SerializationError(f"torch dtype {item.dtype} is not supported")
+        tensor = item.detach().to("cpu").contiguous().reshape(-1)
+        flat = tensor.view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
+        if tensor.element_size() in _BITS:
+            flat = flat.view(_BITS[tensor.element_size()])
+        return self.elements({"t": dtype, "s": list(item.shape)}, flat, dtype in _FLOATS,
+                             self.bfloat16 and dtype in ("float32", "float64"))
+
+    def elements(self, node: ElementsNode, flat: npt.NDArray[Any], is_float: bool, lossy: bool) -> ElementsNode:
         """Fills the node's storage fields for a contiguous 1-d array of the elements."""
-        shape = tuple(node["s"])
-        coded = (_level_code(flat.view(_BITS[flat.itemsize]), shape)
-                 if levels and is_float and flat.itemsize in _BITS else None)
+        coded = (_level_code(flat.view(_BITS[flat.itemsize]), tuple(node["s"]))
+                 if self.levels and is_float and flat.itemsize in _BITS else None)
         if coded is not None:
             tables, codes, run, groups, half = coded
-            node["k"] = place(tables.view(np.uint8).reshape(-1).data)
+            node["k"] = self.place(tables.view(np.uint8).reshape(-1).data)
             node["c"] = codes.dtype.name
             node["g"] = [run, groups]
             if half:
@@ -291,64 +372,52 @@ def dump_parts(value, *, key: str = "", mac: bytes | None = None, bfloat16: bool
             floats = torch.from_numpy(flat.view(f"int{width}")).view(getattr(torch, f"float{width}"))
             flat = floats.to(torch.bfloat16).view(torch.int16).numpy()
         raw = np.ascontiguousarray(flat).view(np.uint8).data
-        data, fields = _maybe_compress(raw) if compress else (raw, {})
+        data, fields = _maybe_compress(raw) if self.compress else (raw, {})
         if data is raw:
             _CODES.take(flat)
         node.update(fields)
-        node["r"] = place(data)
+        node["r"] = self.place(data)
         return node
 
-    def encode(item, depth: int):
-        if depth > MAX_DEPTH:
-            raise SerializationError("value nested too deeply")
-        if item is None or isinstance(item, (bool, int, float, str)):
-            return {"v": item}
-        if isinstance(item, (bytes, bytearray, memoryview)):
-            return {"b": place(memoryview(item).cast("B"))}
-        if isinstance(item, np.ndarray):
-            if item.dtype.name not in _NUMPY_DTYPES:
-                raise SerializationError(f"numpy dtype {item.dtype} is not supported")
-            array = np.ascontiguousarray(item)
-            return elements({"a": array.dtype.name, "s": list(array.shape)}, array.reshape(-1),
-                            array.dtype.name in _FLOATS, False)
-        if type(item).__module__.startswith("torch") and hasattr(item, "untyped_storage"):
-            import torch
 
-            dtype = str(item.dtype).removeprefix("torch.")
-            if dtype not in _TORCH_DTYPES:
-                raise SerializationError(f"torch dtype {item.dtype} is not supported")
-            tensor = item.detach().to("cpu").contiguous().reshape(-1)
-            flat = tensor.view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
-            if tensor.element_size() in _BITS:
-                flat = flat.view(_BITS[tensor.element_size()])
-            return elements({"t": dtype, "s": list(item.shape)}, flat, dtype in _FLOATS,
-                            bfloat16 and dtype in ("float32", "float64"))
-        if isinstance(item, Mapping):
-            if all(isinstance(k, str) for k in item):
-                return {"d": {k: encode(v, depth + 1) for k, v in item.items()}}
-            return {"m": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in item.items()]}
-        if isinstance(item, list):
-            return {"l": [encode(v, depth + 1) for v in item]}
-        if isinstance(item, tuple):
-            return {"u": [encode(v, depth + 1) for v in item]}
-        raise SerializationError(f"{type(item).__name__} values cannot be stored in the shared cache")
+def dumps(value: object, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
+          levels: bool = True) -> bytes:
+    """The value as bytes bound to `key` (and tagged with `mac`, a `mac_key`); SerializationError
+    for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
+    are not level-coded lose precision). `compress=False` stores every buffer without LZ4 (larger,
+    no LZ4 on the read); `levels=False` without level codes (with both: the zero-copy layout)."""
+    parts = dump_parts(value, key=key, mac=mac, bfloat16=bfloat16, compress=compress, levels=levels)
+    joined = b"".join(parts)
+    recycle(parts)
+    return joined
 
-    header = json.dumps(encode(value, 0), separators=(",", ":")).encode()
+
+def dump_parts(value: object, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False,
+               compress: bool = True, levels: bool = True, tag_payload: bool = True,
+               tag_below: int = 0) -> list[bytes | memoryview]:
+    """`dumps` as the buffers it joins, for a writer that writes them where they go with no copy
+    in between: buffers stored as they are are views of the value's own tensors and arrays (the
+    value must not change until they are written). `tag_payload=False` leaves the payload tag
+    zero (no pass over the payload; a reader must then pass `verify_payload=False`) for payloads
+    of at least `tag_below` bytes (smaller ones are tagged: cheap, and readable by any reader).
+    A writer done with the buffers hands them to `recycle` (none of them may be read after)."""
+    writer = _Writer(levels, compress, bfloat16)
+    header = json.dumps(writer.node(value, 0), separators=(",", ":")).encode()
     header += b" " * (-(_PREFIX + len(header)) % _ALIGN)  # the payload starts aligned where the value does
     bound = key_digest(key)
     payload_tag = bytes(16)
-    if tag_payload or size[0] < tag_below:
+    if tag_payload or writer.size < tag_below:
         payload_tagger = _tagger(mac)
-        for buffer in buffers:
+        for buffer in writer.buffers:
             payload_tagger.update(buffer)
         payload_tag = payload_tagger.digest(16)
     header_tag = _tagger(mac).update(bound).update(payload_tag).update(header).digest(16)
-    return [MAGIC, len(header).to_bytes(4, "little"), bound, payload_tag, header_tag, header, *buffers]
+    return [MAGIC, len(header).to_bytes(4, "little"), bound, payload_tag, header_tag, header, *writer.buffers]
 
 
 # -- reading --------------------------------------------------------------------------------------
-def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX_VALUE_BYTES,
-          zero_copy: bool = False, verify_payload: bool = True):
+def loads(data: bytes | bytearray | memoryview | npt.NDArray[Any], *, key: str = "", mac: bytes | None = None,
+          max_bytes: int = MAX_VALUE_BYTES, zero_copy: bool = False, verify_payload: bool = True) -> Any:
     """The value back; SerializationError for anything that is not a well-formed value of this
     version written under `key` with the same `mac` key, or one that would expand past
     `max_bytes`. Tensors and arrays own their memory (the input may be a view that dies after
@@ -356,8 +425,19 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
     as they are (no LZ4, no level codes) are then views of `data`, which they keep alive.
     `verify_payload=False` checks the header's tag but not the payload's (for bytes whose place
     the caller trusts: the payload is then not read here at all)."""
-    view = memoryview(data).cast("B")
-    shared = zero_copy and not view.readonly
+    view = (data.data if isinstance(data, np.ndarray) else memoryview(data)).cast("B")
+    tree, payload = _checked_header(view, key, mac, verify_payload)
+    reader = _Reader(payload, max_bytes, shared=zero_copy and not view.readonly)
+    try:
+        return reader.walk(tree, 0)
+    except (TypeError, ValueError, OverflowError, KeyError, IndexError, RuntimeError) as exc:
+        if isinstance(exc, SerializationError):
+            raise
+        raise SerializationError(f"malformed value: {type(exc).__name__}") from None
+
+
+def _checked_header(view: memoryview, key: str, mac: bytes | None, verify_payload: bool) -> tuple[object, memoryview]:
+    """(the header's node tree, the payload) of a value whose prefix, key binding and tags hold."""
     if view.nbytes < _PREFIX or bytes(view[:4]) != MAGIC:
         raise SerializationError("not a lazymedia cache value of this version")
     header_length = int.from_bytes(view[4:8], "little")
@@ -372,37 +452,150 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
     if verify_payload and _tagger(mac).update(payload).digest(16) != bytes(view[24:40]):
         raise SerializationError("payload tag mismatch (truncated or damaged)")
     try:
-        tree = json.loads(bytes(header))
+        return json.loads(bytes(header)), payload
     except (ValueError, RecursionError) as exc:
         raise SerializationError(f"unreadable header: {type(exc).__name__}") from None
-    budget = [max_bytes]
 
-    def spend(nbytes: int) -> None:
-        budget[0] -= nbytes
-        if budget[0] < 0:
+
+def _count_of(shape: object) -> int:
+    if not (isinstance(shape, list) and all(type(v) is int and v >= 0 for v in shape)) or len(shape) > 32:
+        raise SerializationError("bad shape")
+    return int(np.prod(shape, dtype=object))
+
+
+class _Reader:
+    """One value's read from its payload. The nodes are untrusted: every field is checked before
+    it is used, and what the value expands to is spent from `max_bytes`. An object, not closures:
+    closures that call each other form a reference cycle that holds the payload (HostCache's
+    pooled read buffer) until the garbage collector runs, so every hit would take a new buffer."""
+
+    def __init__(self, payload: memoryview, max_bytes: int, shared: bool):
+        self.payload, self.budget, self.shared = payload, max_bytes, shared
+
+    def spend(self, nbytes: int) -> None:
+        self.budget -= nbytes
+        if self.budget < 0:
             raise SerializationError("value expands past the reader's bound")
 
-    def region(entry) -> memoryview:
+    def region(self, entry: object) -> memoryview:
         if not (isinstance(entry, list) and len(entry) == 2 and all(type(v) is int and v >= 0 for v in entry)):
             raise SerializationError("bad byte range")
         start, length = entry
-        if start + length > payload.nbytes:
+        if start + length > self.payload.nbytes:
             raise SerializationError("byte range runs past the value")
-        return payload[start:start + length]
+        return self.payload[start:start + length]
 
-    def count_of(entry) -> int:
-        if not (isinstance(entry, list) and all(type(v) is int and v >= 0 for v in entry)) or len(entry) > 32:
-            raise SerializationError("bad shape")
-        return int(np.prod(entry, dtype=object))
+    def walk(self, node: object, depth: int) -> Any:
+        if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 9:
+            raise SerializationError("malformed value")
+        if "v" in node:
+            if node["v"] is not None and not isinstance(node["v"], (bool, int, float, str)):
+                raise SerializationError("malformed plain value")
+            return node["v"]
+        if "b" in node:
+            self.spend(len(self.region(node["b"])))
+            return bytes(self.region(node["b"]))
+        if "a" in node:
+            return self.array(node)
+        if "t" in node:
+            return self.tensor(node)
+        if "d" in node and isinstance(node["d"], dict):
+            return {k: self.walk(v, depth + 1) for k, v in node["d"].items()}
+        if "m" in node and isinstance(node["m"], list):
+            return self.mapping(node["m"], depth)
+        if "l" in node and isinstance(node["l"], list):
+            return [self.walk(v, depth + 1) for v in node["l"]]
+        if "u" in node and isinstance(node["u"], list):
+            return tuple(self.walk(v, depth + 1) for v in node["u"])
+        raise SerializationError("malformed value")
 
-    def stored(node: dict, key: str, nbytes: int, copy: bool = True) -> bytearray | memoryview:
-        """A writable copy of exactly `nbytes` stored under node[key], decompressed if need be;
-        with `copy=False` (codes, read once by the gather that builds the tensor) or a zero-copy
-        read, the stored bytes themselves where they need no decompression."""
-        copy = copy and not shared
-        spend(nbytes)
-        raw = region(node.get(key))
-        if node.get("z") is None or key != "r":
+    def mapping(self, pairs: list[object], depth: int) -> dict[Any, Any]:
+        items = []
+        for pair in pairs:
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise SerializationError("malformed mapping")
+            items.append((self.walk(pair[0], depth + 1), self.walk(pair[1], depth + 1)))
+        try:
+            return dict(items)
+        except TypeError:
+            raise SerializationError("unhashable mapping key") from None
+
+    def array(self, node: dict[str, Any]) -> npt.NDArray[Any]:
+        if node["a"] not in _NUMPY_DTYPES or "h" in node:
+            raise SerializationError("bad numpy dtype")
+        dtype = np.dtype(node["a"])
+        flat, _ = self.elements(node, dtype.itemsize)
+        array: npt.NDArray[Any] = flat.view(dtype).reshape(tuple(node["s"]))
+        return array
+
+    def tensor(self, node: dict[str, Any]) -> torch.Tensor:
+        import torch
+
+        if node["t"] not in _TORCH_DTYPES:
+            raise SerializationError("bad torch dtype")
+        dtype = getattr(torch, node["t"])
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        flat, widen = self.elements(node, itemsize)
+        shape = tuple(node["s"])
+        if widen:
+            if node["t"] not in ("float32", "float64"):
+                raise SerializationError("bad lossy encoding")
+            return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).to(dtype).reshape(shape)
+        if flat.size == 0:
+            return torch.empty(shape, dtype=dtype)
+        signed = flat.view(np.uint8) if flat.dtype == np.uint8 else flat.view(f"int{itemsize * 8}")
+        return torch.from_numpy(signed).view(dtype).reshape(shape)
+
+    def elements(self, node: dict[str, Any], itemsize: int) -> tuple[npt.NDArray[Any], bool]:
+        """(the elements as a 1-d uint8 array or bit-pattern array, whether widened from bfloat16)."""
+        count = _count_of(node.get("s"))
+        if "k" in node:
+            return self.level_decoded(node, count, itemsize), False
+        if node.get("h") == "bfloat16":
+            self.spend(count * itemsize)  # the widened copy
+            return np.frombuffer(self.stored(node, count * 2), np.uint16), True
+        if "h" in node:
+            raise SerializationError("bad lossy encoding")
+        flat = np.frombuffer(self.stored(node, count * itemsize), np.uint8)
+        if self.shared and flat.ctypes.data % itemsize:  # a view the tensor could not use: a copy
+            flat = flat.copy()
+        return flat, False
+
+    def level_decoded(self, node: dict[str, Any], count: int, itemsize: int) -> npt.NDArray[Any]:
+        """The bit patterns of a level-coded node, gathered from its codes and tables."""
+        grouping = node.get("g")
+        if (node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS or not isinstance(grouping, list)
+                or len(grouping) != 2 or not all(type(v) is int and v > 0 for v in grouping)
+                or grouping[0] > max(count, 1) or count == 0):
+            raise SerializationError("bad level coding")
+        run, groups = grouping
+        half = node.get("e", 0)
+        if type(half) is not int or half < 0 or (half and (run % (2 * half) or count % (2 * half))):
+            raise SerializationError("bad repeated half")
+        code_type = np.dtype(node["c"])
+        stored_count = count // 2 if half else count
+        codes = np.frombuffer(self.stored(node, stored_count * code_type.itemsize, copy=False), code_type)
+        if not codes.flags.aligned:  # wherever the value lies (a memory map's page): the gather reads aligned
+            codes = codes.copy()
+        table_bytes = self.region(node["k"])
+        entries = table_bytes.nbytes // itemsize
+        if table_bytes.nbytes % itemsize or entries == 0 or entries % groups or entries // groups > 1 << 16:
+            raise SerializationError("bad level table")
+        self.spend(count * itemsize)
+        table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
+        out = _empty(count, table.dtype)
+        if not ops.level_decode(codes, run, groups, table, out, half):
+            raise SerializationError("level code past its table")
+        return out
+
+    def stored(self, node: dict[str, Any], nbytes: int, copy: bool = True) -> bytearray | memoryview:
+        """A writable copy of exactly `nbytes` of the node's elements ("r"), decompressed if need
+        be; with `copy=False` (codes, read once by the gather that builds the tensor) or a
+        zero-copy read, the stored bytes themselves where they need no decompression."""
+        copy = copy and not self.shared
+        self.spend(nbytes)
+        raw = self.region(node.get("r"))
+        if node.get("z") is None:
             if raw.nbytes != nbytes:
                 raise SerializationError("shape does not match the bytes")
             return bytearray(raw) if copy else raw
@@ -414,100 +607,4 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
             raise SerializationError("corrupt compressed data") from None
         if len(unpacked) != nbytes:
             raise SerializationError("compressed data has the wrong size")
-        return unpacked
-
-    def elements(node: dict, itemsize: int) -> tuple[np.ndarray, bool]:
-        """(the elements as a 1-d uint8 array or bit-pattern array, whether widened from bfloat16)."""
-        count = count_of(node.get("s"))
-        if "k" in node:
-            grouping = node.get("g")
-            if (node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS or not isinstance(grouping, list)
-                    or len(grouping) != 2 or not all(type(v) is int and v > 0 for v in grouping)
-                    or grouping[0] > max(count, 1) or count == 0):
-                raise SerializationError("bad level coding")
-            run, groups = grouping
-            half = node.get("e", 0)
-            if type(half) is not int or half < 0 or (half and (run % (2 * half) or count % (2 * half))):
-                raise SerializationError("bad repeated half")
-            code_type = np.dtype(node["c"])
-            stored_count = count // 2 if half else count
-            codes = np.frombuffer(stored(node, "r", stored_count * code_type.itemsize, copy=False), code_type)
-            if not codes.flags.aligned:  # wherever the value lies (a memory map's page): the gather reads aligned
-                codes = codes.copy()
-            table_bytes = region(node["k"])
-            entries = table_bytes.nbytes // itemsize
-            if table_bytes.nbytes % itemsize or entries == 0 or entries % groups or entries // groups > 1 << 16:
-                raise SerializationError("bad level table")
-            spend(count * itemsize)
-            table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
-            out = _empty(count, table.dtype)
-            if not ops.level_decode(codes, run, groups, table, out, half):
-                raise SerializationError("level code past its table")
-            return out, False
-        if node.get("h") == "bfloat16":
-            spend(count * itemsize)  # the widened copy
-            return np.frombuffer(stored(node, "r", count * 2), np.uint16), True
-        if "h" in node:
-            raise SerializationError("bad lossy encoding")
-        flat = np.frombuffer(stored(node, "r", count * itemsize), np.uint8)
-        if shared and flat.ctypes.data % itemsize:  # a view the tensor could not use: a copy
-            flat = flat.copy()
-        return flat, False
-
-    def decode(node, depth: int):
-        if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 9:
-            raise SerializationError("malformed value")
-        if "v" in node:
-            if node["v"] is not None and not isinstance(node["v"], (bool, int, float, str)):
-                raise SerializationError("malformed plain value")
-            return node["v"]
-        if "b" in node:
-            spend(len(region(node["b"])))
-            return bytes(region(node["b"]))
-        if "a" in node:
-            if node["a"] not in _NUMPY_DTYPES or "h" in node:
-                raise SerializationError("bad numpy dtype")
-            dtype = np.dtype(node["a"])
-            flat, _ = elements(node, dtype.itemsize)
-            return flat.view(dtype).reshape(tuple(node["s"]))
-        if "t" in node:
-            import torch
-
-            if node["t"] not in _TORCH_DTYPES:
-                raise SerializationError("bad torch dtype")
-            dtype = getattr(torch, node["t"])
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            flat, widen = elements(node, itemsize)
-            shape = tuple(node["s"])
-            if widen:
-                if node["t"] not in ("float32", "float64"):
-                    raise SerializationError("bad lossy encoding")
-                return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).to(dtype).reshape(shape)
-            if flat.size == 0:
-                return torch.empty(shape, dtype=dtype)
-            signed = flat.view(np.uint8) if flat.dtype == np.uint8 else flat.view(f"int{itemsize * 8}")
-            return torch.from_numpy(signed).view(dtype).reshape(shape)
-        if "d" in node and isinstance(node["d"], dict):
-            return {k: decode(v, depth + 1) for k, v in node["d"].items()}
-        if "m" in node and isinstance(node["m"], list):
-            pairs = []
-            for pair in node["m"]:
-                if not (isinstance(pair, list) and len(pair) == 2):
-                    raise SerializationError("malformed mapping")
-                pairs.append((decode(pair[0], depth + 1), decode(pair[1], depth + 1)))
-            try:
-                return dict(pairs)
-            except TypeError:
-                raise SerializationError("unhashable mapping key") from None
-        if "l" in node and isinstance(node["l"], list):
-            return [decode(v, depth + 1) for v in node["l"]]
-        if "u" in node and isinstance(node["u"], list):
-            return tuple(decode(v, depth + 1) for v in node["u"])
-        raise SerializationError("malformed value")
-
-    try:
-        return decode(tree, 0)
-    except (TypeError, ValueError, OverflowError, KeyError, IndexError, RuntimeError) as exc:
-        if isinstance(exc, SerializationError):
-            raise
-        raise SerializationError(f"malformed value: {type(exc).__name__}") from None
+        return unpacked  # type: ignore[no-any-return]  # lz4 has no stubs: a bytearray (return_bytearray)
