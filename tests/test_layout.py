@@ -212,3 +212,17 @@ def test_design_md_layer_table_is_the_map():
             name.strip() for name in may_import.split(",")}
         assert written == set(below) or written == {"every layer"} and len(below) == len(LAYERS) - 1, \
             f"docs/design.md says {layer} may import {may_import}; LAYERS says {below}"
+
+
+def graph_counts() -> dict[str, int]:
+    """The import graph's size: modules, edges between them, and edges that go up the layers (0
+    while the layer test passes)."""
+    graph = _import_graph()
+    rank = {layer: index for index, (layer, _, _) in enumerate(LAYERS)}
+    upward = sum(rank[_layer_of(target)] > rank[_layer_of(module)] for module, targets in graph.items()
+                 for target in targets)
+    return {"modules": len(graph), "edges": sum(map(len, graph.values())), "upward edges": upward}
+
+
+if __name__ == "__main__":  # python tests/test_layout.py: the counts a closing note quotes
+    print(graph_counts())
