@@ -2,7 +2,7 @@
 
 The second run is the first with one change: before collection, `vllm.multimodal.media.MediaConnector`
 (and the name in `vllm.multimodal.media.connector`) is the class the plugin registers as
-"lazymedia" (lazymedia.integrations.vllm_plugin.connector_class()), so every `MediaConnector(...)`
+"lazymedia" (lazymedia.integrations.vllm_plugin.LazymediaVllmConnector), so every `MediaConnector(...)`
 a test or vLLM's own helpers build is lazymedia's, with the test's assertions unchanged. This file
 is that pytest plugin too (`-p vllm_media_tests`, see pytest_configure); it adds no skips of its
 own: a test that never builds a connector runs the same code on both sides. The tests' asset
@@ -286,10 +286,10 @@ def pytest_configure(config) -> None:
     import vllm.multimodal.media as media
     import vllm.multimodal.media.connector as connector_module
 
-    from lazymedia.integrations.vllm_plugin import connector_class, register
+    from lazymedia.integrations.vllm_plugin import LazymediaVllmConnector, register
 
     register()
-    media.MediaConnector = connector_module.MediaConnector = connector_class()
+    media.MediaConnector = connector_module.MediaConnector = LazymediaVllmConnector
 
 
 class _AssetHandler(http.server.BaseHTTPRequestHandler):

@@ -21,12 +21,13 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
-from urllib.parse import SplitResult, unquote, urlsplit
+from typing import Any, TypeVar
 
 import aiohttp
-from aiohttp.abc import AbstractResolver
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.connector import AddrInfoType, SocketFactoryType
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
@@ -38,7 +39,17 @@ from .errors import (
     described,
     upstream_status_error,
 )
-from .guard import AddressGuard, canonical_ip, read_beneath, read_http_url
+from .guard import (
+    AddressGuard,
+    DataTarget,
+    FileTarget,
+    HttpTarget,
+    Target,
+    canonical_ip,
+    read_beneath,
+    read_http_url,
+    read_target,
+)
 from .hashing import KeyHasher, media_key
 from .media import LazyMedia, from_base64, load, probe_is_instant
 from .metrics import count, observe
@@ -52,6 +63,7 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 INFLATE_RATIO = 64
 INFLATE_FREE_BYTES = 1 << 20
 _INFLATE_STEP = 1 << 20  # inflated bytes per step, so no single step outgrows the limits
+_Result = TypeVar("_Result")
 
 
 class _RefusedAddress(OSError):
@@ -64,11 +76,11 @@ class _RefusedAddress(OSError):
 _REFUSED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("lazymedia_refused", default=None)
 
 
-def _guarded_socket_factory(guard: AddressGuard):
+def _guarded_socket_factory(guard: AddressGuard) -> SocketFactoryType:
     """aiohttp's socket factory: every connection the client opens, for a name or an IP literal
     and on every redirect hop, first has its final address checked here."""
 
-    def open_socket(addr_info) -> socket.socket:
+    def open_socket(addr_info: AddrInfoType) -> socket.socket:
         family, type_, proto, _, sockaddr = addr_info
         if not guard.permits(str(sockaddr[0])):
             refused = _REFUSED.get()
@@ -87,7 +99,8 @@ class _GuardedResolver(AbstractResolver):
         self._guard = guard
         self._resolver = DefaultResolver()
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET):
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         results = await self._resolver.resolve(host, port, family)
         allowed = [r for r in results if self._guard.permits(r["host"])]
         if not allowed:
@@ -96,18 +109,6 @@ class _GuardedResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self._resolver.close()
-
-
-def _split(url) -> SplitResult:
-    """The URL's parts; malformed URLs (bad brackets, NFKC tricks, non-strings) are 400s."""
-    if not isinstance(url, str):
-        raise InvalidMediaError(f"a URL must be a str, got {type(url).__name__}")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises ValueError for a malformed port)
-    except ValueError as exc:
-        raise InvalidMediaError(f"malformed URL ({exc}): send an http(s), data: or file: URL") from None
-    return parts
 
 
 def _ascii_domain(domain: str) -> str:
@@ -189,10 +190,10 @@ class MediaConnector:
     """
 
     def __init__(self, allowed_domains: Iterable[str] | None = None,
-                 allowed_local_path: str | os.PathLike | None = None, max_bytes: int = DEFAULT_LIMITS.max_bytes,
+                 allowed_local_path: str | os.PathLike[str] | None = None, max_bytes: int = DEFAULT_LIMITS.max_bytes,
                  timeout_s: float = 10.0, allow_redirects: bool = True, max_redirects: int = 5,
                  allow_private_networks: bool | Iterable[str] = False, limits: Limits | None = None,
-                 max_connections: int = 256, download_cache_dir: str | os.PathLike | None = None,
+                 max_connections: int = 256, download_cache_dir: str | os.PathLike[str] | None = None,
                  allow_subdomains: bool = True):
         self.allowed_domains = None if allowed_domains is None else [_ascii_domain(d) for d in allowed_domains]
         self.allow_subdomains = allow_subdomains
@@ -212,12 +213,12 @@ class MediaConnector:
         self._lock = threading.Lock()
 
     # -- public -----------------------------------------------------------------------------
-    async def fetch(self, modality: str, url: str | URL, *, timeout_s: float | None = None,
-                    limits: Limits | None = None, **spec) -> LazyMedia:
+    async def fetch(self, modality: str, url: str | Target, *, timeout_s: float | None = None,
+                    limits: Limits | None = None, **spec: Any) -> LazyMedia[Any]:
         """An undecoded handle for `url` as `modality` ("image", "video", "audio") under the spec
         settings of load_image / load_video / load_audio; every failure is a MediaError with a
-        status code. Container probes (video, audio) run off the event loop. `url` may be an
-        http(s) URL a caller already read with guard.read_http_url (so one URL is read once);
+        status code. Container probes (video, audio) run off the event loop. `url` may be a
+        target a caller already read with guard.read_target (so one URL is read once);
         `timeout_s` and `limits` replace the connector's for this fetch, the download's byte cap
         (`limits.max_bytes`) included."""
         spec_bytes = make_spec(modality, spec).canonical()
@@ -241,7 +242,7 @@ class MediaConnector:
         data, _ = await self._read(url, None)
         return data
 
-    async def fetch_all(self, requests: Iterable[tuple[str, str, dict]]) -> list[LazyMedia]:
+    async def fetch_all(self, requests: Iterable[tuple[str, str, dict[str, Any]]]) -> list[LazyMedia[Any]]:
         """Fetches a request's items concurrently: (modality, url, spec settings) each. The first
         failing item (by position) is raised with `.index` set to its position, after every
         fetch has finished."""
@@ -257,13 +258,13 @@ class MediaConnector:
             items.append(outcome)
         return items
 
-    def fetch_sync(self, modality: str, url: str | URL, *, timeout_s: float | None = None,
-                   limits: Limits | None = None, **spec) -> LazyMedia:
+    def fetch_sync(self, modality: str, url: str | Target, *, timeout_s: float | None = None,
+                   limits: Limits | None = None, **spec: Any) -> LazyMedia[Any]:
         """`fetch` for code without an event loop (runs on the connector's own loop thread)."""
         return self._submit(self.fetch(modality, url, timeout_s=timeout_s, limits=limits, **spec)).result()
 
-    async def fetch_on_own_loop(self, modality: str, url: str | URL, *, timeout_s: float | None = None,
-                                limits: Limits | None = None, **spec) -> LazyMedia:
+    async def fetch_on_own_loop(self, modality: str, url: str | Target, *, timeout_s: float | None = None,
+                                limits: Limits | None = None, **spec: Any) -> LazyMedia[Any]:
         """`fetch` run on the connector's own loop thread, awaited from any event loop: the
         connection pool then lives, and is closed, with the connector (`close()`), not with the
         caller's loop, which a server may close first and leave the pool open ("Unclosed client
@@ -294,10 +295,10 @@ class MediaConnector:
             thread.join()
             loop.close()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> MediaConnector:
         return self
 
-    async def __aexit__(self, *exc_info):
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     @property
@@ -305,25 +306,22 @@ class MediaConnector:
         """Connection pools held (one per live event loop that fetched)."""
         return len(self._sessions)
 
-    async def _read(self, url: str | URL, hasher: KeyHasher | None, timeout_s: float | None = None,
+    async def _read(self, url: str | Target, hasher: KeyHasher | None, timeout_s: float | None = None,
                     max_bytes: int | None = None) -> tuple[bytes, str | None]:
         """(bytes, key) for any supported URL, at most `max_bytes` (the connector's by default);
         the key only when a hasher is given."""
         max_bytes = self.max_bytes if max_bytes is None else max_bytes
-        if isinstance(url, URL):
-            return await self._fetch_http(url, hasher, timeout_s, max_bytes)
-        scheme = _split(url).scheme.lower()
-        if scheme in ("http", "https"):
-            return await self._fetch_http(url, hasher, timeout_s, max_bytes)
-        if scheme == "data":
-            if len(url) // 4 * 3 > 2 * max_bytes + 3:  # before any copy of a huge payload
-                raise MediaTooLargeError(f"a data: URL of {len(url)} characters is over the {max_bytes}-byte "
-                                            "limit: send a smaller file", hint="raise MediaConnector(max_bytes=)",
-                                            limit="max_bytes", maximum=max_bytes, value=len(url) // 4 * 3)
-            return await asyncio.to_thread(self._read_data_url, url, hasher, max_bytes)
-        if scheme == "file":
-            return await asyncio.to_thread(self._read_file_url, url, hasher, max_bytes)
-        raise InvalidMediaError(f"unsupported URL scheme {scheme!r}: use http(s), data: or file:")
+        match read_target(url):
+            case HttpTarget(url=parsed):
+                return await self._fetch_http(parsed, hasher, timeout_s, max_bytes)
+            case DataTarget(text=text):
+                if len(text) // 4 * 3 > 2 * max_bytes + 3:  # before any copy of a huge payload
+                    raise MediaTooLargeError(f"a data: URL of {len(text)} characters is over the {max_bytes}-byte "
+                                             "limit: send a smaller file", hint="raise MediaConnector(max_bytes=)",
+                                             limit="max_bytes", maximum=max_bytes, value=len(text) // 4 * 3)
+                return await asyncio.to_thread(self._read_data_url, text, hasher, max_bytes)
+            case FileTarget() as file:
+                return await asyncio.to_thread(self._read_file_url, file, hasher, max_bytes)
 
     # -- http(s) ----------------------------------------------------------------------------
     def _session(self) -> aiohttp.ClientSession:
@@ -361,15 +359,12 @@ class MediaConnector:
             self.guard.check(ip, host)
         return host
 
-    async def _fetch_http(self, url: str | URL, hasher: KeyHasher | None, timeout_s: float | None,
+    async def _fetch_http(self, url: URL, hasher: KeyHasher | None, timeout_s: float | None,
                           max_bytes: int) -> tuple[bytes, str | None]:
-        if isinstance(url, URL) and url.scheme not in ("http", "https"):
-            raise InvalidMediaError(f"unsupported URL scheme {url.scheme!r}: use http(s), data: or file:")
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         cached = self._cache_path(str(url))
         if cached is not None and cached.is_file():
-            parsed = url if isinstance(url, URL) else read_http_url(url)
-            host = self._check_url(parsed)  # the checks of a fresh fetch, before serving it
+            host = self._check_url(url)  # the checks of a fresh fetch, before serving it
             if canonical_ip(host) is None:
                 await self._check_resolves(host)
             data = await asyncio.to_thread(cached.read_bytes)
@@ -402,8 +397,7 @@ class MediaConnector:
             return None
         return self.download_cache_dir / (media_key("url", b"", url.encode()) + ".bin")
 
-    async def _follow(self, text: str | URL, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
-        url = text if isinstance(text, URL) else read_http_url(text)
+    async def _follow(self, url: URL, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
         refused: list[str] = []
         token = _REFUSED.set(refused)
         try:
@@ -448,7 +442,8 @@ class MediaConnector:
         raise MediaFetchError(f"more than {self.max_redirects} redirects: send the final URL",
                               hint="raise MediaConnector(max_redirects=)", status_code=400)
 
-    async def _read_body(self, response, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
+    async def _read_body(self, response: aiohttp.ClientResponse, hasher: KeyHasher | None,
+                         max_bytes: int) -> tuple[bytes, str | None]:
         declared = response.content_length
         if declared is not None and declared > max_bytes:
             raise MediaTooLargeError(f"the response declares {declared} bytes, over the {max_bytes}-byte limit: "
@@ -482,14 +477,13 @@ class MediaConnector:
         data = from_base64(url, dataclasses.replace(self.limits, max_bytes=max_bytes))
         return data, _finish(hasher, data)
 
-    def _read_file_url(self, url: str, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
+    def _read_file_url(self, file: FileTarget, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
         if self.allowed_local_path is None:
             raise InvalidMediaError("file: URLs are refused by this server",
                                     hint="MediaConnector(allowed_local_path=) admits file: URLs below a folder")
-        parts = _split(url)
-        if parts.netloc not in ("", "localhost"):
+        if file.host not in ("", "localhost"):
             raise InvalidMediaError("file: URL names a remote host: use file:///path, or http(s) for a remote file")
-        path = unquote(parts.path)
+        path = file.path
         root = str(self.allowed_local_path)
         if path != root and not path.startswith(root.rstrip("/") + "/"):
             raise InvalidMediaError("refused a file: URL outside the folder this server reads",
@@ -498,7 +492,7 @@ class MediaConnector:
         return data, _finish(hasher, data)
 
     # -- sync twins ---------------------------------------------------------------------------
-    def _submit(self, coroutine) -> concurrent.futures.Future:
+    def _submit(self, coroutine: Coroutine[Any, Any, _Result]) -> concurrent.futures.Future[_Result]:
         """Runs `coroutine` on the connector's loop thread (started on first use)."""
         with self._lock:
             if self._loop_thread is None:

@@ -1,7 +1,8 @@
-"""What a URL may reach: how an http(s) URL is read (the HTTP client's own parser, nothing else),
-the SSRF guard for addresses and the beneath-the-root open for local files. The connector asks
-these before any connection or open, for what a name resolves to, and for the address of every
-socket it opens, so no refused address or escaping path is ever touched."""
+"""What a URL may reach: a media URL read once into a typed target (`read_target`: an http(s) URL
+as the HTTP client's own parser reads it, nothing else; a data: or file: URL), the SSRF guard for
+addresses and the beneath-the-root open for local files. The connector asks these before any
+connection or open, for what a name resolves to, and for the address of every socket it opens,
+so no refused address or escaping path is ever touched."""
 from __future__ import annotations
 
 import ctypes
@@ -15,6 +16,8 @@ import stat
 import sys
 import unicodedata
 from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from yarl import URL
 
@@ -103,6 +106,52 @@ def read_http_url(text: str, base: URL | None = None) -> URL:
     return url
 
 
+@dataclass(frozen=True)
+class HttpTarget:
+    """An http(s) URL as the HTTP client reads it (`read_http_url`): what the allow-lists judge and
+    what the client requests."""
+    url: URL
+
+
+@dataclass(frozen=True)
+class DataTarget:
+    """A data: URL, kept whole (its payload is read, size-checked first, when the item is)."""
+    text: str
+
+
+@dataclass(frozen=True)
+class FileTarget:
+    """A file: URL's host ("" or "localhost" name this machine) and its percent-decoded path."""
+    host: str
+    path: str
+
+
+Target = HttpTarget | DataTarget | FileTarget
+
+
+def read_target(url: str | Target) -> Target:
+    """The one reading of a media URL that every later step dispatches on; a target already read
+    is returned as it is. Non-strings, malformed URLs (bad brackets or port, NFKC tricks) and
+    schemes other than http(s), data: and file: are 400s."""
+    if isinstance(url, (HttpTarget, DataTarget, FileTarget)):
+        return url
+    if not isinstance(url, str):
+        raise InvalidMediaError(f"a URL must be a str, got {type(url).__name__}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a malformed port)
+    except ValueError as exc:
+        raise InvalidMediaError(f"malformed URL ({exc}): send an http(s), data: or file: URL") from None
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        return HttpTarget(read_http_url(url))
+    if scheme == "data":
+        return DataTarget(url)
+    if scheme == "file":
+        return FileTarget(parts.netloc, unquote(parts.path))
+    raise InvalidMediaError(f"unsupported URL scheme {scheme!r}: use http(s), data: or file:")
+
+
 # A host name's labels as a resolver takes them (IDNA names arrive here as xn-- ASCII).
 _HOST_LABEL = re.compile(r"[a-z0-9_-]{1,63}")
 # WHATWG URL's "ends in a number": a last label of digits or 0x-hex makes the host an IPv4 address.
@@ -187,7 +236,7 @@ _OPEN_FAILURES: dict[int, str | None] = {
     errno.EACCES: "the server may not read it"}
 
 
-def read_beneath(root: str | os.PathLike, relative: str, max_bytes: int) -> bytes:
+def read_beneath(root: str | os.PathLike[str], relative: str, max_bytes: int) -> bytes:
     """The bytes of the regular file at `relative` below `root`, opened one component at a time
     from a directory descriptor with O_NOFOLLOW, so no symlink (swapped in at any moment) and no
     `..` can lead outside `root`. Directories, FIFOs, devices, sockets and the files of kernel
@@ -275,7 +324,7 @@ def _pseudo_filesystem(fd: int) -> str | None:
 
 
 @functools.cache
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:

@@ -16,13 +16,15 @@ import numpy as np
 import pybase64
 
 from .codecs import codec, decode, probe
-from .codecs.types import AudioSamples, VideoFrames  # what handles decode to (loads neither torch nor FFmpeg)
+from .codecs.types import AudioSamples as AudioSamples  # what handles decode to, re-exported for the layers
+from .codecs.types import VideoFrames as VideoFrames  # above codecs (loads neither torch nor FFmpeg)
 from .errors import InvalidMediaError, MediaNotCachedError, MediaReleasedError, MediaTooLargeError
 from .hashing import derived_key, id_key, media_key, object_key
 from .spec import DEFAULT_LIMITS, DEFAULT_NUM_FRAMES, Limits, Spec, make_spec
 
 if TYPE_CHECKING:  # importing torch at run time would load it with the package
     import torch
+    from PIL import Image
 
 # What a handle decodes to: torch.Tensor (an image), VideoFrames, AudioSamples, or a map()'s result.
 Decoded = TypeVar("Decoded")
@@ -172,7 +174,7 @@ class LazyMedia(Generic[Decoded]):
         """Whether this handle is a map() of another (it decodes by transforming its parent)."""
         return self._parent is not None
 
-    def encoded(self):
+    def encoded(self) -> bytes:
         """The encoded bytes; MediaReleasedError once `release_bytes()` dropped them, and
         MediaNotCachedError for a handle known by id alone."""
         source = self._source
@@ -297,7 +299,7 @@ class LazyMedia(Generic[Decoded]):
         return f"LazyMedia({', '.join(parts)})"
 
 
-def image_to_pil(image):
+def image_to_pil(image: torch.Tensor | np.ndarray) -> Image.Image:
     """A decoded image (uint8 HWC tensor or array) as a PIL image, for processors that take PIL.
     L and RGBA images share the decoded memory (read-only for Pillow's purposes: do not draw on
     them); RGB and LA are copied once, since Pillow stores them four bytes a pixel."""

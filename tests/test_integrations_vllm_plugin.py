@@ -66,7 +66,7 @@ def test_the_entry_point_registers_the_connector_under_vllms_setting():
     register()
     register()  # vLLM calls it in every process, and again in one process: idempotent
     built = connector("lazymedia")
-    assert isinstance(built, vllm_plugin.connector_class())
+    assert isinstance(built, vllm_plugin.LazymediaVllmConnector)
     built = MEDIA_CONNECTOR_REGISTRY.load("lazymedia", media_io_kwargs={}, allowed_local_media_path="",
                                           allowed_media_domains=None)  # the decisions endpoint's arguments
     assert built.lazy is not None

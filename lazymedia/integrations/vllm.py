@@ -35,16 +35,16 @@ import functools
 import importlib.util
 import json
 import os
-import time
+from collections.abc import Generator
 from typing import Any
 from urllib.parse import urlsplit
 
 import torch
-from yarl import URL
 
+from ..cache.protocol import Call, adrive, drive, pause, threaded
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, UnprocessableMediaError
-from ..guard import read_http_url
+from ..guard import DataTarget, HttpTarget, Target, read_http_url, read_target
 from ..media import AudioSamples, LazyMedia, VideoFrames, from_base64, image_to_pil, load
 from ..spec import DEFAULT_LIMITS, Limits
 
@@ -106,6 +106,8 @@ PIL_ONLY_PROCESSORS = frozenset({
     "InternVLChatProcessor", "InternVLChatImageProcessor",  # and H2OVL, Nemotron VL: subclasses
     "BaseNanoNemotronVLProcessor", "DeepseekOCRProcessor", "Step3VisionProcessor", "Step3VLImageProcessor",
     "Step3VLProcessor", "KimiK25FusedVisionProcessor"})
+# One fetch as steps: `Call`s that drive / adrive run, ending in the item's handle.
+FetchSteps = Generator[Call, Any, LazyMedia[Any]]
 
 
 # -- errors vLLM's callers catch, keeping lazymedia's status codes -----------------------------
@@ -227,16 +229,17 @@ def check_audio_decode_bytes(header: Any) -> None:
 
 
 # -- media_io_kwargs as vLLM validates them -----------------------------------------------------
-def _background(value) -> tuple[int, int, int]:
+def _background(value: object) -> tuple[int, int, int]:
     """vLLM's ImageMediaIO rule: a list or tuple of 3 integers in [0, 255]."""
     if isinstance(value, list):
         value = tuple(value)
     if not (isinstance(value, tuple) and len(value) == 3 and all(isinstance(c, int) and 0 <= c <= 255 for c in value)):
         raise InvalidMediaError("rgba_background_color must be a list or tuple of 3 integers in the range [0, 255].")
-    return value
+    red, green, blue = value
+    return red, green, blue
 
 
-def _check_audio_backend(backend) -> None:
+def _check_audio_backend(backend: object) -> None:
     """vLLM's check; lazymedia's decoder is vLLM's "auto" (libsndfile, then PyAV), which vLLM's
     tests hold equal to "soundfile" and "pyav" alone; torchcodec is not implemented."""
     if backend is not None and backend not in _VLLM_AUDIO_BACKENDS:
@@ -293,23 +296,6 @@ def lazymedia_setting(name: str) -> int:
     return env_int(name, LAZYMEDIA_SETTINGS[name])
 
 
-def _read_http(url: str) -> tuple[URL, str]:
-    """The URL the HTTP client (aiohttp, through yarl) connects to, and its host. An authority
-    that parsers read differently (a backslash before '@', a host yarl and urllib disagree on)
-    is refused: no allow-list can judge a host that depends on who reads it."""
-    try:
-        parsed = read_http_url(url)
-        client_host = (parsed.host or "").lower().rstrip(".")
-        other = (urlsplit(url).hostname or "").lower().rstrip(".")
-    except ValueError as exc:  # InvalidMediaError from the client's reading, or urllib's
-        raise InvalidMediaError(f"refused a URL whose host is ambiguous, so not checkable against the allowed "
-                                f"domains: {exc}") from None
-    if other.isascii() and client_host != other.strip("[]"):
-        raise InvalidMediaError(f"refused a URL whose host is ambiguous ({client_host!r} or {other!r}), so not "
-                                "checkable against the allowed domains")
-    return parsed, client_host
-
-
 class VllmMediaConnector:
     """vLLM's MediaConnector surface over lazymedia's connector: same arguments, handles out.
 
@@ -335,7 +321,7 @@ class VllmMediaConnector:
     def __init__(self, media_io_kwargs: dict[str, dict[str, Any]] | None = None, connection: Any = None, *,
                  allowed_local_media_path: str = "", allowed_media_domains: list[str] | None = None,
                  decoded_budget: Any = None, download_budget: Any = None,
-                 connector: MediaConnector | None = None, **connector_options):
+                 connector: MediaConnector | None = None, **connector_options: Any) -> None:
         options = {modality: dict(values) for modality, values in (media_io_kwargs or {}).items()}
         for modality, known in (("image", _IMAGE_KEYS), ("video", _VIDEO_KEYS), ("audio", _AUDIO_KEYS)):
             unknown = set(options.get(modality, {})) - known
@@ -437,14 +423,14 @@ class VllmMediaConnector:
                                     hint="pip install opencv-python-headless, or name video_backend='pyav'")
 
     # -- the decode spec vLLM's media IO classes would apply ---------------------------------
-    def image_spec(self, image_mode: str | None = "RGB") -> dict:
+    def image_spec(self, image_mode: str | None = "RGB") -> dict[str, Any]:
         return dict(self._image_specs.get(image_mode) or self._image_spec(image_mode))
 
-    def _image_spec(self, image_mode: str | None) -> dict:
+    def _image_spec(self, image_mode: str | None) -> dict[str, Any]:
         mode = self.media_io_kwargs.get("image", {}).get("image_mode", image_mode)
         return {"mode": mode, "background": self.background}
 
-    def video_spec(self, image_mode: str | None = "RGB", video_processor: str | None = None) -> dict:
+    def video_spec(self, image_mode: str | None = "RGB", video_processor: str | None = None) -> dict[str, Any]:
         """vLLM's choice of loader: media_io_kwargs' video_backend; else the backend vLLM's
         registry names for `video_processor` (looked up where vLLM is importable); else the one
         resolved at construction. A backend lazymedia does not implement is refused, not
@@ -453,7 +439,7 @@ class VllmMediaConnector:
             return dict(self._default_video_spec)
         return self._video_spec(image_mode, video_processor)
 
-    def _video_spec(self, image_mode: str | None, video_processor: str | None) -> dict:
+    def _video_spec(self, image_mode: str | None, video_processor: str | None) -> dict[str, Any]:
         if image_mode != "RGB":
             raise InvalidMediaError(f"video frames are RGB; image_mode={image_mode!r} is not supported for video")
         video = self.media_io_kwargs.get("video", {})
@@ -469,35 +455,52 @@ class VllmMediaConnector:
         return spec
 
     @staticmethod
-    def audio_spec() -> dict:
+    def audio_spec() -> dict[str, Any]:
         return {"mono": True, "sample_rate": None}  # vLLM: mono float32 at the native rate
 
     # -- vLLM's fetch methods, returning handles ----------------------------------------------
-    async def fetch_image_async(self, image_url: str, *, image_mode: str | None = "RGB") -> LazyMedia:
-        return await self._fetch("image", image_url, self.image_spec(image_mode))
+    async def fetch_image_async(self, image_url: str, *, image_mode: str | None = "RGB") -> LazyMedia[Any]:
+        handle: LazyMedia[Any] = await adrive(self.image_steps(image_url, image_mode))
+        return handle
 
-    def fetch_image(self, image_url: str, *, image_mode: str | None = "RGB") -> LazyMedia:
-        return self._fetch_sync("image", image_url, self.image_spec(image_mode))
+    def fetch_image(self, image_url: str, *, image_mode: str | None = "RGB") -> LazyMedia[Any]:
+        handle: LazyMedia[Any] = drive(self.image_steps(image_url, image_mode))
+        return handle
 
     async def fetch_video_async(self, video_url: str, *, image_mode: str | None = "RGB",
-                                video_processor: str | None = None) -> LazyMedia:
-        if is_jpeg_sequence(video_url):
-            return self._jpeg_sequence(video_url)
-        spec = self.video_spec(image_mode, video_processor)
-        return _named_like_vllm(await self._fetch("video", video_url, spec), spec)
+                                video_processor: str | None = None) -> LazyMedia[Any]:
+        handle: LazyMedia[Any] = await adrive(self.video_steps(video_url, image_mode, video_processor))
+        return handle
 
     def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB",
-                    video_processor: str | None = None) -> LazyMedia:
+                    video_processor: str | None = None) -> LazyMedia[Any]:
+        handle: LazyMedia[Any] = drive(self.video_steps(video_url, image_mode, video_processor))
+        return handle
+
+    async def fetch_audio_async(self, audio_url: str) -> LazyMedia[Any]:
+        handle: LazyMedia[Any] = await adrive(self.audio_steps(audio_url))
+        return handle
+
+    def fetch_audio(self, audio_url: str) -> LazyMedia[Any]:
+        handle: LazyMedia[Any] = drive(self.audio_steps(audio_url))
+        return handle
+
+    # -- the fetches as steps (cache.protocol's Call), driven sync or async -----------------------
+    def image_steps(self, image_url: str, image_mode: str | None = "RGB") -> FetchSteps:
+        """`fetch_image` as steps that `drive` (sync) or `adrive` (asyncio) runs: each fetch is
+        written once for both forms, and the plugin adds its own steps around these. Nothing
+        runs until they are driven."""
+        return (yield from self._fetch_steps("image", image_url, self.image_spec(image_mode)))
+
+    def video_steps(self, video_url: str, image_mode: str | None = "RGB",
+                    video_processor: str | None = None) -> FetchSteps:
         if is_jpeg_sequence(video_url):
             return self._jpeg_sequence(video_url)
         spec = self.video_spec(image_mode, video_processor)
-        return _named_like_vllm(self._fetch_sync("video", video_url, spec), spec)
+        return _named_like_vllm((yield from self._fetch_steps("video", video_url, spec)), spec)
 
-    async def fetch_audio_async(self, audio_url: str) -> LazyMedia:
-        return await self._fetch("audio", audio_url, self.audio_spec())
-
-    def fetch_audio(self, audio_url: str) -> LazyMedia:
-        return self._fetch_sync("audio", audio_url, self.audio_spec())
+    def audio_steps(self, audio_url: str) -> FetchSteps:
+        return (yield from self._fetch_steps("audio", audio_url, self.audio_spec()))
 
     async def aclose(self) -> None:
         """Refuses later fetches; closes the connector this adapter built (a shared one stays)."""
@@ -511,64 +514,55 @@ class VllmMediaConnector:
         if self._owns_connector:
             self.connector.close()
 
-    def __enter__(self):
+    def __enter__(self) -> VllmMediaConnector:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> VllmMediaConnector:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     # -- fetching ---------------------------------------------------------------------------
-    async def _fetch(self, modality: str, url: str, spec: dict) -> LazyMedia:
-        target = self._check_like_vllm(url)
-        downloaded = isinstance(target, URL)
+    def _fetch_steps(self, modality: str, url: str, spec: dict[str, Any]) -> FetchSteps:
+        """One item's fetch: vLLM's checks, then vLLM's retries of a download that timed out or
+        met a 5xx, each failure in vLLM's words."""
+        target = self._target(url, modality)
+        downloaded = isinstance(target, HttpTarget)
         limits = self.limits_for(modality, downloaded)
         attempts = self.attempts(modality) if downloaded else [(self.timeout_for(modality), 0.0)]
-        for number, (timeout, pause) in enumerate(attempts, 1):
+        for number, (timeout, delay) in enumerate(attempts, 1):
             try:
-                # A download runs on the connector's own loop, whose pool close() closes; a data: or
-                # file: item is read on the caller's.
-                fetch = self.connector.fetch_on_own_loop if downloaded else self.connector.fetch
-                handle = await fetch(modality, target, timeout_s=timeout, limits=limits, **spec)
+                handle = yield self._read(modality, target, timeout, limits, spec)
                 return self._charged(handle, downloaded=downloaded)
             except MediaError as exc:
                 if number < len(attempts) and retryable(exc):
-                    await asyncio.sleep(pause)
+                    yield pause(delay)
                     continue
-                # UnprocessableMediaError comes from the loader, never from the download.
-                raise self._in_vllm_words(exc, modality, downloaded, loading_image=modality == "image" and isinstance(
-                    exc, UnprocessableMediaError)) from None
+                # An image's data: payload is decoded here, so any failure but a limit is a load's;
+                # a download's or a file's only an UnprocessableMediaError (the loader's, never the read's).
+                loading_image = modality == "image" and (isinstance(target, DataTarget) or
+                                                         isinstance(exc, UnprocessableMediaError))
+                raise self._in_vllm_words(exc, modality, downloaded, loading_image=loading_image) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _fetch_sync(self, modality: str, url: str, spec: dict) -> LazyMedia:
-        """data: URLs are read in the calling thread (no hop to the connector's loop thread: a
-        hit then costs what lazymedia's own hit costs); http(s) and file: go through the
-        connector's loop."""
-        target = self._check_like_vllm(url)
-        downloaded = isinstance(target, URL)
-        limits = self.limits_for(modality, downloaded)
-        if isinstance(target, str) and target[:5].lower() == "data:":
-            try:
-                return self._charged(load(modality, from_base64(url, limits), limits=limits, **spec), downloaded=False)
-            except MediaError as exc:
-                raise self._in_vllm_words(exc, modality, False, loading_image=modality == "image") from None
-        attempts = self.attempts(modality) if downloaded else [(self.timeout_for(modality), 0.0)]
-        for number, (timeout, pause) in enumerate(attempts, 1):
-            try:
-                handle = self.connector.fetch_sync(modality, target, timeout_s=timeout, limits=limits, **spec)
-                return self._charged(handle, downloaded=downloaded)
-            except MediaError as exc:
-                if number < len(attempts) and retryable(exc):
-                    time.sleep(pause)
-                    continue
-                raise self._in_vllm_words(exc, modality, downloaded, loading_image=modality == "image" and isinstance(
-                    exc, UnprocessableMediaError)) from None
-        raise AssertionError("unreachable: the last attempt returns or raises")
+    def _read(self, modality: str, target: Target, timeout: float | None, limits: Limits,
+              spec: dict[str, Any]) -> Call:
+        """The step that reads `target` into a handle. A download runs on the connector's own
+        loop, whose pool close() closes; a file: item on the caller's loop (sync: the
+        connector's); a data: item is read in the calling thread (no hop to the connector's loop
+        thread: a hit then costs what lazymedia's own hit costs), off the event loop under asyncio."""
+        connector = self.connector
+        if isinstance(target, DataTarget):
+            text = target.text
+            return threaded(lambda: load(modality, from_base64(text, limits), limits=limits, **spec))
+        fetch = connector.fetch_on_own_loop if isinstance(target, HttpTarget) else connector.fetch
+        options = {"timeout_s": timeout, "limits": limits, **spec}
+        return Call(functools.partial(connector.fetch_sync, modality, target, **options),
+                    functools.partial(fetch, modality, target, **options))
 
     def _in_vllm_words(self, exc: MediaError, modality: str, downloaded: bool, *, loading_image: bool) -> MediaError:
         """`exc` as vLLM raises it: a refusal over one of vLLM's limits in vLLM's words, the rest
@@ -577,7 +571,7 @@ class VllmMediaConnector:
         reworded = None if self._own_limits else over_vllm_limit(exc, downloaded)
         return reworded if reworded is not None else as_vllm_error(exc, loading_image=loading_image)
 
-    def _charged(self, handle: LazyMedia, *, downloaded: bool) -> LazyMedia:
+    def _charged(self, handle: LazyMedia[Any], *, downloaded: bool) -> LazyMedia[Any]:
         """Checks what vLLM checks from the header before decoding (an audio clip's PCM size, as
         vLLM estimates it) and charges vLLM's request budgets as vLLM's fetch does: the bytes of
         an http(s) download, and an image's decoded size (width x height x 4, from the header)."""
@@ -594,15 +588,13 @@ class VllmMediaConnector:
             self.charge_decoded(header.width * header.height * 4)
         return handle
 
-    def _check_like_vllm(self, url: str) -> str | URL:
-        """vLLM's URL checks, with its exception types and wording, before lazymedia's own; gives
-        what the connector fetches: the URL as the HTTP client reads it for http(s) (read once,
-        here), else the text."""
+    def _target(self, url: str, modality: str) -> Target:
+        """vLLM's URL checks, with its exception types and wording, on vLLM's reading of the
+        scheme, before lazymedia's own; gives the target the connector fetches (guard.read_target:
+        an http(s) URL as the HTTP client reads it, read once, here)."""
         if self.closed:
             raise ConnectorClosedError("the media connector is closed", hint="build a new connector for new requests")
-        if not isinstance(url, str):
-            return url  # lazymedia's connector refuses it (400)
-        scheme = url[:url.find(":")].lower() if ":" in url else ""
+        scheme = url[:url.find(":")].lower() if isinstance(url, str) and ":" in url else ""
         if scheme == "data":
             comma = url.find(",")  # no copy of a payload of megabytes
             if comma < 0:
@@ -618,18 +610,37 @@ class VllmMediaConnector:
                 raise InvalidMediaError(f"The file path {path} must be a subpath of `--allowed-local-media-path` "
                                         f"{self.allowed_local_media_path}.")
         elif scheme in ("http", "https"):
-            parsed, host = _read_http(url)
-            if self.allowed_media_domains is not None and host not in self.allowed_media_domains:
-                raise InvalidMediaError(f"The URL must be from one of the allowed domains: "
-                                        f"{self.allowed_media_domains}. Input URL domain: {host}")
-            return parsed
-        return url
+            return self._http_target(url)
+        try:
+            return read_target(url)
+        except MediaError as exc:  # lazymedia's refusal (a scheme it does not fetch, a malformed URL)
+            raise self._in_vllm_words(exc, modality, False, loading_image=False) from None
 
-    def _jpeg_sequence(self, url: str) -> LazyMedia:
+    def _http_target(self, url: str) -> HttpTarget:
+        """The URL the HTTP client (aiohttp, through yarl) connects to, judged by
+        allowed_media_domains. An authority that parsers read differently (a backslash before
+        '@', a host yarl and urllib disagree on) is refused: no allow-list can judge a host that
+        depends on who reads it."""
+        try:
+            target = HttpTarget(read_http_url(url))
+            client_host = (target.url.host or "").lower().rstrip(".")
+            other = (urlsplit(url).hostname or "").lower().rstrip(".")
+        except ValueError as exc:  # InvalidMediaError from the client's reading, or urllib's
+            raise InvalidMediaError(f"refused a URL whose host is ambiguous, so not checkable against the allowed "
+                                    f"domains: {exc}") from None
+        if other.isascii() and client_host != other.strip("[]"):
+            raise InvalidMediaError(f"refused a URL whose host is ambiguous ({client_host!r} or {other!r}), so not "
+                                    "checkable against the allowed domains")
+        if self.allowed_media_domains is not None and client_host not in self.allowed_media_domains:
+            raise InvalidMediaError(f"The URL must be from one of the allowed domains: "
+                                    f"{self.allowed_media_domains}. Input URL domain: {client_host}")
+        return target
+
+    def _jpeg_sequence(self, url: str) -> LazyMedia[VideoFrames]:
         """vLLM's `video/jpeg` data URL: comma-separated base64 JPEG frames, decoded here (as vLLM
         does) with lazymedia's image decoder under this connector's limits; metadata from the
         video kwargs (fps, frames_indices, total_num_frames, duration) by vLLM's rules."""
-        self._check_like_vllm(url)
+        self._target(url, "video")
         limits = self.limits_for("image")
         video = self.media_io_kwargs.get("video", {})
         num_frames = video.get("num_frames", DEFAULT_NUM_FRAMES)
@@ -671,7 +682,7 @@ def check_local_media_path(path: str) -> None:
         raise InvalidMediaError(f"Invalid `--allowed-local-media-path`: The path {resolved} must be a directory.")
 
 
-def _named_like_vllm(handle: LazyMedia, spec: dict) -> LazyMedia:
+def _named_like_vllm(handle: LazyMedia[Any], spec: dict[str, Any]) -> LazyMedia[Any]:
     """vLLM names its dynamic loader "opencv_dynamic" in the metadata; lazymedia's says which
     decoder ran ("opencv"), so a dynamic-sampled handle renames it (part of the derived key)."""
     if spec["sampler"] != "dynamic":
@@ -683,11 +694,11 @@ def _opencv_dynamic(frames: VideoFrames) -> VideoFrames:
     return dataclasses.replace(frames, metadata={**frames.metadata, "video_backend": "opencv_dynamic"})
 
 
-def is_jpeg_sequence(url) -> bool:
+def is_jpeg_sequence(url: object) -> bool:
     return isinstance(url, str) and url[:16].lower() == "data:video/jpeg;"
 
 
-def _sequence_metadata(total: int, video: dict) -> dict:
+def _sequence_metadata(total: int, video: dict[str, Any]) -> dict[str, Any]:
     """vLLM's VideoMediaIO.load_base64 metadata for a JPEG frame sequence, and its checks."""
     fps = float(video.get("fps") or 1)
     indices = video.get("frames_indices")
@@ -719,10 +730,11 @@ def registered_backend(video_processor: str | None) -> str | None:
         from vllm.multimodal.video import get_video_loader_backend_for_processor
     except ImportError:
         return None
-    return get_video_loader_backend_for_processor(video_processor)
+    backend: str | None = get_video_loader_backend_for_processor(video_processor)
+    return backend
 
 
-def image_type_for(processor) -> str:
+def image_type_for(processor: object) -> str:
     """"pil" for a processor (an object, class or class name) that is or derives from one of
     PIL_ONLY_PROCESSORS, else "numpy": what `to_vllm` should hand it."""
     if isinstance(processor, str):
@@ -732,7 +744,7 @@ def image_type_for(processor) -> str:
     return "pil" if names & PIL_ONLY_PROCESSORS else "numpy"
 
 
-def to_vllm(decoded, image_type: str = "pil") -> Any:
+def to_vllm(decoded: object, image_type: str = "pil") -> Any:
     """What vLLM's parser hands the processor (the media inside the MediaWithBytes vLLM's fetch
     returns; the plugin returns the MediaWithBytes itself), from a handle or its decoded media: an
     image, `(frames uint8 [T, H, W, 3] ndarray, metadata dict)`, or `(waveform ndarray, sample_rate)`.

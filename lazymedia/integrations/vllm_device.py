@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -62,14 +63,14 @@ class DeviceImage(torch.Tensor):
     (shape, dtype, device, nbytes) answers from the header, any other use waits for the decode
     (started then, unless `start` started it) and works on the decoded tensor."""
 
-    source: LazyMedia
+    source: LazyMedia[Any]
     decode_engine: DecodeEngine
-    future: Future | None
+    future: Future[Any] | None
     start_lock: threading.Lock
     load_error: MediaError | None
 
     @staticmethod
-    def __new__(cls, handle: LazyMedia, engine: DecodeEngine, device: torch.device) -> DeviceImage:
+    def __new__(cls, handle: LazyMedia[Any], engine: DecodeEngine, device: torch.device) -> DeviceImage:
         shape = handle.header.output_shape(handle.spec)
         image = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.uint8, device=device)
         image.source = handle
@@ -95,7 +96,7 @@ class DeviceImage(torch.Tensor):
             count("vllm_device_decodes", when="first_read")
         assert self.future is not None
         try:
-            value = self.future.result()
+            value: torch.Tensor = self.future.result()
         except MediaError as exc:
             self.load_error = as_vllm_error(exc, loading_image=True)
             raise self.load_error from None
@@ -111,7 +112,8 @@ class DeviceImage(torch.Tensor):
         return f"DeviceImage(shape={tuple(self.shape)}, device={self.device})"
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
+    def __torch_function__(cls, func: Callable[..., Any], types: object, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():  # torch's documented idiom for a subclass
@@ -119,7 +121,8 @@ class DeviceImage(torch.Tensor):
         return func(*tree_map(_decoded, args), **tree_map(_decoded, kwargs))
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(cls, func: Callable[..., Any], types: object, args: tuple[Any, ...] = (),  # type: ignore[override]
+                           kwargs: dict[str, Any] | None = None) -> Any:
         return func(*tree_map(_decoded, args), **tree_map(_decoded, kwargs or {}))
 
 
@@ -140,7 +143,7 @@ class DeviceMode:
         self.start_lock = threading.Lock()
 
     @staticmethod
-    def fallback_reason(handle: LazyMedia) -> str | None:
+    def fallback_reason(handle: LazyMedia[Any]) -> str | None:
         """Why `handle` stays on the CPU path, or None when the device takes it."""
         header = handle.header
         if header.format != "jpeg":
@@ -149,15 +152,16 @@ class DeviceMode:
             return "progressive"
         return None
 
-    def video(self, handle: LazyMedia) -> VideoFrames:
+    def video(self, handle: LazyMedia[Any]) -> VideoFrames:
         """A clip's sampled frames decoded on the device now (NVDEC where it takes the clip; the
         CPU, moved there, where not, which NVDEC counts): vLLM's hasher and parser need a video's
         frames at fetch. Fetches of concurrent requests submit together, so NVDEC gets them in
         one batch."""
         count("vllm_device_decodes", when="fetch")
-        return self.engine.submit(handle, device=self.device).result()
+        frames: VideoFrames = self.engine.submit(handle, device=self.device).result()
+        return frames
 
-    def image(self, handle: LazyMedia) -> DeviceImage:
+    def image(self, handle: LazyMedia[Any]) -> DeviceImage:
         """`handle` as a DeviceImage, its decode submitted now if its key is new here."""
         image = DeviceImage(handle, self.engine, self.device)
         if self._first_sight(handle.key):
