@@ -12,6 +12,7 @@ import json
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .errors import InvalidMediaError, MediaTooLargeError
 
@@ -39,32 +40,36 @@ class Spec:
 MAX_SIDE = 1 << 16
 
 
-def _refuse(option: str, accepted: str, value, modality: str, hint: str = "") -> InvalidMediaError:
+# The option validators below take `Any`: they are where a caller's untyped settings get checked.
+_Value = TypeVar("_Value")
+
+
+def _refuse(option: str, accepted: str, value: object, modality: str, hint: str = "") -> InvalidMediaError:
     return InvalidMediaError(f"{option} must be {accepted}, got {value!r}{hint}", modality=modality)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value) -> bool:
+def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _flag(option: str, value, modality: str) -> bool:
+def _flag(option: str, value: Any, modality: str) -> bool:
     """A bool option: True or False only ('no', 0 or None would be coerced silently)."""
     if not isinstance(value, bool):
         raise _refuse(option, "True or False", value, modality)
     return value
 
 
-def _choice(option: str, value, choices: tuple, modality: str):
+def _choice(option: str, value: _Value, choices: tuple[str | None, ...], modality: str) -> _Value:
     if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
         raise _refuse(option, f"one of {choices}", value, modality)
     return value
 
 
-def _count(option: str, value, modality: str, none_means: str) -> int | None:
+def _count(option: str, value: Any, modality: str, none_means: str) -> int | None:
     """A positive int or None (`none_means`); -1, vLLM's spelling of "all", is pointed to None."""
     if value is None:
         return None
@@ -74,7 +79,7 @@ def _count(option: str, value, modality: str, none_means: str) -> int | None:
     return int(value)
 
 
-def _positive(option: str, value, modality: str, none_means: str | None = None) -> float | None:
+def _positive(option: str, value: Any, modality: str, none_means: str | None = None) -> float | None:
     if value is None and none_means is not None:
         return None
     if not _is_real(value) or not value > 0:
@@ -83,7 +88,7 @@ def _positive(option: str, value, modality: str, none_means: str | None = None) 
     return float(value)
 
 
-def _check_size(size, modality: str):
+def _check_size(size: Any, modality: str) -> tuple[int, int] | None:
     if size is None:
         return None
     accepted = f"(height, width), two ints in 1..{MAX_SIDE}, or None for the source's size"
@@ -113,7 +118,7 @@ class ImageSpec(Spec):
     resample: str = "bicubic"
     draft: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _choice("mode", self.mode, IMAGE_MODES, "image")
         _choice("resample", self.resample, RESAMPLE_FILTERS, "image")
         background = self.background
@@ -149,7 +154,7 @@ class VideoSpec(Spec):
     size: tuple[int, int] | None = None
     decoder: str = "pyav"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _choice("decoder", self.decoder, VIDEO_DECODERS, "video")
         object.__setattr__(self, "num_frames", _count("num_frames", self.num_frames, "video", "every frame"))
         object.__setattr__(self, "fps", _positive("fps", self.fps, "video", "no rate cap"))
@@ -171,7 +176,7 @@ class AudioSpec(Spec):
     sample_rate: int | None = None
     mono: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "sample_rate",
                            _count("sample_rate", self.sample_rate, "audio", "the source's rate"))
         _flag("mono", self.mono, "audio")
@@ -244,15 +249,19 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+# A spec class of one modality (what `spec_type` answers).
+SpecType = type[ImageSpec] | type[VideoSpec] | type[AudioSpec]
+
+
 @functools.lru_cache(maxsize=512)
-def _cached_spec(spec_cls, items: tuple):
-    return spec_cls(**{name: value for name, value, _ in items})
+def _cached_spec(modality: str, items: tuple[tuple[str, Any, type], ...]) -> Spec:
+    return SPEC_TYPES[modality](**{name: value for name, value, _ in items})
 
 
-SPEC_TYPES = {"image": ImageSpec, "video": VideoSpec, "audio": AudioSpec}
+SPEC_TYPES: dict[str, SpecType] = {"image": ImageSpec, "video": VideoSpec, "audio": AudioSpec}
 
 
-def spec_type(modality: str) -> type:
+def spec_type(modality: str) -> SpecType:
     """The spec class of a modality; an unknown modality is rejected input (400)."""
     try:
         return SPEC_TYPES[modality]
@@ -260,7 +269,7 @@ def spec_type(modality: str) -> type:
         raise InvalidMediaError(f"unknown modality {modality!r}: use one of {tuple(SPEC_TYPES)}") from None
 
 
-def make_spec(modality: str, settings: dict) -> Spec:
+def make_spec(modality: str, settings: dict[str, Any]) -> Spec:
     """A spec from keyword settings; repeated settings share one validated instance, so the
     per-request cost of a spec is a dictionary lookup. Unknown or malformed settings are
     rejected input (InvalidMediaError, 400) naming the setting and what it accepts."""
@@ -273,7 +282,7 @@ def make_spec(modality: str, settings: dict) -> Spec:
     # The value's type is part of the cache key: 1 == 1.0 == True would otherwise share one spec.
     items = tuple(sorted((name, value, type(value)) for name, value in settings.items()))
     try:
-        return _cached_spec(spec_cls, items)
+        return _cached_spec(modality, items)
     except TypeError as exc:
         if "unhashable" not in str(exc):
             raise
