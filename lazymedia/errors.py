@@ -15,7 +15,15 @@ from typing import Any
 
 
 class MediaError(Exception):
-    """Base class of every error lazymedia raises for a media item."""
+    """Base class of every error lazymedia raises for a media item.
+
+    Args:
+        message: what was wrong with the request, for the client (`str(exc)`).
+        hint: the setting that would change the outcome, for the operator's log ("" if none).
+        modality: the item's modality, when known.
+        index: the item's position in the request, when known (`with_index` sets it later).
+        status_code: overrides the class's HTTP status.
+    """
 
     status_code = 400
 

@@ -87,8 +87,13 @@ def _one(_value: Any) -> int:
 
 
 class LruCache:
-    """Thread-safe LRU bounded by the summed `weigh(value)` of its entries (1 each by default).
-    An entry heavier than the whole capacity is not stored."""
+    """Thread-safe LRU bounded by the summed `weigh(value)` of its entries. An entry heavier than
+    the whole capacity is not stored.
+
+    Args:
+        capacity: the most the entries may weigh together (>= 0).
+        weigh: an entry's weight from its value; 1 each by default (capacity counts entries).
+    """
 
     def __init__(self, capacity: int, weigh: Callable[[Any], int] = _one):
         if capacity < 0:

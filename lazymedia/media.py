@@ -122,9 +122,14 @@ class LazyMedia(Generic[Decoded]):
     def from_id(cls, modality: str, item_id: str, **spec: Any) -> LazyMedia[Any]:
         """A handle known only by a caller-supplied id (vLLM's multi_modal_uuids): no bytes and
         no header, so it can only hit the cache; a miss raises MediaNotCachedError (400). The key
-        comes from the id and the spec settings `spec` (the same as `load_*` take), in a domain
-        of its own: an id never equals a content key. The caller vouches that one id is one
-        content; lazymedia cannot check it."""
+        comes from the id and the spec settings, in a domain of its own: an id never equals a
+        content key. The caller vouches that one id is one content; lazymedia cannot check it.
+
+        Args:
+            modality: "image", "video" or "audio".
+            item_id: the caller's non-empty id of the content.
+            **spec: the spec settings, the same as `load_*` take (part of the key).
+        """
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
         spec_obj = make_spec(modality, spec)
@@ -133,10 +138,15 @@ class LazyMedia(Generic[Decoded]):
 
     @classmethod
     def from_decoded(cls, media: object, modality: str = "image") -> LazyMedia[Any]:
-        """A handle over an input that arrived decoded (a PIL image, a numpy array, a torch tensor
-        such as precomputed embeddings): already decoded, handed to the processor untouched, and
-        keyed by its content as vLLM keys such inputs (EXIF ImageID UUID first; `object_key`).
-        Its spec is the modality's default and plays no part in the key."""
+        """A handle over an input that arrived decoded: already decoded, handed to the processor
+        untouched, and keyed by its content as vLLM keys such inputs (EXIF ImageID UUID first;
+        `object_key`). Its spec is the modality's default and plays no part in the key.
+
+        Args:
+            media: a PIL image, a numpy array or a torch tensor (precomputed embeddings, say); any
+                other type is a TypeError.
+            modality: what it stands for, "image" by default (part of the key).
+        """
         spec = make_spec(modality, {})
         handle: LazyMedia[Any] = cls(_Source(modality, spec, DEFAULT_LIMITS, None, None, object_key(modality, media)))
         handle.fulfil(media)
@@ -397,14 +407,20 @@ def probe_is_instant(modality: str, data: bytes) -> bool:
 
 def load(modality: str, data: MediaSource, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
          item_id: str | None = None, **spec: Any) -> LazyMedia[Any]:
-    """An undecoded handle over `data` (encoded bytes, or a pathlib.Path to read) as `modality`
-    ('image', 'video' or 'audio'), decoded under the spec settings `spec`.
+    """An undecoded handle over `data` as `modality`, decoded under the spec settings `spec`.
 
     Probes the header now; raises InvalidMediaError (400) for non-media and bad settings,
     MediaTooLargeError (413) over `limits`, UnprocessableMediaError (422) for a broken header.
-    `key` is a precomputed key of the same bytes and spec (a connector hashes while downloading);
-    it is trusted as given. `item_id` is a caller-supplied identity (vLLM's multi_modal_uuids)
-    that replaces the content key, so a later `LazyMedia.from_id` with the same id and spec hits.
+
+    Args:
+        modality: "image", "video" or "audio".
+        data: the encoded bytes (a mutable buffer is copied once), or a pathlib.Path to read.
+        limits: what input is accepted (checked from the header, before any decode).
+        key: a precomputed key of the same bytes and spec (a connector hashes while
+            downloading); trusted as given.
+        item_id: a caller-supplied identity (vLLM's multi_modal_uuids) that replaces the content
+            key, so a later `LazyMedia.from_id` with the same id and spec hits.
+        **spec: the modality's spec settings (ImageSpec, VideoSpec or AudioSpec fields).
     """
     spec_obj = make_spec(modality, spec)
     data = _encoded_bytes(data, limits)
@@ -429,14 +445,19 @@ def load_image(data: MediaSource, *, mode: str | None = "RGB", background: tuple
                draft: bool = False, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
                item_id: str | None = None) -> LazyMedia[torch.Tensor]:
     """An undecoded image (JPEG, PNG, GIF, WebP, and BMP, TIFF, ICO, PPM, ... as Pillow reads
-    them) from encoded bytes or a pathlib.Path.
+    them) from encoded bytes or a pathlib.Path. Decodes to a uint8 tensor [height, width,
+    channels]; pixels follow Pillow's convert(), except that an RGBA source decoded as "RGB" is
+    composited over `background`, as vLLM does.
 
-    Decodes to a uint8 tensor [height, width, channels]. mode: "RGB", "RGBA", "L", "LA"
-    (channels 3, 4, 1, 2), or None for the source's own; pixels follow Pillow's convert(),
-    except that an RGBA source decoded as "RGB" is composited over `background`, as vLLM does.
-    apply_orientation: honour the EXIF orientation; size: (height, width) to resize to, with
-    `resample` "bicubic" or "bilinear" (Pillow's filters, bit for bit); draft: let a JPEG decode
-    at a reduced DCT scale first (faster, slightly different pixels).
+    Args:
+        data: the encoded bytes, or a pathlib.Path to read.
+        mode: "RGB", "RGBA", "L", "LA" (channels 3, 4, 1, 2), or None for the source's own.
+        background: the RGB colour transparency is composited over for mode="RGB".
+        apply_orientation: honour the EXIF orientation.
+        size: (height, width) to resize to; None keeps the source's.
+        resample: "bicubic" or "bilinear" (Pillow's filters, bit for bit).
+        draft: let a JPEG decode at a reduced DCT scale first (faster, slightly different pixels).
+        limits, key, item_id: as `load` takes them.
     """
     return load("image", data, limits=limits, key=key, item_id=item_id, mode=mode, background=background,
                 apply_orientation=apply_orientation, size=size, resample=resample, draft=draft)
@@ -447,14 +468,21 @@ def load_video(data: MediaSource, *, num_frames: int | None = DEFAULT_NUM_FRAMES
                size: tuple[int, int] | None = None, decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS,
                key: str | None = None, item_id: str | None = None) -> LazyMedia[VideoFrames]:
     """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
-
     Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
-    and transformers-style metadata they came from. Frames are chosen as vLLM's loaders choose
-    them: num_frames (default 32, vLLM's; None for every frame) spread over the clip
-    (np.linspace, truncated), capped by duration x fps when fps is given too. sampler: "uniform" (that rule),
-    "dynamic" (vLLM's: every 1/fps s up to max_duration seconds), "rounded", or one added with
-    lazymedia.register_sampler. max_frames: thin to at most this many. size: (height, width)
-    to scale to while decoding. decoder: "pyav" or "opencv".
+    and transformers-style metadata they came from, chosen as vLLM's loaders choose them.
+
+    Args:
+        data: the encoded bytes, or a pathlib.Path to read.
+        num_frames: frames spread over the clip (np.linspace, truncated; default 32, vLLM's);
+            None for every frame.
+        fps: caps the count at duration x fps ("dynamic": the sampling rate).
+        max_frames: thin the choice to at most this many.
+        max_duration: seconds the "dynamic" sampler covers.
+        sampler: "uniform" (the rule above), "dynamic" (vLLM's: every 1/fps s up to
+            max_duration seconds), "rounded", or one added with lazymedia.register_sampler.
+        size: (height, width) to scale to while decoding; None keeps the source's.
+        decoder: the CPU reader, "pyav" or "opencv".
+        limits, key, item_id: as `load` takes them.
     """
     return load("video", data, limits=limits, key=key, item_id=item_id, num_frames=num_frames, fps=fps,
                 max_frames=max_frames, max_duration=max_duration, sampler=sampler, size=size, decoder=decoder)
@@ -463,10 +491,13 @@ def load_video(data: MediaSource, *, num_frames: int | None = DEFAULT_NUM_FRAMES
 def load_audio(data: MediaSource, *, sample_rate: int | None = None, mono: bool = True, limits: Limits = DEFAULT_LIMITS,
                key: str | None = None, item_id: str | None = None) -> LazyMedia[AudioSamples]:
     """An undecoded audio file (WAV, FLAC, MP3, Ogg, ...) from encoded bytes or a pathlib.Path.
-
     Decodes to `AudioSamples`: samples float32 [channels, samples] and the sample rate.
-    sample_rate: resample to this rate (None keeps the source's); mono: average the channels
-    (the default, as vLLM's loaders do; mono=False keeps them).
+
+    Args:
+        data: the encoded bytes, or a pathlib.Path to read.
+        sample_rate: resample to this rate; None keeps the source's.
+        mono: average the channels (the default, as vLLM's loaders do); False keeps them.
+        limits, key, item_id: as `load` takes them.
     """
     return load("audio", data, limits=limits, key=key, item_id=item_id, sample_rate=sample_rate, mono=mono)
 

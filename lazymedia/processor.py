@@ -72,19 +72,23 @@ class _Plan:
 
 
 class Processor(Generic[Output]):
-    """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order).
+    """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order); `Output`
+    is what process_fn returns for one item, and what `apply` returns per item.
 
-    cache: a cache.protocol.Cache: a ProcessorCache (default: a private 1 GiB one), or a
-    TieredCache whose shared tiers span processes and machines. namespace: mixed into every key,
-    so processors with different settings can share one cache. engine: the DecodeEngine for
-    misses (default: the process-wide one). process_workers: threads that run phase 2 for
-    apply_async, off the event loop.
-
-    device: misses decode onto it where the engine's cap allows (default engine: the
-    process-wide one of that device, engine.device_engine); bytes_per_decoded_byte: what a miss
-    reserves of the cap per decoded byte (the processor's working set). keep_on_device: cache
-    the outputs where process_fn left them (the local tier's capacity_bytes bounds them; no
-    shared tier) instead of a pinned host copy.
+    Args:
+        process_fn: the model's processor over a list of decoded items (a tensor, VideoFrames or
+            AudioSamples each; inputs that arrived decoded as they came).
+        cache: a cache.protocol.Cache: a ProcessorCache (default: a private 1 GiB one), or a
+            TieredCache whose shared tiers span processes and machines.
+        engine: the DecodeEngine for misses (default: the process-wide one, or with `device`
+            that device's, engine.device_engine).
+        namespace: mixed into every key, so processors with different settings can share one cache.
+        process_workers: threads that run phase 2 for apply_async, off the event loop.
+        device: misses decode onto it where the engine's cap allows.
+        keep_on_device: cache the outputs where process_fn left them (the local tier's
+            capacity_bytes bounds them; no shared tier) instead of a pinned host copy.
+        bytes_per_decoded_byte: what a miss reserves of the device cap per decoded byte (the
+            processor's working set).
     """
 
     def __init__(self, process_fn: Callable[[list[Any]], Sequence[Output]], *, cache: Cache | None = None,

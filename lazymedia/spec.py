@@ -102,12 +102,19 @@ def _check_size(size: Any, modality: str) -> tuple[int, int] | None:
 
 @dataclass(frozen=True)
 class ImageSpec(Spec):
-    """How an image decodes. mode: "RGB", "RGBA", "L", "LA", or None for the source's own (L,
-    LA, RGB or RGBA). background: the colour an RGBA source is composited over for mode="RGB"
-    (vLLM's rule; other sources convert as Pillow does). apply_orientation: honour EXIF
-    orientation. size: (height, width) to resize to with `resample`. draft: let a JPEG decode at
-    the largest DCT scale (1/2, 1/4, 1/8) still at least `size` before resizing: faster, and
-    slightly different pixels, so it is part of the key and off by default."""
+    """How an image decodes.
+
+    Args:
+        mode: "RGB", "RGBA", "L", "LA", or None for the source's own (L, LA, RGB or RGBA).
+        background: the colour an RGBA source is composited over for mode="RGB" (vLLM's rule;
+            other sources convert as Pillow does).
+        apply_orientation: honour EXIF orientation.
+        size: (height, width) to resize to with `resample`; None keeps the source's.
+        resample: "bicubic" or "bilinear".
+        draft: let a JPEG decode at the largest DCT scale (1/2, 1/4, 1/8) still at least `size`
+            before resizing: faster, and slightly different pixels, so it is part of the key and
+            off by default.
+    """
 
     modality = "image"
 
@@ -137,12 +144,19 @@ DEFAULT_NUM_FRAMES = 32
 
 @dataclass(frozen=True)
 class VideoSpec(Spec):
-    """Which frames come back, chosen by the named `sampler` (codecs.sampling; the default,
-    "uniform", is vLLM's): `num_frames` (default 32, vLLM's; None for every frame) spread over
-    the clip, capped by duration x `fps` when fps is given too; "dynamic" samples at `fps` up to
-    `max_duration` seconds. `max_frames` thins any choice further. `size` resizes each frame to
-    (height, width) while decoding. `decoder` picks the CPU reader, "pyav" or "opencv" (their
-    YUV conversions and scalers differ slightly, so it is part of the key)."""
+    """Which frames come back, chosen by the named `sampler` (codecs.sampling), and how.
+
+    Args:
+        num_frames: frames spread over the clip (default 32, vLLM's); None for every frame.
+        fps: caps the count at duration x fps; the rate "dynamic" samples at.
+        max_frames: thins any choice further; None: no cap.
+        max_duration: seconds "dynamic" samples, at most.
+        sampler: "uniform" (the default, vLLM's), "dynamic", "rounded", "qwen2_vl", "qwen3_vl",
+            or one added with lazymedia.register_sampler.
+        size: (height, width) to resize each frame to while decoding; None keeps the source's.
+        decoder: the CPU reader, "pyav" or "opencv" (their YUV conversions and scalers differ
+            slightly, so it is part of the key).
+    """
 
     modality = "video"
 
@@ -168,8 +182,12 @@ class VideoSpec(Spec):
 
 @dataclass(frozen=True)
 class AudioSpec(Spec):
-    """sample_rate: resample to this rate (None keeps the source rate, as vLLM does); mono:
-    average the channels (default True, as vLLM's loaders do; False keeps every channel)."""
+    """How audio decodes.
+
+    Args:
+        sample_rate: resample to this rate; None keeps the source rate, as vLLM does.
+        mono: average the channels (default True, as vLLM's loaders do); False keeps every channel.
+    """
 
     modality = "audio"
 
@@ -201,23 +219,30 @@ _SMALLER_OUTPUT = {"image": "pass size=(height, width)",
 class Limits:
     """Bounds checked from the header before any decode, so hostile input costs microseconds.
 
-    max_bytes: encoded bytes of one item. max_decoded_bytes: what one item decodes to, computed
-    from the header and the spec before anything is allocated (image: height x width x channels
-    of the output; video: sampled frames x output height x width x 3; audio: channels x samples
-    at the output rate x 4), plus the decoder's working memory below; unlike a compression ratio,
-    padding the file cannot move it. max_pixels: area of one source image or video frame (what a
-    decoder holds while it works). max_working_bytes: what a decoder holds besides its output,
-    as the header declares it: a progressive or multi-scan JPEG's coefficient buffer (2 bytes
-    per sample of every component), the audio resampler's state, the demuxer's sample index of
-    a video container. The default, 128 MiB, decodes progressive JPEGs up to about 44 M pixels
-    (4:2:0; 22 M at 4:4:4: phone and camera photos) at up to 2x their output while they hold
-    their coefficients, and refuses containers indexing more than 2 M samples; 32 MiB keeps every
-    decode within 1.25 x its output + 32 MB, refusing progressive JPEGs past about 11 M pixels.
-    max_jpeg_scans: scans of one JPEG (each is a pass over the whole coefficient buffer;
-    libjpeg's own progressions use at most 10, mozjpeg's a few more; libjpeg-turbo's
-    TJPARAM_SCANLIMIT exists for the same attack). max_audio_channels: channels
-    of one audio stream (64: FFmpeg's resampler takes at most 64 (SWR_CH_MAX); 22.2 sound is
-    24, seventh-order ambisonics 64).
+    Args:
+        max_bytes: encoded bytes of one item.
+        max_decoded_bytes: what one item decodes to, computed from the header and the spec
+            before anything is allocated (image: height x width x channels of the output; video:
+            sampled frames x output height x width x 3; audio: channels x samples at the output
+            rate x 4), plus the decoder's working memory below; unlike a compression ratio,
+            padding the file cannot move it.
+        max_pixels: area of one source image or video frame (what a decoder holds while it works).
+        max_video_seconds: duration of one video.
+        max_video_frames: frames of one video.
+        max_audio_seconds: duration of one audio clip.
+        max_working_bytes: what a decoder holds besides its output, as the header declares it: a
+            progressive or multi-scan JPEG's coefficient buffer (2 bytes per sample of every
+            component), the audio resampler's state, the demuxer's sample index of a video
+            container. The default, 128 MiB, decodes progressive JPEGs up to about 44 M pixels
+            (4:2:0; 22 M at 4:4:4: phone and camera photos) at up to 2x their output while they
+            hold their coefficients, and refuses containers indexing more than 2 M samples;
+            32 MiB keeps every decode within 1.25 x its output + 32 MB, refusing progressive
+            JPEGs past about 11 M pixels.
+        max_jpeg_scans: scans of one JPEG (each is a pass over the whole coefficient buffer;
+            libjpeg's own progressions use at most 10, mozjpeg's a few more; libjpeg-turbo's
+            TJPARAM_SCANLIMIT exists for the same attack).
+        max_audio_channels: channels of one audio stream (64: FFmpeg's resampler takes at most
+            64 (SWR_CH_MAX); 22.2 sound is 24, seventh-order ambisonics 64).
     """
 
     max_bytes: int = 64 << 20
