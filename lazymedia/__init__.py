@@ -9,7 +9,7 @@ Importing the package loads neither torch nor FFmpeg: codecs are imported on fir
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .cache import CacheStats, LruCache, ProcessorCache
 from .codecs.sampling import register_sampler
@@ -45,7 +45,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:  # the names of _LAZY: their types are what TYPE_CHECKING imports
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'lazymedia' has no attribute {name!r}")

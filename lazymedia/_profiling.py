@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager as ContextManager
+from contextlib import AbstractContextManager
+
+# A phase's range: entering and leaving it is all callers do (nvtx, torch and nullcontext differ in what they yield).
+ContextManager = AbstractContextManager[object]
 
 
 def _make_range() -> Callable[[str], ContextManager]:
@@ -22,7 +25,8 @@ def _make_range() -> Callable[[str], ContextManager]:
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_available():
-            return torch.cuda.nvtx.range
+            nvtx_range: Callable[[str], ContextManager] = torch.cuda.nvtx.range
+            return nvtx_range
     except Exception:  # a broken CUDA install must not break decoding
         pass
     null = contextlib.nullcontext()

@@ -23,6 +23,7 @@ import importlib.util
 import os
 import platform
 import sys
+from typing import Any
 
 from . import __version__
 
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     warning = busy_warning()
     if warning:
         print(warning, file=sys.stderr)
-    report: dict = {"version": __version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    report: dict[str, Any] = {"version": __version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
                     "machine": platform.machine() + " " + platform.processor(),
                     "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
                     "quick": args.quick, "rehearsal": rehearse, "load_1min_before": os.getloadavg()[0]}

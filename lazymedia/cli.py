@@ -11,7 +11,9 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from . import __version__
@@ -20,11 +22,16 @@ from .bench import positive_float, positive_int
 from .engine.availability import BACKENDS
 from .errors import InvalidMediaError, MediaError
 
+if TYPE_CHECKING:  # the commands import what they use when they run
+    from .connector import MediaConnector
+    from .engine.protocol import BatchDecoder
+    from .media import LazyMedia
+
 EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE, EXIT_CLOSED_PIPE = 0, 1, 2, 141
 _URL_SCHEMES = ("http", "https", "data", "file")
 
 
-def _read(source: str, connector) -> bytes:
+def _read(source: str, connector: MediaConnector) -> bytes:
     """The bytes of a path or URL, read once (a URL is downloaded once, whatever it holds)."""
     from .media import read_file
 
@@ -33,7 +40,7 @@ def _read(source: str, connector) -> bytes:
     return read_file(source)
 
 
-def _settings(modality: str, args) -> dict:
+def _settings(modality: str, args: argparse.Namespace) -> dict[str, Any]:
     """The spec settings the command line asks of `modality`."""
     if modality == "image":
         return {"size": args.size}
@@ -44,7 +51,7 @@ def _settings(modality: str, args) -> dict:
     return {"sample_rate": args.sample_rate, "mono": args.mono}
 
 
-def _load(source: str, args, connector):
+def _load(source: str, args: argparse.Namespace, connector: MediaConnector) -> LazyMedia[Any]:
     """A LazyMedia for a path or URL: the bytes are read once, probed once to tell the modality
     (unless --modality says it), then loaded, so a bomb is a 413 and not a guess that failed."""
     from .codecs import guess_modality
@@ -58,7 +65,8 @@ def _load(source: str, args, connector):
     return load(modality, data, **_settings(modality, args))
 
 
-def _save(media, decoded, out_dir: Path, stem: str) -> str:
+# `decoded` below is what `media` decoded to: a tensor, VideoFrames or AudioSamples by its modality.
+def _save(media: LazyMedia[Any], decoded: Any, out_dir: Path, stem: str) -> str:
     import numpy as np
     from PIL import Image
 
@@ -79,7 +87,7 @@ def _save(media, decoded, out_dir: Path, stem: str) -> str:
     return str(path)
 
 
-def _shape(media, decoded) -> str:
+def _shape(media: LazyMedia[Any], decoded: Any) -> str:
     if media.modality == "image":
         return "x".join(str(d) for d in decoded.shape)
     if media.modality == "video":
@@ -92,7 +100,7 @@ def _shorten(source: str, limit: int = 80) -> str:
     return source if len(source) <= limit else source[: limit - 3] + "..."
 
 
-def _image_backend(name: str):
+def _image_backend(name: str) -> BatchDecoder | str | None:
     """The batched image backend for --backend (None = the CPU decoder), or the reason it is
     unavailable as a string."""
     from .engine import backends
@@ -115,7 +123,7 @@ def _image_backend(name: str):
     return None if name == "auto" else f"backend {name} is unavailable: {status[name].reason}"
 
 
-def _decode_with(media, backend):
+def _decode_with(media: LazyMedia[Any], backend: BatchDecoder | None) -> tuple[Any, str]:
     """Decodes through `backend` when it takes the item, else on the CPU; (result, backend name)."""
     if backend is not None and backend.accepts(media):
         (result,) = backend.decode_batch([media])
@@ -125,7 +133,7 @@ def _decode_with(media, backend):
     return media.decode(), "cpu"
 
 
-def cmd_decode(args) -> int:
+def cmd_decode(args: argparse.Namespace) -> int:
     from .connector import MediaConnector
 
     backend = _image_backend(args.backend)
@@ -183,7 +191,7 @@ def _opencv_line() -> str:
     return f"  OpenCV: {cv2.__version__} (decoder='opencv' available)"
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     from . import _C
     from .engine import backends
 
@@ -229,7 +237,7 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_hash_threads(args) -> int:
+def cmd_hash_threads(args: argparse.Namespace) -> int:
     """Measures the crossover `args.runs` times and advises a setting only when every run agrees
     on a quiet machine (docs/benchmarks.md: one run on a busy machine is noise)."""
     from .benchmarking.harness import busy_warning
@@ -256,13 +264,13 @@ def cmd_hash_threads(args) -> int:
     return EXIT_OK
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run
 
     return run(args)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lazymedia", description="Lazy, cache-aware media decoding.")
     parser.add_argument("--version", action="version", version=f"lazymedia {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -300,7 +308,7 @@ def main(argv=None) -> int:
     info.set_defaults(run=cmd_info)
     args = parser.parse_args(argv)
     try:
-        code = args.run(args)
+        code: int = args.run(args)
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader closed the pipe: send what is left to /dev/null so that the interpreter's

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from typing import Any
 
 
 class MediaError(Exception):
-    """Base class of every error lazymedia raises for a media item."""
+    """Base class of every error lazymedia raises for a media item.
+
+    Args:
+        message: what was wrong with the request, for the client (`str(exc)`).
+        hint: the setting that would change the outcome, for the operator's log ("" if none).
+        modality: the item's modality, when known.
+        index: the item's position in the request, when known (`with_index` sets it later).
+        status_code: overrides the class's HTTP status.
+    """
 
     status_code = 400
 
@@ -57,7 +66,7 @@ class MediaError(Exception):
         """The client's message and the operator's hint, for a server log."""
         return f"{self} [operator: {self.hint}]" if self.hint else str(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., MediaError], tuple[Any, ...]]:
         return (_rebuild_error, (type(self), self.message, self.hint, self.modality, self.index, self.status_code))
 
 
@@ -70,7 +79,8 @@ def described(exc: BaseException) -> str:
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
-def _rebuild_error(cls, message, hint, modality, index, status_code):
+def _rebuild_error(cls: type[MediaError], message: str, hint: str, modality: str, index: int | None,
+                   status_code: int) -> MediaError:
     return cls(message, hint=hint, modality=modality, index=index, status_code=status_code)
 
 
@@ -91,7 +101,7 @@ class MediaTooLargeError(InvalidMediaError):
     status_code = 413
 
     def __init__(self, message: str, *, limit: str = "", value: Any = None, maximum: float | None = None,
-                 **kwargs):
+                 **kwargs: Any):
         super().__init__(message, **kwargs)
         self.limit = limit
         self.value = value

@@ -20,8 +20,13 @@ import statistics
 import time
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeGuard
 
 import blake3
+
+if TYPE_CHECKING:  # annotations only: hashing bytes loads neither torch nor Pillow
+    import torch
+    from PIL import Image
 
 KEY_VERSION = b"lazymedia/key/v1"
 ALGORITHMS = ("blake3", "sha256", "sha512")
@@ -59,8 +64,16 @@ def multithread_min_bytes() -> int | None:
     return _multithread_min_bytes
 
 
-def measure_crossover(sizes=(1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20),
-                      rounds: int = 15) -> dict:
+class Crossover(TypedDict):
+    """What `measure_crossover` found (`lazymedia hash-threads` prints it)."""
+
+    cores: int
+    crossover_bytes: int | None  # None: one thread was never slower
+    medians_s: dict[int, dict[str, float]]  # size -> {"one": s, "all": s}
+
+
+def measure_crossover(sizes: tuple[int, ...] = (1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20),
+                      rounds: int = 15) -> Crossover:
     """Single-shot blake3 over fresh buffers, one thread vs all cores, interleaved per round:
     the smallest size from which the multithreaded median stays faster (None: never), and the
     per-size medians."""
@@ -116,7 +129,15 @@ def algorithm() -> str:
     return _algorithm
 
 
-def new_hasher(prefix: bytes, size_hint: int = 0):
+class Hasher(Protocol):
+    """What keys need of a hasher: hashlib's and blake3's objects both are one."""
+
+    def update(self, data: bytes | memoryview, /) -> object: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher(prefix: bytes, size_hint: int = 0) -> Hasher:
     """A hasher of the configured algorithm seeded with `prefix`; blake3 uses every core for
     inputs of at least the measured crossover (`size_hint` bytes to come)."""
     if _algorithm != "blake3":
@@ -140,7 +161,7 @@ class KeyHasher:
         self._hasher = new_hasher(key_prefix(modality, spec_bytes))
         self.nbytes = 0
 
-    def update(self, chunk) -> None:
+    def update(self, chunk: bytes | memoryview) -> None:
         self.nbytes += len(chunk)
         self._hasher.update(chunk)
 
@@ -148,7 +169,7 @@ class KeyHasher:
         return self._hasher.hexdigest()
 
 
-def media_key(modality: str, spec_bytes: bytes, data) -> str:
+def media_key(modality: str, spec_bytes: bytes, data: bytes | memoryview) -> str:
     """Hex key of one encoded item; equal to a `KeyHasher` fed the same bytes in any chunking."""
     hasher = new_hasher(key_prefix(modality, spec_bytes), len(data))
     hasher.update(data)
@@ -166,7 +187,7 @@ def id_key(modality: str, spec_bytes: bytes, item_id: str) -> str:
     return new_hasher(key_prefix("id/" + modality, spec_bytes) + item_id.encode()).hexdigest()
 
 
-def object_key(modality: str, media) -> str:
+def object_key(modality: str, media: object) -> str:
     """Key of an input that arrived decoded (`LazyMedia.from_decoded`: a PIL image, a numpy array
     or a torch tensor), by vLLM 0.33's rule and byte stream: a PIL image whose EXIF ImageID holds
     a uuid.UUID object is that UUID (an identity set in process; EXIF read from a file holds
@@ -195,7 +216,7 @@ def _framed(chunk: bytes | memoryview) -> Iterator[bytes | memoryview]:
     yield chunk
 
 
-def _serialised(value) -> Iterator[bytes | memoryview]:
+def _serialised(value: object) -> Iterator[bytes | memoryview]:
     """vLLM's MultiModalHasher.serialize_item stream, without its pickle fallback (an object
     with no defined layout has no stable key: TypeError)."""
     import numpy as np
@@ -237,12 +258,12 @@ def _serialised(value) -> Iterator[bytes | memoryview]:
         raise TypeError(f"no stable key for a {type(value).__name__} inside a decoded input")
 
 
-def _entry(name: str, value) -> Iterator[bytes | memoryview]:
+def _entry(name: str, value: object) -> Iterator[bytes | memoryview]:
     yield from _framed(name.encode())
     yield from _value(value)
 
 
-def _value(value) -> Iterator[bytes | memoryview]:
+def _value(value: object) -> Iterator[bytes | memoryview]:
     if value is None:
         yield _NONE
     elif isinstance(value, (list, tuple)):
@@ -261,22 +282,22 @@ def _value(value) -> Iterator[bytes | memoryview]:
         yield from _serialised(value)
 
 
-def _image_id(image) -> bytes | None:
+def _image_id(image: Image.Image) -> bytes | None:
     """The EXIF ImageID when it is a uuid.UUID object; malformed EXIF counts as none (as vLLM)."""
-    from PIL import Image
+    from PIL import ExifTags
 
     try:
-        image_id = image.getexif().get(Image.ExifTags.Base.ImageID)
+        image_id = image.getexif().get(ExifTags.Base.ImageID)
     except Exception:
         return None
     return image_id.bytes if isinstance(image_id, uuid.UUID) else None
 
 
-def _is_ndarray(value) -> bool:
+def _is_ndarray(value: object) -> bool:
     return type(value).__module__.startswith("numpy") and hasattr(value, "dtype") and hasattr(value, "flags")
 
 
-def _is_pil_image(value) -> bool:
+def _is_pil_image(value: object) -> TypeGuard[Image.Image]:
     module = type(value).__module__
     if not module.startswith("PIL."):
         return False
@@ -285,6 +306,6 @@ def _is_pil_image(value) -> bool:
     return isinstance(value, Image.Image)
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value: object) -> TypeGuard[torch.Tensor]:
     return type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "cpu")
 

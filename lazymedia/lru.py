@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-_MISSING = object()
 logger = logging.getLogger("lazymedia.cache")
 
 
@@ -40,12 +39,16 @@ class CacheStats:
 # Values nothing can change in place: a fingerprint skips them (a tuple's items are still walked).
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), frozenset)
 
+# A value's fingerprint: the id of each container and leaf, (id, length) of each list and dict,
+# (id, version) of each torch tensor.
+Fingerprint = tuple[int | tuple[int, int], ...]
 
-def fingerprint(value: Any, freeze: bool = False) -> tuple:
+
+def fingerprint(value: Any, freeze: bool = False) -> Fingerprint:
     """The identity of `value`'s mutable containers and leaves and the versions of its torch
     tensors, in one walk; `freeze` also makes its numpy arrays read-only (what `LruCache.put`
     does). Immutable scalars add nothing, so a value of shapes and ints costs almost nothing."""
-    found: list = []
+    found: list[int | tuple[int, int]] = []
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
     pending = [value]
@@ -84,20 +87,25 @@ def _one(_value: Any) -> int:
 
 
 class LruCache:
-    """Thread-safe LRU bounded by the summed `weigh(value)` of its entries (1 each by default).
-    An entry heavier than the whole capacity is not stored."""
+    """Thread-safe LRU bounded by the summed `weigh(value)` of its entries. An entry heavier than
+    the whole capacity is not stored.
+
+    Args:
+        capacity: the most the entries may weigh together (>= 0).
+        weigh: an entry's weight from its value; 1 each by default (capacity counts entries).
+    """
 
     def __init__(self, capacity: int, weigh: Callable[[Any], int] = _one):
         if capacity < 0:
             raise ValueError("capacity must be >= 0")
         self.capacity = capacity
         self._weigh = weigh
-        self._entries: OrderedDict[str, Any] = OrderedDict()  # key -> (value, weight, fingerprint)
+        self._entries: OrderedDict[str, tuple[Any, int, Fingerprint]] = OrderedDict()  # key -> (value, weight, seal)
         self._lock = threading.Lock()
         self._size = 0
         self._hits = self._misses = self._evictions = self._mutated = 0
 
-    def get(self, key: str, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         """The value for `key` (marking it most recently used), counting a hit or a miss."""
         found, value = self.lookup(key)
         return value if found else default
@@ -105,8 +113,8 @@ class LruCache:
     def lookup(self, key: str) -> tuple[bool, Any]:
         """(found, value): for values that may legitimately be None."""
         with self._lock:
-            entry = self._entries.get(key, _MISSING)
-            if entry is _MISSING:
+            entry = self._entries.get(key)
+            if entry is None:
                 self._misses += 1
                 return False, None
             if fingerprint(entry[0]) != entry[2]:  # a reader changed it: recomputed, never served
@@ -121,7 +129,7 @@ class LruCache:
             self._hits += 1
             return True, entry[0]
 
-    def put(self, key: str, value: Any, seal: tuple | None = None) -> bool:
+    def put(self, key: str, value: Any, seal: Fingerprint | None = None) -> bool:
         """Stores `value` sealed (see the module docstring), evicting least recently used entries;
         False if it can never fit. `seal`: the value's `fingerprint(value, freeze=True)` when the
         caller took it already (the Processor hands the same one to the shared-tier writer)."""

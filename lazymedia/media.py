@@ -10,9 +10,10 @@ import binascii
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 import pybase64
 
 from .codecs import codec, decode, probe
@@ -26,9 +27,15 @@ if TYPE_CHECKING:  # importing torch at run time would load it with the package
     import torch
     from PIL import Image
 
+    from .codecs.types import MediaHeader
+
 # What a handle decodes to: torch.Tensor (an image), VideoFrames, AudioSamples, or a map()'s result.
 Decoded = TypeVar("Decoded")
 Mapped = TypeVar("Mapped")
+_Value = TypeVar("_Value")
+
+# What `load` reads: encoded bytes, or the path of a file holding them.
+MediaSource: TypeAlias = "bytes | bytearray | memoryview | os.PathLike[str]"
 
 
 class _Source:
@@ -36,8 +43,8 @@ class _Source:
 
     __slots__ = ("modality", "spec", "limits", "data", "nbytes", "header", "key", "item_id", "lock")
 
-    def __init__(self, modality: str, spec: Spec, limits: Limits, data, header, key: str | None,
-                 item_id: str | None = None):
+    def __init__(self, modality: str, spec: Spec, limits: Limits, data: bytes | memoryview | None,
+                 header: MediaHeader | None, key: str | None, item_id: str | None = None):
         self.modality = modality
         self.spec = spec
         self.limits = limits
@@ -48,7 +55,7 @@ class _Source:
         self.item_id = item_id  # set for a handle known by id alone, which has no bytes
         self.lock = threading.Lock()
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         if self.data is None and self.item_id is None:
             raise MediaReleasedError("internal error: an item was shipped after its bytes were released",
                                      hint="pickle a handle before release_bytes() (the pixels are not shipped)")
@@ -56,23 +63,23 @@ class _Source:
                 "data": None if self.data is None else bytes(self.data), "header": self.header, "key": self.key,
                 "item_id": self.item_id}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         _Source.__init__(self, state["modality"], state["spec"], state["limits"], state["data"], state["header"],
                          state["key"], state["item_id"])
 
 
-class _Once:
+class _Once(Generic[_Value]):
     """Computes a value at most once across threads; a failure is kept and raised again."""
 
     __slots__ = ("lock", "done", "value", "error")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.done = False
-        self.value = None
+        self.value: _Value | None = None
         self.error: BaseException | None = None
 
-    def get(self, compute: Callable[[], Any]):
+    def get(self, compute: Callable[[], _Value]) -> _Value:
         if not self.done:
             with self.lock:
                 if not self.done:
@@ -83,10 +90,10 @@ class _Once:
                     self.done = True
         if self.error is not None:
             raise self.error
-        return self.value
+        return cast(_Value, self.value)  # compute()'s, or what fulfil() stored without an error
 
 
-def _transform_label(fn: Callable, key: str | None) -> str:
+def _transform_label(fn: Callable[..., object], key: str | None) -> str:
     if key is not None:
         return key
     qualname = getattr(fn, "__qualname__", "")
@@ -103,22 +110,27 @@ class LazyMedia(Generic[Decoded]):
 
     __slots__ = ("_source", "_parent", "_fn", "_label", "_key", "_decoded", "__weakref__")
 
-    def __init__(self, source: _Source, parent: LazyMedia[Any] | None = None, fn: Callable | None = None,
-                 label: str = ""):
+    def __init__(self, source: _Source, parent: LazyMedia[Any] | None = None,
+                 fn: Callable[[Any], Decoded] | None = None, label: str = ""):
         self._source = source
         self._parent = parent
         self._fn = fn
         self._label = label
         self._key: str | None = None
-        self._decoded = _Once()
+        self._decoded: _Once[Decoded] = _Once()
 
     @classmethod
-    def from_id(cls, modality: str, item_id: str, **spec) -> LazyMedia[Any]:
+    def from_id(cls, modality: str, item_id: str, **spec: Any) -> LazyMedia[Any]:
         """A handle known only by a caller-supplied id (vLLM's multi_modal_uuids): no bytes and
         no header, so it can only hit the cache; a miss raises MediaNotCachedError (400). The key
-        comes from the id and the spec settings `spec` (the same as `load_*` take), in a domain
-        of its own: an id never equals a content key. The caller vouches that one id is one
-        content; lazymedia cannot check it."""
+        comes from the id and the spec settings, in a domain of its own: an id never equals a
+        content key. The caller vouches that one id is one content; lazymedia cannot check it.
+
+        Args:
+            modality: "image", "video" or "audio".
+            item_id: the caller's non-empty id of the content.
+            **spec: the spec settings, the same as `load_*` take (part of the key).
+        """
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
         spec_obj = make_spec(modality, spec)
@@ -126,13 +138,18 @@ class LazyMedia(Generic[Decoded]):
         return cls(_Source(modality, spec_obj, DEFAULT_LIMITS, None, None, key, item_id=item_id))
 
     @classmethod
-    def from_decoded(cls, media, modality: str = "image") -> LazyMedia[Any]:
-        """A handle over an input that arrived decoded (a PIL image, a numpy array, a torch tensor
-        such as precomputed embeddings): already decoded, handed to the processor untouched, and
-        keyed by its content as vLLM keys such inputs (EXIF ImageID UUID first; `object_key`).
-        Its spec is the modality's default and plays no part in the key."""
+    def from_decoded(cls, media: object, modality: str = "image") -> LazyMedia[Any]:
+        """A handle over an input that arrived decoded: already decoded, handed to the processor
+        untouched, and keyed by its content as vLLM keys such inputs (EXIF ImageID UUID first;
+        `object_key`). Its spec is the modality's default and plays no part in the key.
+
+        Args:
+            media: a PIL image, a numpy array or a torch tensor (precomputed embeddings, say); any
+                other type is a TypeError.
+            modality: what it stands for, "image" by default (part of the key).
+        """
         spec = make_spec(modality, {})
-        handle = cls(_Source(modality, spec, DEFAULT_LIMITS, None, None, object_key(modality, media)))
+        handle: LazyMedia[Any] = cls(_Source(modality, spec, DEFAULT_LIMITS, None, None, object_key(modality, media)))
         handle.fulfil(media)
         return handle
 
@@ -142,7 +159,9 @@ class LazyMedia(Generic[Decoded]):
         return self._source.modality
 
     @property
-    def spec(self):
+    def spec(self) -> Any:
+        """The decode spec: an ImageSpec, VideoSpec or AudioSpec by `modality` (typed Any: which
+        one is known at run time, from the modality)."""
         return self._source.spec
 
     @property
@@ -151,8 +170,10 @@ class LazyMedia(Generic[Decoded]):
         return self._source.limits
 
     @property
-    def header(self):
-        """Format and geometry read from the encoded bytes (no decode)."""
+    def header(self) -> Any:
+        """Format and geometry read from the encoded bytes (no decode): an ImageHeader,
+        VideoHeader or AudioHeader by `modality` (typed Any, as `spec`); None for a handle
+        known by id or that arrived decoded."""
         return self._source.header
 
     @property
@@ -174,7 +195,7 @@ class LazyMedia(Generic[Decoded]):
         """Whether this handle is a map() of another (it decodes by transforming its parent)."""
         return self._parent is not None
 
-    def encoded(self) -> bytes:
+    def encoded(self) -> bytes | memoryview:
         """The encoded bytes; MediaReleasedError once `release_bytes()` dropped them, and
         MediaNotCachedError for a handle known by id alone."""
         source = self._source
@@ -221,17 +242,18 @@ class LazyMedia(Generic[Decoded]):
         """The decoded media (decoding now if needed)."""
         return self.decode()
 
-    def decode(self, out=None) -> Decoded:
+    def decode(self, out: torch.Tensor | None = None) -> Decoded:
         """Decodes once; concurrent callers wait for the one decode and get the same object.
         `out` is a preallocated tensor to decode into (used only by the first decode)."""
         return self._decoded.get(lambda: self._compute(out))
 
-    def _compute(self, out):
+    def _compute(self, out: torch.Tensor | None) -> Decoded:
         if self._parent is not None and self._fn is not None:
             return self._fn(self._parent.decode())
-        return decode(self.modality, self.encoded(), self.header, self.spec, out, self.limits)
+        # The handle's type parameter is what its modality decodes to (load_image: torch.Tensor, ...).
+        return cast(Decoded, decode(self.modality, self.encoded(), self.header, self.spec, out, self.limits))
 
-    def fulfil(self, value=None, error: BaseException | None = None) -> bool:
+    def fulfil(self, value: Decoded | None = None, error: BaseException | None = None) -> bool:
         """Stores a decode made elsewhere (a batched GPU decoder, a worker process) as this
         handle's one decode; False if the handle already had one, which then stands."""
         cell = self._decoded
@@ -253,26 +275,26 @@ class LazyMedia(Generic[Decoded]):
         self._source.data = None
 
     # -- views for processors ---------------------------------------------------------------
-    def numpy(self) -> np.ndarray:
+    def numpy(self) -> npt.NDArray[np.uint8]:
         """The decoded image as a zero-copy HWC numpy array."""
         return self._image_tensor().numpy()
 
-    def to_pil(self):
+    def to_pil(self) -> Image.Image:
         """The decoded image as a PIL image (`image_to_pil`)."""
         return image_to_pil(self._image_tensor())
 
-    def _image_tensor(self):
+    def _image_tensor(self) -> torch.Tensor:
         media = self.decode()
         if not hasattr(media, "numpy") or getattr(media, "ndim", 0) != 3:
             raise TypeError(f"{self.modality} media has no image view")
-        return media
+        return cast("torch.Tensor", media)  # an image's [H, W, C] tensor (checked above)
 
     # -- pickling: bytes and spec travel, pixels do not -------------------------------------
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {"source": self._source, "parent": self._parent, "fn": self._fn, "label": self._label,
                 "key": self._key if self._key is not None else self._source.key}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         LazyMedia.__init__(self, state["source"], state["parent"], state["fn"], state["label"])
         self._key = state["key"]
 
@@ -299,7 +321,7 @@ class LazyMedia(Generic[Decoded]):
         return f"LazyMedia({', '.join(parts)})"
 
 
-def image_to_pil(image: torch.Tensor | np.ndarray) -> Image.Image:
+def image_to_pil(image: torch.Tensor | npt.NDArray[np.uint8]) -> Image.Image:
     """A decoded image (uint8 HWC tensor or array) as a PIL image, for processors that take PIL.
     L and RGBA images share the decoded memory (read-only for Pillow's purposes: do not draw on
     them); RGB and LA are copied once, since Pillow stores them four bytes a pixel."""
@@ -313,7 +335,7 @@ def image_to_pil(image: torch.Tensor | np.ndarray) -> Image.Image:
     return Image.fromarray(array[:, :, 0] if channels == 1 else array, mode)
 
 
-def unhashed_bytes(item) -> int:
+def unhashed_bytes(item: object) -> int:
     """Bytes hashing `item` would read: a handle's encoded bytes unless its key is known; a
     decoded input's pixels or elements (its key is computed when it becomes a handle)."""
     if isinstance(item, LazyMedia):
@@ -324,11 +346,12 @@ def unhashed_bytes(item) -> int:
     size, bands, mode = getattr(item, "size", None), getattr(item, "getbands", None), getattr(item, "mode", "")
     if isinstance(size, tuple) and len(size) == 2 and bands is not None:  # PIL image
         depth = 4 if mode in ("I", "F") else 2 if mode.startswith("I;16") else 1
-        return size[0] * size[1] * len(bands()) * depth
+        pixels: int = size[0] * size[1]
+        return pixels * len(bands()) * depth
     return 0
 
 
-def as_handle(item) -> LazyMedia[Any]:
+def as_handle(item: object) -> LazyMedia[Any]:
     """`item` itself if it is a handle; a PIL image, numpy array or torch tensor as an image that
     arrived decoded (`LazyMedia.from_decoded`); anything else is a TypeError (a server bug)."""
     if isinstance(item, LazyMedia):
@@ -336,7 +359,7 @@ def as_handle(item) -> LazyMedia[Any]:
     return LazyMedia.from_decoded(item)
 
 
-def read_file(path: str | os.PathLike, limits: Limits = DEFAULT_LIMITS) -> bytes:
+def read_file(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> bytes:
     """A file's bytes, refused (413) past `limits.max_bytes` before and while reading."""
     try:
         with open(path, "rb") as f:
@@ -353,7 +376,7 @@ def read_file(path: str | os.PathLike, limits: Limits = DEFAULT_LIMITS) -> bytes
     return data
 
 
-def _encoded_bytes(data, limits: Limits) -> bytes:
+def _encoded_bytes(data: object, limits: Limits) -> bytes:
     """The encoded bytes of a source: bytes-like as given (copied once from a mutable buffer, which
     the caller may reuse), or a file's content for an os.PathLike."""
     if isinstance(data, bytes):
@@ -372,7 +395,7 @@ def _encoded_bytes(data, limits: Limits) -> bytes:
                             hint="pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)")
 
 
-def probe_is_instant(modality: str, data) -> bool:
+def probe_is_instant(modality: str, data: bytes) -> bool:
     """Whether load(modality, data) probes in microseconds whatever the bytes hold, so an event
     loop may run it inline: small JPEGs and PNGs (codecs.image.probe_is_instant). Container
     probes (FFmpeg, libsndfile) and Pillow's header parse belong on a thread."""
@@ -383,16 +406,22 @@ def probe_is_instant(modality: str, data) -> bool:
     return image.probe_is_instant(data)
 
 
-def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
-         item_id: str | None = None, **spec) -> LazyMedia[Any]:
-    """An undecoded handle over `data` (encoded bytes, or a pathlib.Path to read) as `modality`
-    ('image', 'video' or 'audio'), decoded under the spec settings `spec`.
+def load(modality: str, data: MediaSource, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
+         item_id: str | None = None, **spec: Any) -> LazyMedia[Any]:
+    """An undecoded handle over `data` as `modality`, decoded under the spec settings `spec`.
 
     Probes the header now; raises InvalidMediaError (400) for non-media and bad settings,
     MediaTooLargeError (413) over `limits`, UnprocessableMediaError (422) for a broken header.
-    `key` is a precomputed key of the same bytes and spec (a connector hashes while downloading);
-    it is trusted as given. `item_id` is a caller-supplied identity (vLLM's multi_modal_uuids)
-    that replaces the content key, so a later `LazyMedia.from_id` with the same id and spec hits.
+
+    Args:
+        modality: "image", "video" or "audio".
+        data: the encoded bytes (a mutable buffer is copied once), or a pathlib.Path to read.
+        limits: what input is accepted (checked from the header, before any decode).
+        key: a precomputed key of the same bytes and spec (a connector hashes while
+            downloading); trusted as given.
+        item_id: a caller-supplied identity (vLLM's multi_modal_uuids) that replaces the content
+            key, so a later `LazyMedia.from_id` with the same id and spec hits.
+        **spec: the modality's spec settings (ImageSpec, VideoSpec or AudioSpec fields).
     """
     spec_obj = make_spec(modality, spec)
     data = _encoded_bytes(data, limits)
@@ -412,49 +441,64 @@ def load(modality: str, data, *, limits: Limits = DEFAULT_LIMITS, key: str | Non
     return LazyMedia(_Source(modality, spec_obj, limits, data, header, key))
 
 
-def load_image(data, *, mode: str | None = "RGB", background: tuple[int, int, int] = (255, 255, 255),
+def load_image(data: MediaSource, *, mode: str | None = "RGB", background: tuple[int, int, int] = (255, 255, 255),
                apply_orientation: bool = True, size: tuple[int, int] | None = None, resample: str = "bicubic",
                draft: bool = False, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
                item_id: str | None = None) -> LazyMedia[torch.Tensor]:
     """An undecoded image (JPEG, PNG, GIF, WebP, and BMP, TIFF, ICO, PPM, ... as Pillow reads
-    them) from encoded bytes or a pathlib.Path.
+    them) from encoded bytes or a pathlib.Path. Decodes to a uint8 tensor [height, width,
+    channels]; pixels follow Pillow's convert(), except that an RGBA source decoded as "RGB" is
+    composited over `background`, as vLLM does.
 
-    Decodes to a uint8 tensor [height, width, channels]. mode: "RGB", "RGBA", "L", "LA"
-    (channels 3, 4, 1, 2), or None for the source's own; pixels follow Pillow's convert(),
-    except that an RGBA source decoded as "RGB" is composited over `background`, as vLLM does.
-    apply_orientation: honour the EXIF orientation; size: (height, width) to resize to, with
-    `resample` "bicubic" or "bilinear" (Pillow's filters, bit for bit); draft: let a JPEG decode
-    at a reduced DCT scale first (faster, slightly different pixels).
+    Args:
+        data: the encoded bytes, or a pathlib.Path to read.
+        mode: "RGB", "RGBA", "L", "LA" (channels 3, 4, 1, 2), or None for the source's own.
+        background: the RGB colour transparency is composited over for mode="RGB".
+        apply_orientation: honour the EXIF orientation.
+        size: (height, width) to resize to; None keeps the source's.
+        resample: "bicubic" or "bilinear" (Pillow's filters, bit for bit).
+        draft: let a JPEG decode at a reduced DCT scale first (faster, slightly different pixels).
+        limits, key, item_id: as `load` takes them.
     """
     return load("image", data, limits=limits, key=key, item_id=item_id, mode=mode, background=background,
                 apply_orientation=apply_orientation, size=size, resample=resample, draft=draft)
 
 
-def load_video(data, *, num_frames: int | None = DEFAULT_NUM_FRAMES, fps: float | None = None,
+def load_video(data: MediaSource, *, num_frames: int | None = DEFAULT_NUM_FRAMES, fps: float | None = None,
                max_frames: int | None = None, max_duration: float = 300.0, sampler: str = "uniform",
                size: tuple[int, int] | None = None, decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS,
                key: str | None = None, item_id: str | None = None) -> LazyMedia[VideoFrames]:
     """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
-
     Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
-    and transformers-style metadata they came from. Frames are chosen as vLLM's loaders choose
-    them: num_frames (default 32, vLLM's; None for every frame) spread over the clip
-    (np.linspace, truncated), capped by duration x fps when fps is given too. sampler: "uniform" (that rule),
-    "dynamic" (vLLM's: every 1/fps s up to max_duration seconds), "rounded", or one added with
-    lazymedia.register_sampler. max_frames: thin to at most this many. size: (height, width)
-    to scale to while decoding. decoder: "pyav" or "opencv".
+    and transformers-style metadata they came from, chosen as vLLM's loaders choose them.
+
+    Args:
+        data: the encoded bytes, or a pathlib.Path to read.
+        num_frames: frames spread over the clip (np.linspace, truncated; default 32, vLLM's);
+            None for every frame.
+        fps: caps the count at duration x fps ("dynamic": the sampling rate).
+        max_frames: thin the choice to at most this many.
+        max_duration: seconds the "dynamic" sampler covers.
+        sampler: "uniform" (the rule above), "dynamic" (vLLM's: every 1/fps s up to
+            max_duration seconds), "rounded", or one added with lazymedia.register_sampler.
+        size: (height, width) to scale to while decoding; None keeps the source's.
+        decoder: the CPU reader, "pyav" or "opencv".
+        limits, key, item_id: as `load` takes them.
     """
     return load("video", data, limits=limits, key=key, item_id=item_id, num_frames=num_frames, fps=fps,
                 max_frames=max_frames, max_duration=max_duration, sampler=sampler, size=size, decoder=decoder)
 
 
-def load_audio(data, *, sample_rate: int | None = None, mono: bool = True, limits: Limits = DEFAULT_LIMITS,
+def load_audio(data: MediaSource, *, sample_rate: int | None = None, mono: bool = True, limits: Limits = DEFAULT_LIMITS,
                key: str | None = None, item_id: str | None = None) -> LazyMedia[AudioSamples]:
     """An undecoded audio file (WAV, FLAC, MP3, Ogg, ...) from encoded bytes or a pathlib.Path.
-
     Decodes to `AudioSamples`: samples float32 [channels, samples] and the sample rate.
-    sample_rate: resample to this rate (None keeps the source's); mono: average the channels
-    (the default, as vLLM's loaders do; mono=False keeps them).
+
+    Args:
+        data: the encoded bytes, or a pathlib.Path to read.
+        sample_rate: resample to this rate; None keeps the source's.
+        mono: average the channels (the default, as vLLM's loaders do); False keeps them.
+        limits, key, item_id: as `load` takes them.
     """
     return load("audio", data, limits=limits, key=key, item_id=item_id, sample_rate=sample_rate, mono=mono)
 

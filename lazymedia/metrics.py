@@ -18,9 +18,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._profiling import nvtx_range
+
+if TYPE_CHECKING:  # prometheus_client is optional, imported where metrics are exported
+    from prometheus_client.metrics_core import Metric
 
 
 class Listener(Protocol):
@@ -73,10 +77,11 @@ class phase:  # lower case: used as a function, `with phase("decode", backend=..
         self.range.__enter__()
         self.started = time.perf_counter() if _listeners else 0.0
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if self.started:
             observe(self.name, time.perf_counter() - self.started, **self.labels)
-        self.range.__exit__(*exc_info)
+        self.range.__exit__(exc_type, exc, traceback)
 
 
 def reason_kind(reason: str) -> str:
@@ -238,7 +243,7 @@ class _Collector:
         self.own = own  # the registry of the histogram and counters
         self.watched = watched
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         for family in self.own.collect():

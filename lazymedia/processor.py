@@ -30,19 +30,27 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._profiling import nvtx_range
 from .cache import Cache, ProcessorCache, SharedTier
-from .cache.protocol import Call, adrive, drive
+from .cache.protocol import Call, Steps, adrive, drive
 from .engine import DecodeEngine, default_engine
 from .engine.engine import device_engine
 from .engine.placement import BYTES_PER_DECODED_BYTE, Placement, host_copies
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
-from .lru import fingerprint
+from .lru import Fingerprint, fingerprint
 from .media import LazyMedia, as_handle, unhashed_bytes
 from .metrics import count, phase
+
+if TYPE_CHECKING:  # the device path imports them when a Processor has a device
+    import torch
+
+    from .ops import HostBufferPool
+
+# What process_fn returns for one item (and the cache holds for its key).
+Output = TypeVar("Output")
 
 
 class _Abandoned(Exception):
@@ -51,37 +59,42 @@ class _Abandoned(Exception):
 
 @dataclass
 class _Plan:
-    items: list[LazyMedia]
+    items: list[LazyMedia[Any]]
     results: list[Any]
     leaders: dict[str, list[int]] = field(default_factory=dict)   # key -> request indices
-    leader_futures: dict[str, Future] = field(default_factory=dict)
-    followers: dict[str, tuple[Future, list[int]]] = field(default_factory=dict)
-    decodes: dict[str, Future] = field(default_factory=dict)
+    leader_futures: dict[str, Future[Any]] = field(default_factory=dict)
+    followers: dict[str, tuple[Future[Any], list[int]]] = field(default_factory=dict)
+    decodes: dict[str, Future[Any]] = field(default_factory=dict)
     leases: dict[str, str] = field(default_factory=dict)  # key -> shared-tier lease token ("" = none)
-    seals: dict[str, tuple] = field(default_factory=dict)  # key -> lru.fingerprint of its published value
+    seals: dict[str, Fingerprint] = field(default_factory=dict)  # key -> lru.fingerprint of its published value
     placements: dict[str, Placement] = field(default_factory=dict)  # key -> device budget held (device mode)
     remote: list[str] = field(default_factory=list)  # keys another process is decoding
 
 
-class Processor:
-    """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order).
+class Processor(Generic[Output]):
+    """Wraps `process_fn(decoded_items) -> outputs` (one output per item, same order); `Output`
+    is what process_fn returns for one item, and what `apply` returns per item.
 
-    cache: a cache.protocol.Cache: a ProcessorCache (default: a private 1 GiB one), or a
-    TieredCache whose shared tiers span processes and machines. namespace: mixed into every key,
-    so processors with different settings can share one cache. engine: the DecodeEngine for
-    misses (default: the process-wide one). process_workers: threads that run phase 2 for
-    apply_async, off the event loop.
-
-    device: misses decode onto it where the engine's cap allows (default engine: the
-    process-wide one of that device, engine.device_engine); bytes_per_decoded_byte: what a miss
-    reserves of the cap per decoded byte (the processor's working set). keep_on_device: cache
-    the outputs where process_fn left them (the local tier's capacity_bytes bounds them; no
-    shared tier) instead of a pinned host copy.
+    Args:
+        process_fn: the model's processor over a list of decoded items (a tensor, VideoFrames or
+            AudioSamples each; inputs that arrived decoded as they came).
+        cache: a cache.protocol.Cache: a ProcessorCache (default: a private 1 GiB one), or a
+            TieredCache whose shared tiers span processes and machines.
+        engine: the DecodeEngine for misses (default: the process-wide one, or with `device`
+            that device's, engine.device_engine).
+        namespace: mixed into every key, so processors with different settings can share one cache.
+        process_workers: threads that run phase 2 for apply_async, off the event loop.
+        device: misses decode onto it where the engine's cap allows.
+        keep_on_device: cache the outputs where process_fn left them (the local tier's
+            capacity_bytes bounds them; no shared tier) instead of a pinned host copy.
+        bytes_per_decoded_byte: what a miss reserves of the device cap per decoded byte (the
+            processor's working set).
     """
 
-    def __init__(self, process_fn: Callable[[list], Sequence], *, cache: Cache | None = None,
+    def __init__(self, process_fn: Callable[[list[Any]], Sequence[Output]], *, cache: Cache | None = None,
                  engine: DecodeEngine | None = None, namespace: str = "", process_workers: int = 1,
-                 device=None, keep_on_device: bool = False, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE):
+                 device: torch.device | str | int | None = None, keep_on_device: bool = False,
+                 bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE):
         self.process_fn = process_fn
         self.cache: Cache = cache if cache is not None else ProcessorCache()
         self._local = self.cache.local  # looked up under the lock
@@ -98,14 +111,14 @@ class Processor:
         self.device = engine.device if device is not None else None
         self.keep_on_device = keep_on_device
         self._bytes_per_decoded_byte = bytes_per_decoded_byte
-        self._host_buffers = None
+        self._host_buffers: HostBufferPool | None = None
         if self.device is not None and not keep_on_device:
             from .ops import HostBufferPool
 
             self._host_buffers = HostBufferPool(max_cached_bytes=256 << 20)  # pinned where a GPU is
         self.namespace = namespace
         self._lock = threading.Lock()
-        self._inflight: dict[str, Future] = {}
+        self._inflight: dict[str, Future[Any]] = {}
         self._process_workers = process_workers
         self._phase2_pool: ThreadPoolExecutor | None = None
 
@@ -116,7 +129,7 @@ class Processor:
             return len(self._inflight)
 
     # -- public -----------------------------------------------------------------------------
-    def apply(self, items: Sequence) -> list:
+    def apply(self, items: Sequence[object]) -> list[Output]:
         """Processed outputs for `items` (handles; PIL images, arrays and tensors pass to
         process_fn untouched, keyed by content), in order. Raises UnprocessableMediaError (422)
         naming the first corrupt item's index; all decodes have finished by then."""
@@ -144,7 +157,7 @@ class Processor:
             self._release(plan, self._follower_indices(plan))
         return plan.results
 
-    async def apply_async(self, items: Sequence) -> list:
+    async def apply_async(self, items: Sequence[object]) -> list[Output]:
         """`apply` for an event loop: decodes and phase 2 run on threads, so other requests keep
         being served (and their decodes overlap with these). An all-hit request never leaves
         the caller's task."""
@@ -188,7 +201,7 @@ class Processor:
             self._release(plan, self._follower_indices(plan))
         return plan.results
 
-    def cache_key(self, item: LazyMedia) -> str:
+    def cache_key(self, item: LazyMedia[Any]) -> str:
         return item.key if not self.namespace else derived_key(item.key, "processor:" + self.namespace)
 
     def close(self) -> None:
@@ -196,15 +209,15 @@ class Processor:
             self._phase2_pool.shutdown(wait=True)
 
     # -- phase 1 ----------------------------------------------------------------------------
-    def _plan(self, items: Sequence) -> _Plan:
-        items = [as_handle(item) for item in items]
+    def _plan(self, items: Sequence[object]) -> _Plan:
+        handles = [as_handle(item) for item in items]
         with phase("hash"):
-            keys = [self.cache_key(item) for item in items]
-        plan = _Plan(items, [None] * len(items))
+            keys = [self.cache_key(handle) for handle in handles]
+        plan = _Plan(handles, [None] * len(handles))
         with phase("lookup"):
             for index, key in enumerate(keys):
                 if key in plan.leaders or key in plan.followers:  # met earlier in this request: not cached
-                    count("lookups", tier="local", modality=items[index].modality, result="miss")
+                    count("lookups", tier="local", modality=handles[index].modality, result="miss")
                     if key in plan.leaders:
                         plan.leaders[key].append(index)
                     else:
@@ -214,10 +227,10 @@ class Processor:
                     found, value = self._local.lookup(key)
                     joined = None if found else self._inflight.get(key)
                     if not found and joined is None:
-                        led: Future = Future()
+                        led: Future[Any] = Future()
                         led.set_running_or_notify_cancel()  # nobody may cancel a shared result
                         self._inflight[key] = led
-                count("lookups", tier="local", modality=items[index].modality, result="hit" if found else "miss")
+                count("lookups", tier="local", modality=handles[index].modality, result="hit" if found else "miss")
                 if found:
                     plan.results[index] = value
                 elif joined is None:
@@ -244,7 +257,7 @@ class Processor:
                         plan.decodes[key] = _decoded_here(item)
 
     # -- phase 1b: the shared tier ------------------------------------------------------------
-    def _shared_steps(self, plan: _Plan, shared: SharedTier):
+    def _shared_steps(self, plan: _Plan, shared: SharedTier) -> Steps:
         """The leaders' shared-tier work, written once for apply and apply_async: each
         `yield Call(...)` is a call on the shared tier, which `drive` or `adrive` runs."""
         self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (list(plan.leaders),))))
@@ -260,7 +273,7 @@ class Processor:
         if leased:  # a value may have landed between the first read and the lease
             self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (leased, True))))
 
-    def _remote_steps(self, plan: _Plan, shared: SharedTier):
+    def _remote_steps(self, plan: _Plan, shared: SharedTier) -> Steps:
         """Waits for the keys other processes are decoding; one they do not deliver (gone, too
         slow) is leased where possible and decoded here."""
         for key in plan.remote:
@@ -271,7 +284,7 @@ class Processor:
                 plan.leases[key] = (yield Call(shared.try_lease, shared.atry_lease, (key,))) or ""
         plan.remote.clear()
 
-    def _settle(self, plan: _Plan, found: dict) -> None:
+    def _settle(self, plan: _Plan, found: dict[str, Any]) -> None:
         """Leaders the shared tier answered: published like decoded ones, never decoded."""
         for key, value in found.items():
             indices = plan.leaders.pop(key, None)
@@ -369,7 +382,7 @@ class Processor:
             self.engine.unplace(plan.placements.popitem()[1])
         self._release(plan, [index for indices in plan.leaders.values() for index in indices])
 
-    def _lease_releases(self, plan: _Plan, shared: SharedTier):
+    def _lease_releases(self, plan: _Plan, shared: SharedTier) -> Steps:
         """The leases' releases as shared-tier calls, for apply_async's asyncio client."""
         while plan.leases:
             key, token = plan.leases.popitem()
@@ -384,7 +397,7 @@ class Processor:
     def _collect_followers(self, plan: _Plan) -> list[list[int]]:
         """Fills the followers' results from their leaders' finished futures; returns the index
         lists of abandoned keys, which the caller retries itself."""
-        abandoned = []
+        abandoned: list[list[int]] = []
         for future, indices in plan.followers.values():
             try:
                 value = future.result()
@@ -441,19 +454,19 @@ class Processor:
         for index in indices:
             plan.results[index] = value
 
-    def _retry(self, item: LazyMedia, index: int):
+    def _retry(self, item: LazyMedia[Any], index: int) -> Output:
         try:
             return self.apply([item])[0]
         except MediaError as exc:
             raise exc.with_index(index) from None
 
-    async def _retry_async(self, item: LazyMedia, index: int):
+    async def _retry_async(self, item: LazyMedia[Any], index: int) -> Output:
         try:
             return (await self.apply_async([item]))[0]
         except MediaError as exc:
             raise exc.with_index(index) from None
 
-    def _host_copies(self, outputs: list) -> list:
+    def _host_copies(self, outputs: list[Output]) -> list[Output]:
         """The outputs with every tensor on the device copied into a pinned host buffer
         (asynchronously, one wait for them all): what the cache keeps and callers get."""
         import torch
@@ -471,9 +484,9 @@ class Processor:
             return self._phase2_pool
 
 
-def _decoded_here(item: LazyMedia) -> Future:
+def _decoded_here(item: LazyMedia[Any]) -> Future[Any]:
     """A finished future of `item.decode()` run on the caller: nothing for the engine to do."""
-    future: Future = Future()
+    future: Future[Any] = Future()
     try:
         future.set_result(item.decode())
     except Exception as exc:
@@ -481,16 +494,16 @@ def _decoded_here(item: LazyMedia) -> Future:
     return future
 
 
-def _all_done(futures: list[Future]) -> Future:
+def _all_done(futures: list[Future[Any]]) -> Future[None]:
     """A future that completes (always with None) once every one of `futures` has finished.
     Awaiting it instead of each wrapped future leaves no asyncio future whose exception nobody
     retrieves, so corrupt items log nothing."""
-    done: Future = Future()
+    done: Future[None] = Future()
     done.set_running_or_notify_cancel()  # a cancelled waiter must not cancel it: set_result would raise
     remaining = [len(futures)]
     lock = threading.Lock()
 
-    def one_finished(_future) -> None:
+    def one_finished(_future: Future[Any]) -> None:
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
@@ -504,11 +517,11 @@ def _all_done(futures: list[Future]) -> Future:
     return done
 
 
-async def _wait_all(futures: list[Future]) -> None:
+async def _wait_all(futures: list[Future[Any]]) -> None:
     await asyncio.wrap_future(_all_done(futures))
 
 
-async def _shielded(future: Future) -> None:
+async def _shielded(future: Future[Any]) -> None:
     """Awaits a concurrent future that must run to its end even if this task is cancelled;
     its outcome is read either way (its exception is raised here, or dropped on cancellation)."""
     wrapped = asyncio.wrap_future(future)
@@ -516,12 +529,12 @@ async def _shielded(future: Future) -> None:
     await asyncio.shield(wrapped)
 
 
-def _read_outcome(future: asyncio.Future) -> None:
+def _read_outcome(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 
 
-async def _drain(futures: list[Future]) -> None:
+async def _drain(futures: list[Future[Any]]) -> None:
     """Waits for `futures` to finish even if this task is cancelled again meanwhile."""
     waiter = asyncio.ensure_future(_wait_all(futures))
     while not waiter.done():

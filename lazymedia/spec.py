@@ -12,6 +12,7 @@ import json
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .errors import InvalidMediaError, MediaTooLargeError
 
@@ -39,32 +40,36 @@ class Spec:
 MAX_SIDE = 1 << 16
 
 
-def _refuse(option: str, accepted: str, value, modality: str, hint: str = "") -> InvalidMediaError:
+# The option validators below take `Any`: they are where a caller's untyped settings get checked.
+_Value = TypeVar("_Value")
+
+
+def _refuse(option: str, accepted: str, value: object, modality: str, hint: str = "") -> InvalidMediaError:
     return InvalidMediaError(f"{option} must be {accepted}, got {value!r}{hint}", modality=modality)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value) -> bool:
+def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _flag(option: str, value, modality: str) -> bool:
+def _flag(option: str, value: Any, modality: str) -> bool:
     """A bool option: True or False only ('no', 0 or None would be coerced silently)."""
     if not isinstance(value, bool):
         raise _refuse(option, "True or False", value, modality)
     return value
 
 
-def _choice(option: str, value, choices: tuple, modality: str):
+def _choice(option: str, value: _Value, choices: tuple[str | None, ...], modality: str) -> _Value:
     if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
         raise _refuse(option, f"one of {choices}", value, modality)
     return value
 
 
-def _count(option: str, value, modality: str, none_means: str) -> int | None:
+def _count(option: str, value: Any, modality: str, none_means: str) -> int | None:
     """A positive int or None (`none_means`); -1, vLLM's spelling of "all", is pointed to None."""
     if value is None:
         return None
@@ -74,7 +79,7 @@ def _count(option: str, value, modality: str, none_means: str) -> int | None:
     return int(value)
 
 
-def _positive(option: str, value, modality: str, none_means: str | None = None) -> float | None:
+def _positive(option: str, value: Any, modality: str, none_means: str | None = None) -> float | None:
     if value is None and none_means is not None:
         return None
     if not _is_real(value) or not value > 0:
@@ -83,7 +88,7 @@ def _positive(option: str, value, modality: str, none_means: str | None = None) 
     return float(value)
 
 
-def _check_size(size, modality: str):
+def _check_size(size: Any, modality: str) -> tuple[int, int] | None:
     if size is None:
         return None
     accepted = f"(height, width), two ints in 1..{MAX_SIDE}, or None for the source's size"
@@ -97,12 +102,19 @@ def _check_size(size, modality: str):
 
 @dataclass(frozen=True)
 class ImageSpec(Spec):
-    """How an image decodes. mode: "RGB", "RGBA", "L", "LA", or None for the source's own (L,
-    LA, RGB or RGBA). background: the colour an RGBA source is composited over for mode="RGB"
-    (vLLM's rule; other sources convert as Pillow does). apply_orientation: honour EXIF
-    orientation. size: (height, width) to resize to with `resample`. draft: let a JPEG decode at
-    the largest DCT scale (1/2, 1/4, 1/8) still at least `size` before resizing: faster, and
-    slightly different pixels, so it is part of the key and off by default."""
+    """How an image decodes.
+
+    Args:
+        mode: "RGB", "RGBA", "L", "LA", or None for the source's own (L, LA, RGB or RGBA).
+        background: the colour an RGBA source is composited over for mode="RGB" (vLLM's rule;
+            other sources convert as Pillow does).
+        apply_orientation: honour EXIF orientation.
+        size: (height, width) to resize to with `resample`; None keeps the source's.
+        resample: "bicubic" or "bilinear".
+        draft: let a JPEG decode at the largest DCT scale (1/2, 1/4, 1/8) still at least `size`
+            before resizing: faster, and slightly different pixels, so it is part of the key and
+            off by default.
+    """
 
     modality = "image"
 
@@ -113,7 +125,7 @@ class ImageSpec(Spec):
     resample: str = "bicubic"
     draft: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _choice("mode", self.mode, IMAGE_MODES, "image")
         _choice("resample", self.resample, RESAMPLE_FILTERS, "image")
         background = self.background
@@ -132,12 +144,19 @@ DEFAULT_NUM_FRAMES = 32
 
 @dataclass(frozen=True)
 class VideoSpec(Spec):
-    """Which frames come back, chosen by the named `sampler` (codecs.sampling; the default,
-    "uniform", is vLLM's): `num_frames` (default 32, vLLM's; None for every frame) spread over
-    the clip, capped by duration x `fps` when fps is given too; "dynamic" samples at `fps` up to
-    `max_duration` seconds. `max_frames` thins any choice further. `size` resizes each frame to
-    (height, width) while decoding. `decoder` picks the CPU reader, "pyav" or "opencv" (their
-    YUV conversions and scalers differ slightly, so it is part of the key)."""
+    """Which frames come back, chosen by the named `sampler` (codecs.sampling), and how.
+
+    Args:
+        num_frames: frames spread over the clip (default 32, vLLM's); None for every frame.
+        fps: caps the count at duration x fps; the rate "dynamic" samples at.
+        max_frames: thins any choice further; None: no cap.
+        max_duration: seconds "dynamic" samples, at most.
+        sampler: "uniform" (the default, vLLM's), "dynamic", "rounded", "qwen2_vl", "qwen3_vl",
+            or one added with lazymedia.register_sampler.
+        size: (height, width) to resize each frame to while decoding; None keeps the source's.
+        decoder: the CPU reader, "pyav" or "opencv" (their YUV conversions and scalers differ
+            slightly, so it is part of the key).
+    """
 
     modality = "video"
 
@@ -149,7 +168,7 @@ class VideoSpec(Spec):
     size: tuple[int, int] | None = None
     decoder: str = "pyav"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _choice("decoder", self.decoder, VIDEO_DECODERS, "video")
         object.__setattr__(self, "num_frames", _count("num_frames", self.num_frames, "video", "every frame"))
         object.__setattr__(self, "fps", _positive("fps", self.fps, "video", "no rate cap"))
@@ -163,15 +182,19 @@ class VideoSpec(Spec):
 
 @dataclass(frozen=True)
 class AudioSpec(Spec):
-    """sample_rate: resample to this rate (None keeps the source rate, as vLLM does); mono:
-    average the channels (default True, as vLLM's loaders do; False keeps every channel)."""
+    """How audio decodes.
+
+    Args:
+        sample_rate: resample to this rate; None keeps the source rate, as vLLM does.
+        mono: average the channels (default True, as vLLM's loaders do); False keeps every channel.
+    """
 
     modality = "audio"
 
     sample_rate: int | None = None
     mono: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "sample_rate",
                            _count("sample_rate", self.sample_rate, "audio", "the source's rate"))
         _flag("mono", self.mono, "audio")
@@ -196,23 +219,30 @@ _SMALLER_OUTPUT = {"image": "pass size=(height, width)",
 class Limits:
     """Bounds checked from the header before any decode, so hostile input costs microseconds.
 
-    max_bytes: encoded bytes of one item. max_decoded_bytes: what one item decodes to, computed
-    from the header and the spec before anything is allocated (image: height x width x channels
-    of the output; video: sampled frames x output height x width x 3; audio: channels x samples
-    at the output rate x 4), plus the decoder's working memory below; unlike a compression ratio,
-    padding the file cannot move it. max_pixels: area of one source image or video frame (what a
-    decoder holds while it works). max_working_bytes: what a decoder holds besides its output,
-    as the header declares it: a progressive or multi-scan JPEG's coefficient buffer (2 bytes
-    per sample of every component), the audio resampler's state, the demuxer's sample index of
-    a video container. The default, 128 MiB, decodes progressive JPEGs up to about 44 M pixels
-    (4:2:0; 22 M at 4:4:4: phone and camera photos) at up to 2x their output while they hold
-    their coefficients, and refuses containers indexing more than 2 M samples; 32 MiB keeps every
-    decode within 1.25 x its output + 32 MB, refusing progressive JPEGs past about 11 M pixels.
-    max_jpeg_scans: scans of one JPEG (each is a pass over the whole coefficient buffer;
-    libjpeg's own progressions use at most 10, mozjpeg's a few more; libjpeg-turbo's
-    TJPARAM_SCANLIMIT exists for the same attack). max_audio_channels: channels
-    of one audio stream (64: FFmpeg's resampler takes at most 64 (SWR_CH_MAX); 22.2 sound is
-    24, seventh-order ambisonics 64).
+    Args:
+        max_bytes: encoded bytes of one item.
+        max_decoded_bytes: what one item decodes to, computed from the header and the spec
+            before anything is allocated (image: height x width x channels of the output; video:
+            sampled frames x output height x width x 3; audio: channels x samples at the output
+            rate x 4), plus the decoder's working memory below; unlike a compression ratio,
+            padding the file cannot move it.
+        max_pixels: area of one source image or video frame (what a decoder holds while it works).
+        max_video_seconds: duration of one video.
+        max_video_frames: frames of one video.
+        max_audio_seconds: duration of one audio clip.
+        max_working_bytes: what a decoder holds besides its output, as the header declares it: a
+            progressive or multi-scan JPEG's coefficient buffer (2 bytes per sample of every
+            component), the audio resampler's state, the demuxer's sample index of a video
+            container. The default, 128 MiB, decodes progressive JPEGs up to about 44 M pixels
+            (4:2:0; 22 M at 4:4:4: phone and camera photos) at up to 2x their output while they
+            hold their coefficients, and refuses containers indexing more than 2 M samples;
+            32 MiB keeps every decode within 1.25 x its output + 32 MB, refusing progressive
+            JPEGs past about 11 M pixels.
+        max_jpeg_scans: scans of one JPEG (each is a pass over the whole coefficient buffer;
+            libjpeg's own progressions use at most 10, mozjpeg's a few more; libjpeg-turbo's
+            TJPARAM_SCANLIMIT exists for the same attack).
+        max_audio_channels: channels of one audio stream (64: FFmpeg's resampler takes at most
+            64 (SWR_CH_MAX); 22.2 sound is 24, seventh-order ambisonics 64).
     """
 
     max_bytes: int = 64 << 20
@@ -244,15 +274,19 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+# A spec class of one modality (what `spec_type` answers).
+SpecType = type[ImageSpec] | type[VideoSpec] | type[AudioSpec]
+
+
 @functools.lru_cache(maxsize=512)
-def _cached_spec(spec_cls, items: tuple):
-    return spec_cls(**{name: value for name, value, _ in items})
+def _cached_spec(modality: str, items: tuple[tuple[str, Any, type], ...]) -> Spec:
+    return SPEC_TYPES[modality](**{name: value for name, value, _ in items})
 
 
-SPEC_TYPES = {"image": ImageSpec, "video": VideoSpec, "audio": AudioSpec}
+SPEC_TYPES: dict[str, SpecType] = {"image": ImageSpec, "video": VideoSpec, "audio": AudioSpec}
 
 
-def spec_type(modality: str) -> type:
+def spec_type(modality: str) -> SpecType:
     """The spec class of a modality; an unknown modality is rejected input (400)."""
     try:
         return SPEC_TYPES[modality]
@@ -260,7 +294,7 @@ def spec_type(modality: str) -> type:
         raise InvalidMediaError(f"unknown modality {modality!r}: use one of {tuple(SPEC_TYPES)}") from None
 
 
-def make_spec(modality: str, settings: dict) -> Spec:
+def make_spec(modality: str, settings: dict[str, Any]) -> Spec:
     """A spec from keyword settings; repeated settings share one validated instance, so the
     per-request cost of a spec is a dictionary lookup. Unknown or malformed settings are
     rejected input (InvalidMediaError, 400) naming the setting and what it accepts."""
@@ -273,7 +307,7 @@ def make_spec(modality: str, settings: dict) -> Spec:
     # The value's type is part of the cache key: 1 == 1.0 == True would otherwise share one spec.
     items = tuple(sorted((name, value, type(value)) for name, value in settings.items()))
     try:
-        return _cached_spec(spec_cls, items)
+        return _cached_spec(modality, items)
     except TypeError as exc:
         if "unhashable" not in str(exc):
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ def photo(height: int, width: int, seed: int = 0) -> np.ndarray:
     return np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
 
 
-def encode_image(array: np.ndarray, fmt: str = "JPEG", **save_options) -> bytes:
+def encode_image(array: np.ndarray, fmt: str = "JPEG", **save_options: Any) -> bytes:
     """`array` (HW or HWC uint8) encoded by Pillow; JPEG defaults to quality 90."""
     from PIL import Image
 

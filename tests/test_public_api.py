@@ -119,7 +119,8 @@ def test_lazily_imported_names_are_classes_for_checkers() -> None:
         connector.close()
     processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded],
                                     cache=ProcessorCache(capacity_bytes=1 << 20))
-    outputs: list[object] = processor.apply([lazymedia.load_image(synthetic.jpeg(8, 8))])
+    outputs = processor.apply([lazymedia.load_image(synthetic.jpeg(8, 8))])
+    assert_type(outputs, list[tuple[Any, ...]])  # Processor[Output]: apply returns what process_fn does
     assert outputs == [(8, 8, 3)]
     assert isinstance(TieredCache, type) and isinstance(lazymedia.VideoFrames, type)
 

@@ -17,7 +17,7 @@ it where `codec()` returns them). Video has two readers: `video` (PyAV) and `vid
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
 
 from ..errors import MediaCapacityError
 from ..lru import LruCache
@@ -27,7 +27,16 @@ if TYPE_CHECKING:  # annotations only: importing codecs loads neither torch nor 
     import torch
 
     from ..spec import AudioSpec, ImageSpec, VideoSpec
-    from .types import AudioHeader, AudioSamples, ImageHeader, VideoFrames, VideoHeader
+    from .types import (
+        AudioHeader,
+        AudioSamples,
+        DecodedMedia,
+        EncodedBytes,
+        ImageHeader,
+        MediaHeader,
+        VideoFrames,
+        VideoHeader,
+    )
 
 SpecT = TypeVar("SpecT", bound=Spec, contravariant=True)
 HeaderT = TypeVar("HeaderT")
@@ -41,15 +50,30 @@ class Codec(Protocol, Generic[SpecT, HeaderT, ResultT]):
 
     REMEMBER_HEADERS: bool
 
-    def probe(self, data: bytes | memoryview, limits: Limits, spec: SpecT) -> HeaderT: ...
+    def probe(self, data: EncodedBytes, limits: Limits, spec: SpecT) -> HeaderT: ...
 
     def check_limits(self, header: HeaderT, limits: Limits, spec: SpecT, encoded_bytes: int) -> None: ...
 
-    def decode(self, data: bytes | memoryview, header: HeaderT, spec: SpecT, out: torch.Tensor | None = None,
+    def decode(self, data: EncodedBytes, header: HeaderT, spec: SpecT, out: torch.Tensor | None = None,
                limits: Limits = DEFAULT_LIMITS) -> ResultT: ...
 
 
-def codec(modality: str, spec: Spec | None = None) -> Codec[Any, Any, Any]:
+# The codec of a modality known only at run time: its spec and header are that modality's own
+# (the caller passes back the header this codec probed), its result one of the decoded kinds.
+AnyCodec: TypeAlias = "Codec[Any, Any, DecodedMedia]"
+
+
+@overload
+def codec(modality: Literal["image"], spec: Spec | None = None) -> Codec[ImageSpec, ImageHeader, torch.Tensor]: ...
+@overload
+def codec(modality: Literal["video"], spec: Spec | None = None) -> Codec[VideoSpec, VideoHeader, VideoFrames]: ...
+@overload
+def codec(modality: Literal["audio"], spec: Spec | None = None) -> Codec[AudioSpec, AudioHeader, AudioSamples]: ...
+@overload
+def codec(modality: str, spec: Spec | None = None) -> AnyCodec: ...
+
+
+def codec(modality: str, spec: Spec | None = None) -> AnyCodec:
     """The codec module of `modality` (imported now if needed), and for video the reader `spec`
     names (PyAV unless decoder="opencv"); unknown modalities are 400s. Each module is held to
     `Codec` with its modality's types (mypy checks the assignments)."""
@@ -77,7 +101,8 @@ def codec(modality: str, spec: Spec | None = None) -> Codec[Any, Any, Any]:
     return video_codec
 
 
-def decode(modality: str, data, header, spec, out=None, limits: Limits = DEFAULT_LIMITS):
+def decode(modality: str, data: EncodedBytes, header: MediaHeader, spec: Spec, out: torch.Tensor | None = None,
+           limits: Limits = DEFAULT_LIMITS) -> DecodedMedia:
     """`codec(modality, spec).decode(...)`, with a failed allocation (of a legal size: the limits were
     checked first) as MediaCapacityError (503) rather than an untyped MemoryError/RuntimeError."""
     try:
@@ -93,7 +118,7 @@ def decode(modality: str, data, header, spec, out=None, limits: Limits = DEFAULT
                                  modality=modality) from None
 
 
-def guess_modality(data) -> str | None:
+def guess_modality(data: bytes) -> str | None:
     """Which modality encoded bytes hold, from one look at them: "image" when the native probe
     recognises an image format (even a broken or over-limit one, so its own error can be
     reported), else "video" or "audio" from the container's streams (attached cover art is not
@@ -137,13 +162,15 @@ def guess_modality(data) -> str | None:
 _headers = LruCache(capacity=4096)
 
 
-def probe(modality: str, data: Any, limits: Limits, spec: Spec, key: str | None = None) -> Any:
+def probe(modality: str, data: EncodedBytes, limits: Limits, spec: Spec, key: str | None = None) -> MediaHeader:
     """The header of `data` under `limits`, remembered under `key` (the caller's content key of
     these bytes; None: not remembered) where the codec says a probe is worth it. A remembered
     header is checked against `limits` again."""
     media_codec = codec(modality, spec)
+    header: MediaHeader | None
     if key is None or not media_codec.REMEMBER_HEADERS:
-        return media_codec.probe(data, limits, spec)
+        header = media_codec.probe(data, limits, spec)
+        return header
     header = _headers.get(key)
     if header is None:
         header = media_codec.probe(data, limits, spec)

@@ -11,14 +11,14 @@ class DecodedFrames:
     decode is stepped over, as FFmpeg's own tools do, and so is a container that breaks off
     (what the decoder holds is then flushed). `skipped` counts both."""
 
-    def __init__(self, container, stream):
+    def __init__(self, container: av.container.InputContainer, stream: av.stream.Stream):
         self.skipped = 0
         self._frames = self._decode(container, stream)
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[av.frame.Frame]:
         return self._frames
 
-    def _decode(self, container, stream) -> Iterator:
+    def _decode(self, container: av.container.InputContainer, stream: av.stream.Stream) -> Iterator[av.frame.Frame]:
         context = stream.codec_context
         packets = container.demux(stream)
         while True:

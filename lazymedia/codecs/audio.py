@@ -13,6 +13,7 @@ import math
 
 import av
 import numpy as np
+import numpy.typing as npt
 import soundfile
 import soxr
 import torch
@@ -21,7 +22,7 @@ from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, Unproces
 from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
 from ._ffmpeg import DecodedFrames
 from .metadata import check_metadata
-from .types import AudioHeader, AudioSamples
+from .types import AudioHeader, AudioMetadata, AudioSamples, EncodedBytes
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
 
@@ -43,13 +44,13 @@ _RESAMPLER_BYTES_PER_CHANNEL = 256 << 10
 _RESAMPLER_BYTES_PER_OUTPUT_FRAME = 96
 
 
-def looks_like_audio(data) -> bool:
+def looks_like_audio(data: EncodedBytes) -> bool:
     """Whether the bytes start like an audio container (so a decoder failure means corrupt)."""
     head = bytes(data[:16])
     return any(head[offset:offset + len(magic)] == magic for offset, magic in _SIGNATURES)
 
 
-def probe(data, limits: Limits, spec: AudioSpec) -> AudioHeader:
+def probe(data: EncodedBytes, limits: Limits, spec: AudioSpec) -> AudioHeader:
     """Container header: reader, rate, channels and duration, checked against `limits` and the
     decoded-size budget of `spec` before anything is decoded."""
     if len(data) == 0:
@@ -112,7 +113,7 @@ def resampler_bytes(header: AudioHeader, spec: AudioSpec) -> int:
     return channels * (_RESAMPLER_BYTES_PER_CHANNEL + frames_per_call * _RESAMPLER_BYTES_PER_OUTPUT_FRAME)
 
 
-def _probe_with_av(data) -> AudioHeader:
+def _probe_with_av(data: EncodedBytes) -> AudioHeader:
     try:
         with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -147,7 +148,7 @@ class _Output:
         self.rate = spec.sample_rate or header.sample_rate
         channels, expected = output_shape(header, spec)
         self.channels = channels
-        self.resampler = None
+        self.resampler: soxr.ResampleStream | None = None
         if self.rate != header.sample_rate:
             self.resampler = soxr.ResampleStream(header.sample_rate, self.rate, channels, dtype="float32")
             self.frames_per_call = _input_frames_per_call(header.sample_rate, self.rate)
@@ -163,7 +164,7 @@ class _Output:
         self.array = self.tensor.numpy()
         self.position = 0
 
-    def write(self, block: np.ndarray) -> None:
+    def write(self, block: npt.NDArray[np.float32]) -> None:
         if self.mono:
             block = block.mean(axis=1, keepdims=True, dtype=np.float32)
         if self.resampler is None:
@@ -178,7 +179,7 @@ class _Output:
             self._append(self.resampler.resample_chunk(np.zeros((0, self.channels), np.float32), last=True))
         return self.tensor[:, :self.position]
 
-    def _append(self, block: np.ndarray) -> None:
+    def _append(self, block: npt.NDArray[np.float32]) -> None:
         count = block.shape[0]
         end = self.position + count
         if end > self.array.shape[1]:
@@ -194,7 +195,7 @@ class _Output:
         self.position = end
 
 
-def _read_soundfile(data, output: _Output) -> dict:
+def _read_soundfile(data: EncodedBytes, output: _Output) -> AudioMetadata:
     with soundfile.SoundFile(io.BytesIO(data)) as f:
         blocksize = max(1024, _BLOCK_BYTES // (4 * f.channels))
         for block in f.blocks(blocksize=blocksize, dtype="float32", always_2d=True):
@@ -202,7 +203,7 @@ def _read_soundfile(data, output: _Output) -> dict:
     return {"reader": "soundfile"}
 
 
-def _read_av(data, output: _Output) -> dict:
+def _read_av(data: EncodedBytes, output: _Output) -> AudioMetadata:
     """Decodes packet by packet: a damaged packet is skipped and counted (FFmpeg's own tools
     keep going), so a file damaged past its first frames keeps what decoded."""
     decoded = 0
@@ -226,7 +227,7 @@ def _read_av(data, output: _Output) -> dict:
     return {"reader": "av", "skipped_packets": frames.skipped}
 
 
-def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None,
+def decode(data: EncodedBytes, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None,
            limits: Limits = DEFAULT_LIMITS) -> AudioSamples:
     """Decodes to float32 [channels, samples] (into `out` when given: [channels, >= samples];
     the result is a view of its filled part)."""
@@ -239,7 +240,8 @@ def decode(data, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None 
                 raise
             except Exception:  # libsndfile failed on a file it accepted (a FLAC it cannot seek): FFmpeg may not
                 output = _Output(header, spec, limits, out)
-                metadata = {**_read_av(data, output), "soundfile_failed": True}
+                metadata = _read_av(data, output)
+                metadata["soundfile_failed"] = True
         else:
             metadata = _read_av(data, output)
         samples = output.finish()

@@ -21,6 +21,7 @@ import warnings
 import zlib
 
 import numpy as np
+import numpy.typing as npt
 import simplejpeg
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -28,7 +29,10 @@ from PIL import Image, UnidentifiedImageError
 from .. import _C, ops
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError, described
 from ..spec import DEFAULT_LIMITS, ImageSpec, Limits
-from .types import CHANNELS, ImageHeader
+from .types import CHANNELS, EncodedBytes, ImageHeader
+
+# A decoded image's pixels: uint8 [H, W, C] (or flat while it is assembled).
+Pixels = npt.NDArray[np.uint8]
 
 _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 # What Pillow may open: vLLM 0.33's allow-list (vllm/multimodal/image.py), the still-image readers
@@ -48,11 +52,11 @@ _NATIVE_FIELDS = [f.name for f in dataclasses.fields(ImageHeader) if f.name not 
 _PNG_MODES = {2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
 
 
-def _native_header(result, mode: str) -> ImageHeader:
+def _native_header(result: _C.ProbeResult, mode: str) -> ImageHeader:
     return ImageHeader(**{name: getattr(result, name) for name in _NATIVE_FIELDS}, mode=mode)
 
 
-def _native_mode(result) -> str | None:
+def _native_mode(result: _C.ProbeResult) -> str | None:
     """Pillow's mode from the native header, where it follows from the header alone."""
     if result.format == "jpeg":
         return {1: "L", 3: "RGB", 4: "CMYK"}.get(result.components)
@@ -66,14 +70,14 @@ def _native_mode(result) -> str | None:
 REMEMBER_HEADERS = False  # the native probe costs about a microsecond, Pillow's header parse tens
 
 
-def _open(data) -> Image.Image:
+def _open(data: EncodedBytes) -> Image.Image:
     """Pillow's lazy open (header only) limited to PILLOW_FORMATS."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # our limits, checked from the header, decide
         return Image.open(io.BytesIO(data), formats=PILLOW_FORMATS)
 
 
-def _probe_with_pillow(data, result) -> ImageHeader:
+def _probe_with_pillow(data: EncodedBytes, result: _C.ProbeResult | None) -> ImageHeader:
     try:
         image = _open(data)
     except UnidentifiedImageError:
@@ -109,7 +113,7 @@ def _probe_with_pillow(data, result) -> ImageHeader:
             bmp_rle=image.format == "BMP" and image.info.get("compression") in (1, 2))
 
 
-def _tiff_pages(data) -> int:
+def _tiff_pages(data: EncodedBytes) -> int:
     """Pages (IFDs) a TIFF chains, from a walk of the chain that reads two fields per IFD
     (Pillow's n_frames parses every IFD and checks loops against a list: quadratic). Stops at an
     IFD seen before (a loop) or one outside the file; a chain longer than _MAX_TIFF_PAGES is a
@@ -133,7 +137,7 @@ def _tiff_pages(data) -> int:
     return max(pages, 1)
 
 
-def probe_is_instant(data) -> bool:
+def probe_is_instant(data: EncodedBytes) -> bool:
     """Whether probe(data) takes microseconds whatever the bytes hold, so an event loop may run
     it inline: a JPEG or PNG (the native probe alone, linear in the size) of at most 1 MiB.
     Every other format goes through Pillow's header parse, and belongs on a thread."""
@@ -141,7 +145,7 @@ def probe_is_instant(data) -> bool:
     return len(data) <= 1 << 20 and (head[:3] == b"\xff\xd8\xff" or head == b"\x89PNG\r\n\x1a\n")
 
 
-def probe(data, limits: Limits, spec: ImageSpec) -> ImageHeader:
+def probe(data: EncodedBytes, limits: Limits, spec: ImageSpec) -> ImageHeader:
     """Header of an encoded image; rejects non-images (400), broken headers (422) and items over
     `limits` (413) before anything is decoded."""
     result = _C.probe(data)
@@ -230,7 +234,7 @@ def _draft_size(header: ImageHeader, spec: ImageSpec) -> tuple[int, int] | None:
     return (width, height) if spec.apply_orientation and header.orientation >= 5 else (height, width)
 
 
-def _jpeg(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+def _jpeg(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, target: str) -> Pixels:
     """8-bit YCbCr/gray JPEG through libjpeg-turbo, bit-identical to Pillow (colour to L and
     CMYK/YCCK go to Pillow, which converts with its own weights)."""
     if header.components not in (1, 3) or target == "LA" or (header.components == 3 and target == "L"):
@@ -239,7 +243,7 @@ def _jpeg(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
     scale = {} if draft is None else {"min_height": draft[0], "min_width": draft[1]}
     gray = header.components == 1
     try:
-        array = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else target, **scale)
+        array: Pixels = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else target, **scale)
     except ValueError as exc:
         if "Premature end" in str(exc):  # a truncated stream is an error, as in Pillow
             raise UnprocessableMediaError(f"corrupt jpeg ({exc}):"
@@ -255,7 +259,7 @@ def _jpeg(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
     return widened
 
 
-def _resized(array: np.ndarray, height: int, width: int, channels: int) -> np.ndarray:
+def _resized(array: Pixels, height: int, width: int, channels: int) -> Pixels:
     """`array`'s memory, owned by it alone, resized to height x width x channels bytes in place:
     realloc keeps the pages when shrinking and remaps them when growing, without copying."""
     array.resize(height * width * channels, refcheck=False)
@@ -275,7 +279,7 @@ MAX_PNG_CHUNK_INFLATED = 1 << 20
 MAX_PNG_ANCILLARY_INFLATED = 8 << 20
 
 
-def check_png_ancillary(data) -> None:
+def check_png_ancillary(data: EncodedBytes) -> None:
     """Refuses (413) a PNG whose iCCP, zTXt or compressed iTXt chunks inflate past the bounds
     above, from inflates that stop there; the chunk walk reads lengths only."""
     view = memoryview(data).cast("B")
@@ -318,7 +322,7 @@ def _inflated_size(body: bytes, kind: bytes) -> int:
     return inflated
 
 
-def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+def _png(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, target: str) -> Pixels:
     """8-bit and smaller PNGs through libspng, which expands palettes and low bit depths to G8,
     RGB8 or RGBA8 in one array this module then owns; the alpha is composited and gray widened
     in place. libspng ignores tRNS, so images with a transparent colour go to Pillow, as do the
@@ -338,7 +342,7 @@ def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
     try:
         import imagecodecs  # a large library, loaded by the first PNG; absent, Pillow decodes
 
-        array = imagecodecs.spng_decode(data)
+        array = imagecodecs.spng_decode(data)  # type: ignore[arg-type]  # any buffer; the stubs say bytes-likes
     except Exception as exc:  # libspng refuses (odd chunks, truncation): Pillow decides
         raise _TryPillow() from exc
     height, width = header.height, header.width
@@ -353,7 +357,7 @@ def _png(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
     return array.reshape(height, width, CHANNELS[target])
 
 
-def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+def _webp(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, target: str) -> Pixels:
     """WebP through libwebp into one array this module then owns (Pillow opens WebP with alpha
     as RGBA: composited over the background for RGB)."""
     if target not in ("RGB", "RGBA"):
@@ -363,7 +367,7 @@ def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
     try:
         import imagecodecs
 
-        array = imagecodecs.webp_decode(data, hasalpha=channels == 4)
+        array = imagecodecs.webp_decode(data, hasalpha=channels == 4)  # type: ignore[arg-type]  # as spng_decode
     except Exception as exc:
         raise _TryPillow() from exc
     height, width = header.height, header.width
@@ -375,7 +379,7 @@ def _webp(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray
     return array.reshape(height, width, channels)
 
 
-def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarray:
+def _pillow(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, target: str) -> Pixels:
     """Any format Pillow reads (frame 0), converted by vLLM's rules (transparency composited over
     the background for RGB, Pillow's convert otherwise) and exported in slabs into one array.
     Gray to RGB is exported as gray and widened in place once Pillow's image is gone, so the two
@@ -411,7 +415,7 @@ def _pillow(data, header: ImageHeader, spec: ImageSpec, target: str) -> np.ndarr
 _FAST_DECODERS = {"jpeg": _jpeg, "png": _png, "webp": _webp}
 
 
-def _pixels(data, header: ImageHeader, spec: ImageSpec) -> np.ndarray:
+def _pixels(data: EncodedBytes, header: ImageHeader, spec: ImageSpec) -> Pixels:
     target = header.target_mode(spec)
     fast = _FAST_DECODERS.get(header.format)
     if fast is not None:
@@ -422,7 +426,7 @@ def _pixels(data, header: ImageHeader, spec: ImageSpec) -> np.ndarray:
     return _pillow(data, header, spec, target)
 
 
-def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None,
+def decode(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None,
            limits: Limits = DEFAULT_LIMITS) -> torch.Tensor:
     """Decodes to a uint8 HWC tensor (channels 1, 2, 3 or 4 for L, LA, RGB, RGBA), into `out`
     when given (a pinned or caller-owned buffer of the output shape)."""
@@ -462,7 +466,7 @@ def decode(data, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None 
     return out
 
 
-def _resize(array: np.ndarray, size: tuple[int, int], resample: str) -> np.ndarray:
+def _resize(array: Pixels, size: tuple[int, int], resample: str) -> Pixels:
     """Pillow's resize, bit for bit: the native kernel for L and RGB, Pillow itself for images
     with alpha (it premultiplies them)."""
     if array.shape[2] in (1, 3):

@@ -14,9 +14,13 @@ in a tiny file is not a count of entries. Ogg streams' comment packets (Vorbis, 
 Speex, FLAC's blocks) count too; APE tags do not."""
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import MediaTooLargeError, UnprocessableMediaError
+
+if TYPE_CHECKING:
+    from .types import EncodedBytes
 
 MAX_METADATA_ENTRIES = 2000
 # Boxes or elements a walk steps over to find the metadata, at most (their sizes make each step
@@ -62,7 +66,7 @@ def _too_long_a_walk(units: str, modality: str) -> MediaTooLargeError:
                               "lie: re-encode the file or send another", modality=modality)
 
 
-def check_metadata(data, modality: str) -> None:
+def check_metadata(data: EncodedBytes, modality: str) -> None:
     """Refuses (413) a file whose ID3v2, FLAC, MP4 or Matroska metadata holds more than
     MAX_METADATA_ENTRIES entries in all, and (422) an MP4 `keys` box whose count its bytes
     cannot hold (FFmpeg allocates by that count); anything the walk does not understand is left
@@ -192,7 +196,7 @@ class _OggStream:
     """What the walk keeps of one logical stream: its packets so far, the one being put together
     (header packets only), its codec's first-packet magic, and whether its headers are done."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.packets = 0
         self.packet = bytearray()
         self.magic = b""
@@ -242,7 +246,7 @@ def _ogg_packet(stream: _OggStream, count: MetadataCount) -> None:
         stream.done = True
 
 
-def mp4_boxes(data, start: int, end: int):
+def mp4_boxes(data: memoryview, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
     """(type, payload start, payload end) of the boxes in [start, end); 64-bit and to-the-end
     sizes as ISO 14496-12 says; a box that overruns is cut at `end` (a truncated file)."""
     while start + 8 <= end:

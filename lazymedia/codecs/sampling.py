@@ -27,7 +27,7 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,7 +68,8 @@ def _uniform(source: SamplingSource, spec: VideoSpec) -> list[int]:
     count = max(1, count)
     if count == total:
         return list(range(total))
-    return np.linspace(0, total - 1, count, dtype=int).tolist()
+    spread: list[int] = np.linspace(0, total - 1, count, dtype=int).tolist()
+    return spread
 
 
 def _dynamic(source: SamplingSource, spec: VideoSpec) -> list[int]:
@@ -110,7 +111,8 @@ def _qwen2_vl(source: SamplingSource, spec: VideoSpec) -> list[int]:
 
     # float32 steps, as transformers (and vLLM after it) compute them; the last can reach `total`.
     indices = torch.arange(0, total, total / count).int()
-    return torch.clamp(indices, max=total - 1).tolist()
+    clamped: list[int] = torch.clamp(indices, max=total - 1).tolist()
+    return clamped
 
 
 def _qwen3_vl(source: SamplingSource, spec: VideoSpec) -> list[int]:
@@ -118,7 +120,8 @@ def _qwen3_vl(source: SamplingSource, spec: VideoSpec) -> list[int]:
     source_fps = source.fps if source.fps > 0 else 24.0
     fps = min(spec.fps if spec.fps is not None else QWEN_DEFAULT_FPS, QWEN_MAX_FPS)
     count = min(max(int(total / source_fps * fps), QWEN_MIN_FRAMES), QWEN_MAX_FRAMES, total)
-    return np.linspace(0, total - 1, count).round().astype(int).tolist()
+    spread: list[int] = np.linspace(0, total - 1, count).round().astype(int).tolist()
+    return spread
 
 
 def _rounded(source: SamplingSource, spec: VideoSpec) -> list[int]:
@@ -130,7 +133,8 @@ def _rounded(source: SamplingSource, spec: VideoSpec) -> list[int]:
             return strided
         return [strided[i] for i in np.linspace(0, len(strided) - 1, spec.num_frames).round().astype(int)]
     if spec.num_frames is not None:
-        return np.linspace(0, total - 1, min(spec.num_frames, total)).round().astype(int).tolist()
+        spread: list[int] = np.linspace(0, total - 1, min(spec.num_frames, total)).round().astype(int).tolist()
+        return spread
     return list(range(total))
 
 
@@ -168,7 +172,7 @@ def sample_indices(source: SamplingSource, spec: VideoSpec) -> list[int]:
     return indices
 
 
-def hf_metadata(source: SamplingSource, indices: list[int], backend: str) -> dict:
+def hf_metadata(source: SamplingSource, indices: list[int], backend: str) -> dict[str, Any]:
     """The transformers VideoMetadata keys, as vLLM's loaders fill them."""
     return {"total_num_frames": source.total_frames, "fps": source.fps, "duration": source.duration,
             "video_backend": backend, "frames_indices": list(indices),

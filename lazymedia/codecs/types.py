@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypedDict
 
 from ..spec import ImageSpec
 
 if TYPE_CHECKING:  # annotations only: importing the types loads neither torch nor numpy
     import numpy as np
+    import numpy.typing as npt
     import torch
 
 CHANNELS = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}
@@ -98,6 +99,14 @@ class ImageHeader:
 _COMPONENT_PLANES = {"gray": 1, "444": 3, "422": 2, "440": 2, "420": 1.5, "411": 1.5, "410": 1.25}
 
 
+# What a codec reads: the encoded bytes, or a view of them (a shared-memory hand-off).
+EncodedBytes: TypeAlias = "bytes | memoryview"
+# What a probe returns and a decode takes, of any modality.
+MediaHeader: TypeAlias = "ImageHeader | VideoHeader | AudioHeader"
+# What a decode returns, of any modality: an image's uint8 [H, W, C] tensor, or a TensorResult.
+DecodedMedia: TypeAlias = "torch.Tensor | VideoFrames | AudioSamples"
+
+
 class TensorResult(ABC):
     """A decoded result that carries its media as one tensor beside plain fields (`VideoFrames`,
     `AudioSamples`): the engine places, ships and copies that tensor through `tensor` and
@@ -146,10 +155,10 @@ class VideoFrames(TensorResult):
     fps: float
     duration: float
     total_frames: int
-    metadata: dict = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.frames.ndim != 4:
             raise ValueError(f"frames must be [T, H, W, C], got {self.frames.ndim} dimensions")
         if not len(self.indices) == len(self.timestamps) == self.frames.shape[0]:
@@ -178,9 +187,17 @@ class AudioHeader:
     duration: float  # seconds; 0.0 when the container does not say (decoding then enforces the limits)
     frames: int = 0  # source frames when the container stores them exactly, else 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.reader not in ("soundfile", "av"):
             raise ValueError(f"unknown audio reader {self.reader!r}")
+
+
+class AudioMetadata(TypedDict, total=False):
+    """What decoded an `AudioSamples`."""
+
+    reader: str  # "soundfile" (libsndfile) or "av" (FFmpeg)
+    skipped_packets: int  # damaged packets FFmpeg stepped over
+    soundfile_failed: bool  # libsndfile accepted the file, failed on it, and FFmpeg decoded it
 
 
 @dataclass
@@ -190,9 +207,9 @@ class AudioSamples(TensorResult):
 
     samples: torch.Tensor
     sample_rate: int
-    metadata: dict = field(default_factory=dict)
+    metadata: AudioMetadata = field(default_factory=AudioMetadata)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.samples.ndim != 2:
             raise ValueError(f"samples must be [channels, samples], got {self.samples.ndim} dimensions")
 
@@ -212,17 +229,17 @@ class AudioSamples(TensorResult):
     def with_tensor(self, tensor: torch.Tensor) -> AudioSamples:
         return replace(self, samples=tensor)
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self) -> npt.NDArray[np.float32]:
         """The samples as numpy (no copy): 1-D for one channel, else [channels, samples]."""
-        array = self.samples.numpy()
+        array: npt.NDArray[np.float32] = self.samples.numpy()
         return array[0] if array.shape[0] == 1 else array
 
-    def as_tuple(self) -> tuple[np.ndarray, int]:
+    def as_tuple(self) -> tuple[npt.NDArray[np.float32], int]:
         """(samples, rate) as vLLM's audio items are: mono audio is a 1-D array."""
         return self.numpy(), self.sample_rate
 
 
-def _short(values: list) -> str:
+def _short(values: list[Any]) -> str:
     """A list as its first and last few items: a long clip's indices fill no screen."""
     return repr(values) if len(values) <= 6 else f"[{', '.join(map(repr, values[:3]))}, ..., " \
         f"{', '.join(map(repr, values[-3:]))}] ({len(values)})"

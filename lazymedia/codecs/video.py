@@ -7,6 +7,7 @@ import io
 
 import av
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
@@ -15,7 +16,7 @@ from ._ffmpeg import DecodedFrames
 from ._video_common import sampled_output, video_frames
 from .metadata import MP4_FIRST_BOXES, check_metadata, mp4_boxes
 from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
-from .types import VideoFrames, VideoHeader
+from .types import EncodedBytes, VideoFrames, VideoHeader
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 
@@ -24,13 +25,13 @@ REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds
 _SIGNATURES = ((0, b"\x1a\x45\xdf\xa3"), (4, b"ftyp"), (0, b"RIFF"), (0, b"OggS"), (0, b"\x00\x00\x01\xba"))
 
 
-def looks_like_video(data) -> bool:
+def looks_like_video(data: EncodedBytes) -> bool:
     """Whether the bytes start like a video container (so an FFmpeg failure means corrupt)."""
     head = bytes(data[:16])
     return any(head[offset:offset + len(magic)] == magic for offset, magic in _SIGNATURES)
 
 
-def _open(data):
+def _open(data: EncodedBytes) -> av.container.InputContainer:
     try:
         return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except av.error.FFmpegError as exc:
@@ -41,13 +42,13 @@ def _open(data):
                                 "FFmpeg reads", modality="video") from None
 
 
-def presented(packet) -> bool:
+def presented(packet: av.packet.Packet) -> bool:
     """A packet the decoder turns into a presented frame: not empty, and not an edit list's
     pre-roll (FFmpeg marks those discard: decoded for reference, never output)."""
     return packet.size > 0 and not packet.is_discard
 
 
-def _count_packets(container, stream, cap: int) -> int:
+def _count_packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream, cap: int) -> int:
     """Frames the stream presents, counted by demuxing without decoding (the container's own
     count misses fragments and includes pre-roll). Stops past `cap`. Leaves the container at its
     end: callers close it."""
@@ -69,7 +70,7 @@ def _count_packets(container, stream, cap: int) -> int:
 _SWSCALE_MATRIX = {1: "bt709", 2: "bt601", 5: "bt601", 6: "bt601"}  # 2: untagged, swscale's default
 
 
-def _color_matrix(context) -> str:
+def _color_matrix(context: av.video.codeccontext.VideoCodecContext) -> str:
     """The YUV -> RGB matrix the CPU path converts this stream with: its tag, and BT.601 when
     untagged (what swscale does, at any height), so both paths take one decision."""
     space = getattr(context, "colorspace", None)
@@ -80,7 +81,7 @@ def _color_matrix(context) -> str:
     return _SWSCALE_MATRIX.get(value) or f"avcol_spc_{value}"
 
 
-def _full_range(context) -> bool:
+def _full_range(context: av.video.codeccontext.VideoCodecContext) -> bool:
     color_range = str(getattr(context, "color_range", "") or "").lower()
     return "jpeg" in color_range or "pc" in color_range or color_range == "2" or \
         (context.pix_fmt or "").startswith("yuvj")
@@ -105,14 +106,14 @@ _INDEX_BYTES_PER_SAMPLE = 64
 _MP4_MAX_BOXES = 1 << 20
 
 
-def _u32(data, at: int) -> int:
+def _u32(data: memoryview, at: int) -> int:
     return int.from_bytes(data[at:at + 4], "big")
 
 
 class _Mp4Track:
     """What one trak (or the fragments) declares: samples, chunk runs, edits, handler, length."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.samples = 0
         self.constant_size = False
         self.chunks = 0
@@ -134,7 +135,7 @@ class _Mp4Track:
         return entries * max(1, self.edits)
 
 
-def _read_mp4_box(data, kind: bytes, start: int, end: int, track: _Mp4Track) -> None:
+def _read_mp4_box(data: memoryview, kind: bytes, start: int, end: int, track: _Mp4Track) -> None:
     """Reads one table box into `track`; a count its bytes cannot hold is a 422."""
     body = end - start
     if kind in _MP4_ENTRY_BYTES or kind == b"elst":
@@ -174,7 +175,7 @@ def _read_mp4_box(data, kind: bytes, start: int, end: int, track: _Mp4Track) -> 
         track.seconds = duration / scale if scale and duration != (1 << (64 if long else 32)) - 1 else 0.0
 
 
-def check_sample_tables(data, limits: Limits) -> int:
+def check_sample_tables(data: EncodedBytes, limits: Limits) -> int:
     """For an MP4/MOV file: reads the sample tables the demuxer will index (a walk of the box
     tree, linear in the size, nothing allocated per sample) and refuses what they declare before
     FFmpeg allocates for it: a table whose count its bytes cannot hold (422), a video track over
@@ -213,7 +214,7 @@ def check_sample_tables(data, limits: Limits) -> int:
     return index_bytes
 
 
-def probe(data, limits: Limits, spec: VideoSpec) -> VideoHeader:
+def probe(data: EncodedBytes, limits: Limits, spec: VideoSpec) -> VideoHeader:
     """Container header: stream geometry, rate, duration and frame count, checked against
     limits; an MP4/MOV's sample tables and a file's tag count are checked before FFmpeg reads
     them."""
@@ -270,7 +271,7 @@ _CANVAS_CODECS = ("apng", "gif")
 MAX_CANVAS_PIXELS = 1 << 31
 
 
-def check_apng_canvases(data) -> None:
+def check_apng_canvases(data: EncodedBytes) -> None:
     """An animated PNG's frames (fcTL chunks) times its canvas, counted from the chunk lengths
     before FFmpeg opens it (its probe decodes the first canvas): over MAX_CANVAS_PIXELS is a 413,
     as check_limits would find once the frames are counted, for any frame sampled near the end."""
@@ -312,10 +313,11 @@ def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_b
                          header.index_bytes)
 
 
-def read_frame_table(data, total_frames: int) -> FrameTable | None:
+def read_frame_table(data: EncodedBytes, total_frames: int) -> FrameTable | None:
     """The presentation-order frame table from one demux pass (packets only, no decode); None
     when the stream's timestamps cannot identify frames (then decode straight through)."""
-    pts, key_pts = [], set()
+    pts: list[int] = []
+    key_pts: set[int] = set()
     try:
         with _open(data) as container:
             stream = container.streams.video[0]
@@ -343,7 +345,7 @@ def frame_table(pts: list[int], key_pts: set[int], time_base: float, total_frame
     return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
 
 
-def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
+def decode(data: EncodedBytes, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
            limits: Limits = DEFAULT_LIMITS) -> VideoFrames:
     """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
     that skips more than a few frames, stops after the last one, and converts each frame straight
@@ -376,8 +378,8 @@ def decode(data, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None 
     return video_frames(frames, got, timestamps, header, source, "pyav")
 
 
-def _decode_into(data, header: VideoHeader, indices: list[int], plan: list[int | None], table: FrameTable | None,
-                 buffer) -> tuple[list[int], list[float]]:
+def _decode_into(data: EncodedBytes, header: VideoHeader, indices: list[int], plan: list[int | None],
+                 table: FrameTable | None, buffer: npt.NDArray[np.uint8]) -> tuple[list[int], list[float]]:
     """Decodes the frames at `indices` (seeking where `plan` says) into buffer's first slots;
     returns the indices it found and their timestamps (fewer if the stream ended early)."""
     height, width = buffer.shape[1:3]
@@ -401,7 +403,7 @@ def _decode_into(data, header: VideoHeader, indices: list[int], plan: list[int |
     return got, timestamps
 
 
-def _count_decoded(data) -> int:
+def _count_decoded(data: EncodedBytes) -> int:
     """Frames the decoder presents, by decoding the whole stream (no conversion)."""
     with _open(data) as container:
         stream = container.streams.video[0]
@@ -412,7 +414,8 @@ def _count_decoded(data) -> int:
 class _PositionedFrames:
     """Decoded frames with their presentation index, across seeks."""
 
-    def __init__(self, container, stream, table: FrameTable | None):
+    def __init__(self, container: av.container.InputContainer, stream: av.video.stream.VideoStream,
+                 table: FrameTable | None):
         self._container, self._stream, self._table = container, stream, table
         self._index_of_pts = {p: i for i, p in enumerate(table.pts)} if table is not None else None
         self._frames = iter(DecodedFrames(container, stream))
@@ -423,7 +426,7 @@ class _PositionedFrames:
         self._container.seek(self._table.pts[keyframe_index], stream=self._stream, backward=True, any_frame=False)
         self._frames = iter(DecodedFrames(self._container, self._stream))
 
-    def advance_to(self, index: int):
+    def advance_to(self, index: int) -> av.VideoFrame | None:
         for frame in self._frames:
             if self._index_of_pts is not None:
                 position = self._index_of_pts.get(frame.pts)

@@ -10,10 +10,11 @@ import importlib.util
 import torch
 
 from ..errors import InvalidMediaError, UnprocessableMediaError
+from ..spec import Limits, VideoSpec
 from . import video
 from ._video_common import frame_timestamps, memfd_path, sampled_output, video_frames
 from .sampling import decode_plan, sample_indices, sampling_source
-from .types import VideoFrames
+from .types import EncodedBytes, VideoFrames, VideoHeader
 from .video import REMEMBER_HEADERS, check_limits, probe
 
 __all__ = ["REMEMBER_HEADERS", "check_limits", "decode", "probe"]
@@ -28,7 +29,8 @@ def check_available() -> None:
                                 modality="video")
 
 
-def decode(data, header, spec, out: torch.Tensor | None = None, limits=None) -> VideoFrames:
+def decode(data: EncodedBytes, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
+           limits: Limits | None = None) -> VideoFrames:
     check_available()
     import cv2
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import av
 
 from .sampling import SEEK_COST_FRAMES, FrameTable
+from .types import EncodedBytes
 from .video import frame_table, presented
 
 # Codecs whose MP4/MKV samples are NAL units behind a big-endian length (avcC / hvcC extradata).
@@ -42,7 +43,7 @@ class DemuxedVideo:
     _position: dict[int, int] = field(init=False, repr=False)  # PTS -> decode-order position
     _keys: list[int] = field(init=False, repr=False)  # decode-order positions of the keyframes
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._position = {p: i for i, p in enumerate(self.pts)}
         self._keys = [i for i, key in enumerate(self.keyframe) if key]
 
@@ -77,7 +78,8 @@ def canonical_codec(decoder: str) -> str:
     """The codec a decoder name decodes ("libdav1d" -> "av1", "h264" -> "h264"): headers name
     FFmpeg's decoder, which for AV1 is dav1d's."""
     try:
-        return av.codec.Codec(decoder, "r").canonical_name
+        name: str = av.codec.Codec(decoder, "r").canonical_name
+        return name
     except (av.error.FFmpegError, ValueError):  # no such decoder here: the name is all there is
         return decoder
 
@@ -149,7 +151,7 @@ def h264_disposable(annexb: bytes) -> bool:
     return slices
 
 
-def demux(data, total_frames: int) -> DemuxedVideo | None:
+def demux(data: EncodedBytes, total_frames: int) -> DemuxedVideo | None:
     """One demux pass of the first video stream; None when its packets cannot identify the frames
     the CPU path counts (a packet without PTS, a repeated PTS, a count that differs) or FFmpeg
     cannot read it: then the CPU path decodes it, and decides what is corrupt."""
