@@ -44,7 +44,7 @@ import torch
 from .. import ops
 from .._profiling import nvtx_range
 from ..codecs import video_packets
-from ..codecs._video_common import frame_timestamps, video_frames
+from ..codecs.frames import frame_timestamps, video_frames
 from ..codecs.sampling import sample_indices, sampling_source
 from ..codecs.types import VideoFrames
 from .protocol import DecodeItem, Route, fallback_log, is_root, place, typed_error
