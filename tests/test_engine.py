@@ -12,6 +12,7 @@ from lazymedia import DecodeEngine, Processor, UnprocessableMediaError
 from lazymedia.codecs import image as image_codec
 from lazymedia.codecs import video
 from lazymedia.engine.cpu_batch import CpuBatchDecoder
+from lazymedia.engine.protocol import Fallback
 
 from conftest import corpus_bytes, corpus_params, encode, make_image
 
@@ -96,12 +97,15 @@ def dali_backend():
 def test_dali_cpu_pipeline_agrees_with_the_cpu_decoder(dali_backend, row):
     item = lazymedia.load_image(corpus_bytes(row))
     header = item.header
-    if header.format == "png" and (header.bit_depth > 8 or header.png_color_type == 3 and header.has_transparency):
+    if header.format == "png" and (header.bit_depth > 8 or header.has_transparency or header.orientation != 1):
         assert not dali_backend.accepts(item)  # Pillow's rules: the CPU codec's
         return
     assert dali_backend.accepts(item)  # JPEG and PNG in RGB with orientation: DALI's to decode
     ours = image_codec.decode(item.encoded(), item.header, item.spec).numpy().astype(np.float64)
     (theirs,) = dali_backend.decode_batch([item])
+    if isinstance(theirs, Fallback):  # DALI rejected it: the engine's CPU path decodes it
+        assert theirs.kind == "batch_failed"
+        return
     if isinstance(theirs, Exception):
         raise theirs
     theirs = theirs.numpy().astype(np.float64)
@@ -113,9 +117,14 @@ def test_dali_cpu_pipeline_agrees_with_the_cpu_decoder(dali_backend, row):
 def test_dali_batch_with_a_corrupt_image(dali_backend):
     items = jpegs(3)
     items.insert(1, lazymedia.load_image(encode(make_image(40, 64), "JPEG")[:300]))
-    results = dali_backend.decode_batch(items)
-    assert isinstance(results[1], UnprocessableMediaError)
-    assert all(isinstance(r, torch.Tensor) and r.shape == (40, 64, 3) for i, r in enumerate(results) if i != 1)
+    assert all(isinstance(r, Fallback) for r in dali_backend.decode_batch(items))  # one bad image fails the batch
+    engine = DecodeEngine(max_workers=1, batch_decoders=[dali_backend], batch_window_s=0.05, isolate=())
+    futures = [engine.submit(item) for item in items]  # the engine's CPU path decides per item
+    assert isinstance(futures[1].exception(), UnprocessableMediaError)
+    assert all(f.result().shape == (40, 64, 3) for i, f in enumerate(futures) if i != 1)
+    engine.shutdown()
+    assert len(engine.fallbacks["dali"]) == 4 and list(engine.batch_sizes["dali"]) == [4]
+    assert all(isinstance(r, torch.Tensor) for r in dali_backend.decode_batch(jpegs(3)))  # a new pipeline after it
 
 
 @pytest.mark.parametrize("codec,pix_fmt,capability,expected", [
