@@ -74,6 +74,32 @@ def test_bad_item_fails_alone_with_its_request_index():
     engine.shutdown()
 
 
+def test_a_fallback_decodes_on_the_engines_cpu_path_in_its_callers_order_and_is_counted(monkeypatch):
+    from lazymedia.engine import protocol
+
+    counted: list = []
+    monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append((event, labels)))
+
+    class HandsBackOdd:  # decodes the even items, hands the odd ones back
+        name = "hands-back"
+
+        def accepts(self, item):
+            return item.modality == "image"
+
+        def decode_batch(self, items):
+            return [Fallback(f"odd item {i}", "decode_failed") if i % 2 else torch.zeros(1) for i in range(len(items))]
+
+    items = jpegs(4)
+    with DecodeEngine(max_workers=2, batch_decoders=[HandsBackOdd()], batch_window_s=0.05, isolate=()) as engine:
+        outs = engine.decode_all(items)
+    assert list(engine.batch_sizes["hands-back"]) == [4]
+    assert torch.equal(outs[0], torch.zeros(1)) and torch.equal(outs[2], torch.zeros(1))
+    for k in (1, 3):  # the CPU codec's decode, in the caller's place
+        assert torch.equal(outs[k], image_codec.decode(items[k].encoded(), items[k].header, items[k].spec))
+    assert list(engine.fallbacks["hands-back"]) == ["odd item 1", "odd item 3"]
+    assert counted == [("fallbacks", {"backend": "hands-back", "reason": "decode_failed"})] * 2
+
+
 def test_mapped_and_non_image_items_bypass_the_batcher(tmp_path):
     with DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=0.01) as engine:
         item = jpegs(1)[0]
