@@ -20,6 +20,7 @@ from . import __version__
 from .bench import add_arguments as add_bench_arguments
 from .bench import positive_float, positive_int
 from .engine.availability import BACKENDS
+from .engine.protocol import Fallback
 from .errors import InvalidMediaError, MediaError
 
 if TYPE_CHECKING:  # the commands import what they use when they run
@@ -127,6 +128,8 @@ def _decode_with(media: LazyMedia[Any], backend: BatchDecoder | None) -> tuple[A
     """Decodes through `backend` when it takes the item, else on the CPU; (result, backend name)."""
     if backend is not None and backend.accepts(media):
         (result,) = backend.decode_batch([media])
+        if isinstance(result, Fallback):  # handed back: the CPU decodes it, as a DecodeEngine would
+            return media.decode(), "cpu"
         if isinstance(result, BaseException):
             raise result
         return result, backend.name

@@ -12,6 +12,7 @@ from lazymedia import DecodeEngine, Processor, UnprocessableMediaError
 from lazymedia.codecs import image as image_codec
 from lazymedia.codecs import video
 from lazymedia.engine.cpu_batch import CpuBatchDecoder
+from lazymedia.engine.protocol import Fallback
 
 from conftest import corpus_bytes, corpus_params, encode, make_image
 
@@ -73,6 +74,32 @@ def test_bad_item_fails_alone_with_its_request_index():
     engine.shutdown()
 
 
+def test_a_fallback_decodes_on_the_engines_cpu_path_in_its_callers_order_and_is_counted(monkeypatch):
+    from lazymedia.engine import protocol
+
+    counted: list = []
+    monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append((event, labels)))
+
+    class HandsBackOdd:  # decodes the even items, hands the odd ones back
+        name = "hands-back"
+
+        def accepts(self, item):
+            return item.modality == "image"
+
+        def decode_batch(self, items):
+            return [Fallback(f"odd item {i}", "decode_failed") if i % 2 else torch.zeros(1) for i in range(len(items))]
+
+    items = jpegs(4)
+    with DecodeEngine(max_workers=2, batch_decoders=[HandsBackOdd()], batch_window_s=0.05, isolate=()) as engine:
+        outs = engine.decode_all(items)
+    assert list(engine.batch_sizes["hands-back"]) == [4]
+    assert torch.equal(outs[0], torch.zeros(1)) and torch.equal(outs[2], torch.zeros(1))
+    for k in (1, 3):  # the CPU codec's decode, in the caller's place
+        assert torch.equal(outs[k], image_codec.decode(items[k].encoded(), items[k].header, items[k].spec))
+    assert list(engine.fallbacks["hands-back"]) == ["odd item 1", "odd item 3"]
+    assert counted == [("fallbacks", {"backend": "hands-back", "reason": "decode_failed"})] * 2
+
+
 def test_mapped_and_non_image_items_bypass_the_batcher(tmp_path):
     with DecodeEngine(max_workers=2, batch_decoders=[CpuBatchDecoder()], batch_window_s=0.01) as engine:
         item = jpegs(1)[0]
@@ -96,12 +123,15 @@ def dali_backend():
 def test_dali_cpu_pipeline_agrees_with_the_cpu_decoder(dali_backend, row):
     item = lazymedia.load_image(corpus_bytes(row))
     header = item.header
-    if header.format == "png" and (header.bit_depth > 8 or header.png_color_type == 3 and header.has_transparency):
+    if header.format == "png" and (header.bit_depth > 8 or header.has_transparency or header.orientation != 1):
         assert not dali_backend.accepts(item)  # Pillow's rules: the CPU codec's
         return
     assert dali_backend.accepts(item)  # JPEG and PNG in RGB with orientation: DALI's to decode
     ours = image_codec.decode(item.encoded(), item.header, item.spec).numpy().astype(np.float64)
     (theirs,) = dali_backend.decode_batch([item])
+    if isinstance(theirs, Fallback):  # DALI rejected it: the engine's CPU path decodes it
+        assert theirs.kind == "batch_failed"
+        return
     if isinstance(theirs, Exception):
         raise theirs
     theirs = theirs.numpy().astype(np.float64)
@@ -113,9 +143,14 @@ def test_dali_cpu_pipeline_agrees_with_the_cpu_decoder(dali_backend, row):
 def test_dali_batch_with_a_corrupt_image(dali_backend):
     items = jpegs(3)
     items.insert(1, lazymedia.load_image(encode(make_image(40, 64), "JPEG")[:300]))
-    results = dali_backend.decode_batch(items)
-    assert isinstance(results[1], UnprocessableMediaError)
-    assert all(isinstance(r, torch.Tensor) and r.shape == (40, 64, 3) for i, r in enumerate(results) if i != 1)
+    assert all(isinstance(r, Fallback) for r in dali_backend.decode_batch(items))  # one bad image fails the batch
+    engine = DecodeEngine(max_workers=1, batch_decoders=[dali_backend], batch_window_s=0.05, isolate=())
+    futures = [engine.submit(item) for item in items]  # the engine's CPU path decides per item
+    assert isinstance(futures[1].exception(), UnprocessableMediaError)
+    assert all(f.result().shape == (40, 64, 3) for i, f in enumerate(futures) if i != 1)
+    engine.shutdown()
+    assert len(engine.fallbacks["dali"]) == 4 and list(engine.batch_sizes["dali"]) == [4]
+    assert all(isinstance(r, torch.Tensor) for r in dali_backend.decode_batch(jpegs(3)))  # a new pipeline after it
 
 
 @pytest.mark.parametrize("codec,pix_fmt,capability,expected", [

@@ -22,7 +22,9 @@ from lazymedia import DecodeEngine, ops, synthetic
 from lazymedia.benchmarking import rehearsal
 from lazymedia.benchmarking.rehearsal import CODECS, FFmpegNvDecoder
 from lazymedia.codecs import video, video_packets
+from lazymedia.engine import engine as engine_module
 from lazymedia.engine import isolation, nvdec
+from lazymedia.engine.protocol import Fallback
 from lazymedia.errors import UnprocessableMediaError
 
 
@@ -363,22 +365,19 @@ def test_a_frame_a_fresh_start_cannot_present_is_decoded_from_a_keyframe_earlier
     (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
     assert frames.indices == [0, 15, 31, 47] and backend.retried_runs == 1 and backend.decoded == 1
     assert_matches_cpu(frames, data, 4)
-    FFmpegNvDecoder.blind_starts = {pts[0]: {pts[0]}}  # no keyframe before it: the CPU decodes the clip
-    item = lazymedia.load_video(data, num_frames=4)
-    (fallback,) = backend.decode_batch([item])
-    assert "no frame with the PTS of frames [0]" in backend.fallbacks[-1] and backend.retried_runs == 2
-    assert torch.equal(fallback.frames, video.decode(data, item.header, item.spec).frames)
+    FFmpegNvDecoder.blind_starts = {pts[0]: {pts[0]}}  # no keyframe before it: handed back to the CPU path
+    (fallback,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert isinstance(fallback, Fallback) and fallback.kind == "decode_failed" and backend.retried_runs == 2
+    assert "no frame with the PTS of frames [0]" in fallback.reason == backend.fallbacks[-1]
 
 
 @pytest.mark.parametrize("shift", [512, -512, 1])
 def test_a_decoder_whose_pts_are_not_the_packets_goes_to_the_cpu(video_codec, shift):
     FFmpegNvDecoder.shift = shift  # every frame claims its successor's / predecessor's PTS, or none fed
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
-    data = encoded()
-    item = lazymedia.load_video(data, num_frames=4)
-    (frames,) = backend.decode_batch([item])
-    assert backend.decoded == 0 and "which no packet of the run carried" in backend.fallbacks[-1]
-    assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)
+    (result,) = backend.decode_batch([lazymedia.load_video(encoded(), num_frames=4)])
+    assert isinstance(result, Fallback) and result.kind == "decode_failed" and backend.decoded == 0
+    assert "which no packet of the run carried" in result.reason == backend.fallbacks[-1]
 
 
 def test_one_decoder_reused_across_sizes_and_a_crop_only_change(video_codec):
@@ -399,7 +398,7 @@ def test_a_failing_clip_leaves_the_pool_usable(video_codec):
     small, wide, after = clip(96, 160), clip(96, 1280), clip(120, 200)
     backend.decode_batch([lazymedia.load_video(small, num_frames=3)])
     (fallback,) = backend.decode_batch([lazymedia.load_video(wide, num_frames=3)])
-    assert "NOT_SUPPORTED" in backend.fallbacks[-1] and fallback.frames.shape[1:3] == (96, 1280)
+    assert isinstance(fallback, Fallback) and "NOT_SUPPORTED" in fallback.reason == backend.fallbacks[-1]
     (frames,) = backend.decode_batch([lazymedia.load_video(after, num_frames=3)])
     assert_matches_cpu(frames, after, 3)
     assert backend.decoded == 2 and backend.decoders_created == 2  # the failed decoder was dropped, not reused
@@ -453,9 +452,9 @@ def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
     small = nvdec.route(header("hevc", 160, 96), (9, 0), backend.caps)
     assert not small.gpu and small.reason == "160x96 is under this NVDEC's hevc minimum (144x144)"
     data = clip(64, 4112, frames=2, photo=False)
-    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=2)])
-    assert "over this NVDEC's h264 limit" in backend.fallbacks[-1] and not FFmpegNvDecoder.created
-    assert frames.frames.shape[1:3] == (64, 4112) and backend.decoded == 0
+    (refused,) = backend.decode_batch([lazymedia.load_video(data, num_frames=2)])
+    assert refused == Fallback(backend.fallbacks[-1], "over_limit") and "over this NVDEC's h264 limit" in refused.reason
+    assert not FFmpegNvDecoder.created and backend.decoded == 0
 
 
 def test_a_corrupt_stream_is_the_cpu_paths_422(video_codec):
@@ -463,9 +462,11 @@ def test_a_corrupt_stream_is_the_cpu_paths_422(video_codec):
     at = bytes(data).index(b"mdat") + 4
     data[at:at + 4] = b"\xff\xff\xff\xff"  # the first NAL unit's length overruns every packet
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
-    (result,) = backend.decode_batch([lazymedia.load_video(bytes(data), num_frames=3)])
-    assert isinstance(result, UnprocessableMediaError) and result.status_code == 422
-    assert backend.decoded == 0 and len(backend.fallbacks) == 1
+    engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolate=())  # the CPU decode in-thread
+    error = engine.submit(lazymedia.load_video(bytes(data), num_frames=3)).exception()
+    engine.shutdown()
+    assert isinstance(error, UnprocessableMediaError) and error.status_code == 422
+    assert backend.decoded == 0 and len(backend.fallbacks) == 1 == len(engine.fallbacks["nvdec"])
 
 
 # -- where CUDA runs -----------------------------------------------------------------------------------
@@ -529,6 +530,7 @@ def test_a_clip_nvdec_cannot_take_goes_to_the_engines_isolated_cpu_path(pool, vi
                                                    lazymedia.load_video(small, num_frames=3)])
     engine.shutdown()
     assert list(backend.fallbacks) == ["1280x64 (320 MBs) is over this NVDEC's h264 limit (1024x1024, 4096 MBs)"]
+    assert list(engine.fallbacks["nvdec"]) == list(backend.fallbacks)  # counted by the engine
     assert "decoder" not in wide_frames.info and wide_frames.frames.shape == (2, 64, 1280, 3)  # PyAV, in a worker
     assert len(FFmpegNvDecoder.created) == 1 and backend.decoded == 1  # only the small clip reached NVDEC
     assert_matches_cpu(small_frames, small, 3)
@@ -547,7 +549,6 @@ def test_nvdec_decodes_in_the_serving_process_not_a_worker(pool, video_codec):
 
 def test_a_failing_run_waits_for_its_queued_conversions_before_dropping_the_decoder(video_codec, monkeypatch):
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
-    backend.cpu_decode = lambda item: video.decode(bytes(item.encoded()), item.header, item.spec)
     failed: list = []
     waits_after_the_failure: list = []
     monkeypatch.setattr(backend, "_synchronize", lambda: waits_after_the_failure.append(bool(failed)))
@@ -561,10 +562,8 @@ def test_a_failing_run_waits_for_its_queued_conversions_before_dropping_the_deco
 
     monkeypatch.setattr(FFmpegNvDecoder, "Decode", decode_then_fail_at_the_flush)
     data = encoded()
-    (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
-    assert "LAUNCH_FAILED" in backend.fallbacks[-1] and backend.decoded == 0
-    item = lazymedia.load_video(data, num_frames=4)
-    assert torch.equal(frames.frames, video.decode(data, item.header, item.spec).frames)  # the CPU's decode
+    (fallback,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
+    assert isinstance(fallback, Fallback) and "LAUNCH_FAILED" in fallback.reason and backend.decoded == 0
     assert waits_after_the_failure[-1]  # the stream was waited for after the failure, before the clip ended
     created = backend.decoders_created
     backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
@@ -573,10 +572,10 @@ def test_a_failing_run_waits_for_its_queued_conversions_before_dropping_the_deco
 
 def test_device_out_of_memory_fails_no_other_clip(video_codec, monkeypatch):
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=2)
-    backend.cpu_decode = lambda item: video.decode(bytes(item.encoded()), item.header, item.spec)
+    engine = DecodeEngine(max_workers=2, batch_decoders=[backend], isolate=(), device="cpu", batch_window_s=0.05)
     datas = [clip(96, 160), clip(96, 176), clip(96, 192)]
     items = [lazymedia.load_video(d, num_frames=3) for d in datas]
-    convert, place = lazymedia.ops.nv12_frames_to_rgb, nvdec.place
+    convert, place = lazymedia.ops.nv12_frames_to_rgb, engine_module.place
 
     def convert_out_of_memory_for_the_second_and_third(surface, height, width, *args, **kwargs):
         if width in (176, 192):
@@ -589,11 +588,12 @@ def test_device_out_of_memory_fails_no_other_clip(video_codec, monkeypatch):
         return place(value, *args, **kwargs)
 
     monkeypatch.setattr(lazymedia.ops, "nv12_frames_to_rgb", convert_out_of_memory_for_the_second_and_third)
-    monkeypatch.setattr(nvdec, "place", place_out_of_memory_for_the_third)
-    first, second, third = backend.decode_batch(items)
-    assert_matches_cpu(first, datas[0], 3)
-    assert torch.equal(second.frames, video.decode(datas[1], items[1].header, items[1].spec).frames)
-    assert isinstance(third, lazymedia.MediaCapacityError) and third.status_code == 503
+    monkeypatch.setattr(engine_module, "place", place_out_of_memory_for_the_third)
+    first, second, third = [engine.submit(item) for item in items]
+    assert_matches_cpu(first.result(), datas[0], 3)
+    assert torch.equal(second.result().frames, video.decode(datas[1], items[1].header, items[1].spec).frames)
+    assert isinstance(third.exception(), lazymedia.MediaCapacityError) and third.exception().status_code == 503
+    engine.shutdown()
     assert backend.decoded == 1 and len(backend.fallbacks) == 2 and "OutOfMemoryError" in backend.fallbacks[-1]
 
 
@@ -621,6 +621,6 @@ def test_a_clip_nvdec_fails_on_decodes_in_a_worker_not_the_session_thread(pool, 
     assert runs == ["decode_encoded"] and "NOT_SUPPORTED" in backend.fallbacks[-1]
     assert torch.equal(wide_frames.frames, expected) and backend.decoded == 1
     assert_matches_cpu(small_frames, small, 3)
-    standalone = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1, isolation_pool=Recording())
-    (again,) = standalone.decode_batch([lazymedia.load_video(wide, num_frames=3)])
-    assert runs == ["decode_encoded"] * 2 and torch.equal(again.frames, expected)
+    standalone = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
+    (again,) = standalone.decode_batch([lazymedia.load_video(wide, num_frames=3)])  # without an engine
+    assert isinstance(again, Fallback) and again.kind == "decode_failed" and runs == ["decode_encoded"]

@@ -17,6 +17,7 @@ from lazymedia import DecodeEngine, Processor, UnprocessableMediaError, cli
 from lazymedia.benchmarking.rehearsal import HostNvjpegDecoder as HostDecoder
 from lazymedia.codecs import image as image_codec
 from lazymedia.engine import BackendStatus, availability, nvdec, nvjpeg
+from lazymedia.engine.protocol import Fallback
 
 from conftest import CORPUS, REPO, encode, make_image, requires_corpus
 
@@ -58,14 +59,21 @@ def test_nvjpeg_backend_routes_falls_back_and_maps_errors():
     items.append(lazymedia.load_image((CORPUS / "images" / "hopper.jpg").read_bytes(), size=(50, 70)))
     decoder = HostDecoder()
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=decoder)
-    results = backend.decode_batch(items)
+    assert [backend.accepts(item) for item in items] == [True, True, False, False, True, True, True]
+    routed = backend.decode_batch(items[2:4])  # what a direct call gets for the images it never accepts
+    assert [r.kind for r in routed if isinstance(r, Fallback)] == ["pixel_format", "codec"] and not backend.fallbacks
+    engine = DecodeEngine(max_workers=2, batch_decoders=[backend], batch_window_s=0.05, isolate=())
+    futures = [engine.submit(item) for item in items]
+    assert isinstance(futures[5].exception(), UnprocessableMediaError)  # the CPU path's 422
+    results = [f.result() for i, f in enumerate(futures) if i != 5]
+    engine.shutdown()
     assert decoder.calls == [5]  # one native call for every GPU-routed image (incl. the corrupt one)
     for item, result in zip(items[:5], results[:5]):
         assert torch.equal(result, image_codec.decode(item.encoded(), item.header, item.spec))
-    assert isinstance(results[5], UnprocessableMediaError)
     resized = ops_resize_reference(items[6])
-    assert torch.equal(results[6], resized)
+    assert torch.equal(results[5], resized)
     assert any("progressive" in r or "not supported" in r for r in backend.fallbacks)
+    assert list(engine.fallbacks["nvjpeg"]) == list(backend.fallbacks)  # 3.jpg and the corrupt one
     assert backend.decoded == 3  # hopper_orientation_6, hopper.jpg and its resize; not 3.jpg or the corrupt one
     assert backend.decoded_by == {"hardware": 3, "cuda": 0} and backend.fallback_count == 2
     assert backend.stats["hardware_items"] == 3 and backend.stats["cuda_items"] == 0
@@ -116,8 +124,8 @@ def test_one_released_item_or_a_failed_native_call_never_fails_the_batch(jpeg_by
     expected = image_codec.decode(jpeg_bytes, item.header, item.spec)
     failing = Failing(failures=2)
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=failing)
-    (out,) = backend.decode_batch([item])  # failed twice: the CPU decodes what the device could not
-    assert torch.equal(out, expected) and backend.decoded == 0 and failing.calls == [1, 1]
+    (out,) = backend.decode_batch([item])  # failed twice: handed back to the CPU path
+    assert out == Fallback(backend.fallbacks[-1], "batch_failed") and backend.decoded == 0 and failing.calls == [1, 1]
     assert backend.fallback_count == 1 == len(backend.fallbacks)  # one item, one fallback, in both counts
     assert "cudaErrorIllegalAddress" in backend.fallbacks[-1] and "retry attempt" in backend.fallbacks[-1]
     failing = Failing(failures=1)
@@ -554,7 +562,9 @@ def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monk
 
     items = [lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(8, 8))]
     backend = nvjpeg.NvjpegBatchDecoder(device="cpu", decoder=FailsTwice())
-    outs = backend.decode_batch(items)
+    engine = DecodeEngine(max_workers=1, batch_decoders=[backend], batch_window_s=0.05, isolate=())
+    outs = engine.decode_all(items)
+    engine.shutdown()
     assert all(isinstance(out, torch.Tensor) for out in outs)  # the CPU decoded both
     assert backend.fallback_count == 2 == len(backend.fallbacks) == len(counted)
     assert {labels["reason"] for _, labels in counted} == {"batch_failed"}
@@ -603,7 +613,9 @@ def test_device_out_of_memory_sends_only_its_images_to_the_cpu(jpeg_bytes, monke
         return resize(tensor, size, *args, **kwargs)
 
     monkeypatch.setattr(lazymedia.ops, "resize", resize_out_of_memory)
-    outs = backend.decode_batch([plain, big, resized])
+    engine = DecodeEngine(max_workers=1, batch_decoders=[backend], batch_window_s=0.05, isolate=())
+    outs = engine.decode_all([plain, big, resized])
+    engine.shutdown()
     assert decoder.calls == [2]  # the plain and the resized image went to nvJPEG
     assert torch.equal(outs[0], image_codec.decode(jpeg_bytes, plain.header, plain.spec))
     assert torch.equal(outs[1], image_codec.decode(jpeg_bytes, big.header, big.spec))  # the CPU's decode

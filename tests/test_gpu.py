@@ -18,6 +18,7 @@ import lazymedia
 from lazymedia import DecodeEngine, Processor, ops, synthetic
 from lazymedia.codecs import video
 from lazymedia.engine import nvjpeg as nvjpeg_engine
+from lazymedia.engine.protocol import Fallback
 
 from conftest import CORPUS, encode, make_image, requires_corpus
 
@@ -119,6 +120,9 @@ def test_nvjpeg_corpus_orientation_and_fallbacks(nvjpeg_backend):
     assert routed == len(names) - 2  # CMYK and gray are routed to the CPU, not fallbacks
     results = decode_counted(nvjpeg_backend, items, on_gpu=routed)
     for name, item, out in zip(names, items, results):
+        if isinstance(out, Fallback):  # never accepted: the engine's CPU path decodes it
+            assert not nvjpeg_engine.route(item.header, item.spec).gpu, name
+            continue
         assert tuple(out.shape) == pillow(item.encoded()).shape, name
         assert_close_to_pillow(out, item.encoded(), name)
 
@@ -148,7 +152,9 @@ def test_a_scan_cut_short_is_a_422_and_the_rest_of_its_batch_decodes_on_the_gpu(
     decoded, fallbacks = nvjpeg_backend.decoded, len(nvjpeg_backend.fallbacks)
     results = nvjpeg_backend.decode_batch(items)
     print("cut scan:", list(nvjpeg_backend.fallbacks)[fallbacks:])
-    assert isinstance(results[2], lazymedia.UnprocessableMediaError)
+    assert isinstance(results[2], Fallback) and results[2].kind == "decode_failed"  # the CPU path's 422:
+    with pytest.raises(lazymedia.UnprocessableMediaError):
+        items[2].decode()
     assert nvjpeg_backend.decoded - decoded == 3 and len(nvjpeg_backend.fallbacks) - fallbacks == 1
     for k in (0, 1, 3):
         assert_close_to_pillow(results[k], blobs[k], f"batch with a cut scan, image {k}")
@@ -185,7 +191,7 @@ def test_split_batch_engines_and_cuda_path_each_decode_and_a_damaged_image_in_ea
     damaged[63], damaged[0] = cut_scan(blobs[63]), cut_scan(progressive)
     decoded = backend.decoded
     results = backend.decode_batch([lazymedia.load_image(b) for b in damaged])
-    assert [k for k, r in enumerate(results) if isinstance(r, lazymedia.UnprocessableMediaError)] == [0, 63]
+    assert [k for k, r in enumerate(results) if isinstance(r, Fallback)] == [0, 63]  # the CPU path's 422s
     assert backend.decoded - decoded == 62
     for k in range(1, 63):
         assert_close_to_pillow(results[k], blobs[k], f"split with damaged images, image {k}")
@@ -236,7 +242,7 @@ def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
     with torch.cuda.stream(caller):
         (out,) = backend.decode_batch([lazymedia.load_image(encode(make_image(64, 64), "JPEG"))])
     assert streams and streams[0] not in (0, caller.cuda_stream, torch.cuda.default_stream().cuda_stream)
-    assert out.is_cuda
+    assert isinstance(out, Fallback) and out.kind == "decode_failed"
 
 
 def test_nvjpeg_pinned_output():
@@ -396,6 +402,8 @@ def test_nvdec_after_a_clip_it_cannot_decode(nvdec_backend):
     print("8K:", reasons, "decoded on NVDEC:", nvdec_backend.decoded - decoded)
     if torch.cuda.get_device_capability(0) < (10, 0):
         assert len(reasons) == 1 and "limit" in reasons[0] and nvdec_backend.decoders_created == created
-    reference = video.decode(data, item.header, item.spec)
-    assert_close(frames.frames[0], reference.frames[0].numpy(), "8K frame 0")
+        assert frames == Fallback(reasons[0], "over_limit")  # the engine's CPU path decodes it
+    else:
+        reference = video.decode(data, item.header, item.spec)
+        assert_close(frames.frames[0], reference.frames[0].numpy(), "8K frame 0")
     nvdec_matches_cpu(nvdec_backend, clip(360, 640, frames=30), "after 8K")

@@ -13,7 +13,7 @@ import torch
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
 from ._ffmpeg import DecodedFrames
-from ._video_common import sampled_output, video_frames
+from .frames import sampled_output, video_frames
 from .metadata import MP4_FIRST_BOXES, check_metadata, mp4_boxes
 from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
 from .types import EncodedBytes, VideoFrames, VideoHeader

@@ -12,7 +12,7 @@ import torch
 from ..errors import InvalidMediaError, UnprocessableMediaError
 from ..spec import Limits, VideoSpec
 from . import video
-from ._video_common import frame_timestamps, memfd_path, sampled_output, video_frames
+from .frames import frame_timestamps, memfd_path, sampled_output, video_frames
 from .sampling import decode_plan, sample_indices, sampling_source
 from .types import EncodedBytes, VideoFrames, VideoHeader
 from .video import REMEMBER_HEADERS, check_limits, probe

@@ -3,6 +3,7 @@ each (`cpu_batch`, `nvjpeg`, `nvdec`, `dali`); `protocol` is the contract betwee
 handles they decode."""
 from .availability import BackendStatus, backends
 from .engine import DecodeEngine, default_engine
-from .protocol import BatchDecoder, DecodeItem, Route
+from .protocol import BatchDecoder, DecodeItem, Fallback, Route
 
-__all__ = ["BackendStatus", "BatchDecoder", "DecodeEngine", "DecodeItem", "Route", "backends", "default_engine"]
+__all__ = ["BackendStatus", "BatchDecoder", "DecodeEngine", "DecodeItem", "Fallback", "Route", "backends",
+           "default_engine"]

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .protocol import DecodeItem, decode_on_host, is_root
+from ..codecs.types import ImageHeader
+from ..spec import ImageSpec
+from .protocol import AnyItem, BatchResult, DecodeItem, is_root
 
 
 class CpuBatchDecoder:
     name = "cpu-batch"
 
-    def accepts(self, item: DecodeItem) -> bool:
+    def accepts(self, item: AnyItem) -> bool:
         return is_root(item, "image")
 
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
-        return [decode_on_host(item) for item in items]
+    def decode_batch(self, items: Sequence[DecodeItem[ImageSpec, ImageHeader]]) -> list[BatchResult]:
+        """Each image decoded by its CPU codec, or the exception that says why not."""
+        from ..codecs import decode
+
+        results: list[BatchResult] = []
+        for item in items:
+            try:
+                results.append(decode("image", item.encoded(), item.header, item.spec, None, item.limits))
+            except Exception as exc:
+                results.append(exc)
+        return results

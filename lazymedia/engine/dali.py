@@ -4,19 +4,24 @@
 It is the peer the nvJPEG backend is measured against, and a second, independent decoder the
 CPU path is tested against (DALI's CPU pipeline runs without a GPU). DALI applies EXIF
 orientation itself; handles it cannot serve the same way (apply_orientation=False, modes other
-than RGB, GIF) go to lazymedia's CPU decoder, as do batches DALI rejects (one corrupt image
-fails a DALI batch), item by item.
+than RGB, GIF) are not accepted, and the images of a batch DALI rejects (one corrupt image fails
+a DALI batch) are handed back as `Fallback`s: the engine's CPU path then decides item by item.
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
 from .. import ops
-from .protocol import DecodeItem, decode_on_host, is_root
+from ..codecs.types import ImageHeader
+from ..spec import ImageSpec
+from .protocol import AnyItem, BatchResult, DecodeItem, Fallback, is_root
+
+ImageItem: TypeAlias = DecodeItem[ImageSpec, ImageHeader]
 
 _DALI_FORMATS = {"jpeg", "png", "webp"}
 
@@ -37,34 +42,41 @@ class DaliBatchDecoder:
         self.max_batch = max_batch
 
         @pipeline_def(batch_size=max_batch, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
-                      prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
-        def decode_pipeline():
+                      prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)  # type: ignore[untyped-decorator]  # DALI is untyped
+        def decode_pipeline() -> Any:  # a DALI DataNode (untyped)
             encoded = fn.external_source(name="encoded", dtype=types.UINT8)
             return fn.decoders.image(encoded, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
 
-        self._pipeline = decode_pipeline()
-        self._pipeline.build()
+        self._build = decode_pipeline
+        self._pipeline = self._new_pipeline()
         self._lock = threading.Lock()  # a pipeline runs one batch at a time
 
-    def accepts(self, item: DecodeItem) -> bool:
-        if not is_root(item, "image"):
-            return False
+    def _new_pipeline(self) -> Any:  # a DALI Pipeline (untyped)
+        pipeline = self._build()
+        pipeline.build()
+        return pipeline
+
+    def accepts(self, item: AnyItem) -> bool:
         spec, header = item.spec, item.header
-        if header.format == "png" and (header.bit_depth > 8 or header.png_color_type == 3 and header.has_transparency):
-            return False  # Pillow's rules DALI does not follow: 16-bit clamps, a palette's tRNS composites
+        if not is_root(item, "image") or not isinstance(header, ImageHeader) or not isinstance(spec, ImageSpec):
+            return False
+        if header.format == "png" and (header.bit_depth > 8 or header.has_transparency or header.orientation != 1):
+            return False  # Pillow's rules DALI does not follow: 16-bit clamps, transparency composites, eXIf turns
         return header.format in _DALI_FORMATS and spec.mode == "RGB" and spec.apply_orientation
 
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
-        results: list = []
+    def decode_batch(self, items: Sequence[ImageItem]) -> list[BatchResult]:
+        results: list[BatchResult] = []
         for start in range(0, len(items), self.max_batch):
             chunk = items[start:start + self.max_batch]
             try:
                 results += self._run(chunk)
-            except RuntimeError:  # DALI fails the whole batch for one bad image: decide per item
-                results += [decode_on_host(item, device=self.torch_device) for item in chunk]
+            except RuntimeError as exc:  # DALI fails the whole batch for one bad image: the CPU decides per item
+                with self._lock:  # and a pipeline that failed is no longer valid: the next batch gets a new one
+                    self._pipeline = self._new_pipeline()
+                results += [Fallback(f"batch failed: {exc}", "batch_failed")] * len(chunk)
         return results
 
-    def _run(self, items: Sequence) -> list:
+    def _run(self, items: Sequence[ImageItem]) -> list[torch.Tensor]:
         encoded = [np.frombuffer(item.encoded(), dtype=np.uint8) for item in items]
         with self._lock:
             self._pipeline.feed_input("encoded", encoded)
@@ -75,7 +87,7 @@ class DaliBatchDecoder:
         return [ops.resize(out, item.spec.size, item.spec.resample) if item.spec.size else out
                 for out, item in zip(outputs, items)]
 
-    def _to_torch(self, batch, index: int) -> torch.Tensor:
+    def _to_torch(self, batch: Any, index: int) -> torch.Tensor:  # a DALI TensorList (untyped)
         if self.device == "cpu":
             return torch.from_numpy(np.array(batch.at(index)))
         from nvidia.dali.plugin.pytorch import feed_ndarray

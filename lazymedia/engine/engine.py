@@ -8,18 +8,26 @@ decode in worker processes, so a decoder crash on a hostile file costs a worker,
 A batch decoder (nvJPEG, DALI, NVDEC) additionally gets cross-request micro-batches: the items it
 accepts, submitted within `batch_window_s` of each other (or `max_batch` of them), go to it in
 one call.
+
+The engine also decides every fallback: an item a batch decoder hands back (a `Fallback`: one
+its device cannot take, or one it failed on), and every item of a batch whose decoder broke as a
+whole, decodes on the engine's CPU path, the one an item no batch decoder takes follows
+(isolated where its modality is), is placed on the engine's device, and is counted
+(`fallbacks[decoder]`, the metric `fallbacks{backend, reason}`).
 """
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._profiling import nvtx_range
 from .._singletons import process_wide
@@ -33,12 +41,19 @@ from .placement import (
     normalize_device,
     reserved_nbytes,
 )
-from .protocol import BatchDecoder, DecodeItem, place, typed_error
+from .protocol import AnyItem, BatchDecoder, BatchResult, Fallback, FallbackLog, fallback_log, place, typed_error
+
+if TYPE_CHECKING:
+    import torch
+
+    from .isolation import IsolatedPool
 
 _log = logging.getLogger("lazymedia.engine")
 
 # Batch sizes kept per decoder, for stats and benchmarks (older ones are dropped).
 BATCH_HISTORY = 1024
+
+Queued: TypeAlias = tuple[AnyItem, "Future[Any]"]  # an item waiting for its batch, and its caller's future
 
 
 def _mark_decode_thread() -> None:
@@ -62,8 +77,8 @@ class DecodeEngine:
 
     def __init__(self, max_workers: int | None = None, batch_decoders: Sequence[BatchDecoder] = (),
                  batch_window_s: float = 0.001, max_batch: int = 64,
-                 isolate: Iterable[str] = ("video", "audio"), isolation_pool=None,
-                 isolation_workers: int | None = None, device=None,
+                 isolate: Iterable[str] = ("video", "audio"), isolation_pool: IsolatedPool | None = None,
+                 isolation_workers: int | None = None, device: torch.device | str | int | None = None,
                  device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES):
         if isolation_workers is not None and isolation_pool is not None:
             raise ValueError("give isolation_pool or isolation_workers, not both")
@@ -86,14 +101,14 @@ class DecodeEngine:
             d.name: collections.deque(maxlen=BATCH_HISTORY) for d in self.batch_decoders}
         # Every item each decoder was handed (its own `decoded` counts those its GPU path took).
         self.batched_items: dict[str, int] = {d.name: 0 for d in self.batch_decoders}
-        self._queues: dict[str, queue.SimpleQueue] = {d.name: queue.SimpleQueue() for d in self.batch_decoders}
+        # The reasons of the latest items each decoder handed back to the CPU path (each counted).
+        self.fallbacks: dict[str, FallbackLog] = {d.name: fallback_log(d.name) for d in self.batch_decoders}
+        self._queues: dict[str, queue.SimpleQueue[Queued | None]] = {
+            d.name: queue.SimpleQueue() for d in self.batch_decoders}
         self._batchers: dict[str, threading.Thread] = {}
         self._closed = False
-        self.device: Any = normalize_device(device) if device is not None else None  # a torch.device
+        self.device: torch.device | None = normalize_device(device) if device is not None else None
         self.device_budget = DeviceBudget(device_cap_bytes) if device is not None else None
-        for decoder in self.batch_decoders:  # run-time fallbacks (NVDEC) decode on this engine's CPU path
-            if getattr(decoder, "cpu_decode", False) is None:
-                setattr(decoder, "cpu_decode", self.decode_on_cpu)  # noqa: B010 (not in the BatchDecoder protocol)
 
     @property
     def in_flight(self) -> int:
@@ -101,7 +116,7 @@ class DecodeEngine:
         with self._lock:
             return self._in_flight
 
-    def place(self, item: DecodeItem, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE) -> Placement:
+    def place(self, item: AnyItem, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE) -> Placement:
         """Where a miss of `item` decodes and is processed: on this engine's device, holding
         its estimated bytes of the device budget until `unplace`, or on the CPU (no device,
         a modality that stays on the CPU, or the cap is full: never a wait)."""
@@ -116,7 +131,8 @@ class DecodeEngine:
         if placement.reserved and self.device_budget is not None:
             self.device_budget.release(placement.reserved)
 
-    def submit(self, item: DecodeItem, out=None, device=None) -> Future:
+    def submit(self, item: AnyItem, out: torch.Tensor | None = None,
+               device: torch.device | str | None = None) -> Future[Any]:
         """Decodes `item`; the future's result is what `item.decode()` returns. With `device`,
         the result lies there: "cpu" decodes on the pool only (never a GPU batch decoder),
         another device takes the batch decoders first and moves a pool decode there. An engine
@@ -132,7 +148,7 @@ class DecodeEngine:
             decoder = next((d for d in self.batch_decoders if out is None and not on_host and d.accepts(item)),
                            None)
             if decoder is not None:
-                future: Future = Future()
+                future: Future[Any] = Future()
                 self._start_batcher(decoder)
                 self._queues[decoder.name].put((item, future))
             elif device is not None and not on_host:
@@ -145,7 +161,7 @@ class DecodeEngine:
         future.add_done_callback(self._finished)
         return future
 
-    def warm_up(self) -> list[dict]:
+    def warm_up(self) -> list[dict[str, Any]]:
         """Starts the worker processes of isolated modalities and waits until each has imported
         its decoders and decoded a tiny clip, so the first isolated miss does not pay for it.
         Returns each worker's report (empty without isolation or with batch decoders only)."""
@@ -153,7 +169,7 @@ class DecodeEngine:
             return []
         return self.isolation_pool().warm_up()
 
-    def isolation_pool(self):
+    def isolation_pool(self) -> IsolatedPool:
         """The pool isolated modalities decode in, built on first use (workers start on demand)."""
         from .isolation import IsolatedPool, default_pool
 
@@ -166,45 +182,18 @@ class DecodeEngine:
                     self._owns_pool = True
             return self._isolation_pool
 
-    def _finished(self, _future) -> None:
+    def _finished(self, _future: Future[Any] | None) -> None:
         with self._lock:
             self._in_flight -= 1
 
-    def _decode_to(self, item: DecodeItem, device):
+    def _decode_to(self, item: AnyItem, device: torch.device | str | None) -> object:
         """A pool decode moved to `device`; the handle keeps the host decode (which is also the
         result where the device has no room: the item is then processed on the CPU)."""
         value = self._decode_one(item, None)
         with nvtx_range("lazymedia.to_device"):
             return place(value, device)
 
-    def decode_on_cpu(self, item: DecodeItem) -> Any:
-        """`item` decoded by its CPU codec as this engine decodes it: in a worker process for an
-        isolated modality (a crash or a hang costs a worker, and is a 422), else in the calling
-        thread. The handle is not touched (the caller stores the result); a failure raises the
-        item's MediaError. What batch decoders fall back on at run time."""
-        if item.is_derived:
-            return item.decode()
-        if item.modality in self.isolate:
-            from .isolation import decode_encoded
-
-            with phase("decode", backend="isolated", modality=item.modality):
-                return self.isolation_pool().run(decode_encoded, item.modality, bytes(item.encoded()), item.header,
-                                                 item.spec, item.limits)
-        from ..codecs import decode
-
-        with phase("decode", backend="thread", modality=item.modality):
-            return decode(item.modality, item.encoded(), item.header, item.spec, None, item.limits)
-
-    def _rescue(self, item: DecodeItem) -> Any:
-        """An item of a batch whose decoder broke as a whole: decoded on the CPU path, alone,
-        and moved where the batch decoder would have put it (this engine's device, if any)."""
-        try:
-            value = self.decode_on_cpu(item)
-        except Exception as exc:
-            return typed_error(exc)
-        return place(value, self.device)  # without a device, the value as it is
-
-    def _decode_one(self, item: DecodeItem, out):
+    def _decode_one(self, item: AnyItem, out: torch.Tensor | None) -> object:
         root = item.root
         if item.modality not in self.isolate or root.is_decoded:
             with phase("decode", backend="thread", modality=item.modality):
@@ -258,8 +247,9 @@ class DecodeEngine:
                 self.batched_items[decoder.name] += len(live)
                 self._pool.submit(self._decode_batch, decoder, live)
 
-    def _decode_batch(self, decoder: BatchDecoder, batch) -> None:
+    def _decode_batch(self, decoder: BatchDecoder, batch: list[Queued]) -> None:
         started = time.perf_counter()
+        results: list[BatchResult]
         with nvtx_range("lazymedia.decode"):
             try:
                 results = decoder.decode_batch([item for item, _ in batch])
@@ -268,13 +258,18 @@ class DecodeEngine:
             except Exception as exc:  # the decoder itself broke: each item decodes on the CPU path, alone
                 _log.warning("%s failed a batch of %d (%s: %s); its items decode on the CPU", decoder.name,
                              len(batch), type(exc).__name__, exc)
-                results = [self._rescue(item) for item, _ in batch]
+                results = [Fallback(f"batch failed: {type(exc).__name__}: {exc}", "batch_failed")] * len(batch)
             except BaseException as exc:  # interrupted: every item of the batch fails, none is left waiting
                 results = [exc] * len(batch)
         seconds = time.perf_counter() - started  # each item of the batch waited for all of it
         for item, _ in batch:
             observe("decode", seconds, backend=decoder.name, modality=item.modality)
         for (item, future), result in zip(batch, results):
+            if isinstance(result, Fallback):
+                self.fallbacks[decoder.name].append(result.reason, result.kind)
+                _log.info("%s -> CPU: %s", decoder.name, result.reason)
+                self._fall_back(item, future)
+                continue
             if isinstance(result, BaseException):
                 item.fulfil(error=typed_error(result))  # a device OOM of one item: its 503 alone
             else:
@@ -284,7 +279,20 @@ class DecodeEngine:
             except BaseException as exc:
                 future.set_exception(exc)
 
-    def decode_all(self, items: Sequence[DecodeItem]) -> list:
+    def _fall_back(self, item: AnyItem, future: Future[Any]) -> None:
+        """Decodes `item` on the CPU path an item no batch decoder takes follows (`submit`'s: in
+        a worker process for an isolated modality, where a crash or a hang costs a worker and is
+        a 422), moved to this engine's device as a batch decoder would have put it, and settles
+        `future` with the result, on the pool: the rest of the batch is not held up."""
+        try:
+            task = self._pool.submit(self._decode_to, item, self.device)
+        except RuntimeError:  # the pool was shut down under the batch
+            future.set_exception(MediaCapacityError("the server is shutting down: retry the request",
+                                                    hint="a CPU fallback after shutdown()"))
+            return
+        task.add_done_callback(functools.partial(_settle, future))
+
+    def decode_all(self, items: Sequence[AnyItem]) -> list[Any]:
         """Decodes every item concurrently and returns the results in order (first error raised
         after all decodes have finished, so none is left running)."""
         futures = [self.submit(item) for item in items]
@@ -306,18 +314,34 @@ class DecodeEngine:
         if self._owns_pool and self._isolation_pool is not None:
             self._isolation_pool.close()
 
-    def __enter__(self):
+    def __enter__(self) -> DecodeEngine:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         self.shutdown()
+
+
+def _settle(future: Future[Any], task: Future[object]) -> None:
+    """`future` settled as `task` (a CPU fallback on the pool) ended: its value, its typed
+    error (a device out-of-memory error is a 503), or a 503 where shutdown cancelled it."""
+    if task.cancelled():
+        future.set_exception(MediaCapacityError("the server is shutting down: retry the request",
+                                                hint="a CPU fallback cancelled by shutdown()"))
+        return
+    error = task.exception()
+    if error is not None:
+        future.set_exception(typed_error(error))
+    else:
+        future.set_result(task.result())
 
 
 _DEVICE_ENGINES: dict[str, DecodeEngine] = {}
 _DEVICE_ENGINES_LOCK = threading.Lock()
 
 
-def device_engine(device="cuda", device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES) -> DecodeEngine:
+def device_engine(device: torch.device | str | int = "cuda",
+                  device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES) -> DecodeEngine:
     """The process-wide engine for `device` (one per device: one nvJPEG handle, one NVDEC
     decoder): nvJPEG into device tensors and NVDEC where this process can run them, the CPU
     for the rest (moved to the device); the cap of its first call holds."""
@@ -331,7 +355,7 @@ def device_engine(device="cuda", device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTE
         return engine
 
 
-def gpu_decoders(device) -> list[BatchDecoder]:
+def gpu_decoders(device: torch.device) -> list[BatchDecoder]:
     """nvJPEG (device outputs) and NVDEC on `device`, those this process can run (engine
     availability); one that fails to start is left out and logged, so its items decode on
     the CPU."""
@@ -350,7 +374,7 @@ def gpu_decoders(device) -> list[BatchDecoder]:
     return decoders
 
 
-def _start(decoders: list, name: str, build) -> None:
+def _start(decoders: list[BatchDecoder], name: str, build: Callable[[], BatchDecoder]) -> None:
     try:
         decoders.append(build())
     except Exception as exc:  # a driver or library that imports but cannot start: the CPU decodes

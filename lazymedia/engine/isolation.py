@@ -43,17 +43,25 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._singletons import process_wide
 from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
 from ..metrics import count
-from ..ops import NO_CUDA_ENV, frame_buffers
+from ..ops import NO_CUDA_ENV, HostBufferPool, frame_buffers
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..spec import Limits, Spec
+    from .protocol import Decoded, Header
+
+T = TypeVar("T")
 
 logger = logging.getLogger("lazymedia.engine")
 
@@ -73,7 +81,7 @@ SHARED_MIN_BYTES = 1 << 20
 _SHARED = "lazymedia.engine.isolation/shared-tensor"
 
 
-def _export(value, folder: Path | None, names) -> Any:
+def _export(value: object, folder: Path | None, names: Iterator[int]) -> object:
     """Worker side: a result whose tensor is large, with that tensor written to `folder` (see _SHARED)."""
     if folder is None or not isinstance(value, TensorResult):
         return value
@@ -93,7 +101,7 @@ def _export(value, folder: Path | None, names) -> Any:
     return _SHARED, name, value.with_tensor(torch.empty((), dtype=tensor.dtype).expand(tensor.shape))
 
 
-def _import(value, folder: Path | None) -> Any:
+def _import(value: object, folder: Path | None) -> object:
     """Parent side: a shared result's tensor mapped from its file, which is unlinked at once."""
     if not (isinstance(value, tuple) and len(value) == 3 and value[0] == _SHARED and folder is not None):
         return value
@@ -113,20 +121,20 @@ def _import(value, folder: Path | None) -> Any:
         else:  # one read into page-locked memory instead of a mapping
             tensor = pinned.empty(shape, dtype)
             with open(path, "rb") as f:
-                if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != tensor.nbytes:
+                if f.readinto(tensor.reshape(-1).view(torch.uint8).numpy().data) != tensor.nbytes:
                     raise OSError(f"shared result {name} is incomplete")
     finally:
         path.unlink(missing_ok=True)
     return result.with_tensor(tensor)
 
 
-def result_buffers():
+def result_buffers() -> HostBufferPool | None:
     """The serving process's pinned frame buffers where it has them (a GPU), else None."""
     pool = frame_buffers()
     return pool if pool.pinned else None
 
 
-def _warm_up() -> dict:
+def _warm_up() -> dict[str, bool | float | str]:
     """Worker side, before it reports ready: the imports and codec set-up a first decode would
     pay, through a tiny video and audio decode. Returns what it did (the parent keeps it)."""
     import time
@@ -136,7 +144,7 @@ def _warm_up() -> dict:
     from ..codecs import decode, probe
     from ..spec import DEFAULT_LIMITS, AudioSpec, VideoSpec
 
-    def decoded(modality: str, data: bytes, spec):
+    def decoded(modality: str, data: bytes, spec: Spec) -> Any:  # the modality's result
         return decode(modality, data, probe(modality, data, DEFAULT_LIMITS, spec), spec)
 
     video = decoded("video", synthetic.video(frames=2, height=16, width=16), VideoSpec(num_frames=2))
@@ -146,7 +154,7 @@ def _warm_up() -> dict:
             "seconds": time.perf_counter() - started}
 
 
-def _worker_main(conn, folder: Path | None = None) -> None:
+def _worker_main(conn: Connection, folder: Path | None = None) -> None:
     """Runs (fn, args) requests until the pipe closes; replies ("ok", value) or ("error", exc),
     large decoded tensors through `folder` (see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
@@ -191,7 +199,7 @@ class _Worker:
         child.close()
         self.conn = Connection(parent.detach())
         self.ready = False
-        self.warm_up: dict = {}  # what the worker reported doing before it was ready
+        self.warm_up: dict[str, Any] = {}  # what the worker reported doing before it was ready (JSON)
         self.served = 0  # calls answered: a crash in a fresh worker is the input's own
         self._ready_lock = threading.Lock()
 
@@ -336,7 +344,7 @@ class IsolatedPool:
             count("worker_restarts", cause=cause)
             self._idle.put(None)
 
-    def run(self, fn: Callable, *args, timeout_s: float | None = None) -> Any:
+    def run(self, fn: Callable[..., T], *args: object, timeout_s: float | None = None) -> T:
         """fn(*args) in a worker. A worker that dies is replaced and the call retried once on
         another: a decoder's heap can be corrupted by an earlier hostile input and crash on a
         legal one (the mixed fuzz saw it), while an input that crashes a decoder by itself
@@ -359,7 +367,7 @@ class IsolatedPool:
                 raise _start_failed(died) from None
             raise UnprocessableMediaError(f"decoder process died ({died})") from None
 
-    def _run_once(self, fn: Callable, args: tuple, timeout_s: float | None) -> Any:
+    def _run_once(self, fn: Callable[..., T], args: tuple[object, ...], timeout_s: float | None) -> T:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         worker: _Worker | None = self._take()
         assert worker is not None
@@ -394,9 +402,10 @@ class IsolatedPool:
                 self._idle.put(worker)
         if status == "error":
             raise value
-        return value
+        result: T = value  # fn(*args), as the worker returned it
+        return result
 
-    def warm_up(self) -> list[dict]:
+    def warm_up(self) -> list[dict[str, Any]]:
         """Starts every worker not yet started and waits until each has warmed up; what each reported."""
         started = []
         while True:
@@ -483,14 +492,15 @@ def default_pool() -> IsolatedPool:
     return IsolatedPool(workers=configured_workers())
 
 
-def decode_encoded(modality: str, data: bytes, header, spec, limits):
+def decode_encoded(modality: str, data: bytes, header: Header, spec: Spec, limits: Limits) -> Decoded:
     """What a worker runs: the codec's decode of one item's bytes (module-level, so it pickles)."""
     from ..codecs import decode
 
-    return decode(modality, data, header, spec, None, limits)
+    decoded: Decoded = decode(modality, data, header, spec, None, limits)
+    return decoded
 
 
-def copy_into(result, out):
+def copy_into(result: Decoded, out: torch.Tensor) -> Decoded:
     """Moves a decode made in a worker into the caller's buffer `out`: a result's tensor into the
     part of `out` it fills (fewer frames or samples than `out` holds, as a decode into `out` leaves)."""
     if not isinstance(result, TensorResult):

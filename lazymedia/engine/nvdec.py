@@ -19,10 +19,10 @@ has NVDEC engines, 7 on an H200), each with its own CUDA stream and one decoder 
 across clips (NVDEC reconfigures for a new size within the decoder's maximum; a larger clip gets a
 new decoder). What NVDEC cannot decode is decided up front from cuvidGetDecoderCaps where
 PyNvVideoCodec reports them (else from the GPU generation: H.264 above 4096 wide or 65,536
-macroblocks needs Blackwell) and goes to the CPU path, as does a clip NVDEC fails on; each is
-counted and logged, a corrupt stream is the CPU path's typed 422, and the failing session drops
-only its decoder. A clip NVDEC fails on at run time is decoded by the CPU codec in a worker process
-(the engine's isolation pool), never in the session thread.
+macroblocks needs Blackwell), before a session opens; such a clip, and one NVDEC fails on at run
+time, is handed back as a `Fallback`, and the engine decodes it on its CPU path (in a worker
+process, as every CPU-decoded video), which decides what is corrupt (the typed 422). A failing
+session drops only its decoder.
 
 NVDEC decoding runs in the serving process (never in an isolation worker), and so does the demux
 that feeds it (PyAV, after the MP4 box walk and the metadata budgets have accepted the file: an
@@ -30,13 +30,14 @@ accepted risk, docs/design.md's threat model); the result is complete when decod
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -44,10 +45,13 @@ import torch
 from .. import ops
 from .._profiling import nvtx_range
 from ..codecs import video_packets
-from ..codecs._video_common import frame_timestamps, video_frames
+from ..codecs.frames import frame_timestamps, video_frames
 from ..codecs.sampling import sample_indices, sampling_source
-from ..codecs.types import VideoFrames
-from .protocol import DecodeItem, Route, fallback_log, is_root, place, typed_error
+from ..codecs.types import VideoFrames, VideoHeader
+from ..spec import VideoSpec
+from .protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
+
+VideoItem: TypeAlias = DecodeItem[VideoSpec, VideoHeader]
 
 log = logging.getLogger("lazymedia.nvdec")
 
@@ -79,7 +83,7 @@ class Caps:
     min_height: int = 0
 
 
-def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | None = None) -> Route:
+def route(header: VideoHeader, compute_capability: tuple[int, int], caps: dict[str, Caps] | None = None) -> Route:
     """Whether one video decodes on NVDEC, from its header, the GPU generation and (where known)
     the decoder's capabilities for the codec."""
     codec = video_packets.canonical_codec(header.codec)
@@ -114,18 +118,17 @@ def route(header, compute_capability: tuple[int, int], caps: dict[str, Caps] | N
 class _Session:
     """One decoding thread's decoders (one per codec), created on its CUDA stream."""
 
-    def __init__(self):
-        self.decoders: dict[str, tuple[object, int, int]] = {}  # codec -> (decoder, max width, max height)
+    def __init__(self) -> None:
+        self.decoders: dict[str, tuple[Any, int, int]] = {}  # codec -> (decoder, max width, max height)
 
 
 class NvdecBatchDecoder:
     """A BatchDecoder for DecodeEngine: the clips of a batch decode concurrently, one session each.
-    `video_codec` stands in for the PyNvVideoCodec module (tests)."""
+    `video_codec` stands in for the PyNvVideoCodec module (tests); its objects are untyped (Any)."""
 
     name = "nvdec"
 
-    def __init__(self, device: int | str | torch.device = 0, video_codec=None, sessions: int | None = None,
-                 isolation_pool=None):
+    def __init__(self, device: int | str | torch.device = 0, video_codec: Any = None, sessions: int | None = None):
         if video_codec is None:
             import PyNvVideoCodec  # raises RuntimeError, not ImportError, without a driver
 
@@ -139,15 +142,9 @@ class NvdecBatchDecoder:
         self.sessions = sessions or min(MAX_SESSIONS, engines or MAX_SESSIONS)
         self._workers = ThreadPoolExecutor(self.sessions, thread_name_prefix="lazymedia-nvdec")
         self._local = threading.local()
-        # Where a clip NVDEC fails on is decoded by the CPU codec: never in a session thread (a
-        # hostile stream that crashes or hangs FFmpeg costs a worker process, as on the CPU path).
-        # `isolation_pool` if given; else `cpu_decode`, which the DecodeEngine running this
-        # decoder sets to its own CPU path (DecodeEngine.decode_on_cpu); else the process-wide pool.
-        self.isolation_pool = isolation_pool
-        self.cpu_decode: Callable[[DecodeItem], Any] | None = None
         self._count_lock = threading.Lock()
-        # Reasons of the latest fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks = fallback_log("nvdec")
+        # Reasons of the latest clips handed back to the engine's CPU path, most recent last.
+        self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
         self.decoded = 0  # videos NVDEC decoded (tests check that the GPU did the work)
         self.packets_fed = 0  # packets given to NVDEC (only the runs that reach sampled frames)
         self.packets_skipped = 0  # unwanted disposable pictures inside those runs, never fed
@@ -175,67 +172,35 @@ class NvdecBatchDecoder:
             return found, "cuvidGetDecoderCaps, failed for " + "; ".join(failed)
         return found, "cuvidGetDecoderCaps"
 
-    def accepts(self, item: DecodeItem) -> bool:
-        """A video NVDEC can decode. One it cannot (codec, bit depth, size: `route`) is refused
-        here, counted and logged, so the engine decodes it on its CPU path, isolated as every
-        CPU-decoded video is, instead of in this process."""
-        if not is_root(item, "video"):
-            return False
-        gpu_route = route(item.header, self.compute_capability, self.caps)
-        if not gpu_route.gpu:
-            self._count_fallback(gpu_route.reason, gpu_route.kind)
-        return gpu_route.gpu
+    def accepts(self, item: AnyItem) -> bool:
+        """Every underived video: one NVDEC cannot decode (codec, bit depth, size: `route`) is
+        handed back as a Fallback, so the engine counts it as every fallback."""
+        return is_root(item, "video")
 
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
+    def decode_batch(self, items: Sequence[VideoItem]) -> list[BatchResult]:
+        """Each clip's frames, or a Fallback: one clip never fails the others of its batch."""
         return list(self._workers.map(self._decode_item, items))
-
-    def _decode_item(self, item: DecodeItem):
-        """One clip's result or its own exception (typed: a device out-of-memory error in its
-        CPU fallback is its 503), so one clip never fails the others of its batch."""
-        try:
-            return self._decode_or_fall_back(item)
-        except Exception as exc:
-            return typed_error(exc)
 
     def close(self) -> None:
         """Ends the session threads (their decoders go with them)."""
         self._workers.shutdown(wait=True)
 
-    def _count_fallback(self, reason: str, kind: str) -> None:
+    def _fall_back(self, reason: str, kind: str) -> Fallback:
         with self._count_lock:
-            self.fallbacks.append(reason, kind)
-        log.info("NVDEC -> CPU: %s", reason)
+            self.fallbacks.append(reason)
+        return Fallback(reason, kind)
 
-    def _fallback(self, item: DecodeItem, reason: str, kind: str):
-        """The clip decoded by the CPU codec in a worker process (which also decides what is
-        corrupt: 422), then moved to this decoder's device (the host decode where it has no room)."""
-        self._count_fallback(reason, kind)
-        with nvtx_range("nvdec.cpu_fallback"):
-            try:
-                value = self._decode_on_cpu(item)
-            except Exception as exc:
-                return typed_error(exc)
-            return place(value, self.device)
-
-    def _decode_on_cpu(self, item: DecodeItem):
-        if self.isolation_pool is None and self.cpu_decode is not None:
-            return self.cpu_decode(item)
-        from .isolation import decode_encoded, default_pool
-
-        pool = self.isolation_pool if self.isolation_pool is not None else default_pool()
-        return pool.run(decode_encoded, item.modality, bytes(item.encoded()), item.header, item.spec, item.limits)
-
-    def _decode_or_fall_back(self, item: DecodeItem):
+    def _decode_item(self, item: VideoItem) -> VideoFrames | Fallback:
         gpu_route = route(item.header, self.compute_capability, self.caps)
-        if not gpu_route.gpu:
-            return self._fallback(item, gpu_route.reason, gpu_route.kind)
+        if not gpu_route.gpu:  # refused before a session opens
+            return self._fall_back(gpu_route.reason, gpu_route.kind)
         try:
             with nvtx_range("nvdec.clip"), ops.own_stream(self.device) as handover:
                 frames = self._decode(item)
                 handover([frames.tensor])
         except Exception as exc:  # NVDEC refused or lost this stream: the CPU path decides
             kind = "device_oom" if isinstance(exc, torch.OutOfMemoryError) else "decode_failed"
-            return self._fallback(item, f"nvdec failed: {type(exc).__name__}: {exc}", kind)
+            return self._fall_back(f"nvdec failed: {type(exc).__name__}: {exc}", kind)
         with self._count_lock:
             self.decoded += 1
         return frames
@@ -246,7 +211,7 @@ class NvdecBatchDecoder:
             session = self._local.session = _Session()
         return session
 
-    def _decoder(self, session: _Session, codec: str, width: int, height: int):
+    def _decoder(self, session: _Session, codec: str, width: int, height: int) -> Any:
         """This session's decoder for `codec`, reused when the clip fits its maximum size."""
         held = session.decoders.get(codec)
         if held is not None and width <= held[1] and height <= held[2]:
@@ -269,7 +234,7 @@ class NvdecBatchDecoder:
             self.decoders_created += 1
         return decoder
 
-    def _decode(self, item: DecodeItem) -> VideoFrames:
+    def _decode(self, item: VideoItem) -> VideoFrames:
         header, spec = item.header, item.spec
         source = sampling_source(header)
         indices = sample_indices(source, spec)
@@ -307,8 +272,8 @@ class NvdecBatchDecoder:
         frames.info["pts"] = [returned[i] for i in indices]  # the PTS each frame came back with
         return frames
 
-    def _decode_run(self, decoder, demuxed: video_packets.DemuxedVideo, run: video_packets.Run, header,
-                    out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
+    def _decode_run(self, decoder: Any, demuxed: video_packets.DemuxedVideo, run: video_packets.Run,
+                    header: VideoHeader, out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
         """Feeds the run's packets (the parameter sets first; unwanted disposable pictures left
         out), then a flush, and converts each presented frame whose PTS is wanted into its slot
         of `out`."""
@@ -334,8 +299,8 @@ class NvdecBatchDecoder:
             flush.decode_flag = nvc.VideoPacketFlag.ENDOFSTREAM
             self._take(decoder.Decode(flush), run, fed, header, out, slots, returned)
 
-    def _take(self, decoded, run: video_packets.Run, fed: set[int], header, out: torch.Tensor,
-              slots: dict[int, int], returned: dict[int, int]) -> None:
+    def _take(self, decoded: Sequence[Any], run: video_packets.Run, fed: set[int], header: VideoHeader,
+              out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
         """Converts the wanted frames among `decoded` into their slots now, on this stream, and
         waits for them before the decoder's next call, which reuses its surfaces (and on a
         mid-stream size change frees them on the legacy default stream, which does not wait for
@@ -352,7 +317,7 @@ class NvdecBatchDecoder:
             with nvtx_range("nvdec.convert"):
                 # [1.5 x height, width]: the luma rows, then the interleaved chroma rows (4:2:0
                 # display sizes are even: H.264 and HEVC crop 4:2:0 in units of two)
-                surface = torch.from_dlpack(frame)
+                surface = torch.utils.dlpack.from_dlpack(frame)
                 frame_height, frame_width = surface.shape[0] * 2 // 3, surface.shape[1]
                 slot = out[slots[index]]
                 if (frame_height, frame_width) == tuple(slot.shape[:2]):

@@ -1,11 +1,11 @@
 """nvJPEG backend: batches of JPEG handles decoded on the GPU into device (or pinned host)
 tensors, with EXIF orientation and resizing by the shared kernels.
 
-What nvJPEG cannot decode goes to the CPU decoder per image: 4-component (CMYK/YCCK),
+What nvJPEG cannot decode goes to the engine's CPU path per image: 4-component (CMYK/YCCK),
 grayscale, RGB-coded (Adobe transform 0), lossless, arithmetic-coded and hierarchical JPEGs,
-non-JPEG formats, modes other than RGB and draft decodes are routed to the CPU up front; any
-image the native decoder refuses at run time (its handles are strict about damaged bitstreams,
-and let the engines take only streams that are whole) falls back the same way. The CPU decoder
+non-JPEG formats, modes other than RGB and draft decodes are never accepted (`route`); an image
+the native decoder refuses at run time (its handles are strict about damaged bitstreams, and let
+the engines take only streams that are whole) is handed back as a `Fallback`. The CPU decoder
 then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG upsamples chroma
 by interpolation, as libjpeg-turbo does, where the library accepts the flag; its pixels differ
 from libjpeg-turbo's within what tests/test_gpu.py measures (40 dB).
@@ -18,17 +18,28 @@ call did, phase by phase.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from .. import ops
+from ..codecs.types import ImageHeader
 from ..errors import MediaError
-from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
+from ..spec import ImageSpec
+from .protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
+
+if TYPE_CHECKING:
+    from .._C_cuda import NvjpegDecoder
+
+ImageItem: TypeAlias = DecodeItem[ImageSpec, ImageHeader]
+# What the native decoder takes per image: (data, width, height, orientation, output pointer).
+_Request: TypeAlias = tuple[bytes | memoryview, int, int, int, int]
 
 _log = logging.getLogger(__name__)
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
@@ -36,7 +47,7 @@ _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
 _HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}
 
 
-def route(header, spec) -> Route:
+def route(header: ImageHeader, spec: ImageSpec) -> Route:
     """Where one image decodes, from its header and spec alone (no GPU needed to decide)."""
     if header.format != "jpeg":
         return Route(False, f"{header.format} is not JPEG", "codec")
@@ -54,15 +65,6 @@ def route(header, spec) -> Route:
         return Route(False, f"{header.jpeg_encoding} {header.bit_depth}-bit JPEG is not supported by nvJPEG", "codec")
     hardware = header.jpeg_encoding == "baseline" and header.chroma_subsampling not in _HARDWARE_UNSUPPORTED_SUBSAMPLING
     return Route(True, "hardware" if hardware else "hybrid")
-
-
-def split_batch(items: Sequence) -> tuple[list[int], list[int]]:
-    """(GPU indices, CPU indices) of a batch of image handles."""
-    gpu: list[int] = []
-    host: list[int] = []
-    for index, item in enumerate(items):
-        (gpu if route(item.header, item.spec).gpu else host).append(index)
-    return gpu, host
 
 
 def wheel_file(relative: str, search_path: Sequence[str] | None = None) -> str:
@@ -98,7 +100,7 @@ class NvjpegBatchDecoder:
     name = "nvjpeg"
 
     def __init__(self, device: int | str | torch.device = 0, output: str = "cuda", allow_hardware: bool = True,
-                 decoder=None, **options):
+                 decoder: NvjpegDecoder | None = None, **options: bool | int | float):
         if output not in ("cuda", "pinned"):
             raise ValueError("output must be 'cuda' or 'pinned'")
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -113,9 +115,9 @@ class NvjpegBatchDecoder:
         elif options:
             raise ValueError("options configure the native decoder; a given decoder is already configured")
         self._decoder = decoder
-        self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
-        # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
-        self.fallbacks = fallback_log("nvjpeg")
+        self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned")
+        # Reasons of the latest images handed back to the engine's CPU path at run time, most recent last.
+        self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
         self.decoded_by = {"hardware": 0, "cuda": 0}  # the same, per nvJPEG path
         self.fallback_count = 0  # images nvJPEG refused at run time (their reasons: fallbacks, one each)
@@ -147,7 +149,7 @@ class NvjpegBatchDecoder:
         return int(self._decoder.cores_per_engine)
 
     @property
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, float | int]:
         """The latest native call: host µs per phase, the engines' and the CUDA path's ms, items
         per path, the split's size class and load, nvJPEG's device allocations."""
         return dict(self._decoder.stats)
@@ -157,27 +159,39 @@ class NvjpegBatchDecoder:
         """The engines' share of the hardware candidates per size class, as tuned so far."""
         return {name: float(self._decoder.load(c)) for c, name in enumerate(("<0.5MP", "<2.5MP", "larger"))}
 
-    def accepts(self, item: DecodeItem) -> bool:
-        return is_root(item, "image")
+    def accepts(self, item: AnyItem) -> bool:
+        """An underived image nvJPEG can decode (`route`). The rest never reach a batch: the
+        engine decodes them on its CPU path, as it does with no GPU (not a fallback: nothing failed)."""
+        header, spec = item.header, item.spec
+        return is_root(item, "image") and isinstance(header, ImageHeader) and isinstance(spec, ImageSpec) \
+            and route(header, spec).gpu
 
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list:
-        results: list = [None] * len(items)
-        gpu, host = split_batch(items)
+    def decode_batch(self, items: Sequence[ImageItem]) -> list[BatchResult]:
+        """Each image's tensor, its own MediaError (bytes released), or a Fallback: one nvJPEG
+        refused at run time, or one `route` refuses (which only a direct call sends)."""
+        results: dict[int, BatchResult] = {}
+        gpu: list[int] = []
+        for index, item in enumerate(items):
+            decision = route(item.header, item.spec)
+            if decision.gpu:
+                gpu.append(index)
+            else:
+                results[index] = Fallback(decision.reason, decision.kind)
         with ops.own_stream(self.device) as handover:
             if gpu:
-                host += self._decode_on_gpu(items, gpu, results)
-            for index in sorted(host):
-                results[index] = self._decode_on_cpu(items[index])
-            handover(results)  # outputs (and pinned copies) complete on return
-        return results
+                self._decode_on_gpu(items, gpu, results)
+            ordered = [results[index] for index in range(len(items))]
+            handover(ordered)  # outputs (and pinned copies) complete on return
+        return ordered
 
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
-    def _decode_on_gpu(self, items, indices: list[int], results: list) -> list[int]:
-        """Decodes into device tensors; returns the indices that fell back to the CPU."""
-        requests, outputs, sent = [], [], []
-        oom: list[int] = []  # no device memory for the output: the CPU decodes these
+    def _decode_on_gpu(self, items: Sequence[ImageItem], indices: list[int], results: dict[int, BatchResult]) -> None:
+        """Decodes the images at `indices` into device tensors, each result (or Fallback) into `results`."""
+        requests: list[_Request] = []
+        outputs: list[torch.Tensor] = []
+        sent: list[int] = []
         for index in indices:
             item = items[index]
             try:
@@ -191,19 +205,20 @@ class NvjpegBatchDecoder:
             shape = (header.width, header.height, 3) if swap else (header.height, header.width, 3)
             try:
                 out = _device_empty(shape, self.device)
-            except torch.OutOfMemoryError as exc:
-                self._fall_back(index, oom, f"device out of memory for a {header.width}x{header.height} image: "
-                                            f"{exc}", "device_oom")
+            except torch.OutOfMemoryError as exc:  # no device memory for the output: the CPU decodes it
+                results[index] = self._fall_back(index, f"device out of memory for a {header.width}x{header.height} "
+                                                        f"image: {exc}", "device_oom")
                 continue
             requests.append((data, header.width, header.height, orientation, out.data_ptr()))
             outputs.append(out)
             sent.append(index)
         if not requests:
-            return oom
+            return
         statuses, failure = None, None
         for attempt in ("first", "retry"):  # one transient device failure is retried on the GPU
             try:
-                statuses = self._decoder.decode(requests, self._stream())
+                # the binding takes any buffer (py::buffer); its stub says bytes
+                statuses = self._decoder.decode(requests, self._stream())  # type: ignore[arg-type]
                 break
             except RuntimeError as exc:  # the device or nvJPEG failed the whole call
                 failure = f"batch failed ({attempt} attempt): {exc}"
@@ -211,15 +226,14 @@ class NvjpegBatchDecoder:
                 if attempt == "first":
                     with self._count_lock:
                         self.retried_batches += 1  # not a fallback (yet): the retry may decode it
-        fallback: list[int] = oom
         if statuses is None:  # failed twice: the CPU decodes every image of it, each counted
             for index in sent:
-                self._fall_back(index, fallback, str(failure), "batch_failed")
-            return fallback
+                results[index] = self._fall_back(index, str(failure), "batch_failed")
+            return
         counts = {"hardware": 0, "cuda": 0}
         for index, out, (decoded, reason, path) in zip(sent, outputs, statuses):
             if not decoded:
-                self._fall_back(index, fallback, reason, "decode_failed")
+                results[index] = self._fall_back(index, reason, "decode_failed")
                 continue
             spec = items[index].spec
             try:
@@ -228,28 +242,22 @@ class NvjpegBatchDecoder:
                 results[index] = self._deliver(out)
             except torch.OutOfMemoryError as exc:  # the resize's output: this image alone goes to the CPU
                 del out
-                self._fall_back(index, fallback, f"device out of memory after the decode: {exc}", "device_oom")
+                results[index] = self._fall_back(index, f"device out of memory after the decode: {exc}", "device_oom")
                 continue
             counts[path] += 1
         with self._count_lock:  # once a batch
             self.decoded += counts["hardware"] + counts["cuda"]
             for path, count in counts.items():
                 self.decoded_by[path] += count
-        return fallback
 
-    def _fall_back(self, index: int, fallback: list[int], reason: str, kind: str) -> None:
-        """Item `index` goes to the CPU: one reason logged and counted (metrics, `fallbacks`,
-        `fallback_count`) per item, under the fixed `kind`."""
+    def _fall_back(self, index: int, reason: str, kind: str) -> Fallback:
+        """Item `index` goes back to the engine's CPU path: one reason logged and kept
+        (`fallbacks`, `fallback_count`) per item, under the fixed `kind`."""
         with self._count_lock:
-            self.fallbacks.append(reason, kind)
+            self.fallbacks.append(reason)
             self.fallback_count += 1
-        _log.info("nvJPEG fell back to the CPU for item %d: %s", index, reason)
-        fallback.append(index)
-
-    def _decode_on_cpu(self, item):
-        if self.output == "pinned":
-            return decode_on_host(item, pinned=self._pinned)
-        return decode_on_host(item, device=self.device)
+        _log.info("nvJPEG hands item %d to the CPU: %s", index, reason)
+        return Fallback(reason, kind)
 
     def _deliver(self, device_tensor: torch.Tensor) -> torch.Tensor:
         if self.output == "cuda":

@@ -17,7 +17,14 @@ import dataclasses
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..codecs.types import ImageHeader, VideoHeader
+from ..spec import ImageSpec, VideoSpec
+from .protocol import AnyItem
+
+if TYPE_CHECKING:
+    import torch
 
 # The processor's device working set per decoded byte: the uint8 pixels (1), their float32 copy
 # (4), the rescaled/normalised float32 (4), the patched float32 output (4), and slack for the
@@ -26,7 +33,7 @@ BYTES_PER_DECODED_BYTE = 16
 DEFAULT_DEVICE_CAP_BYTES = 8 << 30  # 8 GiB: 0.06 of an H200, ~150 4K images in flight
 
 
-def normalize_device(device: Any) -> Any:
+def normalize_device(device: torch.device | str | int) -> torch.device:
     """`device` as a torch.device, a CUDA one with its index (the current device's where none is
     given), so that tensors' devices compare equal to it."""
     import torch
@@ -37,16 +44,16 @@ def normalize_device(device: Any) -> Any:
     return device
 
 
-def decoded_nbytes(item: Any) -> int | None:
+def decoded_nbytes(item: AnyItem) -> int | None:
     """Bytes an image's or video's decode will take, from its header and spec (no decode);
     None for what never goes to a device (audio, a derived handle, an unknown modality)."""
     if item.is_derived:
         return None
     header, spec = item.header, item.spec
-    if item.modality == "image":
+    if isinstance(header, ImageHeader) and isinstance(spec, ImageSpec):
         height, width, channels = header.output_shape(spec)
         return height * width * channels
-    if item.modality == "video":
+    if isinstance(header, VideoHeader) and isinstance(spec, VideoSpec):
         from ..codecs.sampling import sample_indices, sampling_source
 
         height, width = spec.size or (header.height, header.width)
@@ -54,16 +61,17 @@ def decoded_nbytes(item: Any) -> int | None:
     return None
 
 
-def source_nbytes(item: Any) -> int | None:
+def source_nbytes(item: AnyItem) -> int | None:
     """Bytes a GPU decoder allocates on the device before any resize: an image at its coded
     size (nvJPEG decodes it whole, then resizes), one video frame at the stream's size (NVDEC
     converts a frame at its size, then resizes it into its slot); None where `decoded_nbytes` is."""
-    if item.is_derived or item.modality not in ("image", "video"):
+    header = item.header
+    if item.is_derived or not isinstance(header, ImageHeader | VideoHeader):
         return None
-    return item.header.height * item.header.width * 3
+    return header.height * header.width * 3
 
 
-def reserved_nbytes(item: Any, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE) -> int | None:
+def reserved_nbytes(item: AnyItem, bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE) -> int | None:
     """What a miss placed on the device reserves: the processor's working set over its decoded
     bytes, or, where the decode itself holds more (a 4K JPEG resized to 224 x 224: the
     full-resolution image and the output at once), that; None for what stays on the CPU."""
@@ -78,7 +86,7 @@ class Placement:
     """Where one miss decodes and is processed: `device`, holding `reserved` bytes of the
     budget, or the CPU (`device` None, nothing reserved)."""
 
-    device: Any
+    device: torch.device | None
     reserved: int
 
 
@@ -116,7 +124,7 @@ class DeviceBudget:
         with self._lock:
             return self._held
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         with self._lock:
             return {"cap_bytes": self.cap_bytes, "held_bytes": self._held, "peak_bytes": self._peak,
                     "placed": self._placed, "overflowed": self._overflowed}

@@ -1,5 +1,6 @@
-"""What every video reader (PyAV, OpenCV, NVDEC) shares, written once: the sampled output buffer
-(from ops.frame_buffers), the memfd hand-off and the construction of `VideoFrames`."""
+"""What every video reader (PyAV, OpenCV, and the engine's NVDEC) shares, written once: the
+sampled output buffer (from ops.frame_buffers), the memfd hand-off, the frames' timestamps and
+the construction of `VideoFrames`. Public: the engine's NVDEC reader builds its frames here too."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,7 @@ def sampled_output(out: torch.Tensor | None, count: int, height: int, width: int
 
 
 @contextlib.contextmanager
-def memfd_path(data) -> Iterator[str]:
+def memfd_path(data: bytes | memoryview) -> Iterator[str]:
     """A path that reads `data`, for readers that only open paths (OpenCV, NVDEC): an in-memory
     file (memfd, nothing on disk), closed on exit."""
     fd = os.memfd_create("lazymedia-video", os.MFD_CLOEXEC)
