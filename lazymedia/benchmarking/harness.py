@@ -194,6 +194,9 @@ class Progress:
     """A tqdm bar over the benchmark's stages when tqdm is installed, else one line per stage."""
 
     def __init__(self, total: int) -> None:
+        """Args:
+            total: the stages `step` will be called for.
+        """
         try:
             from tqdm import tqdm
 

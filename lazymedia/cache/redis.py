@@ -91,6 +91,10 @@ class LeaseRenewals:
     (the thread ends when none is; a forked child starts its own and renews only its own)."""
 
     def __init__(self, renew: Callable[[list[tuple[str, str]]], list[bool]], every_s: float) -> None:
+        """Args:
+            renew: extends the held (key, token) leases; which ones are still this process's.
+            every_s: the time between renewals.
+        """
         self._renew = renew
         self.every_s = every_s
         self.lock = threading.Lock()

@@ -54,6 +54,14 @@ class ValueStore(SteppedTier):
 
     def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None,
                  compress: bool, levels: bool = True) -> None:
+        """Args:
+            bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy).
+            bad_values: where values that do not read back are logged (rate-limited).
+            tier: the tier's name in those logs.
+            secret: the MAC key (None: $LAZYMEDIA_CACHE_SECRET, else an unkeyed digest).
+            compress: LZ4 where it shrinks a buffer.
+            levels: level codes where they fit; False: buffers as they are (zero-copy reads).
+        """
         self.bfloat16 = bfloat16
         self.compress = compress  # LZ4 where it shrinks a buffer; False: larger values, no LZ4 on a hit
         self.levels = levels  # level codes where they fit; False: buffers as they are (zero-copy reads)
