@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
-# A lease's seal: `lru.fingerprint` of the value as it was handed out (opaque: compared, never read).
+# A value's seal: its `lru.fingerprint` when it was handed out (opaque: compared, never read).
 Seal = tuple[object, ...]
 
 
