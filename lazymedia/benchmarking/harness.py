@@ -8,10 +8,20 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from lazymedia import synthetic
+
+if TYPE_CHECKING:
+    import multiprocessing.queues
+
+    from aiohttp import web
+    from matplotlib.figure import Figure
 
 # Printed above and below a --quick run's tables (and on its charts): its figures only show the job runs.
 QUICK_BANNER = "QUICK RUN (--quick): few requests on small media, a smoke test; these figures are not measurements"
@@ -25,17 +35,33 @@ def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: in
     return synthetic.video(frames=int(seconds * fps), height=height, width=width, fps=fps, gop=gop, preset="veryfast")
 
 
-def psnr(a, b) -> float:
+def psnr(a: npt.ArrayLike, b: npt.ArrayLike) -> float:
     """Peak signal-to-noise ratio (dB) of two uint8 images or frame stacks; inf when equal."""
     mse = np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2)
     return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
 
 
-def shape_of(items):
+class Shaped(Protocol):
+    """A tensor or an array: what `shape_of` reads."""
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+
+def shape_of(items: Iterable[Shaped]) -> list[tuple[int, ...]]:
+    """Each item's shape: a process function that costs nothing (the benchmarks time the rest)."""
     return [tuple(item.shape) for item in items]
 
 
-def median_time(fn, repeats: int, warmup: int = 1, after=None) -> float:
+class Ratio(TypedDict):
+    """`ratio`'s figures: the median of the per-round ratios and their spread."""
+    median: float
+    low: float
+    high: float
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1,
+                after: Callable[[], object] | None = None) -> float:
     """Median seconds of `fn()` over `repeats` runs after `warmup` ones; `after()` (e.g.
     torch.cuda.synchronize) runs inside each timed run, so asynchronous work is counted."""
     for _ in range(warmup):
@@ -52,7 +78,8 @@ def median_time(fn, repeats: int, warmup: int = 1, after=None) -> float:
     return statistics.median(times)
 
 
-def interleaved(variants: dict, rounds: int, settle: dict[str, float] | None = None) -> dict[str, list[float]]:
+def interleaved(variants: Mapping[str, tuple[Callable[[], object], int]], rounds: int,
+                settle: dict[str, float] | None = None) -> dict[str, list[float]]:
     """Seconds per call of each variant, one sample per round. `variants` maps a name to
     (fn, calls): every round times each variant in turn, as a batch of `calls` calls, so load
     that comes and goes during the run hits every variant alike and per-round ratios stay fair.
@@ -73,14 +100,14 @@ def interleaved(variants: dict, rounds: int, settle: dict[str, float] | None = N
     return times
 
 
-def ratio(numerator: list[float], denominator: list[float]) -> dict:
+def ratio(numerator: list[float], denominator: list[float]) -> Ratio:
     """Median of the per-round ratios and their spread (lowest, highest): a regression moves the
     median beyond the spread of a noisy run."""
     ratios = sorted(a / b for a, b in zip(numerator, denominator))
     return {"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1]}
 
 
-def per_call(fn, min_time: float = 0.2) -> float:
+def per_call(fn: Callable[[], object], min_time: float = 0.2) -> float:
     """Median seconds per call of a microsecond-scale `fn`, timed in batches of calls that last
     at least min_time/5 each (one call is too short for the clock)."""
     fn()
@@ -110,7 +137,7 @@ def busy_warning() -> str | None:
     return None
 
 
-def write_json(report: dict, path: str | None) -> None:
+def write_json(report: Mapping[str, Any], path: str | None) -> None:
     """Writes a benchmark report (creating its folder) and says where; no-op without a path."""
     if not path:
         return
@@ -120,7 +147,7 @@ def write_json(report: dict, path: str | None) -> None:
     print(f"wrote {path}")
 
 
-def pyplot():
+def pyplot() -> ModuleType | None:
     """matplotlib's pyplot on the Agg backend, or None when matplotlib is not installed."""
     try:
         import matplotlib
@@ -132,22 +159,25 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str) -> None:
-    """Writes a matplotlib figure as a PNG (creating its folder) and frees it."""
+def save_figure(fig: Figure, path: str) -> None:
+    """Writes a matplotlib figure (made through `pyplot()`) as a PNG (creating its folder) and frees it."""
+    import matplotlib.pyplot as plt
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    pyplot().close(fig)
+    plt.close(fig)
 
 
-def serve_on_loopback(add_routes, port_queue) -> None:
+def serve_on_loopback(add_routes: Callable[[web.UrlDispatcher], object],
+                      port_queue: multiprocessing.queues.Queue[int]) -> None:
     """Runs an aiohttp server on 127.0.0.1 (a free port, put on `port_queue`) until killed;
     `add_routes(router)` installs the handlers. Benchmarks run it in a child process."""
     import asyncio
 
     from aiohttp import web
 
-    async def main():
+    async def main() -> None:
         app = web.Application()
         add_routes(app.router)
         runner = web.AppRunner(app, access_log=None)
@@ -163,7 +193,10 @@ def serve_on_loopback(add_routes, port_queue) -> None:
 class Progress:
     """A tqdm bar over the benchmark's stages when tqdm is installed, else one line per stage."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int) -> None:
+        """Args:
+            total: the stages `step` will be called for.
+        """
         try:
             from tqdm import tqdm
 

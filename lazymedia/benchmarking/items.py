@@ -19,6 +19,8 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 import blake3
 import numpy as np
@@ -30,6 +32,7 @@ from lazymedia import synthetic
 from lazymedia.benchmarking.harness import (
     QUICK_BANNER,
     Progress,
+    Ratio,
     encode,
     encode_video,
     interleaved,
@@ -46,6 +49,61 @@ QUICK_SIZES = [(512, 512), (1024, 1024)]
 STAGES = 4  # progress steps after the per-size ones: parallel, RSS + window, video, audio
 
 
+class SizeRow(TypedDict):
+    """One image format and size: eager vs lazy hit vs lazy miss, and what a hit costs besides blake3."""
+    format: str
+    height: int
+    width: int
+    encoded_bytes: int
+    eager_ms: float
+    lazy_hit_ms: float
+    lazy_miss_ms: float
+    blake3_ms: float
+    decode_ms: float
+    hit_speedup: Ratio
+    miss_vs_eager: Ratio
+    hit_vs_blake3: Ratio
+    blake3_GBps: float
+    blended_ms: dict[str, dict[str, float]]  # hit rate -> {"lazy": ms, "eager": ms}
+
+
+class ParallelRow(TypedDict):
+    images: int
+    size: int
+    workers: int
+    serial_ms: float
+    engine_ms: float
+    speedup: float
+
+
+class RssRow(TypedDict):
+    items: int
+    size: int
+    eager_MB: float
+    lazy_MB: float
+
+
+class AudioRow(TypedDict):
+    format: str
+    seconds: int
+    encoded_bytes: int
+    eager_ms: float
+    lazy_hit_ms: float
+    lazy_miss_ms: float
+    hit_speedup: Ratio
+
+
+class ItemsReport(TypedDict):
+    """`run`'s report (the `items` part of `lazymedia bench --json`)."""
+    quick: bool
+    sizes: list[SizeRow]
+    parallel: ParallelRow
+    rss: RssRow
+    window: dict[str, float]  # "direct_ms", then "window_<ms>ms" per micro-batch window
+    video: dict[str, Any]  # the clip, each variant's median seconds (its name's keys), the Ratios
+    audio: list[AudioRow]
+
+
 def eager_decode_and_hash(data: bytes) -> str:
     """What frontends do today: decode to RGB, then hash the decoded pixels for the cache key."""
     with Image.open(io.BytesIO(data)) as image:
@@ -53,15 +111,16 @@ def eager_decode_and_hash(data: bytes) -> str:
     return blake3.blake3(pixels.tobytes()).hexdigest()
 
 
-def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
-    rows = []
+def bench_sizes(sizes: Sequence[tuple[int, int]], repeats: int, engine: lazymedia.DecodeEngine,
+                progress: Progress) -> list[SizeRow]:
+    rows: list[SizeRow] = []
     for height, width in sizes:
         array = synthetic.photo(height, width)
         for fmt in ("JPEG", "PNG"):
             data = encode(array, fmt)
             eager_cache: dict[str, object] = {}
 
-            def eager_hit():
+            def eager_hit() -> None:
                 key = eager_decode_and_hash(data)
                 if key not in eager_cache:
                     eager_cache[key] = shape_of([np.empty((height, width, 3))])
@@ -70,14 +129,14 @@ def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
             processor = lazymedia.Processor(shape_of, engine=engine, cache=cache)
             processor.apply([lazymedia.load_image(data)])  # warm the cache
 
-            def lazy_hit():
+            def lazy_hit() -> None:
                 processor.apply([lazymedia.load_image(data)])
 
-            def lazy_miss():
+            def lazy_miss() -> None:
                 cache.clear()
                 processor.apply([lazymedia.load_image(data)])
 
-            def bare_blake3():
+            def bare_blake3() -> None:
                 media_key("image", b"{}", data)
 
             times = interleaved({"eager": (eager_hit, 1), "hit": (lazy_hit, 5), "miss": (lazy_miss, 1),
@@ -85,7 +144,7 @@ def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
                                  "decode": (lambda: lazymedia.load_image(data).decode(), 1)}, repeats)
             eager, hit, miss, hash_only, decode_only = (statistics.median(times[name]) for name in
                                                         ("eager", "hit", "miss", "blake3", "decode"))
-            row = {
+            row: SizeRow = {
                 "format": fmt.lower(), "height": height, "width": width, "encoded_bytes": len(data),
                 "eager_ms": eager * 1e3, "lazy_hit_ms": hit * 1e3, "lazy_miss_ms": miss * 1e3,
                 "blake3_ms": hash_only * 1e3, "decode_ms": decode_only * 1e3,
@@ -101,14 +160,14 @@ def bench_sizes(sizes, repeats: int, engine, progress: Progress) -> list[dict]:
     return rows
 
 
-def bench_parallel(count: int, size: int, engine, repeats: int) -> dict:
+def bench_parallel(count: int, size: int, engine: lazymedia.DecodeEngine, repeats: int) -> ParallelRow:
     blobs = [encode(synthetic.photo(size, size, seed=s), "JPEG") for s in range(count)]
 
-    def serial():
+    def serial() -> None:
         for blob in blobs:
             lazymedia.load_image(blob).decode()
 
-    def parallel():
+    def parallel() -> None:
         engine.decode_all([lazymedia.load_image(blob) for blob in blobs])
 
     serial_s = median_time(serial, repeats)
@@ -133,11 +192,11 @@ def eager_video(data: bytes) -> str:
     return hasher.hexdigest()
 
 
-def bench_video(quick: bool, engine) -> dict:
+def bench_video(quick: bool, engine: lazymedia.DecodeEngine) -> dict[str, Any]:
     seconds, (height, width) = (3, (360, 640)) if quick else (10, (720, 1280))
     data = encode_video(seconds, height, width)
     repeats = 2 if quick else 3
-    def shapes(items):
+    def shapes(items: list[lazymedia.VideoFrames]) -> list[tuple[int, ...]]:
         return [tuple(v.frames.shape) for v in items]
 
     processor = lazymedia.Processor(shapes, engine=engine)
@@ -146,18 +205,18 @@ def bench_video(quick: bool, engine) -> dict:
     missing_cache = lazymedia.ProcessorCache()
     missing = lazymedia.Processor(shapes, engine=engine, cache=missing_cache)
 
-    def miss(**spec):
-        def run():
+    def miss(**spec: Any) -> Callable[[], None]:
+        def run() -> None:
             missing_cache.clear()
             missing.apply([lazymedia.load_video(data, **spec)])
         return run
 
-    def decode_then_resize():
+    def decode_then_resize() -> None:
         frames = lazymedia.load_video(data, num_frames=8).decode().frames
         torch.nn.functional.interpolate(frames.permute(0, 3, 1, 2).float(), size=(224, 224), mode="bilinear",
                                         antialias=True)
 
-    variants = {
+    variants: dict[str, tuple[Callable[[], object], int]] = {
         "eager_all_frames_hash_s": (lambda: eager_video(data), 1),
         "lazy_hit_s": (lambda: processor.apply([lazymedia.load_video(data, num_frames=8)]), 5),
         "lazy_miss_8_s": (miss(num_frames=8), 1),
@@ -180,8 +239,8 @@ def bench_video(quick: bool, engine) -> dict:
             "hit_speedup_vs_eager": ratio(times["eager_all_frames_hash_s"], times["lazy_hit_s"])}
 
 
-def bench_audio(quick: bool, engine) -> list[dict]:
-    rows = []
+def bench_audio(quick: bool, engine: lazymedia.DecodeEngine) -> list[AudioRow]:
+    rows: list[AudioRow] = []
     for fmt in ("wav", "mp3"):
         for seconds in ((1, 3) if quick else (1, 3, 10, 60)):
             data = synthetic.tone(seconds, rate=44100, channels=2, fmt=fmt)
@@ -190,11 +249,11 @@ def bench_audio(quick: bool, engine) -> list[dict]:
                                             cache=cache)
             processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
-            def eager():
+            def eager() -> None:
                 decoded = lazymedia.load_audio(data, sample_rate=16000).decode().samples
                 blake3.blake3(decoded.numpy().tobytes()).hexdigest()
 
-            def miss():
+            def miss() -> None:
                 cache.clear()
                 processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
@@ -209,7 +268,7 @@ def bench_audio(quick: bool, engine) -> list[dict]:
     return rows
 
 
-def bench_window(repeats: int) -> dict:
+def bench_window(repeats: int) -> dict[str, float]:
     """Latency one lone image pays for the micro-batch window: a 512^2 JPEG decoded directly vs
     submitted to an engine whose batched backend (the CPU decoder) waits batch_window_s."""
     from lazymedia.engine.cpu_batch import CpuBatchDecoder
@@ -234,7 +293,7 @@ def rss_child(mode: str, count: int, size: int) -> None:
     data = encode(synthetic.photo(size, size), "JPEG")
     processor = lazymedia.Processor(shape_of)
     processor.apply([lazymedia.load_image(data)])
-    retained: list = []
+    retained: list[object] = []
     before = rss_bytes()
     for _ in range(count):
         blob = bytes(bytearray(data))  # each request brings its own copy of the bytes
@@ -251,8 +310,8 @@ def rss_child(mode: str, count: int, size: int) -> None:
     print(json.dumps({"mode": mode, "rss_growth_bytes": rss_bytes() - before}))
 
 
-def bench_rss(count: int, size: int) -> dict:
-    result = {}
+def bench_rss(count: int, size: int) -> RssRow:
+    result: dict[str, int] = {}
     for mode in ("eager", "lazy"):
         out = subprocess.run([sys.executable, "-m", __name__, mode, str(count), str(size)], capture_output=True,
                              text=True, check=True)
@@ -260,7 +319,7 @@ def bench_rss(count: int, size: int) -> dict:
     return {"items": count, "size": size, "eager_MB": result["eager"] / 2**20, "lazy_MB": result["lazy"] / 2**20}
 
 
-def print_tables(report: dict) -> None:
+def print_tables(report: ItemsReport) -> None:
     if report.get("quick"):
         print(f"\n{QUICK_BANNER}")
     print("\nPer-item cost (median ms)")
@@ -316,29 +375,29 @@ def print_tables(report: dict) -> None:
               f"{speedup['low']:.0f}-{speedup['high']:.0f}")
 
 
-def run(quick: bool, progress: Progress) -> dict:
+def run(quick: bool, progress: Progress) -> ItemsReport:
     """Every per-item table; `progress` steps len(sizes) * 2 + STAGES times."""
     engine = lazymedia.DecodeEngine(isolate=())  # in-process decodes, as the eager baseline
-    sizes = QUICK_SIZES if quick else SIZES
-    report = {"quick": quick, "sizes": bench_sizes(sizes, 3 if quick else 7, engine, progress)}
-    report["parallel"] = bench_parallel(8, 1024 if quick else 2048, engine, 2 if quick else 5)
+    sizes = bench_sizes(QUICK_SIZES if quick else SIZES, 3 if quick else 7, engine, progress)
+    parallel = bench_parallel(8, 1024 if quick else 2048, engine, 2 if quick else 5)
     progress.step("parallel decode")
-    report["rss"] = bench_rss(20 if quick else 100, 1024)
-    report["window"] = bench_window(10 if quick else 30)
+    rss = bench_rss(20 if quick else 100, 1024)
+    window = bench_window(10 if quick else 30)
     progress.step("RSS, batch window")
-    report["video"] = bench_video(quick, engine)
+    video = bench_video(quick, engine)
     progress.step("video")
-    report["audio"] = bench_audio(quick, engine)
+    audio = bench_audio(quick, engine)
     progress.step("audio")
     engine.shutdown()
-    return report
+    return {"quick": quick, "sizes": sizes, "parallel": parallel, "rss": rss, "window": window, "video": video,
+            "audio": audio}
 
 
 def stages(quick: bool) -> int:
     return len(QUICK_SIZES if quick else SIZES) * 2 + STAGES
 
 
-def write_chart(report: dict, path: str) -> bool:
+def write_chart(report: ItemsReport, path: str) -> bool:
     """Bar chart of eager vs lazy hit vs lazy miss per size (log scale); False without matplotlib."""
     plt = pyplot()
     if plt is None:
@@ -347,9 +406,10 @@ def write_chart(report: dict, path: str) -> bool:
     labels = [f"{r['format']}\n{r['width']}x{r['height']}" for r in rows]
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
-    for offset, (name, field) in zip((-0.27, 0, 0.27), (("eager (decode + hash pixels)", "eager_ms"),
-                                                         ("lazy hit", "lazy_hit_ms"), ("lazy miss", "lazy_miss_ms"))):
-        ax.bar(x + offset, [r[field] for r in rows], width=0.27, label=name)
+    bars = (("eager (decode + hash pixels)", [r["eager_ms"] for r in rows]),
+            ("lazy hit", [r["lazy_hit_ms"] for r in rows]), ("lazy miss", [r["lazy_miss_ms"] for r in rows]))
+    for offset, (name, values) in zip((-0.27, 0, 0.27), bars):
+        ax.bar(x + offset, values, width=0.27, label=name)
     ax.set_yscale("log")
     ax.set_ylabel("ms per item (median, log scale)")
     ax.set_xticks(x, labels, fontsize=8)

@@ -16,7 +16,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 import redis
 
@@ -28,7 +30,24 @@ class ClusterError(RuntimeError):
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _command(client: redis.Redis, *args: object) -> Any:
+    """One node's reply to a raw command (CLUSTER ..., MIGRATE): redis-py leaves execute_command
+    unannotated."""
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]  # see the docstring
+
+
+class NodeRow(TypedDict):
+    """A node as CLUSTER NODES shows it (`LocalCluster.topology`)."""
+    id: str
+    port: int
+    flags: set[str]  # "master" / "slave", "fail", "fail?", "myself", ...
+    primary_id: str  # "-" for a primary
+    link: str  # "connected" / "disconnected"
+    slots: list[tuple[int, int]]  # ranges served, inclusive
 
 
 def server_binaries(kind: str = "redis") -> tuple[str, str] | None:
@@ -37,11 +56,17 @@ def server_binaries(kind: str = "redis") -> tuple[str, str] | None:
     return (server, cli) if server and cli else None
 
 
+def _slot_range(part: str) -> tuple[int, int]:
+    """A CLUSTER NODES slot field ("5461-10922", or "42" for one slot) as (first, last)."""
+    first, _, last = part.partition("-")
+    return int(first), int(last or first)
+
+
 @dataclass
 class Node:
     port: int
     bus_port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     hung: bool = False
     first_slot: int | None = None  # of the slots it served when it was killed or hung
 
@@ -108,7 +133,7 @@ class LocalCluster:
             self.nodes[port] = Node(port, bus_port, process)
         deadline = time.monotonic() + timeout_s
         for port, node in self.nodes.items():
-            def up(port=port, node=node) -> bool:
+            def up(port: int = port, node: Node = node) -> bool:
                 if node.process.poll() is not None:
                     raise ClusterError(f"node {port} exited with {node.process.returncode} (its log: "
                                        f"{os.path.join(self.directory, f'{port}.log')})")
@@ -134,21 +159,20 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- what the cluster looks like -----------------------------------------------------------------
-    def topology(self, port: int | None = None) -> list[dict]:
+    def topology(self, port: int | None = None) -> list[NodeRow]:
         """CLUSTER NODES as seen by `port` (a live node by default): one dict per node, with its
         port, role ("master" / "slave"), its primary's id, flags and slot ranges."""
         port = port if port is not None else self.live_ports()[0]
-        rows = []
-        for line in self.client(port).execute_command("CLUSTER", "NODES").decode().splitlines():
+        rows: list[NodeRow] = []
+        for line in _command(self.client(port), "CLUSTER", "NODES").decode().splitlines():
             fields = line.split()
             rows.append({"id": fields[0], "port": int(fields[1].split("@")[0].rsplit(":", 1)[1]),
                          "flags": set(fields[2].split(",")), "primary_id": fields[3], "link": fields[7],
-                         "slots": [tuple(int(x) for x in part.split("-")) if "-" in part else (int(part), int(part))
-                                   for part in fields[8:] if not part.startswith("[")]})
+                         "slots": [_slot_range(part) for part in fields[8:] if not part.startswith("[")]})
         return rows
 
     def primary_ports(self) -> list[int]:
@@ -191,7 +215,7 @@ class LocalCluster:
         def healthy() -> bool:
             ports = self.live_ports()
             for port in ports:
-                info = self.client(port).execute_command("CLUSTER", "INFO").decode()
+                info = _command(self.client(port), "CLUSTER", "INFO").decode()
                 if "cluster_state:ok" not in info or "cluster_slots_ok:16384" not in info:
                     return False
                 replication = self.client(port).info("replication")
@@ -204,7 +228,7 @@ class LocalCluster:
         self._until(healthy, deadline, "the cluster did not become healthy")
 
     @staticmethod
-    def _until(check, deadline: float, message: str) -> None:
+    def _until(check: Callable[[], bool], deadline: float, message: str) -> None:
         while True:
             try:
                 if check():
@@ -250,7 +274,8 @@ class LocalCluster:
         self.wait_healthy(deadline - time.monotonic())
         return taken[-1]
 
-    def migrate_slot(self, slot: int, target: int, keys_first: int | None = None, between=None) -> None:
+    def migrate_slot(self, slot: int, target: int, keys_first: int | None = None,
+                     between: Callable[[], object] | None = None) -> None:
         """Moves `slot` to the primary `target`, as `redis-cli --cluster reshard` does: the slot
         marked importing on the target and migrating on its owner, its keys MIGRATEd, then the
         slot assigned to the target on every node. `keys_first`: migrate that many keys, call
@@ -260,14 +285,14 @@ class LocalCluster:
             return
         ids = {row["port"]: row["id"] for row in self.topology()}
         src, dst = self.client(source), self.client(target)
-        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
-        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+        _command(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+        _command(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
         moved = 0
         while True:
             limit = 100 if keys_first is None or moved >= keys_first else keys_first - moved
-            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, limit) if limit else []
+            keys = _command(src, "CLUSTER", "GETKEYSINSLOT", slot, limit) if limit else []
             if keys:
-                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "REPLACE", "KEYS", *keys)
+                _command(src, "MIGRATE", "127.0.0.1", target, "", 0, 5000, "REPLACE", "KEYS", *keys)
                 moved += len(keys)
             if between is not None and (not keys or moved >= (keys_first or 0)):
                 between()
@@ -277,4 +302,4 @@ class LocalCluster:
                 break
         # the target first, then the source (which then answers MOVED), then the other primaries
         for port in [target, source] + [p for p in self.primary_ports() if p not in (target, source)]:
-            self.client(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+            _command(self.client(port), "CLUSTER", "SETSLOT", slot, "NODE", ids[target])

@@ -27,6 +27,7 @@ import enum
 import threading
 import time
 import types
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -96,7 +97,13 @@ class HostNvjpegDecoder:
     engines = 1
     cores_per_engine = 1
 
-    def __init__(self, refuse_progressive: bool = True, allow_hardware: bool = True, **options):
+    def __init__(self, refuse_progressive: bool = True, allow_hardware: bool = True,
+                 **options: bool | int | float) -> None:
+        """Args:
+            refuse_progressive: progressive JPEGs fail (as the engines refuse them), else the CUDA path's.
+            allow_hardware: baseline images count as the engines' (False: every image is the CUDA path's).
+            **options: the native decoder's knobs (NVJPEG_OPTIONS), checked as it checks them.
+        """
         unknown = sorted(set(options) - NVJPEG_OPTIONS)
         if unknown:
             raise ValueError(f"unknown nvJPEG option: {unknown[0]}")
@@ -106,12 +113,12 @@ class HostNvjpegDecoder:
         self.hardware = allow_hardware  # False: every image is the CUDA path's
         self.options = options
         self.calls: list[int] = []
-        self.stats: dict = {}
+        self.stats: dict[str, float | int] = {}
 
     def load(self, size_class: int) -> float:  # the engines' share per size class, as the native split keeps it
         return (1.0, 0.75, 0.5)[size_class]
 
-    def decode(self, requests, stream) -> list[tuple[bool, str, str]]:
+    def decode(self, requests: Sequence[tuple[bytes, int, int, int, int]], stream: int) -> list[tuple[bool, str, str]]:
         began = time.perf_counter()
         self.calls.append(len(requests))
         statuses: list[tuple[bool, str, str]] = []
@@ -159,26 +166,29 @@ class NvjpegLibrary:
 
     RGB, RGBI = 3, 5  # nvjpegOutputFormat_t
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._next = 0
         self._formats: dict[int, int] = {}
 
-    def _new(self, pointer) -> int:
+    # The arguments are the probe's ctypes objects (pointers, arrays of nvjpegImage_t): Any, as ctypes passes them.
+    def _new(self, pointer: Any) -> int:
         self._next += 1
         pointer.contents.value = self._next
         return 0
 
-    def nvjpegCreateEx(self, backend, device_allocator, pinned_allocator, flags, handle) -> int:
+    def nvjpegCreateEx(self, backend: Any, device_allocator: Any, pinned_allocator: Any, flags: Any,
+                       handle: Any) -> int:
         return self._new(handle)
 
-    def nvjpegJpegStateCreate(self, handle, state) -> int:
+    def nvjpegJpegStateCreate(self, handle: Any, state: Any) -> int:
         return self._new(state)
 
-    def nvjpegDecodeBatchedInitialize(self, handle, state, batch, threads, output_format) -> int:
+    def nvjpegDecodeBatchedInitialize(self, handle: Any, state: Any, batch: Any, threads: Any,
+                                      output_format: int) -> int:
         self._formats[state.value] = output_format
         return 0
 
-    def nvjpegDecodeBatched(self, handle, state, data, lengths, images, stream) -> int:
+    def nvjpegDecodeBatched(self, handle: Any, state: Any, data: Any, lengths: Any, images: Any, stream: Any) -> int:
         import simplejpeg
 
         output_format = self._formats[state.value]
@@ -195,10 +205,10 @@ class NvjpegLibrary:
                 target.reshape(height, pitch)[:, : plane.shape[1]] = plane
         return 0
 
-    def nvjpegJpegStateDestroy(self, state) -> int:
+    def nvjpegJpegStateDestroy(self, state: Any) -> int:
         return 0
 
-    def nvjpegDestroy(self, handle) -> int:
+    def nvjpegDestroy(self, handle: Any) -> int:
         return 0
 
 
@@ -207,13 +217,13 @@ class NvjpegLibrary:
 class Frame:
     """A DecodedFrame: DLPack export of the NV12 surface, and its PTS."""
 
-    def __init__(self, surface: torch.Tensor, pts: int):
+    def __init__(self, surface: torch.Tensor, pts: int) -> None:
         self.surface, self.pts = surface, pts
 
-    def __dlpack__(self, *args, **kwargs):
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # a PyCapsule
         return self.surface.__dlpack__(*args, **kwargs)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[enum.IntEnum, int]:
         return self.surface.__dlpack_device__()
 
     def getPTS(self) -> int:
@@ -227,7 +237,7 @@ class PacketData:
     __slots__ = ("bsl_data", "bsl", "pts", "dts", "bDiscontinuity", "decode_flag", "key", "discardable", "duration",
                  "pos", "seek_pts", "stream_index", "is_video")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.bsl_data = self.bsl = self.pts = self.decode_flag = 0
         self.bDiscontinuity = False
 
@@ -246,19 +256,19 @@ class FFmpegNvDecoder:
 
     shift = 0
     widest = 1 << 30
-    blind_starts: dict = {}  # keyframe PTS -> PTS a fresh start there cannot present (RASL pictures)
-    created: list = []  # (thread id, max width, max height) of each construction
-    returned: list = []  # every PTS handed back, in order
+    blind_starts: dict[int, set[int]] = {}  # keyframe PTS -> PTS a fresh start there cannot present (RASL pictures)
+    created: list[tuple[int, int, int]] = []  # (thread id, max width, max height) of each construction
+    returned: list[int] = []  # every PTS handed back, in order
 
-    def __init__(self, codec: str, maxwidth: int, maxheight: int, cudastream: int, **kwargs):
+    def __init__(self, codec: str, maxwidth: int, maxheight: int, cudastream: int, **kwargs: object) -> None:
         import av
 
         FFmpegNvDecoder.created.append((threading.get_ident(), maxwidth, maxheight))
         self.codec = codec
         self.context = av.CodecContext.create(codec, "r")
-        self.hidden: set = set()  # the PTS this start will not present (blind_starts)
+        self.hidden: set[int] = set()  # the PTS this start will not present (blind_starts)
 
-    def Decode(self, packet: PacketData) -> list:
+    def Decode(self, packet: PacketData) -> list[Frame]:
         import av
 
         if packet.bsl == 0:
@@ -286,7 +296,8 @@ class FFmpegNvDecoder:
         return out
 
 
-def create_decoder(gpuid, codec, cudacontext, cudastream, usedevicememory, maxwidth, maxheight):
+def create_decoder(gpuid: int, codec: str, cudacontext: int, cudastream: int, usedevicememory: bool, maxwidth: int,
+                   maxheight: int) -> FFmpegNvDecoder:
     return FFmpegNvDecoder(codec, maxwidth, maxheight, cudastream)
 
 
@@ -295,7 +306,7 @@ CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="libdav1
                                MPEG4="mpeg4")
 
 
-def h200_caps(gpuid, codec, chromaformat=420, bitdepth=8) -> dict:
+def h200_caps(gpuid: int, codec: str, chromaformat: int = 420, bitdepth: int = 8) -> dict[str, int]:
     """GetDecoderCaps as an H200 answers it for 8-bit 4:2:0 (7 engines; no AV1)."""
     supported = codec != CODECS.AV1
     side = 4096 if codec == CODECS.H264 else 8192
@@ -307,7 +318,7 @@ def h200_caps(gpuid, codec, chromaformat=420, bitdepth=8) -> dict:
 def video_codec(caps: bool = False) -> types.SimpleNamespace:
     """The PyNvVideoCodec module as NvdecBatchDecoder(video_codec=...) uses it; `caps`: with
     GetDecoderCaps answering as an H200's driver does."""
-    names = {"CreateDecoder": create_decoder, "PacketData": PacketData, "cudaVideoCodec": CODECS,
+    names: dict[str, object] = {"CreateDecoder": create_decoder, "PacketData": PacketData, "cudaVideoCodec": CODECS,
              "VideoPacketFlag": PacketFlag}
     if caps:
         names["GetDecoderCaps"] = h200_caps

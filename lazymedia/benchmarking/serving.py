@@ -46,13 +46,14 @@ import statistics
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import blake3
 import numpy as np
+import numpy.typing as npt
 import torch
 
 import lazymedia
@@ -61,6 +62,7 @@ from lazymedia._profiling import nvtx_range
 from lazymedia.benchmarking import rehearsal
 from lazymedia.benchmarking.harness import (
     QUICK_BANNER,
+    Progress,
     encode,
     encode_video,
     psnr,
@@ -70,6 +72,14 @@ from lazymedia.benchmarking.harness import (
 )
 from lazymedia.connector import MediaConnector
 from lazymedia.engine.engine import gpu_decoders
+
+if TYPE_CHECKING:
+    import multiprocessing.queues
+
+    from aiohttp import web
+    from PIL import Image
+
+    from lazymedia.engine.protocol import BatchDecoder
 
 SCENARIOS = ("pool_720p", "unique_720p", "pool_4k", "video_pool", "unique_4k", "video_unique", "mixed")
 NUM_FRAMES = 32  # vLLM's default for video
@@ -93,6 +103,68 @@ MODES = ("eager", "eager_gpu", "lazy", "lazy_gpu")
 # hit scenarios the ratios lazymedia's CPU path reached on an H200 (no worse than those).
 GOALS = {"unique_720p": 3.0, "unique_4k": 5.0, "video_unique": 4.0, "pool_720p": 2.71, "pool_4k": 4.76,
          "video_pool": 5.02}
+
+Output = dict[str, torch.Tensor]  # the processor's: pixel_values and the grid, of images or of a video
+Device = torch.device | str
+
+
+class ModeFigures(TypedDict):
+    """One mode's figures in one scenario (`drive`'s, then the frontend's and the device's)."""
+    requests: int
+    failed: int
+    first_error: str
+    wall_s: float
+    req_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_request: float
+    processed: int
+    speedup: NotRequired[float]  # req_per_s over eager's
+    outside_torch_bytes: NotRequired[int]  # a GPU mode's: device memory nvJPEG and NVDEC took
+    gpu_peak_bytes: NotRequired[int]  # a GPU mode's: torch's allocator peak
+    gpu_decodes: NotRequired[dict[str, int]]  # lazy_gpu's: per batch decoder
+    gpu_fallbacks: NotRequired[dict[str, int]]  # lazy_gpu's: per batch decoder, counted fallbacks to the CPU
+    device_budget: NotRequired[dict[str, int]]  # lazy_gpu's: the engine's DeviceBudget.stats()
+
+
+class DeviceFigures(TypedDict, total=False):
+    """What a frontend adds to its ModeFigures (LazyFrontend with a device: its decoders and budget)."""
+    gpu_decodes: dict[str, int]
+    gpu_fallbacks: dict[str, int]
+    device_budget: dict[str, int]
+
+
+class DeviceCheck(TypedDict):
+    """`device_check`'s verdict on one item."""
+    backend: str
+    psnr_db: float
+    grid_identical: bool
+    max_pixel_diff: float
+    tolerance: float
+    gpu_decodes: int
+    ok: bool
+
+
+class ServingReport(TypedDict):
+    """`run`'s report (the `serving` part of `lazymedia bench --json`)."""
+    processor: str
+    processor_note: str
+    eager_video_decoder: str
+    requests: int
+    concurrency: int
+    workers: int
+    num_frames: int
+    cache_bytes: int
+    device: str
+    modes: dict[str, str]  # mode -> "" where it ran, else why not
+    identical_outputs: bool
+    device_ok: bool
+    rehearsal: bool
+    quick: bool
+    # scenario -> {mode: ModeFigures, "identical_outputs": bool, and with lazy_gpu "device_check":
+    # [DeviceCheck], "device_ok": bool}
+    results: dict[str, dict[str, Any]]
 
 
 @dataclass
@@ -125,10 +197,10 @@ class HfProcessor:
         """Whether the processor runs on a device (the torchvision one: `device=`)."""
         return not self.note
 
-    def __call__(self, item, video: bool, device=None) -> dict:
+    def __call__(self, item: Any, video: bool, device: Device | None = None) -> Output:
         """One item's output: an image (PIL image or CHW tensor), or a video's frames (THWC
         array or TCHW tensor); `device`: where the fast processor runs (None: the CPU)."""
-        extra = {} if device is None else {"device": device}
+        extra: dict[str, Device] = {} if device is None else {"device": device}
         if not video:
             out = self.image(images=[item], return_tensors="pt", **extra)
             return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
@@ -175,7 +247,7 @@ def warm_wave_names(scenario: str, concurrency: int) -> list[str]:
     return [f"x{scenario}{i}.{'mp4' if kind == 'clip' else 'jpg'}" for i in range(min(concurrency, WARM_WAVE))]
 
 
-def unique_variants(base, count: int, prefix: str, media: dict[str, bytes]) -> None:
+def unique_variants(base: npt.NDArray[np.uint8], count: int, prefix: str, media: dict[str, bytes]) -> None:
     """`count` JPEGs of `base`, each with a few pixels inverted (distinct bytes, same size)."""
     height = base.shape[0]
     for i in range(count):
@@ -235,13 +307,13 @@ def build_media(scenarios: list[str], requests: int, quick: bool = False, concur
     return media
 
 
-def serve(port_queue, scenarios: list[str], requests: int, quick: bool = False, concurrency: int = WARM_WAVE,
-          rehearse: bool = False) -> None:
+def serve(port_queue: multiprocessing.queues.Queue[int], scenarios: list[str], requests: int, quick: bool = False,
+          concurrency: int = WARM_WAVE, rehearse: bool = False) -> None:
     from aiohttp import web
 
     media = build_media(scenarios, requests, quick, concurrency, rehearse)
 
-    async def handler(request):
+    async def handler(request: web.Request) -> web.Response:
         body = media.get(request.match_info["name"])
         return web.Response(body=body) if body is not None else web.Response(status=404)
 
@@ -251,10 +323,11 @@ def serve(port_queue, scenarios: list[str], requests: int, quick: bool = False, 
 def vllm_frame_indices(total: int, num_frames: int) -> list[int]:
     """vLLM 0.33's uniform rule (OpenCV loader, num_frames set, no fps)."""
     count = max(1, min(num_frames, total))
-    return np.linspace(0, total - 1, count, dtype=int).tolist()
+    indices: list[int] = np.linspace(0, total - 1, count, dtype=int).tolist()
+    return indices
 
 
-def opencv_frames(data: bytes) -> np.ndarray:
+def opencv_frames(data: bytes) -> npt.NDArray[np.uint8]:
     """vLLM's OpenCV loader, in short: frame count from the header, grab every frame up to the
     last one sampled, retrieve and convert the sampled ones (its second open and end-of-stream
     check to correct the count are left out: this baseline is, if anything, fast)."""
@@ -276,7 +349,7 @@ def opencv_frames(data: bytes) -> np.ndarray:
     return np.stack(frames)
 
 
-def pyav_frames(data: bytes) -> np.ndarray:
+def pyav_frames(data: bytes) -> npt.NDArray[np.uint8]:
     """vLLM's frame rule over PyAV, where OpenCV is not installed."""
     import av
 
@@ -289,7 +362,7 @@ def pyav_frames(data: bytes) -> np.ndarray:
     return np.stack(frames)
 
 
-def eager_video_decoder():
+def eager_video_decoder() -> tuple[str, Callable[[bytes], npt.NDArray[np.uint8]]]:
     """(name, function): OpenCV, vLLM's default video loader, else PyAV."""
     try:
         import cv2  # noqa: F401
@@ -302,7 +375,12 @@ class EagerFrontend:
     """vLLM 0.33's path as lazymedia re-implements it: download, decode, blake3 over the encoded
     bytes, lookup, process a miss (on `device` as --mm-processor-device puts it)."""
 
-    def __init__(self, hf: HfProcessor, workers: int, device=None):
+    def __init__(self, hf: HfProcessor, workers: int, device: Device | None = None) -> None:
+        """Args:
+            hf: the processor a miss runs.
+            workers: threads that decode and process requests.
+            device: where the processor runs (--mm-processor-device); None: the CPU.
+        """
         import aiohttp
 
         self.hf = hf
@@ -315,7 +393,7 @@ class EagerFrontend:
         self.lock = threading.Lock()
 
     @staticmethod
-    def decode_image(data: bytes):
+    def decode_image(data: bytes) -> Image.Image:
         """vLLM's ImageMediaIO.load_bytes for an RGB target."""
         from PIL import Image, ImageOps
 
@@ -323,12 +401,16 @@ class EagerFrontend:
         image.load()
         return image if image.mode == "RGB" else image.convert("RGB")
 
-    def work(self, name: str, data: bytes) -> dict:
+    def work(self, name: str, data: bytes) -> Output:
         video = name.endswith(".mp4")
-        decoded = self.video_frames(data) if video else self.decode_image(data)
-        if not video:
+        decoded: npt.NDArray[np.uint8] | Image.Image
+        if video:
+            decoded = self.video_frames(data)
+        else:
+            decoded = self.decode_image(data)
             decoded.getexif()  # vLLM's hasher looks for an EXIF ImageID first
         key = blake3.blake3(data).hexdigest()
+        value: Output
         found, value = self.cache.lookup(key)
         if not found:
             value = self.hf(decoded, video, self.device)
@@ -337,7 +419,7 @@ class EagerFrontend:
                 self.processed += 1
         return value
 
-    async def request(self, url: str, name: str) -> dict:
+    async def request(self, url: str, name: str) -> Output:
         async with self.session.get(url) as response:
             data = await response.read()
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.work, name, data)
@@ -346,7 +428,7 @@ class EagerFrontend:
         await self.session.close()
         self.pool.shutdown()
 
-    def figures(self) -> dict:
+    def figures(self) -> DeviceFigures:
         return {}
 
 
@@ -354,7 +436,13 @@ class LazyFrontend:
     """lazymedia: key while downloading, decode misses only, hand the processor tensors (with
     `device`: decoded there by nvJPEG / NVDEC within the engine's cap, processed there)."""
 
-    def __init__(self, hf: HfProcessor, workers: int, device=None, rehearse: bool = False):
+    def __init__(self, hf: HfProcessor, workers: int, device: Device | None = None, rehearse: bool = False) -> None:
+        """Args:
+            hf: the processor a miss runs.
+            workers: the engine's decode workers and the Processor's process workers.
+            device: where misses decode (nvJPEG / NVDEC) and are processed; None: the CPU.
+            rehearse: the device's decoders are rehearsal's CPU stand-ins.
+        """
         self.hf = hf
         self.connector = MediaConnector(allow_private_networks=["127.0.0.1/32"])
         # in-process, as the eager frontend
@@ -366,29 +454,32 @@ class LazyFrontend:
         self.processed = 0
         self.lock = threading.Lock()
 
-    def process(self, decoded: list) -> list[dict]:
+    def process(self, decoded: list[torch.Tensor | lazymedia.VideoFrames]) -> list[Output]:
         with self.lock:
             self.processed += len(decoded)
         outputs = []
         for item in decoded:  # each where the engine placed it: the device, or the CPU past the cap
-            video = isinstance(item, lazymedia.VideoFrames)
-            pixels = item.frames.permute(0, 3, 1, 2) if video else item.permute(2, 0, 1)
+            if isinstance(item, lazymedia.VideoFrames):
+                video, pixels = True, item.frames.permute(0, 3, 1, 2)
+            else:
+                video, pixels = False, item.permute(2, 0, 1)
             outputs.append(self.hf(pixels, video, None if pixels.device.type == "cpu" else pixels.device))
         return outputs
 
-    async def request(self, url: str, name: str) -> dict:
+    async def request(self, url: str, name: str) -> Output:
         if name.endswith(".mp4"):
             item = await self.connector.fetch("video", url, num_frames=NUM_FRAMES)
         else:
             item = await self.connector.fetch("image", url)
-        return (await self.processor.apply_async([item]))[0]
+        outputs: list[Output] = await self.processor.apply_async([item])
+        return outputs[0]
 
     async def close(self) -> None:
         await self.connector.aclose()
         self.processor.close()
         self.engine.shutdown()
 
-    def figures(self) -> dict:
+    def figures(self) -> DeviceFigures:
         """With a device: decodes per backend, counted fallbacks to the CPU, the cap's use."""
         if self.engine.device_budget is None:
             return {}
@@ -398,16 +489,16 @@ class LazyFrontend:
                 "device_budget": self.engine.device_budget.stats()}
 
 
-async def drive(frontend, base: str, names: list[str], concurrency: int, warm: list[str],
-                warm_wave: Sequence[str] = ()) -> tuple[dict, dict]:
+async def drive(frontend: EagerFrontend | LazyFrontend, base: str, names: list[str], concurrency: int,
+                warm: list[str], warm_wave: Sequence[str] = ()) -> tuple[ModeFigures, dict[int, Output]]:
     """(figures, outputs of the first and last request) of `names` sent at `concurrency`, after
     `warm` (one at a time) and `warm_wave` (all at once) off the clock."""
     semaphore = asyncio.Semaphore(concurrency)
-    latencies = []
-    kept: dict[int, dict] = {}
+    latencies: list[float] = []
+    kept: dict[int, Output] = {}
     errors: list[str] = []
 
-    async def one(index: int, name: str):
+    async def one(index: int, name: str) -> None:
         async with semaphore:
             start = time.perf_counter()
             try:
@@ -429,7 +520,7 @@ async def drive(frontend, base: str, names: list[str], concurrency: int, warm: l
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     latencies = sorted(latencies) or [float("nan")]  # nan: every request failed
     failed = len(errors)
-    figures = {"requests": len(names), "failed": failed, "first_error": errors[0] if errors else "",
+    figures: ModeFigures = {"requests": len(names), "failed": failed, "first_error": errors[0] if errors else "",
                "wall_s": wall, "req_per_s": (len(names) - failed) / wall,
                "mean_ms": statistics.fmean(latencies) * 1e3, "p50_ms": latencies[len(latencies) // 2] * 1e3,
                "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
@@ -438,13 +529,13 @@ async def drive(frontend, base: str, names: list[str], concurrency: int, warm: l
 
 
 async def serve_requests(mode: str, hf: HfProcessor, base: str, names: list[str], concurrency: int,
-                         workers: int, device, warm: list[str], warm_wave: Sequence[str] = (),
-                         rehearse: bool = False) -> tuple[dict, dict]:
+                         workers: int, device: Device, warm: list[str], warm_wave: Sequence[str] = (),
+                         rehearse: bool = False) -> tuple[ModeFigures, dict[int, Output]]:
     gpu = mode.endswith("_gpu")
     on_cuda = gpu and torch.device(device).type == "cuda"
     memory_before = rehearsal.device_memory(device) if gpu else None
     if mode.startswith("eager"):  # a rehearsal's eager_gpu is eager's path (the CPU processor)
-        frontend: Any = EagerFrontend(hf, workers, device if on_cuda else None)
+        frontend: EagerFrontend | LazyFrontend = EagerFrontend(hf, workers, device if on_cuda else None)
     else:
         frontend = LazyFrontend(hf, workers, device if gpu else None, rehearse)
     if on_cuda:
@@ -456,19 +547,19 @@ async def serve_requests(mode: str, hf: HfProcessor, base: str, names: list[str]
                                                                             rehearsal.device_memory(device)))
     finally:
         await frontend.close()
-    figures.update(frontend.figures())
+    figures = {**figures, **frontend.figures()}
     if gpu:
         figures["gpu_peak_bytes"] = torch.cuda.max_memory_allocated(device) if on_cuda else 0
     return figures, kept
 
 
-def same_outputs(eager: dict, lazy: dict) -> bool:
+def same_outputs(eager: dict[int, Output], lazy: dict[int, Output]) -> bool:
     return eager.keys() == lazy.keys() and all(
         eager[i].keys() == lazy[i].keys() and all(torch.equal(eager[i][k].cpu(), lazy[i][k].cpu()) for k in eager[i])
         for i in eager)
 
 
-def device_decoders(device, rehearse: bool = False) -> list:
+def device_decoders(device: Device, rehearse: bool = False) -> list[BatchDecoder]:
     """The batch decoders of `device` (engine.gpu_decoders); in a rehearsal, the CPU stand-ins of
     nvJPEG and NVDEC (their `decoded` counts what they took, as on the device)."""
     if not rehearse:
@@ -492,11 +583,11 @@ def device_modes(device: str, hf: HfProcessor, rehearse: bool = False) -> dict[s
     return {mode: skipped.get(mode, "") for mode in MODES}
 
 
-def device_check(hf: HfProcessor, data: bytes, video: bool, device, rehearse: bool = False) -> dict:
+def device_check(hf: HfProcessor, data: bytes, video: bool, device: Device, rehearse: bool = False) -> DeviceCheck:
     """The GPU path against the same processor on the CPU from the same decoded pixels: the
     decode's PSNR against the CPU decode, the grids, the largest pixel_values difference, and
     which backend decoded. A decode the GPU decoders left to the CPU fails the check."""
-    def load():
+    def load() -> lazymedia.LazyMedia[Any]:
         return lazymedia.load_video(data, num_frames=NUM_FRAMES) if video else lazymedia.load_image(data)
 
     engine = lazymedia.DecodeEngine(2, batch_decoders=device_decoders(device, rehearse), isolate=(), device=device)
@@ -523,15 +614,16 @@ def device_check(hf: HfProcessor, data: bytes, video: bool, device, rehearse: bo
 
 def fetch(base: str, name: str) -> bytes:
     with urllib.request.urlopen(f"{base}/m/{name}", timeout=60) as response:
-        return response.read()
+        body: bytes = response.read()
+        return body
 
 
-def run(scenarios: list[str], requests: int, concurrency: int, workers: int, progress=None, device: str = "cpu",
-        quick: bool = False, rehearse: bool = False) -> dict:
+def run(scenarios: list[str], requests: int, concurrency: int, workers: int, progress: Progress | None = None,
+        device: str = "cpu", quick: bool = False, rehearse: bool = False) -> ServingReport:
     """Every scenario, each mode in turn, against one media server; the report's `results`,
     `identical_outputs` (False when a CPU output differs from vLLM's path) and, with a device,
     `device_ok` (False when a device check fails or a request failed)."""
-    ports: multiprocessing.Queue = multiprocessing.Queue()
+    ports: multiprocessing.queues.Queue[int] = multiprocessing.Queue()
     server = multiprocessing.Process(target=serve, args=(ports, scenarios, requests, quick, concurrency, rehearse),
                                      daemon=True)
     server.start()
@@ -539,7 +631,7 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
     if rehearse:
         device = "cpu"
     modes = device_modes(device, hf, rehearse)
-    report: dict[str, Any] = {
+    report: ServingReport = {
         "processor": hf.name, "processor_note": hf.note, "eager_video_decoder": eager_video_decoder()[0],
         "requests": requests, "concurrency": concurrency, "workers": workers, "num_frames": NUM_FRAMES,
         "cache_bytes": CACHE_BYTES, "device": device, "modes": modes, "identical_outputs": True, "device_ok": True,
@@ -549,7 +641,7 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
         for scenario in scenarios:
             names = media_names(scenario, requests)
             figures: dict[str, Any] = {}
-            outputs: dict[str, dict] = {}
+            outputs: dict[str, dict[int, Output]] = {}
             for mode in (mode for mode, why in modes.items() if not why):
                 with nvtx_range(f"lazymedia.bench.{scenario}.{mode}"):
                     figures[mode], outputs[mode] = asyncio.run(serve_requests(
@@ -581,7 +673,7 @@ COLUMNS = ("processed: the items each frontend decoded and ran through the proce
            "vs eager: the mode's requests/s over eager's in the same scenario (above 1.00x: faster than vLLM's path)")
 
 
-def print_table(report: dict) -> None:
+def print_table(report: ServingReport) -> None:
     note = f"; {report['processor_note']}" if report["processor_note"] else ""
     if report.get("quick"):
         print(f"\n{QUICK_BANNER}")
@@ -623,17 +715,17 @@ def print_table(report: dict) -> None:
         print(QUICK_BANNER)
 
 
-def device_peak(gpu: dict) -> int:
+def device_peak(gpu: ModeFigures) -> int:
     """The most device memory lazy_gpu is known to have held: the budget's reserved peak, or
     torch's allocator peak plus what nvJPEG and NVDEC took outside it, whichever is more."""
     return max(gpu["device_budget"]["peak_bytes"], gpu["gpu_peak_bytes"] + gpu.get("outside_torch_bytes", 0))
 
 
-def within_cap(gpu: dict) -> bool:
+def within_cap(gpu: ModeFigures) -> bool:
     return device_peak(gpu) <= gpu["device_budget"]["cap_bytes"] and gpu["failed"] == 0
 
 
-def verdicts(report: dict) -> list[str]:
+def verdicts(report: ServingReport) -> list[str]:
     """Per scenario with lazy_gpu: its ratio to vLLM's CPU path where the scenario has a goal
     (REHEARSAL in a rehearsal), each device check (the GPU decoded it, pixels and grid as the
     CPU's), and the device's memory and failures; empty without lazy_gpu."""
@@ -661,7 +753,7 @@ def verdicts(report: dict) -> list[str]:
     return lines
 
 
-def write_chart(report: dict, path: str) -> bool:
+def write_chart(report: ServingReport, path: str) -> bool:
     """Requests/s per scenario for every mode that ran (log scale, each bar's ratio to eager);
     False without matplotlib."""
     plt = pyplot()

@@ -21,7 +21,7 @@ _LAZY = {"HostCache": "lazymedia.cache.host", "SharedChain": "lazymedia.cache.ti
          "TieredCache": "lazymedia.cache.tiered", "TieredStats": "lazymedia.cache.tiered"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'lazymedia.cache' has no attribute {name!r}")

@@ -44,8 +44,9 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 import lmdb
@@ -53,12 +54,20 @@ import lmdb
 from ..errors import UntrustedCacheError
 from .protocol import Steps, threaded
 from .serialize import BadValueLog, dump_parts
-from .store import ValueStore
+from .store import Encoded, ValueStore
 
-_ENVS: dict[str, tuple[int, Any]] = {}  # real path -> (pid, lmdb.Environment): one per process
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+# lmdb ships no type stubs: its Environment and Transaction are Any, named here for the reader.
+_Environment = Any
+_Transaction = Any
+
+_ENVS: dict[str, tuple[int, _Environment]] = {}  # real path -> (pid, lmdb.Environment): one per process
 # Environments a forked child inherited: never used, never closed (closing one would drop the
 # child's own locks on the same files).
-_INHERITED: list[Any] = []
+_INHERITED: list[_Environment] = []
 _ENVS_LOCK = threading.Lock()
 _USED = b"\x00used"  # meta table: value bytes stored
 _NEXT = b"\x00next"  # meta table: the next stamp
@@ -77,7 +86,7 @@ _READ_PART_BYTES = 4 << 20
 _READERS: dict[int, ThreadPoolExecutor] = {}
 
 
-def _environment(path: str, map_size: int, group: int | None):
+def _environment(path: str, map_size: int, group: int | None) -> _Environment:
     """The process's one LMDB environment for `path` (LMDB forbids opening it twice in a
     process; a forked child opens its own), opened only once the folder and its LMDB files are
     trusted (`refuse_untrusted`)."""
@@ -195,7 +204,24 @@ class HostCache(ValueStore):
                  wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
                  log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True,
                  zero_copy: bool = True, file_min_bytes: int = 1 << 20, verify_payloads: bool = False,
-                 shared_group: str | int | None = None):
+                 shared_group: str | int | None = None) -> None:
+        """Args:
+            path: the store's folder (made 0700, or 2770 for `shared_group`; refused if others can write it).
+            capacity_bytes: the most bytes of stored values; a put evicts the oldest entries first.
+            namespace: prefixes the keys: caches of other namespaces share the store, not its entries.
+            max_entry_bytes: larger values are not stored (counted `oversized`).
+            lease_s: how long a hung lease holder keeps its keys (a dead one frees them at once).
+            wait_s: the longest wait for another process's lease (default `lease_s`).
+            map_size: the most the LMDB file may grow to (default twice the capacity plus 64 MiB).
+            bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy, smaller).
+            log_every_s: faults and bad values are logged at most once per this many seconds.
+            secret: the MAC key of the values (default $LAZYMEDIA_CACHE_SECRET; None: an unkeyed digest).
+            compress: LZ4 where it shrinks a buffer (only without `zero_copy`).
+            zero_copy: store buffers as they are, a large value in a file of its own (see the module).
+            file_min_bytes: the smallest zero-copy value put in a file of its own.
+            verify_payloads: a hit checks the payload's tag too, not only the header's.
+            shared_group: a group (name or gid) whose members share the store; None: this user alone.
+        """
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
         super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress and not zero_copy,
@@ -229,7 +255,7 @@ class HostCache(ValueStore):
             used = txn.get(_USED)
             return txn.stat(self._values)["entries"], _U64.unpack(used)[0] if used else 0
 
-    def serialize(self, key: str, value) -> bytes | list:
+    def serialize(self, key: str, value: Any) -> Encoded:
         """Zero-copy, the value's buffers unjoined (`serialize.dump_parts`: views of its tensors,
         written straight into the value's file), the payload of a file tagged only where readers
         check it (`verify_payloads`; values small enough for LMDB always are); else the coded
@@ -240,7 +266,7 @@ class HostCache(ValueStore):
                           tag_payload=self.verify_payloads, tag_below=self.file_min_bytes)
 
     @property
-    def layout(self) -> tuple:
+    def layout(self) -> tuple[object, ...]:
         return (*super().layout, self.zero_copy, self.verify_payloads)
 
     def _fault(self, exc: BaseException) -> None:
@@ -248,9 +274,10 @@ class HostCache(ValueStore):
         self._faults.report("host", exc)
 
     # -- values -----------------------------------------------------------------------------------
-    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps[dict[str, tuple[Any, bytes | None]]]:
         """{key: (value, its stored bytes if `encoded`)} for the keys the store holds."""
-        return (yield threaded(self._read, keys, encoded, again))
+        found: dict[str, tuple[Any, bytes | None]] = yield threaded(self._read, keys, encoded, again)
+        return found
 
     def _read(self, keys: list[str], encoded: bool, again: bool) -> dict[str, tuple[Any, bytes | None]]:
         found: dict[str, tuple[Any, bytes | None]] = {}
@@ -288,13 +315,13 @@ class HostCache(ValueStore):
                 self._unlink(doomed)
         return found
 
-    def put_encoded(self, key: str, data: bytes | list, unchanged=None) -> bool:
+    def put_encoded(self, key: str, data: Encoded, unchanged: Callable[[], bool] | None = None) -> bool:
         """Stores a value's bytes (`serialize.dumps`, or the buffers `encode` gives unjoined: in a
         file of their own when zero-copy and at least `file_min_bytes`), evicting the oldest
         entries; False when it does not fit, the store failed (never an exception), or
         `unchanged()` says the value changed while its buffers were written (asked after the file
         is written, before the entry naming it commits)."""
-        parts = data if isinstance(data, list) else [data]
+        parts: list[bytes | memoryview] = data if isinstance(data, list) else [data]
         size = sum(memoryview(part).nbytes for part in parts)
         if size > self.max_entry_bytes:
             self._count("oversized")
@@ -366,7 +393,7 @@ class HostCache(ValueStore):
         entry (a writer renames its file in the transaction that names it)."""
         doomed: list[bytes] = []
 
-        def drop(txn):
+        def drop(txn: _Transaction) -> None:
             for db in (self._values, self._order, self._meta, self._leases):
                 txn.drop(db, delete=False)
             doomed.extend(entry.name.encode() for entry in os.scandir(self.files)
@@ -375,7 +402,7 @@ class HostCache(ValueStore):
             self._unlink(doomed)
 
     # -- value files ------------------------------------------------------------------------------
-    def _write_file(self, name: bytes, parts: list) -> str | None:
+    def _write_file(self, name: bytes, parts: list[bytes | memoryview]) -> str | None:
         """Writes a value's buffers to its file under a temporary name (`put_encoded` renames it
         in the transaction that names it): its name, or None (counted, logged) when the folder is
         full or failing."""
@@ -399,7 +426,7 @@ class HostCache(ValueStore):
             return None
         return file_name
 
-    def _read_file(self, file_name: bytes) -> tuple[Any, bool]:
+    def _read_file(self, file_name: bytes) -> tuple[npt.NDArray[np.uint8] | None, bool]:
         """(the value in the file an entry names, read into private memory as a writable uint8
         array, None if it cannot be; whether the file is bad for good). One read (pread) into a
         reused buffer of the process's pool: the value's tensors are views of it, and no later change to the
@@ -458,7 +485,7 @@ class HostCache(ValueStore):
         writing one). The folder is scanned under the write lock, as `clear` does."""
         doomed: list[bytes] = []
 
-        def scan(txn) -> None:
+        def scan(txn: _Transaction) -> None:
             named = {bytes(raw[4:]) for _, raw in txn.cursor(db=self._values) if bytes(raw[:4]) == _FILE_REFERENCE}
             cutoff = time.time() - self.lease_s
             for entry in os.scandir(self.files):
@@ -475,7 +502,7 @@ class HostCache(ValueStore):
             self._unlink(doomed)
 
     # -- store internals (inside a transaction) ---------------------------------------------------
-    def _write(self, fn) -> bool:
+    def _write(self, fn: Callable[[_Transaction], object]) -> bool:
         """Runs fn(txn) in a write transaction: whether it committed."""
         try:
             with self._env.begin(write=True) as txn:
@@ -485,19 +512,19 @@ class HostCache(ValueStore):
             return False
         return True
 
-    def _next_stamp(self, txn) -> int:
+    def _next_stamp(self, txn: _Transaction) -> int:
         raw = txn.get(_NEXT, db=self._meta)
         return _U64.unpack(raw)[0] if raw else 0
 
-    def _oldest(self, txn) -> int:
+    def _oldest(self, txn: _Transaction) -> int:
         with txn.cursor(db=self._order) as cursor:
             return _U64.unpack(cursor.key())[0] if cursor.first() else 0
 
-    def _add_used(self, txn, amount: int) -> None:
+    def _add_used(self, txn: _Transaction, amount: int) -> None:
         raw = txn.get(_USED, db=self._meta)
         txn.put(_USED, _U64.pack(max(0, (_U64.unpack(raw)[0] if raw else 0) + amount)), db=self._meta)
 
-    def _remove(self, txn, name: bytes, doomed: list[bytes]) -> bool:
+    def _remove(self, txn: _Transaction, name: bytes, doomed: list[bytes]) -> bool:
         """Removes an entry; the file it names joins `doomed` (unlinked once the transaction
         commits)."""
         entry = txn.get(name, db=self._meta)
@@ -513,7 +540,7 @@ class HostCache(ValueStore):
         self._add_used(txn, -size)
         return True
 
-    def _evict(self, txn, budget: int, doomed: list[bytes]) -> None:
+    def _evict(self, txn: _Transaction, budget: int, doomed: list[bytes]) -> None:
         """Removes the oldest entries until the stored bytes are at most `budget`."""
         raw = txn.get(_USED, db=self._meta)
         used = _U64.unpack(raw)[0] if raw else 0
@@ -528,7 +555,8 @@ class HostCache(ValueStore):
                 used -= _ENTRY.unpack(entry)[1]
                 self._count("evictions")
 
-    def _refresh(self, txn, bad: list[tuple[bytes, bytes]], stale: list[bytes], doomed: list[bytes]) -> None:
+    def _refresh(self, txn: _Transaction, bad: list[tuple[bytes, bytes]], stale: list[bytes],
+                 doomed: list[bytes]) -> None:
         """Removes the bad entries read (values that did not read back, names of files gone) that
         are still what was read (not a newer value since), and re-stamps the stale ones."""
         for name, seen in bad:
@@ -547,16 +575,17 @@ class HostCache(ValueStore):
             txn.put(name, _ENTRY.pack(stamp, size), db=self._meta)
 
     # -- leases -----------------------------------------------------------------------------------
-    def _held(self, raw) -> bool:
+    def _held(self, raw: bytes | None) -> bool:
         if raw is None:
             return False
         _, expiry, pid = _LEASE.unpack(raw)
         return expiry > time.monotonic() and _alive(pid)
 
-    def lease_steps(self, key: str) -> Steps:
+    def lease_steps(self, key: str) -> Steps[str | None]:
         """A token when this process may decode `key` for everyone, None when another holds it.
         With the store failing every process decodes: "" (a lease of its own)."""
-        return (yield threaded(self._lease, key))
+        token: str | None = yield threaded(self._lease, key)
+        return token
 
     def _lease(self, key: str) -> str | None:
         token = secrets.token_hex(8)
@@ -572,23 +601,24 @@ class HostCache(ValueStore):
         self._count("leases")
         return token
 
-    def release_steps(self, key: str, token: str) -> Steps:
+    def release_steps(self, key: str, token: str) -> Steps[None]:
         if token:
             yield threaded(self._release, key, token)
 
     def _release(self, key: str, token: str) -> None:
         name = self.prefix + key.encode()
 
-        def drop(txn):
+        def drop(txn: _Transaction) -> None:
             raw = txn.get(name, db=self._leases)
             if raw is not None and _LEASE.unpack(raw)[0] == token.encode():
                 txn.delete(name, db=self._leases)
         self._write(drop)
 
-    def probe_steps(self, key: str) -> Steps:
+    def probe_steps(self, key: str) -> Steps[tuple[str, Any]]:
         """One look at `key`: ("found", value), ("leased", None) while a live process holds its
         lease, or ("free", None)."""
-        return (yield threaded(self._probe, key))
+        state: tuple[str, Any] = yield threaded(self._probe, key)
+        return state
 
     def _probe(self, key: str) -> tuple[str, Any]:
         found = self._read([key], False, True)

@@ -16,7 +16,7 @@ def estimate_nbytes(value: Any) -> int:
     if isinstance(nbytes, int):
         return nbytes
     if hasattr(value, "element_size") and hasattr(value, "numel"):  # torch.Tensor
-        return value.element_size() * value.numel()
+        return int(value.element_size() * value.numel())
     if isinstance(value, dict) or hasattr(value, "items") and callable(value.items):
         return sum(estimate_nbytes(v) for _, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -29,6 +29,10 @@ class ProcessorCache(LruCache):
     buffers of the tensors and arrays inside each output)."""
 
     def __init__(self, capacity_bytes: int = 1 << 30, sizeof: Callable[[Any], int] = estimate_nbytes):
+        """Args:
+            capacity_bytes: the most bytes of outputs held; the least recently used go first.
+            sizeof: an output's bytes (default `estimate_nbytes`).
+        """
         super().__init__(capacity_bytes, sizeof)  # read back as .capacity, like every LruCache
 
     @property

@@ -11,7 +11,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+# A value's seal: its `lru.fingerprint` when it was handed out (opaque: compared, never read).
+Seal = tuple[object, ...]
 
 
 class LocalTier(Protocol):
@@ -19,7 +23,7 @@ class LocalTier(Protocol):
 
     def lookup(self, key: str) -> tuple[bool, Any]: ...
 
-    def put(self, key: str, value: Any, seal: tuple | None = None) -> bool: ...
+    def put(self, key: str, value: Any, seal: Seal | None = None) -> bool: ...
 
 
 class SharedTier(Protocol):
@@ -28,13 +32,13 @@ class SharedTier(Protocol):
     another process holds the key (wait_for it). `again`: a re-read of keys this request already
     missed, so each item is counted once (a find counts as a late hit)."""
 
-    def get_many(self, keys: list[str], again: bool = False) -> dict: ...
+    def get_many(self, keys: list[str], again: bool = False) -> dict[str, Any]: ...
 
     def put(self, key: str, value: Any) -> bool: ...
 
     def encode(self, key: str, value: Any) -> Any:
         """What `put_encoded` stores (a tier's bytes; a SharedChain's, each tier's); None when the
-        value cannot be stored."""
+        value cannot be stored. Opaque to the caller (Any): only the same tier's `put_encoded` reads it."""
 
     def put_encoded(self, key: str, data: Any, unchanged: Callable[[], bool] | None = None) -> bool:
         """Stores what `encode` returned, keeping no view of it after it returns (the writer then
@@ -50,7 +54,7 @@ class SharedTier(Protocol):
 
     def wait_for(self, key: str) -> tuple[bool, Any]: ...
 
-    async def aget_many(self, keys: list[str], again: bool = False) -> dict: ...
+    async def aget_many(self, keys: list[str], again: bool = False) -> dict[str, Any]: ...
 
     async def atry_lease(self, key: str) -> str | None: ...
 
@@ -65,7 +69,8 @@ class ChainableTier(SharedTier, Protocol):
 
     wait_s: float
 
-    def stats(self) -> Any: ...
+    def stats(self) -> Any:  # a store.SharedCacheStats (store imports this module)
+        ...
 
     def read_many(self, keys: list[str], encoded: bool = False,
                   again: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
@@ -81,7 +86,7 @@ class ChainableTier(SharedTier, Protocol):
 class Writer(Protocol):
     """Stores values in a shared tier behind the requests (cache/writer.py), bounded."""
 
-    def submit(self, key: str, value: Any, token: str, seal: tuple | None = None) -> bool: ...
+    def submit(self, key: str, value: Any, token: str, seal: Seal | None = None) -> bool: ...
 
     def flush(self, timeout: float | None = None) -> bool: ...
 
@@ -104,7 +109,8 @@ class Cache(Protocol):
 
     def put(self, key: str, value: Any) -> bool: ...
 
-    def stats(self) -> Any: ...
+    def stats(self) -> object:
+        """The cache's counters (a dataclass: lru.CacheStats, tiered.TieredStats)."""
 
 
 @dataclass(frozen=True)
@@ -113,13 +119,15 @@ class Call:
     with its arguments. A failure of the call is thrown back into the generator that yielded it."""
     run: Callable[..., Any]
     arun: Callable[..., Awaitable[Any]]
-    args: tuple = ()
+    args: tuple[Any, ...] = ()
 
 
-Steps = Generator[Call, Any, Any]
+# A tier protocol's steps returning a T: each yielded Call's result is sent back in (Any: each call
+# returns its own type, which the generator knows at its yield).
+Steps = Generator[Call, Any, T]
 
 
-def drive(steps: Steps) -> Any:
+def drive(steps: Steps[T]) -> T:
     """Runs a generator of `Call`s with their sync forms; returns what the generator returns."""
     try:
         call = next(steps)
@@ -131,10 +139,11 @@ def drive(steps: Steps) -> Any:
             else:
                 call = steps.send(result)
     except StopIteration as stop:
-        return stop.value
+        returned: T = stop.value
+        return returned
 
 
-async def adrive(steps: Steps) -> Any:
+async def adrive(steps: Steps[T]) -> T:
     """`drive` with the asyncio forms: the same protocol, never blocking the event loop."""
     try:
         call = next(steps)
@@ -146,10 +155,11 @@ async def adrive(steps: Steps) -> Any:
             else:
                 call = steps.send(result)
     except StopIteration as stop:
-        return stop.value
+        returned: T = stop.value
+        return returned
 
 
-def threaded(fn: Callable[..., Any], *args) -> Call:
+def threaded(fn: Callable[..., Any], *args: Any) -> Call:
     """A blocking call (a local store's transaction): direct in sync code, on a thread under
     asyncio, off the event loop."""
     return Call(fn, lambda *a: asyncio.to_thread(fn, *a), args)
@@ -160,10 +170,10 @@ def pause(delay: float) -> Call:
     return Call(time.sleep, asyncio.sleep, (delay,))
 
 
-_ORPHAN_RELEASES: set[asyncio.Future] = set()  # releases of leases whose atry_lease was cancelled
+_ORPHAN_RELEASES: set[asyncio.Future[None]] = set()  # releases of leases whose atry_lease was cancelled
 
 
-def _forget_release(release: asyncio.Future) -> None:
+def _forget_release(release: asyncio.Future[None]) -> None:
     _ORPHAN_RELEASES.discard(release)
     if not release.cancelled() and release.exception() is not None:
         logging.getLogger("lazymedia.cache").warning("releasing a cancelled request's lease failed: %r",
@@ -174,26 +184,26 @@ class SteppedTier:
     """A shared tier's calls in their sync and asyncio forms, each run from one generator of
     steps the tier writes once: `get_steps`, `lease_steps`, `release_steps`, `wait_steps`."""
 
-    def get_steps(self, keys: list[str], again: bool) -> Steps:
+    def get_steps(self, keys: list[str], again: bool) -> Steps[dict[str, Any]]:
         """Steps returning {key: value} for the keys the tier holds."""
         raise NotImplementedError
 
-    def lease_steps(self, key: str) -> Steps:
+    def lease_steps(self, key: str) -> Steps[str | None]:
         """Steps returning a token when this process may decode `key` for everyone, None when
         another process holds it, "" (a lease of its own) when the tier is failing."""
         raise NotImplementedError
 
-    def release_steps(self, key: str, token: str) -> Steps:
+    def release_steps(self, key: str, token: str) -> Steps[None]:
         raise NotImplementedError
 
-    def wait_steps(self, key: str) -> Steps:
+    def wait_steps(self, key: str) -> Steps[tuple[bool, Any]]:
         """Steps returning (found, value) once the key's value appears or nobody holds its lease."""
         raise NotImplementedError
 
-    def get_many(self, keys: list[str], again: bool = False) -> dict:
+    def get_many(self, keys: list[str], again: bool = False) -> dict[str, Any]:
         return drive(self.get_steps(keys, again))
 
-    async def aget_many(self, keys: list[str], again: bool = False) -> dict:
+    async def aget_many(self, keys: list[str], again: bool = False) -> dict[str, Any]:
         return await adrive(self.get_steps(keys, again))
 
     def try_lease(self, key: str) -> str | None:
@@ -211,7 +221,7 @@ class SteppedTier:
             taking.add_done_callback(lambda done: self._release_orphan(key, done))
             raise
 
-    def _release_orphan(self, key: str, done: asyncio.Future) -> None:
+    def _release_orphan(self, key: str, done: asyncio.Future[str | None]) -> None:
         """Releases the lease a cancelled atry_lease took (on the loop, without blocking it)."""
         if done.cancelled() or done.exception() is not None:
             return

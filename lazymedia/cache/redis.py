@@ -36,13 +36,22 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .protocol import Call, Steps, drive, pause
 from .serialize import BadValueLog
-from .store import ValueStore
+from .store import Encoded, ValueStore
+
+if TYPE_CHECKING:  # the redis client is imported when a RedisCache is made (an optional dependency)
+    import redis
+    import redis.asyncio
+    import redis.cluster
+
+T = TypeVar("T")
+# A command: the client's method name, then its arguments.
+_Command = tuple[str, *tuple[Any, ...]]
 
 logger = logging.getLogger("lazymedia.cache")
 
@@ -81,7 +90,11 @@ class LeaseRenewals:
     """The leases this process holds, renewed every `every_s` by one thread while any is held
     (the thread ends when none is; a forked child starts its own and renews only its own)."""
 
-    def __init__(self, renew: Callable[[list[tuple[str, str]]], list[bool]], every_s: float):
+    def __init__(self, renew: Callable[[list[tuple[str, str]]], list[bool]], every_s: float) -> None:
+        """Args:
+            renew: extends the held (key, token) leases; which ones are still this process's.
+            every_s: the time between renewals.
+        """
         self._renew = renew
         self.every_s = every_s
         self.lock = threading.Lock()
@@ -141,8 +154,27 @@ class RedisCache(ValueStore):
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
                  max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 1.5,
                  wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
-                 bfloat16: bool = False, client=None, async_client=None, secret: str | bytes | None = None,
-                 compress: bool = True, cluster: bool | None = None, failover_s: float | None = None):
+                 bfloat16: bool = False, client: redis.Redis | redis.cluster.RedisCluster | None = None,
+                 async_client: redis.asyncio.Redis | None = None, secret: str | bytes | None = None,
+                 compress: bool = True, cluster: bool | None = None, failover_s: float | None = None) -> None:
+        """Args:
+            url: the server (redis://host:port/db); on a cluster, any node's.
+            namespace: prefixes the keys: caches of other namespaces share the server, not its entries.
+            ttl_s: how long a value lives on the server.
+            max_entry_bytes: larger values are not stored (counted `oversized`).
+            timeout_s: the longest a call may take (connecting included); a slower one is a fault.
+            lease_s: how long a lease lives unless its holder renews it (it does while it works).
+            wait_s: the longest wait for another process's lease, then a decode here (default 30 s).
+            retry_after_s: how long the tier rests after a fault (its calls then fall back at once).
+            log_every_s: faults and bad values are logged at most once per this many seconds.
+            bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy, smaller).
+            client: a ready sync client (redis.Redis, or redis.cluster.RedisCluster) instead of `url`.
+            async_client: a ready asyncio client (one server's; an asyncio cluster client is refused).
+            secret: the MAC key of the values (default $LAZYMEDIA_CACHE_SECRET; None: an unkeyed digest).
+            compress: LZ4 where it shrinks a buffer.
+            cluster: `url` is a Redis Cluster's (default: whether `client` is a RedisCluster).
+            failover_s: how long a failed call is made again (default 5 s on a cluster, 0 on one server).
+        """
         try:
             import redis
             import redis.asyncio
@@ -161,9 +193,10 @@ class RedisCache(ValueStore):
             cluster = isinstance(client, redis.cluster.RedisCluster)
         self.cluster = cluster
         # RedisClusterException (no node reachable, no slot map) is not a RedisError
-        self._unreachable = getattr(redis.exceptions, "RedisClusterUnreachableError",
+        self._unreachable: type[Exception] = getattr(redis.exceptions, "RedisClusterUnreachableError",
                                     redis.exceptions.RedisClusterException)  # no node answered
-        self._errors = (redis.RedisError, self._unreachable, OSError, asyncio.TimeoutError)
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, self._unreachable, OSError,
+                                                         asyncio.TimeoutError)
         self.prefix = f"lazymedia:{namespace}:"
         self.ttl_ms = int(ttl_s * 1000)
         self.max_entry_bytes = max_entry_bytes
@@ -181,9 +214,10 @@ class RedisCache(ValueStore):
         # A cluster client connects as it is made (to learn the slot map): made on first use, so a
         # cluster that is down when the tier is built is a fault of the first call, not an error here.
         self._client = client if client is not None or cluster else redis.Redis.from_url(url, **self._options)
-        self._async_clients: dict[asyncio.AbstractEventLoop, object] = {}
+        # None: the client given, for any loop
+        self._async_clients: dict[asyncio.AbstractEventLoop | None, redis.asyncio.Redis] = {}
         if async_client is not None:
-            self._async_clients[None] = async_client  # type: ignore[index]
+            self._async_clients[None] = async_client
         self._down_until = 0.0
         self._last_log = 0.0
 
@@ -223,7 +257,7 @@ class RedisCache(ValueStore):
         self._count("fallbacks")
         return True
 
-    def _sync_client(self):
+    def _sync_client(self) -> redis.Redis | redis.cluster.RedisCluster:
         client = self._client
         if client is None:
             import redis.cluster
@@ -238,12 +272,13 @@ class RedisCache(ValueStore):
                 client = self._client
         return client
 
-    def _command(self, name: str, *args, **kwargs) -> Call:
+    def _command(self, name: str, *args: Any, **kwargs: Any) -> Call:
         """A Redis command as a Call on the sync client or the calling event loop's client."""
         run = lambda: getattr(self._sync_client(), name)(*args, **kwargs)
         return Call(run, self._async_form(run, lambda: getattr(self._async_client(), name)(*args, **kwargs)))
 
-    def _async_form(self, run: Callable[[], Any], arun: Callable[[], Any]) -> Callable[[], Any]:
+    def _async_form(self, run: Callable[[], Any],
+                    arun: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
         """How an asyncio caller makes a call: on the loop's own client; on a cluster, the sync
         client's call on one of the tier's threads (its own pool, not the loop's default
         executor: during a hang each call holds its thread up to `timeout_s`, and the default
@@ -252,8 +287,10 @@ class RedisCache(ValueStore):
         command on another (its pool hands connections out first in, first out), so during a
         resharding a key whose slot is migrating bounces between the two nodes until "TTL
         exhausted"; the sync client sends both on one connection."""
-        if not self.cluster:
-            return arun
+        return arun if not self.cluster else self._on_cluster_threads(run)
+
+    def _on_cluster_threads(self, run: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+        """A cluster's asyncio form of the call `run` (see `_async_form`)."""
         return lambda: asyncio.get_running_loop().run_in_executor(self._cluster_threads(), run)
 
     def _cluster_threads(self) -> ThreadPoolExecutor:
@@ -264,17 +301,17 @@ class RedisCache(ValueStore):
                                                                  thread_name_prefix="lazymedia-redis-cluster"))
             return self._threads[1]
 
-    def _pipeline(self, commands: list[tuple], raise_on_error: bool = True) -> Call:
+    def _pipeline(self, commands: list[_Command], raise_on_error: bool = True) -> Call:
         """Commands in one round trip (on a cluster, one per node, sent to all before any is
         read), without a transaction: the list of their replies (with `raise_on_error=False`, a
         command's failure as its reply)."""
-        def run():
+        def run() -> list[Any]:
             with self._sync_client().pipeline(transaction=False) as pipe:
                 for name, *args in commands:
                     getattr(pipe, name)(*args)
                 return pipe.execute(raise_on_error=raise_on_error)
 
-        async def arun():
+        async def arun() -> list[Any]:
             async with self._async_client().pipeline(transaction=False) as pipe:
                 for name, *args in commands:
                     getattr(pipe, name)(*args)
@@ -282,7 +319,7 @@ class RedisCache(ValueStore):
 
         return Call(run, self._async_form(run, arun))
 
-    def _steady(self, make: Callable[[], Call]) -> Steps:
+    def _steady(self, make: Callable[[], Call]) -> Steps[Any]:
         """Steps running the call `make()` gives and returning its result. On a cluster a failed
         call is made again (the client has refreshed its slot map) after 20, 40, ... 200 ms, until
         it succeeds or `failover_s` has passed since the cluster's calls began to fail (a dead or
@@ -322,7 +359,7 @@ class RedisCache(ValueStore):
         self._fault(exc, what, rest=not self.cluster or isinstance(exc, self._unreachable))
 
     # -- values -----------------------------------------------------------------------------------
-    def _decoded(self, keys: list[str], raw: list, again: bool) -> dict[str, tuple[Any, bytes | None]]:
+    def _decoded(self, keys: list[str], raw: list[bytes | None], again: bool) -> dict[str, tuple[Any, bytes | None]]:
         found: dict[str, tuple[Any, bytes | None]] = {}
         for key, data in zip(keys, raw):
             ok, value = self.decode(key, data, again)
@@ -341,22 +378,24 @@ class RedisCache(ValueStore):
             return self._pipeline([("get", name) for name in names], raise_on_error=False)
         return self._command("mget", names)
 
-    def _by_node(self, commands: list[tuple], names: list[str]) -> Call:
+    def _by_node(self, commands: list[_Command], names: list[str]) -> Call:
         """`_pipeline(commands, raise_on_error=False)` on a cluster, a pipeline per node in turn
         (`names[i]`: the key command i is about): a node's failure, even while connecting, is its
         own commands' reply, not the batch's."""
-        def run() -> list:
-            client = self._sync_client()
+        def run() -> list[Any]:
+            # a cluster's client (see the docstring), whose methods redis-py leaves unannotated
+            client = cast("redis.cluster.RedisCluster", self._sync_client())
             by_node: dict[str, list[int]] = {}
-            replies: list = [None] * len(names)
+            replies: list[Any] = [None] * len(names)
             for index, name in enumerate(names):
                 try:
-                    by_node.setdefault(client.get_node_from_key(name).name, []).append(index)
+                    node = client.get_node_from_key(name)  # type: ignore[no-untyped-call]  # see above
+                    by_node.setdefault(node.name, []).append(index)
                 except self._errors as exc:  # a slot no node serves
                     replies[index] = exc
             for indices in by_node.values():
                 try:
-                    with client.pipeline(transaction=False) as pipe:
+                    with client.pipeline(transaction=False) as pipe:  # type: ignore[no-untyped-call]  # see above
                         for index in indices:
                             method, *args = commands[index]
                             getattr(pipe, method)(*args)
@@ -367,9 +406,9 @@ class RedisCache(ValueStore):
                     replies[index] = reply
             return replies
 
-        return Call(run, self._async_form(run, run))
+        return Call(run, self._on_cluster_threads(run))
 
-    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps[dict[str, tuple[Any, bytes | None]]]:
         """{key: (value, its stored bytes)} for the keys the server holds (one round trip). A read
         does not wait out a failover: the keys it could not read are misses (their lease then
         waits for it). On a cluster a node's failure while its replies are read is its own keys'
@@ -396,7 +435,7 @@ class RedisCache(ValueStore):
         return self._decoded(keys, raw, again)
 
     @staticmethod
-    def _joined(parts: list) -> memoryview | bytes:
+    def _joined(parts: list[bytes | memoryview]) -> memoryview | bytes:
         """The buffers of a value in one, for its SET: this thread's reused buffer (up to
         `_SCRATCH_BYTES`), not new memory each time (on a VM that backs memory lazily a new
         buffer's first write costs several times the copy), else new bytes."""
@@ -414,7 +453,7 @@ class RedisCache(ValueStore):
             at += view.nbytes
         return joined
 
-    def put_encoded(self, key: str, data: bytes | list, unchanged=None) -> bool:
+    def put_encoded(self, key: str, data: Encoded, unchanged: Callable[[], bool] | None = None) -> bool:
         """Stores `serialize.dumps` bytes (or the buffers they join) with the TTL; False when over
         `max_entry_bytes` or the server is unavailable. `unchanged` is asked before the SET. The
         value goes to redis-py as a memoryview, which it sends as it lies (a bytes value, where
@@ -448,7 +487,7 @@ class RedisCache(ValueStore):
             self._fault(exc, "delete", rest=not self.cluster)
 
     # -- leases -----------------------------------------------------------------------------------
-    def lease_steps(self, key: str) -> Steps:
+    def lease_steps(self, key: str) -> Steps[str | None]:
         """A token when this process may decode `key` for everyone, None when another holds it.
         With the server unavailable every process decodes: "" (a lease of its own)."""
         if self._skip():
@@ -466,7 +505,7 @@ class RedisCache(ValueStore):
             return token
         return None
 
-    def release_steps(self, key: str, token: str) -> Steps:
+    def release_steps(self, key: str, token: str) -> Steps[None]:
         if token:
             self._renewals.drop(key, token)
         if not token or self._skip():
@@ -503,7 +542,7 @@ class RedisCache(ValueStore):
             self._fault(failed[0], "lease renewal", rest=False)
         return [isinstance(reply, Exception) or bool(reply) for reply in replies]
 
-    def probe_steps(self, key: str) -> Steps:
+    def probe_steps(self, key: str) -> Steps[tuple[str, Any]]:
         """One poll of `key` (one round trip, to one node: value and lease share a slot):
         ("found", value), ("leased", None) while another process holds its lease, or ("free",
         None) (also when the server is unavailable)."""
@@ -521,13 +560,13 @@ class RedisCache(ValueStore):
         return ("leased" if lease else "free"), None
 
     # -- the asyncio client: one per event loop -----------------------------------------------------
-    def _async_client(self):
+    def _async_client(self) -> redis.asyncio.Redis:
         """The calling event loop's client (one server; a cluster's asyncio calls use the sync
         client on a thread: see `_async_form`)."""
         import redis.asyncio
 
         loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop) or self._async_clients.get(None)  # type: ignore[call-overload]
+        client = self._async_clients.get(loop) or self._async_clients.get(None)
         if client is None:
             client = redis.asyncio.Redis.from_url(self._url, **self._options)
             self._async_clients[loop] = client
@@ -537,7 +576,7 @@ class RedisCache(ValueStore):
         """Closes the calling event loop's connection pool."""
         client = self._async_clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
-            await client.aclose()  # type: ignore[attr-defined]
+            await client.aclose()
 
     def close(self) -> None:
         if self._client is not None:
@@ -546,5 +585,5 @@ class RedisCache(ValueStore):
             self._threads[1].shutdown(wait=False)
 
 
-async def _listed(reply) -> list:
+async def _listed(reply: Awaitable[T]) -> list[T]:
     return [await reply]

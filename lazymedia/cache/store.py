@@ -10,10 +10,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .protocol import SteppedTier, Steps, adrive, drive, pause
 from .serialize import SECRET_ENV, BadValueLog, SerializationError, dump_parts, loads, mac_key, recycle
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+# A value as a tier stores it: `serialize.dumps` bytes, or the buffers they join (`dump_parts`),
+# which the tier's `put_encoded` writes where they go.
+Encoded = bytes | list[bytes | memoryview]
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,15 @@ class ValueStore(SteppedTier):
     wait_s: float
 
     def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None,
-                 compress: bool, levels: bool = True):
+                 compress: bool, levels: bool = True) -> None:
+        """Args:
+            bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy).
+            bad_values: where values that do not read back are logged (rate-limited).
+            tier: the tier's name in those logs.
+            secret: the MAC key (None: $LAZYMEDIA_CACHE_SECRET, else an unkeyed digest).
+            compress: LZ4 where it shrinks a buffer.
+            levels: level codes where they fit; False: buffers as they are (zero-copy reads).
+        """
         self.bfloat16 = bfloat16
         self.compress = compress  # LZ4 where it shrinks a buffer; False: larger values, no LZ4 on a hit
         self.levels = levels  # level codes where they fit; False: buffers as they are (zero-copy reads)
@@ -65,7 +81,7 @@ class ValueStore(SteppedTier):
         with self._lock:
             return SharedCacheStats(**self._counts)
 
-    def encode(self, key: str, value) -> bytes | list | None:
+    def encode(self, key: str, value: Any) -> Encoded | None:
         """`value` as stored bytes bound to `key` (a tier may give them as the list of buffers they
         join, which its `put_encoded` takes); None (counted) for a type no shared tier can hold."""
         try:
@@ -74,19 +90,19 @@ class ValueStore(SteppedTier):
             self._count("unserializable")
             return None
 
-    def serialize(self, key: str, value) -> bytes | list:
+    def serialize(self, key: str, value: Any) -> Encoded:
         """The tier's stored form of `value`: the buffers `serialize.dumps` would join, which the
         tier's `put_encoded` writes where they go (SerializationError for a type it cannot hold)."""
         return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
                           levels=self.levels)
 
     @property
-    def layout(self) -> tuple:
+    def layout(self) -> tuple[object, ...]:
         """What `encode` depends on besides the value: tiers with equal layouts store equal bytes."""
         return type(self).__name__, self.levels, self.compress, self.bfloat16, self._mac
 
-    def decode(self, key: str, data, again: bool = False, zero_copy: bool = False,
-               verify_payload: bool = True) -> tuple[bool, Any]:
+    def decode(self, key: str, data: bytes | memoryview | npt.NDArray[np.uint8] | None, again: bool = False,
+               zero_copy: bool = False, verify_payload: bool = True) -> tuple[bool, Any]:
         """(True, value) for stored bytes a tier read under `key`; (False, None) for absent ones
         (None) or a bad value (damaged, foreign, another key's, untagged), counted (a miss and
         corrupt) and logged (rate-limited). `again`: a later read of a key a request already
@@ -108,7 +124,7 @@ class ValueStore(SteppedTier):
         self._count("late_hits" if again else "hits")
         return True, value
 
-    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps:
+    def read_steps(self, keys: list[str], encoded: bool, again: bool) -> Steps[dict[str, tuple[Any, bytes | None]]]:
         """Steps returning {key: (value, its stored bytes if `encoded`)} for the keys the tier
         holds (`again`: see `decode`)."""
         raise NotImplementedError
@@ -121,14 +137,14 @@ class ValueStore(SteppedTier):
                          again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
         return await adrive(self.read_steps(keys, encoded, again))
 
-    def put_encoded(self, key: str, data: bytes | list, unchanged: Callable[[], bool] | None = None) -> bool:
+    def put_encoded(self, key: str, data: Encoded, unchanged: Callable[[], bool] | None = None) -> bool:
         raise NotImplementedError
 
-    def get_steps(self, keys: list[str], again: bool) -> Steps:
+    def get_steps(self, keys: list[str], again: bool) -> Steps[dict[str, Any]]:
         found = yield from self.read_steps(keys, False, again)
         return {key: value for key, (value, _) in found.items()}
 
-    def put(self, key: str, value) -> bool:
+    def put(self, key: str, value: Any) -> bool:
         data = self.encode(key, value)
         stored = data is not None and self.put_encoded(key, data)
         recycle(data)
@@ -139,7 +155,7 @@ class ValueStore(SteppedTier):
         """False while the tier rests after a fault (waits then end at once)."""
         return True
 
-    def probe_steps(self, key: str) -> Steps:
+    def probe_steps(self, key: str) -> Steps[tuple[str, Any]]:
         """One poll of `key`, as steps returning ("found", value), ("leased", None) while another
         process holds its lease, or ("free", None)."""
         raise NotImplementedError
@@ -150,7 +166,7 @@ class ValueStore(SteppedTier):
     async def aprobe(self, key: str) -> tuple[str, Any]:
         return await adrive(self.probe_steps(key))
 
-    def wait_steps(self, key: str) -> Steps:
+    def wait_steps(self, key: str) -> Steps[tuple[bool, Any]]:
         """Polls until the value appears, or the lease is gone without one, or `wait_s` passes:
         (found, value). Not found means: decode it yourself."""
         self._count("lease_waits")

@@ -12,6 +12,7 @@ key on the host tier and hosts settle it on the farthest; a waiter polls them al
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..lru import CacheStats
 from .local import ProcessorCache
 from .protocol import Call, ChainableTier, SharedTier, SteppedTier, Steps, pause, threaded
 from .serialize import recycle
-from .store import SharedCacheStats
+from .store import Encoded, SharedCacheStats
 from .writer import SharedWriter, WriteStats
 
 _TOKEN_SEPARATOR = "\x1f"  # joins the tiers' lease tokens into one
@@ -37,10 +38,13 @@ class SharedChain(SteppedTier):
     """Shared tiers (HostCache, RedisCache, or anything with their calls) used as one tier. Each
     call is one generator of tier calls, run by `drive` (sync) or `adrive` (asyncio)."""
 
-    def __init__(self, tiers: tuple[ChainableTier, ...] | list[ChainableTier]):
+    def __init__(self, tiers: tuple[ChainableTier, ...] | list[ChainableTier]) -> None:
+        """Args:
+            tiers: the shared tiers, nearest first.
+        """
         self.tiers = list(tiers)
 
-    def _fill(self, upto: int, found: dict) -> None:
+    def _fill(self, upto: int, found: dict[str, tuple[Any, bytes | None]]) -> None:
         """Stores what tier `upto` found in the nearer tiers: its bytes as they are where a tier's
         layout is the same, else encoded in that tier's own (a zero-copy host tier reads values
         stored as they are, not Redis's codes)."""
@@ -52,11 +56,11 @@ class SharedChain(SteppedTier):
                 else:
                     tier.put(key, value)
 
-    def _refill(self, upto: int, key: str, value) -> None:
+    def _refill(self, upto: int, key: str, value: Any) -> None:
         for tier in self.tiers[:upto]:
             tier.put(key, value)
 
-    def get_steps(self, keys: list[str], again: bool) -> Steps:
+    def get_steps(self, keys: list[str], again: bool) -> Steps[dict[str, Any]]:
         values: dict[str, Any] = {}
         for index, tier in enumerate(self.tiers):
             missing = [key for key in keys if key not in values]
@@ -68,11 +72,11 @@ class SharedChain(SteppedTier):
             values.update((key, value) for key, (value, _) in found.items())
         return values
 
-    def encode(self, key: str, value) -> tuple[bytes | None, ...] | None:
+    def encode(self, key: str, value: Any) -> tuple[Encoded | None, ...] | None:
         """Each tier's bytes for `value`, encoded once per distinct `layout`; None when no tier
         can hold it."""
-        by_layout: dict[Any, bytes | None] = {}
-        encoded = []
+        by_layout: dict[object, Encoded | None] = {}
+        encoded: list[Encoded | None] = []
         for tier in self.tiers:
             layout = getattr(tier, "layout", id(tier))
             if layout not in by_layout:
@@ -80,13 +84,14 @@ class SharedChain(SteppedTier):
             encoded.append(by_layout[layout])
         return tuple(encoded) if any(data is not None for data in encoded) else None
 
-    def put_encoded(self, key: str, data: bytes | tuple[bytes | None, ...], unchanged=None) -> bool:
+    def put_encoded(self, key: str, data: Encoded | tuple[Encoded | None, ...],
+                    unchanged: Callable[[], bool] | None = None) -> bool:
         """Stores what `encode` returned (each tier its own bytes), or the same bytes in each;
         `unchanged` as the tiers' `put_encoded` take it."""
         each = data if isinstance(data, tuple) else (data,) * len(self.tiers)
         return any([tier.put_encoded(key, part, unchanged) for tier, part in zip(self.tiers, each) if part is not None])
 
-    def put(self, key: str, value) -> bool:
+    def put(self, key: str, value: Any) -> bool:
         data = self.encode(key, value)
         stored = data is not None and self.put_encoded(key, data)
         recycle(data)
@@ -96,7 +101,7 @@ class SharedChain(SteppedTier):
         for tier in self.tiers:
             tier.delete(keys)
 
-    def lease_steps(self, key: str) -> Steps:
+    def lease_steps(self, key: str) -> Steps[str | None]:
         """Every tier's lease, nearest first, as one token; None (and nothing held) when any tier's
         is held elsewhere."""
         tokens: list[str] = []
@@ -108,12 +113,12 @@ class SharedChain(SteppedTier):
             tokens.append(token)
         return _TOKEN_SEPARATOR.join(tokens) if any(tokens) else ""
 
-    def release_steps(self, key: str, token: str) -> Steps:
+    def release_steps(self, key: str, token: str) -> Steps[None]:
         if token:
             for tier, part in zip(self.tiers, token.split(_TOKEN_SEPARATOR)):
                 yield Call(tier.release, tier.arelease, (key, part))
 
-    def wait_steps(self, key: str) -> Steps:
+    def wait_steps(self, key: str) -> Steps[tuple[bool, Any]]:
         """Polls every tier until one has the value (filling the nearer ones) or none holds a
         lease, at most the longest of their `wait_s`: (found, value)."""
         deadline = time.monotonic() + max(tier.wait_s for tier in self.tiers)
@@ -141,7 +146,13 @@ class TieredCache:
     and `write_queue_bytes` of them pending; beyond, writes are skipped and counted)."""
 
     def __init__(self, local: ProcessorCache, *shared: ChainableTier, write_queue: int = 64,
-                 write_queue_bytes: int = 1 << 30):
+                 write_queue_bytes: int = 1 << 30) -> None:
+        """Args:
+            local: the in-process tier, looked up first.
+            *shared: the shared tiers, nearest first (e.g. a HostCache, then a RedisCache).
+            write_queue: the most values waiting to be written to the shared tiers.
+            write_queue_bytes: the most bytes of values waiting.
+        """
         if not shared:
             raise ValueError("TieredCache needs at least one shared tier")
         self.local = local
@@ -160,7 +171,7 @@ class TieredCache:
         self.local.put(key, remote[key])
         return True, remote[key]
 
-    def put(self, key: str, value) -> bool:
+    def put(self, key: str, value: Any) -> bool:
         self.shared.put(key, value)
         return self.local.put(key, value)
 

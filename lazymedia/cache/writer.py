@@ -24,7 +24,7 @@ from typing import Any
 from .. import ops
 from ..lru import fingerprint
 from .local import estimate_nbytes
-from .protocol import SharedTier
+from .protocol import Seal, SharedTier
 from .serialize import recycle
 
 logger = logging.getLogger("lazymedia.cache")
@@ -80,14 +80,19 @@ class SharedWriter:
     """A bounded write-behind queue in front of a shared tier (`max_pending` entries,
     `max_pending_bytes` of values)."""
 
-    def __init__(self, shared: SharedTier, max_pending: int = 64, max_pending_bytes: int = 1 << 30):
+    def __init__(self, shared: SharedTier, max_pending: int = 64, max_pending_bytes: int = 1 << 30) -> None:
+        """Args:
+            shared: the tier written to.
+            max_pending: the most values queued or being written; beyond, writes are skipped.
+            max_pending_bytes: the most bytes (`estimate_nbytes`) of those values.
+        """
         if max_pending < 1 or max_pending_bytes < 1:
             raise ValueError("max_pending and max_pending_bytes must be >= 1")
         self.shared = shared
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self._cond = threading.Condition()
-        self._queue: deque[tuple[str, Any, str, int, tuple | None]] = deque()
+        self._queue: deque[tuple[str, Any, str, int, Seal | None]] = deque()
         self._busy_bytes = 0  # the value being written now
         self._busy = False
         self._counts = dict.fromkeys(("queued", "written", "skipped", "failed", "mutated"), 0)
@@ -101,7 +106,7 @@ class SharedWriter:
         self._busy, self._busy_bytes = False, 0
         self._thread = None
 
-    def submit(self, key: str, value: Any, token: str, seal: tuple | None = None) -> bool:
+    def submit(self, key: str, value: Any, token: str, seal: Seal | None = None) -> bool:
         """Queues `value` for the shared tier, to be followed by the release of the lease `token`
         ("" for none). False when the queue is full: nothing is written, the lease is released now.
         `seal`: `lru.fingerprint(value)` when the value was handed out; a value that no longer
