@@ -100,7 +100,7 @@ class LruCache:
             raise ValueError("capacity must be >= 0")
         self.capacity = capacity
         self._weigh = weigh
-        self._entries: OrderedDict[str, tuple[Any, int, Fingerprint]] = OrderedDict()  # key -> (value, weight, seal)
+        self._entries: OrderedDict[str, tuple[Any, int, tuple[object, ...]]] = OrderedDict()  # key -> (value, weight, seal)
         self._lock = threading.Lock()
         self._size = 0
         self._hits = self._misses = self._evictions = self._mutated = 0
@@ -129,7 +129,7 @@ class LruCache:
             self._hits += 1
             return True, entry[0]
 
-    def put(self, key: str, value: Any, seal: Fingerprint | None = None) -> bool:
+    def put(self, key: str, value: Any, seal: tuple[object, ...] | None = None) -> bool:
         """Stores `value` sealed (see the module docstring), evicting least recently used entries;
         False if it can never fit. `seal`: the value's `fingerprint(value, freeze=True)` when the
         caller took it already (the Processor hands the same one to the shared-tier writer)."""

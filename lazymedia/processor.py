@@ -257,7 +257,7 @@ class Processor(Generic[Output]):
                         plan.decodes[key] = _decoded_here(item)
 
     # -- phase 1b: the shared tier ------------------------------------------------------------
-    def _shared_steps(self, plan: _Plan, shared: SharedTier) -> Steps:
+    def _shared_steps(self, plan: _Plan, shared: SharedTier) -> Steps[None]:
         """The leaders' shared-tier work, written once for apply and apply_async: each
         `yield Call(...)` is a call on the shared tier, which `drive` or `adrive` runs."""
         self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (list(plan.leaders),))))
@@ -273,7 +273,7 @@ class Processor(Generic[Output]):
         if leased:  # a value may have landed between the first read and the lease
             self._settle(plan, (yield Call(shared.get_many, shared.aget_many, (leased, True))))
 
-    def _remote_steps(self, plan: _Plan, shared: SharedTier) -> Steps:
+    def _remote_steps(self, plan: _Plan, shared: SharedTier) -> Steps[None]:
         """Waits for the keys other processes are decoding; one they do not deliver (gone, too
         slow) is leased where possible and decoded here."""
         for key in plan.remote:
@@ -382,7 +382,7 @@ class Processor(Generic[Output]):
             self.engine.unplace(plan.placements.popitem()[1])
         self._release(plan, [index for indices in plan.leaders.values() for index in indices])
 
-    def _lease_releases(self, plan: _Plan, shared: SharedTier) -> Steps:
+    def _lease_releases(self, plan: _Plan, shared: SharedTier) -> Steps[None]:
         """The leases' releases as shared-tier calls, for apply_async's asyncio client."""
         while plan.leases:
             key, token = plan.leases.popitem()
@@ -472,6 +472,7 @@ class Processor(Generic[Output]):
         import torch
 
         device = self.engine.device
+        assert device is not None  # outputs on a device come from an engine on one
         copies = [host_copies(output, device, self._host_buffers) for output in outputs]
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()

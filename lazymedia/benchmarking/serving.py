@@ -563,7 +563,7 @@ def device_decoders(device: Device, rehearse: bool = False) -> list[BatchDecoder
     """The batch decoders of `device` (engine.gpu_decoders); in a rehearsal, the CPU stand-ins of
     nvJPEG and NVDEC (their `decoded` counts what they took, as on the device)."""
     if not rehearse:
-        return gpu_decoders(device)
+        return gpu_decoders(torch.device(device))
     from lazymedia.engine.nvdec import NvdecBatchDecoder
     from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
 

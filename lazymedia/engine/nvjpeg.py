@@ -24,7 +24,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import torch
 
@@ -34,12 +34,32 @@ from ..errors import MediaError
 from ..spec import ImageSpec
 from .protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
 
-if TYPE_CHECKING:
-    from .._C_cuda import NvjpegDecoder
-
 ImageItem: TypeAlias = DecodeItem[ImageSpec, ImageHeader]
 # What the native decoder takes per image: (data, width, height, orientation, output pointer).
 _Request: TypeAlias = tuple[bytes | memoryview, int, int, int, int]
+
+
+
+class JpegDecoder(Protocol):
+    """What the batch decoder reads of its native decoder (`_C_cuda.NvjpegDecoder`, or a stand-in
+    such as the rehearsal's CPU one)."""
+
+    @property
+    def hardware(self) -> bool: ...
+    @property
+    def engines(self) -> int: ...
+    @property
+    def cores_per_engine(self) -> int: ...
+    @property
+    def upsampling_interpolated(self) -> bool: ...
+    @property
+    def creation_log(self) -> str: ...
+    @property
+    def stats(self) -> dict[str, float | int]: ...
+    def load(self, size_class: int) -> float: ...
+    def decode(self, requests: list[tuple[bytes, int, int, int, int]], stream: int) -> list[tuple[bool, str, str]]:
+        ...
+
 
 _log = logging.getLogger(__name__)
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
@@ -100,7 +120,7 @@ class NvjpegBatchDecoder:
     name = "nvjpeg"
 
     def __init__(self, device: int | str | torch.device = 0, output: str = "cuda", allow_hardware: bool = True,
-                 decoder: NvjpegDecoder | None = None, **options: bool | int | float):
+                 decoder: JpegDecoder | None = None, **options: bool | int | float):
         if output not in ("cuda", "pinned"):
             raise ValueError("output must be 'cuda' or 'pinned'")
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)

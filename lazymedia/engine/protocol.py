@@ -60,8 +60,9 @@ class DecodeItem(Protocol[SpecT, HeaderT]):
         """Decodes in the calling thread, once; later calls return the same result (a derived
         handle's is whatever its transform returns)."""
 
-    def fulfil(self, value: object = None, error: BaseException | None = None) -> bool:
-        """Stores a decode made elsewhere as the handle's one decode; False if it had one."""
+    def fulfil(self, value: Any = None, error: BaseException | None = None) -> bool:
+        """Stores a decode made elsewhere as the handle's one decode; False if it had one. (The
+        value is what the item's codec decoded, which the item's own type knows: Any here.)"""
 
 
 AnyItem: TypeAlias = DecodeItem[Spec, Header]  # an item of any modality, as the engine holds it
