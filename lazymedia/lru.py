@@ -100,7 +100,8 @@ class LruCache:
             raise ValueError("capacity must be >= 0")
         self.capacity = capacity
         self._weigh = weigh
-        self._entries: OrderedDict[str, tuple[Any, int, tuple[object, ...]]] = OrderedDict()  # key -> (value, weight, seal)
+        # key -> (value, weight, seal)
+        self._entries: OrderedDict[str, tuple[Any, int, tuple[object, ...]]] = OrderedDict()
         self._lock = threading.Lock()
         self._size = 0
         self._hits = self._misses = self._evictions = self._mutated = 0
