@@ -12,6 +12,7 @@
 #include "host_buffer.h"
 #include "host_ops.h"
 #include "level_gather.h"
+#include "levels.h"
 #include "probe.h"
 
 namespace py = pybind11;

@@ -100,7 +100,7 @@ class Processor:
         self._bytes_per_decoded_byte = bytes_per_decoded_byte
         self._host_buffers = None
         if self.device is not None and not keep_on_device:
-            from .ops import HostBufferPool
+            from .memory import HostBufferPool
 
             self._host_buffers = HostBufferPool(max_cached_bytes=256 << 20)  # pinned where a GPU is
         self.namespace = namespace

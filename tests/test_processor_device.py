@@ -144,7 +144,7 @@ def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():
     from lazymedia.codecs.types import AudioSamples, VideoFrames
     from lazymedia.engine.placement import host_copies
     from lazymedia.engine.protocol import place
-    from lazymedia.ops import HostBufferPool
+    from lazymedia.memory import HostBufferPool
 
     buffers = HostBufferPool(pinned=False)
     samples = AudioSamples(torch.tensor([[0.25, -0.5, 0.75]]), 16000)

@@ -52,7 +52,7 @@ import blake3
 import lz4.block
 import numpy as np
 
-from .. import ops
+from .. import levels as level_coder  # "levels" names a count here
 
 MAGIC = b"LMV6"
 _PREFIX = 4 + 4 + 16 + 16 + 16  # magic, header length, key digest, payload tag, header tag
@@ -217,7 +217,7 @@ def _level_code(bits: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, n
             count = bits.size // 2 if half else bits.size
             codes = _CODES.get(count * np.dtype(code_type).itemsize).view(code_type)
             tables = np.zeros((groups, levels), bits.dtype)
-            counts = ops.level_encode(bits, run, groups, levels, codes, tables.reshape(-1), half)
+            counts = level_coder.encode(bits, run, groups, levels, codes, tables.reshape(-1), half)
             if counts is not None:
                 return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups, half
     return None
@@ -441,7 +441,7 @@ def loads(data, *, key: str = "", mac: bytes | None = None, max_bytes: int = MAX
             spend(count * itemsize)
             table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
             out = _empty(count, table.dtype)
-            if not ops.level_decode(codes, run, groups, table, out, half):
+            if not level_coder.decode(codes, run, groups, table, out, half):
                 raise SerializationError("level code past its table")
             return out, False
         if node.get("h") == "bfloat16":

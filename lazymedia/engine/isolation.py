@@ -53,7 +53,7 @@ from .._singletons import process_wide
 from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
 from ..metrics import count
-from ..ops import NO_CUDA_ENV, frame_buffers
+from ..memory import NO_CUDA_ENV, frame_buffers
 
 logger = logging.getLogger("lazymedia.engine")
 

@@ -10,7 +10,7 @@ then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG
 by interpolation, as libjpeg-turbo does, where the library accepts the flag; its pixels differ
 from libjpeg-turbo's within what tests/test_gpu.py measures (40 dB).
 
-Batches run on the calling thread's own CUDA stream (ops.own_stream), and `decoded` counts the
+Batches run on the calling thread's own CUDA stream (memory.own_stream), and `decoded` counts the
 images nvJPEG decoded, so a test can tell a GPU decode from a silent CPU fallback; `decoded_by`
 splits that count between the hardware engines and the CUDA path (which run at once, the split
 tuned from measured times: csrc/cuda/nvjpeg_decoder.h), and `stats` says what the latest native
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .. import ops
+from .. import memory, ops
 from ..errors import MediaError
 from .protocol import DecodeItem, Route, decode_on_host, fallback_log, is_root
 
@@ -113,7 +113,7 @@ class NvjpegBatchDecoder:
         elif options:
             raise ValueError("options configure the native decoder; a given decoder is already configured")
         self._decoder = decoder
-        self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
+        self._pinned = memory.HostBufferPool()  # page-locked host outputs (output="pinned" and CPU fallbacks)
         # Reasons of the latest run-time fallbacks to the CPU (a bounded history), most recent last.
         self.fallbacks = fallback_log("nvjpeg")
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
@@ -163,7 +163,7 @@ class NvjpegBatchDecoder:
     def decode_batch(self, items: Sequence[DecodeItem]) -> list:
         results: list = [None] * len(items)
         gpu, host = split_batch(items)
-        with ops.own_stream(self.device) as handover:
+        with memory.own_stream(self.device) as handover:
             if gpu:
                 host += self._decode_on_gpu(items, gpu, results)
             for index in sorted(host):

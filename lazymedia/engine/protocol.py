@@ -84,7 +84,7 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
     """The item decoded by its CPU codec, or the exception that says why not (batch decoders
     report failures per item, and the CPU codec decides what is corrupt, as without a GPU).
     A GPU decoder's CPU fallback delivers where its GPU path would: the decoded tensor (a
-    result's `tensor`) copied into a buffer of `pinned` (an ops.HostBufferPool), else moved to
+    result's `tensor`) copied into a buffer of `pinned` (a memory.HostBufferPool), else moved to
     `device` (where the device has no room, the host decode)."""
     from ..codecs import decode
 
@@ -97,7 +97,7 @@ def decode_on_host(item: DecodeItem, device: Any = None, pinned: Any = None) -> 
 
 def place(value: Any, device: Any = None, pinned: Any = None) -> Any:
     """A decoded image tensor or VideoFrames with its pixels copied into a buffer of `pinned`
-    (an ops.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
+    (a memory.HostBufferPool), else moved to `device`; `value` itself is left as it was (a
     handle may hold it). Where the device is out of memory, `value` itself (on the host): the
     item is then processed on the CPU, as a miss over the device cap is, rather than failing."""
     if pinned is None and device is None:
