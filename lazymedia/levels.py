@@ -5,8 +5,6 @@ to the coding is a change to the format.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import numpy.typing as npt
 
@@ -14,8 +12,8 @@ from . import _C
 from .memory import kernel_threads
 
 
-def encode(bits: npt.NDArray[np.unsignedinteger[Any]], run: int, groups: int, levels: int,
-           codes: npt.NDArray[np.unsignedinteger[Any]], tables: npt.NDArray[np.unsignedinteger[Any]],
+def encode(bits: npt.NDArray[np.generic], run: int, groups: int, levels: int,
+           codes: npt.NDArray[np.generic], tables: npt.NDArray[np.generic],
            half: int = 0) -> list[int] | None:
     """Level-codes the bit patterns `bits` (1-d uint16/32/64) into `codes` (uint8/uint16, as many),
     element i against table (i // run) % groups of `tables` (groups x levels, bits' type), on the
@@ -26,8 +24,8 @@ def encode(bits: npt.NDArray[np.unsignedinteger[Any]], run: int, groups: int, le
     return _C.level_encode(bits, run, groups, levels, codes, tables, kernel_threads(), True, half)
 
 
-def decode(codes: npt.NDArray[np.unsignedinteger[Any]], run: int, groups: int,
-           tables: npt.NDArray[np.unsignedinteger[Any]], out: npt.NDArray[np.unsignedinteger[Any]],
+def decode(codes: npt.NDArray[np.generic], run: int, groups: int,
+           tables: npt.NDArray[np.generic], out: npt.NDArray[np.generic],
            half: int = 0) -> bool:
     """out[i] = tables[(i // run) % groups][codes[i]] (tables: groups equal tables, flat), on one
     thread (a memory-bound pass on the request path: a second thread gained nothing when measured);

@@ -66,8 +66,8 @@ def own_stream(device: torch.device) -> Iterator[Callable[[Iterable[object]], No
     caller = torch.cuda.current_stream(device)
     streams: dict[int | None, torch.cuda.Stream] = _thread_settings.__dict__.setdefault("streams", {})
     if device.index not in streams:
-        # torch's Stream constructor is unannotated
-        streams[device.index] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        # torch's Stream constructor is unannotated (an error under --strict only, hence unused-ignore)
+        streams[device.index] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call, unused-ignore]
     stream = streams[device.index]
 
     def handover(tensors: Iterable[object]) -> None:
