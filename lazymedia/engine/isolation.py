@@ -52,8 +52,8 @@ from typing import Any
 from .._singletons import process_wide
 from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
-from ..metrics import count
 from ..memory import NO_CUDA_ENV, frame_buffers
+from ..metrics import count
 
 logger = logging.getLogger("lazymedia.engine")
 
