@@ -18,7 +18,7 @@ import torch
 from . import _C
 from .memory import kernel_threads
 
-# A CPU image: a tensor, or a numpy array (Pillow's read-only views are read, never written).
+# An image or a plane: a tensor (CPU or CUDA) or, on the CPU, a numpy array (read, never written).
 Pixels = torch.Tensor | npt.NDArray[Any]
 
 
