@@ -10,6 +10,7 @@ gets PTX). The default covers every current server GPU: SASS for sm_80 (A100), s
 sm_89 (L4, L40S), sm_90 (H100, H200) and sm_100 (B200, GB200), and compute_100 PTX, which newer GPUs
 compile at first load.
 """
+import copy
 import os
 import re
 import shutil
@@ -21,14 +22,14 @@ from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-# No source is listed in both extensions: they would share one object file under build/temp, and
-# a parallel build (--parallel) could link one extension while the other rewrites it.
+# A source may be listed in both extensions (host_ops.cpp: the CUDA resize uses its resample plans):
+# BuildExt compiles each extension's objects under a build/temp folder of its own.
 CPU_SOURCES = ["csrc/bindings.cpp", "csrc/probe.cpp", "csrc/host_ops.cpp", "csrc/host_buffer.cpp",
-               "csrc/level_gather.cpp"]
+               "csrc/levels.cpp", "csrc/level_gather.cpp"]
 CUDA_DEVICE_SOURCES = ["csrc/cuda/device_ops.cu", "csrc/cuda/nvjpeg_kernels.cu"]  # compiled by nvcc
 CUDA_HOST_SOURCES = ["csrc/cuda/bindings_cuda.cpp", "csrc/cuda/nvjpeg_api.cpp", "csrc/cuda/nvjpeg_decoder.cpp",
-                     "csrc/cuda/runtime_api.cpp", "csrc/cuda/host_ops_cuda.cpp", "csrc/cuda/nvjpeg_split.cpp",
-                     "csrc/cuda/nvjpeg_workers.cpp", "csrc/cuda/level_gather_cuda.cpp"]
+                     "csrc/cuda/runtime_api.cpp", "csrc/host_ops.cpp", "csrc/cuda/nvjpeg_split.cpp",
+                     "csrc/cuda/nvjpeg_workers.cpp"]
 DEFAULT_ARCHES = "80,86,89,90,100"
 
 
@@ -101,9 +102,19 @@ def gencode_flags(numbers: list[str]) -> list[str]:
 
 
 class BuildExt(build_ext):
-    """Compiles the .cu / nvcc sources of _C_cuda to objects first, then links them in."""
+    """Builds each extension's objects under build_temp/<extension name>, so a source listed in both
+    extensions gets an object file per extension (one shared file could be linked by one while a
+    parallel build, --parallel, rewrites it for the other); compiles the .cu / nvcc sources of
+    _C_cuda to objects first, then links them in."""
 
     def build_extension(self, ext):
+        # A copy of this command with its own build_temp: --parallel builds the extensions on
+        # threads that share this one.
+        own = copy.copy(self)
+        own.build_temp = str(Path(self.build_temp) / ext.name)
+        own.compile_extension(ext)
+
+    def compile_extension(self, ext):
         nvcc_sources = getattr(ext, "nvcc_sources", [])
         if nvcc_sources:
             out_dir = Path(self.build_temp) / "nvcc"

@@ -71,7 +71,7 @@ import redis
 import torch
 
 import lazymedia
-from lazymedia import ops, synthetic
+from lazymedia import memory, synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.benchmarking.redis_cluster import LocalCluster
 from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
@@ -209,7 +209,7 @@ def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[d
     process = process_with(qwen2_vl_processor())
     # Encodes and writes run as the cache's writer runs them (cache/writer.py): on a thread of
     # their own, with one kernel thread, the encoded buffers recycled once written.
-    writer_thread = ThreadPoolExecutor(1, initializer=ops.use_one_kernel_thread)
+    writer_thread = ThreadPoolExecutor(1, initializer=memory.use_one_kernel_thread)
 
     def as_writer(tier, key, value, store: bool):
         def write():
@@ -361,7 +361,7 @@ def gather_cost(profiles: list[str]) -> dict:
     calls, seconds = 0, 0.0
     for path in profiles:
         for (_, _, name), (_, count, own, _, _) in pstats.Stats(path).stats.items():
-            if name == "<built-in method lazymedia._C.level_decode>":  # not ops' wrapper around it
+            if name == "<built-in method lazymedia._C.level_decode>":  # not levels' wrapper around it
                 calls, seconds = calls + count, seconds + own
     return {"gather_calls": calls, "gather_ms_per_call": seconds / calls * 1e3 if calls else 0.0}
 

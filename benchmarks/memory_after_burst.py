@@ -53,14 +53,14 @@ def main(argv: list[str]) -> int:
     import lazymedia.codecs.audio
     import lazymedia.codecs.image
     import lazymedia.codecs.video  # (the imports are the baseline, not the burst)
-    from lazymedia import ops, synthetic
+    from lazymedia import memory, synthetic
 
     videos = [synthetic.video(frames=48, height=1080, width=1920), synthetic.video(frames=24, height=1440, width=2560)]
     images = [synthetic.jpeg(1080, 1920, seed=1), synthetic.jpeg(2160, 3840, seed=2),
               synthetic.encode_image(synthetic.photo(1440, 2560, seed=3), "PNG")]
     corpus = [item for item in corpus_items(Path(args.corpus)) if item[0] in ("image", "audio")]
     gc.collect()
-    ops.trim_heap()
+    memory.trim_heap()
     after_import = rss_bytes()
 
     decoded = refused = 0
@@ -84,11 +84,11 @@ def main(argv: list[str]) -> int:
     after_burst = rss_bytes()
     time.sleep(args.idle_s)  # the scenario is an idle process: nothing here measures time
     after_idle = rss_bytes()
-    pool = ops.frame_buffers().stats()
+    pool = memory.frame_buffers().stats()
 
     mb = 1 << 20
     print(f"items: {args.items} ({decoded} decoded, {refused} refused; {len(corpus)} corpus files in the mix)")
-    release = os.environ.get(ops.POOL_IDLE_ENV, f"{ops.DEFAULT_POOL_IDLE_S:g} s")
+    release = os.environ.get(memory.POOL_IDLE_ENV, f"{memory.DEFAULT_POOL_IDLE_S:g} s")
     print(f"pool idle release: {'off (--no-release)' if args.no_release else release}")
     print(f"RSS after import: {after_import / mb:.0f} MB")
     print(f"RSS peak during the burst: {peak / mb:.0f} MB")

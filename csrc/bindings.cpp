@@ -12,6 +12,7 @@
 #include "host_buffer.h"
 #include "host_ops.h"
 #include "level_gather.h"
+#include "levels.h"
 #include "probe.h"
 
 namespace py = pybind11;
@@ -276,7 +277,7 @@ bool level_decode_py(py::buffer codes, size_t run, size_t groups, py::buffer tab
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "lazymedia native core: header probe and shared pixel kernels (CPU build)";
+  m.doc() = "lazymedia native core: header probe, shared pixel kernels, the level coder, host buffers (CPU build)";
   // Fields are read lazily from the copied struct, so a probe costs one small object.
   py::class_<ProbeResult>(m, "ProbeResult")
       .def_property_readonly("status", [](const ProbeResult& r) { return status_name(r.status); })

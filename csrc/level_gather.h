@@ -1,6 +1,6 @@
-// The level coder (host_ops.h: level_encode, level_decode) vectorised for its common case, uint8
+// The level coder (levels.h: level_encode, level_decode) vectorised for its common case, uint8
 // codes, on x86-64 CPUs with AVX-512 VBMI (Ice Lake, Zen 4 and later), chosen at run time; the
-// portable loops in host_ops.cpp are the reference the tests compare these with.
+// portable loops in levels.cpp are the reference the tests compare these with.
 //
 // The read (8-, 16- or 32-bit patterns): each table is split into byte planes of 256 entries; 64
 // codes look up each plane with two 128-entry byte permutes and a blend on the code's top bit,

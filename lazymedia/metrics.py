@@ -199,7 +199,7 @@ class PrometheusExporter:
         (a gauge) and `lazymedia_cache_hits_total` (a counter); a nested source's numbers carry
         `part` (a TieredCache's `local`, `tiers[0]`, ..., `writes`).
         `watch("isolation", engine.isolation_pool().stats)`, `watch("frame_buffers",
-        lazymedia.ops.frame_buffers().stats)` (after `import lazymedia.ops`)."""
+        lazymedia.memory.frame_buffers().stats)` (after `import lazymedia.memory`)."""
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
             raise ValueError(f"a watched source's name is part of a metric name: [a-z][a-z0-9_]*, got {name!r}")
         with self._sources_lock:

@@ -47,7 +47,7 @@ from .metrics import count, phase
 if TYPE_CHECKING:  # the device path imports them when a Processor has a device
     import torch
 
-    from .ops import HostBufferPool
+    from .memory import HostBufferPool
 
 # What process_fn returns for one item (and the cache holds for its key).
 Output = TypeVar("Output")
@@ -113,7 +113,7 @@ class Processor(Generic[Output]):
         self._bytes_per_decoded_byte = bytes_per_decoded_byte
         self._host_buffers: HostBufferPool | None = None
         if self.device is not None and not keep_on_device:
-            from .ops import HostBufferPool
+            from .memory import HostBufferPool
 
             self._host_buffers = HostBufferPool(max_cached_bytes=256 << 20)  # pinned where a GPU is
         self.namespace = namespace

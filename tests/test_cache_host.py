@@ -19,7 +19,7 @@ import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
 from lazymedia.cache.protocol import threaded
 from lazymedia.errors import UntrustedCacheError
-from lazymedia.ops import frame_buffers
+from lazymedia.memory import frame_buffers
 from lazymedia.synthetic import jpeg
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -11,7 +11,7 @@ import test_cache_host
 import torch
 
 import lazymedia
-from lazymedia import ops
+from lazymedia import memory
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
 from lazymedia.synthetic import jpeg
 
@@ -85,13 +85,13 @@ def test_the_writer_codes_on_one_kernel_thread(store_path):
 
     class Recording(HostCache):
         def encode(self, key, value):
-            threads.append(ops.kernel_threads())
+            threads.append(memory.kernel_threads())
             return super().encode(key, value)
 
     cache = TieredCache(ProcessorCache(), Recording(store_path, capacity_bytes=64 << 20))
     processor(cache, []).apply([lazymedia.load_image(jpeg(48, 64, seed=3))])
     assert cache.flush(60)
-    assert threads == [1] and ops.kernel_threads() == len(os.sched_getaffinity(0))  # the caller's unchanged
+    assert threads == [1] and memory.kernel_threads() == len(os.sched_getaffinity(0))  # the caller's unchanged
 
 
 def test_a_full_queue_skips_counts_and_releases_the_lease(store_path):

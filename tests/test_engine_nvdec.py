@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import lazymedia
-from lazymedia import DecodeEngine, ops, synthetic
+from lazymedia import DecodeEngine, memory, ops, synthetic
 from lazymedia.benchmarking import rehearsal
 from lazymedia.benchmarking.rehearsal import CODECS, FFmpegNvDecoder
 from lazymedia.codecs import video, video_packets
@@ -474,8 +474,8 @@ def test_a_corrupt_stream_is_the_cpu_paths_422(video_codec):
 def cuda_state_after_a_decode(data: bytes) -> dict:
     """Runs in a worker: decodes a video (which allocates its frame buffers), then reports."""
     frames = lazymedia.load_video(data, num_frames=2).decode()
-    return {"frames": tuple(frames.frames.shape), "pinned": ops.pinned_memory_available()[0],
-            "pool_pinned": ops.frame_buffers().pinned, "torch_cuda": torch.cuda.is_initialized(),
+    return {"frames": tuple(frames.frames.shape), "pinned": memory.pinned_memory_available()[0],
+            "pool_pinned": memory.frame_buffers().pinned, "torch_cuda": torch.cuda.is_initialized(),
             "cudart_loaded": "libcudart" in Path("/proc/self/maps").read_text(),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
@@ -491,7 +491,7 @@ def test_an_isolation_worker_never_initialises_cuda(pool):
     state = pool.run(cuda_state_after_a_decode, clip(96, 160))
     assert state == {"frames": (2, 96, 160, 3), "pinned": False, "pool_pinned": False, "torch_cuda": False,
                      "cudart_loaded": False, "visible": ""}
-    ops.HostBufferPool(1 << 20)  # here (the serving process) a pinned pool does look for libcudart
+    memory.HostBufferPool(1 << 20)  # here (the serving process) a pinned pool does look for libcudart
     if any(Path(d, "libcudart.so.13").exists() for d in ("/usr/local/cuda/lib64", "/usr/local/cuda-13.0/lib")):
         assert "libcudart" in Path("/proc/self/maps").read_text()
 
@@ -500,7 +500,7 @@ class RecordingBuffers:
     """Stands in for the serving process's pinned frame pool."""
 
     def __init__(self):
-        self.pool, self.given = ops.HostBufferPool(pinned=False), []
+        self.pool, self.given = memory.HostBufferPool(pinned=False), []
 
     def empty(self, shape, dtype=torch.uint8):
         tensor = self.pool.empty(shape, dtype)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lazymedia import _C, ops
+from lazymedia import _C, memory, ops
 
 from conftest import make_image
 
@@ -141,8 +141,8 @@ def test_wrong_dtype_is_type_error():
 
 
 def test_host_buffer_pool_reuses_and_views_without_copy():
-    pool = ops.HostBufferPool(max_cached_bytes=1 << 24)
-    available, reason = ops.pinned_memory_available()
+    pool = memory.HostBufferPool(max_cached_bytes=1 << 24)
+    available, reason = memory.pinned_memory_available()
     assert pool.pinned == available and (available or reason)
     t = pool.empty((64, 64, 3))
     t.fill_(7)

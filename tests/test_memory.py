@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 
-from lazymedia import ops
+from lazymedia import memory
 
 HANG_S = 120  # only against a hang: every wait below ends on an event
 
@@ -26,7 +26,7 @@ def wait_for(condition) -> None:
 
 
 def test_release_idle_frees_cached_buffers_and_spares_leased_ones():
-    pool = ops.HostBufferPool(max_cached_bytes=64 << 20, pinned=False)
+    pool = memory.HostBufferPool(max_cached_bytes=64 << 20, pinned=False)
     kept = pool.empty((1 << 20,))
     returned = pool.empty((2 << 20,))
     del returned
@@ -50,7 +50,7 @@ def test_the_idle_thread_frees_buffers_and_ends_with_its_pool():
         return [t for t in threading.enumerate() if t.name == "lazymedia-buffer-release"]
 
     before = len(release_threads())
-    pool = ops.HostBufferPool(max_cached_bytes=64 << 20, pinned=False, idle_release_s=0.05)
+    pool = memory.HostBufferPool(max_cached_bytes=64 << 20, pinned=False, idle_release_s=0.05)
     assert len(release_threads()) == before + 1
     tensor = pool.empty((4 << 20,))
     del tensor
@@ -62,9 +62,9 @@ def test_the_idle_thread_frees_buffers_and_ends_with_its_pool():
     gc.collect()
     wait_for(lambda: len(release_threads()) == before)
     with pytest.raises(ValueError, match="idle_release_s"):
-        ops.HostBufferPool(idle_release_s=-1)
+        memory.HostBufferPool(idle_release_s=-1)
     assert not release_threads()[before:]  # "inf" starts no thread
-    ops.HostBufferPool(idle_release_s=float("inf"))
+    memory.HostBufferPool(idle_release_s=float("inf"))
     assert len(release_threads()) == before
 
 
@@ -80,9 +80,9 @@ def run_child(code: str, env: dict | None = None) -> dict:
 def test_a_bad_idle_setting_is_named():
     code = """
         import json
-        from lazymedia import ops
+        from lazymedia import memory
         try:
-            ops.frame_buffers()
+            memory.frame_buffers()
             print(json.dumps({"error": None}))
         except ValueError as exc:
             print(json.dumps({"error": str(exc)}))
@@ -93,7 +93,7 @@ def test_a_bad_idle_setting_is_named():
 BURST = """
     import gc, json, time
     import lazymedia, lazymedia.codecs.video
-    from lazymedia import ops, synthetic
+    from lazymedia import memory, synthetic
 
     def rss():
         for line in open("/proc/self/status"):
@@ -101,8 +101,8 @@ BURST = """
                 return int(line.split()[1]) * 1024
 
     clip = synthetic.video(frames=32, height=1080, width=1920)
-    pool = ops.frame_buffers()
-    gc.collect(); ops.trim_heap()
+    pool = memory.frame_buffers()
+    gc.collect(); memory.trim_heap()
     before = rss()
     for i in range(6):  # 32 frames of 1080p: 199 MB of output each
         frames = lazymedia.load_video(clip, num_frames=32).media.frames
@@ -111,7 +111,7 @@ BURST = """
     deadline = time.monotonic() + 120
     while {wait} and pool.stats()["cached_bytes"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    ops.trim_heap()  # what the idle thread does next; called here so that the test waits on no clock
+    memory.trim_heap()  # what the idle thread does next; called here so that the test waits on no clock
     print(json.dumps({{"growth": rss() - before, **pool.stats()}}))
 """
 

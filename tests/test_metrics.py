@@ -107,7 +107,7 @@ def test_the_scrape_follows_prometheus_naming_conventions(exporter, tmp_path):
     its own HELP, no label is empty for nothing, no _created series; every field of lazymedia's own
     stats objects is described."""
     from lazymedia.cache import HostCache, ProcessorCache, TieredCache
-    from lazymedia.ops import frame_buffers
+    from lazymedia.memory import frame_buffers
 
     exporter, url = exporter
     engine = lazymedia.DecodeEngine(max_workers=1, isolate=("video",), isolation_workers=1)
@@ -156,7 +156,7 @@ def test_every_stats_field_is_described():
     from lazymedia.engine.isolation import PoolStats
     from lazymedia.engine.placement import DeviceBudget
     from lazymedia.lru import CacheStats
-    from lazymedia.ops import frame_buffers
+    from lazymedia.memory import frame_buffers
 
     fields = {field.name for stats in (CacheStats, SharedCacheStats, WriteStats, PoolStats)
               for field in dataclasses.fields(stats)}

@@ -9,7 +9,7 @@ than diskcache (SQLite + files) on /dev/shm: the figures are in docs/design.md.
 Zero-copy values (`zero_copy=True`, the default): values are stored with their buffers as they
 are (no level codes, no LZ4), and one of at least `file_min_bytes` lies in a file of its own in
 `<path>/values`, which LMDB's entry names and which ends with its own name. A hit reads the file
-with one pread into a reused buffer of the process's pool (`ops.frame_buffers`), and its tensors
+with one pread into a reused buffer of the process's pool (`memory.frame_buffers`), and its tensors
 are views of that buffer (it returns to the pool when they die): one copy
 (about a memcpy of the value) and nothing shared with the file afterwards. A map of the file would
 copy nothing, but a file cut while mapped kills its reader (SIGBUS, private maps included) and a
@@ -451,7 +451,7 @@ class HostCache(ValueStore):
                 return None, True
             import torch
 
-            from ..ops import frame_buffers
+            from ..memory import frame_buffers
 
             try:  # a reused buffer: a fresh one page-faults on every first write, which costs more than the read
                 buffer = frame_buffers().empty((status.st_size,), torch.uint8).numpy()

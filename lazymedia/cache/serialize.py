@@ -18,8 +18,8 @@ stored, one encoding per tensor, exact unless asked otherwise:
   of the levels' bit patterns, element i in table (i // run) % groups (header "g": [run, groups]).
   One table per channel where the shape shows one (a model's normalized pixels: at most 256 levels
   per channel, so uint8 codes, where one table for the tensor needs uint16), else one table. The
-  native coder (`ops.level_encode`) numbers each element's exact bit pattern, so the round trip is
-  bit for bit by construction; reading is one native gather (`ops.level_decode`) straight from the
+  native coder (`levels.encode`) numbers each element's exact bit pattern, so the round trip is
+  bit for bit by construction; reading is one native gather (`levels.decode`) straight from the
   stored codes into the tensor, each code checked against its table's length. Where every run's
   second half repeats its first (header "e": the half's length), only the first halves' codes are
   stored and the gather writes each twice: a processor that tiles an image into two temporal
@@ -54,7 +54,7 @@ import lz4.block
 import numpy as np
 import numpy.typing as npt
 
-from .. import ops
+from .. import levels as level_coder  # "levels" names a count here
 
 if TYPE_CHECKING:
     import torch
@@ -272,7 +272,7 @@ def _level_code(bits: npt.NDArray[Any], shape: tuple[int, ...]
             count = bits.size // 2 if half else bits.size
             codes = _CODES.get(count * code_type.itemsize).view(code_type)
             tables = np.zeros((groups, levels), bits.dtype)
-            counts = ops.level_encode(bits, run, groups, levels, codes, tables.reshape(-1), half)
+            counts = level_coder.encode(bits, run, groups, levels, codes, tables.reshape(-1), half)
             if counts is not None:
                 return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups, half
     return None
@@ -584,7 +584,7 @@ class _Reader:
         self.spend(count * itemsize)
         table = np.frombuffer(bytes(table_bytes), _BITS[itemsize])  # a copy: aligned wherever the value lies
         out = _empty(count, table.dtype)
-        if not ops.level_decode(codes, run, groups, table, out, half):
+        if not level_coder.decode(codes, run, groups, table, out, half):
             raise SerializationError("level code past its table")
         return out
 

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .. import ops
+from .. import memory
 from ..lru import fingerprint
 from .local import estimate_nbytes
 from .protocol import Seal, SharedTier
@@ -147,7 +147,7 @@ class SharedWriter:
         # The writer codes values behind the requests on its own thread only: the other cores
         # are the requests' (and torch's OpenMP workers spin on them for a while after each
         # parallel region), so a coder split across them waits for them; and it leaves them free.
-        ops.use_one_kernel_thread()
+        memory.use_one_kernel_thread()
         while True:
             with self._cond:
                 if not self._cond.wait_for(lambda: bool(self._queue), _IDLE_S):

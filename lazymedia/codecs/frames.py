@@ -1,5 +1,5 @@
 """What every video reader (PyAV, OpenCV, and the engine's NVDEC) shares, written once: the
-sampled output buffer (from ops.frame_buffers), the memfd hand-off, the frames' timestamps and
+sampled output buffer (from memory.frame_buffers), the memfd hand-off, the frames' timestamps and
 the construction of `VideoFrames`. Public: the engine's NVDEC reader builds its frames here too."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .. import ops
+from .. import memory
 from .sampling import FrameTable, SamplingSource, hf_metadata
 from .types import VideoFrames, VideoHeader
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def sampled_output(out: torch.Tensor | None, count: int, height: int, width: int) -> torch.Tensor:
     """Where `count` sampled frames go: `out` (checked to be [count, height, width, 3]), or a
     buffer of the frame pool."""
-    frames = out if out is not None else ops.frame_buffers().empty((count, height, width, 3))
+    frames = out if out is not None else memory.frame_buffers().empty((count, height, width, 3))
     if tuple(frames.shape) != (count, height, width, 3):
         raise ValueError(f"out must have shape {(count, height, width, 3)}")
     return frames

@@ -58,9 +58,9 @@ Queued: TypeAlias = tuple[AnyItem, "Future[Any]"]  # an item waiting for its bat
 
 def _mark_decode_thread() -> None:
     """Pool threads run the pixel kernels single-threaded: the pool already uses every core."""
-    from .. import ops
+    from .. import memory
 
-    ops.use_one_kernel_thread()
+    memory.use_one_kernel_thread()
 
 
 class DecodeEngine:

@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._singletons import process_wide
 from ..codecs.types import TensorResult
 from ..errors import MediaCapacityError, MediaError, UnprocessableMediaError
+from ..memory import NO_CUDA_ENV, HostBufferPool, frame_buffers
 from ..metrics import count
-from ..ops import NO_CUDA_ENV, HostBufferPool, frame_buffers
 
 if TYPE_CHECKING:
     import torch

@@ -42,7 +42,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import torch
 
-from .. import ops
+from .. import memory, ops
 from .._profiling import nvtx_range
 from ..codecs import video_packets
 from ..codecs.frames import frame_timestamps, video_frames
@@ -195,7 +195,7 @@ class NvdecBatchDecoder:
         if not gpu_route.gpu:  # refused before a session opens
             return self._fall_back(gpu_route.reason, gpu_route.kind)
         try:
-            with nvtx_range("nvdec.clip"), ops.own_stream(self.device) as handover:
+            with nvtx_range("nvdec.clip"), memory.own_stream(self.device) as handover:
                 frames = self._decode(item)
                 handover([frames.tensor])
         except Exception as exc:  # NVDEC refused or lost this stream: the CPU path decides

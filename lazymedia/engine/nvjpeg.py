@@ -10,7 +10,7 @@ then decides whether an image is corrupt (422), exactly as without a GPU. nvJPEG
 by interpolation, as libjpeg-turbo does, where the library accepts the flag; its pixels differ
 from libjpeg-turbo's within what tests/test_gpu.py measures (40 dB).
 
-Batches run on the calling thread's own CUDA stream (ops.own_stream), and `decoded` counts the
+Batches run on the calling thread's own CUDA stream (memory.own_stream), and `decoded` counts the
 images nvJPEG decoded, so a test can tell a GPU decode from a silent CPU fallback; `decoded_by`
 splits that count between the hardware engines and the CUDA path (which run at once, the split
 tuned from measured times: csrc/cuda/nvjpeg_decoder.h), and `stats` says what the latest native
@@ -28,7 +28,7 @@ from typing import Protocol, TypeAlias
 
 import torch
 
-from .. import ops
+from .. import memory, ops
 from ..codecs.types import ImageHeader
 from ..errors import MediaError
 from ..spec import ImageSpec
@@ -135,7 +135,7 @@ class NvjpegBatchDecoder:
         elif options:
             raise ValueError("options configure the native decoder; a given decoder is already configured")
         self._decoder = decoder
-        self._pinned = ops.HostBufferPool()  # page-locked host outputs (output="pinned")
+        self._pinned = memory.HostBufferPool()  # page-locked host outputs (output="pinned")
         # Reasons of the latest images handed back to the engine's CPU path at run time, most recent last.
         self.fallbacks: collections.deque[str] = collections.deque(maxlen=FALLBACK_HISTORY)
         self.decoded = 0  # images nvJPEG decoded (not the CPU)
@@ -197,7 +197,7 @@ class NvjpegBatchDecoder:
                 gpu.append(index)
             else:
                 results[index] = Fallback(decision.reason, decision.kind)
-        with ops.own_stream(self.device) as handover:
+        with memory.own_stream(self.device) as handover:
             if gpu:
                 self._decode_on_gpu(items, gpu, results)
             ordered = [results[index] for index in range(len(items))]

@@ -8,6 +8,7 @@
 
 #include "host_ops.h"
 #include "level_gather.h"
+#include "levels.h"
 
 namespace {
 struct Reader {

@@ -15,7 +15,7 @@ if [ -z "$cxx" ]; then
   flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
          -I"$repo/csrc" -pthread)
   g++ "${flags[@]}" "$here/fuzz_probe.cpp" "$repo/csrc/probe.cpp" "$here/random_driver.cpp" -o "$out/random_probe"
-  g++ "${flags[@]}" "$here/fuzz_kernels.cpp" "$repo/csrc/host_ops.cpp" "$repo/csrc/level_gather.cpp" \
+  g++ "${flags[@]}" "$here/fuzz_kernels.cpp" "$repo/csrc/host_ops.cpp" "$repo/csrc/levels.cpp" "$repo/csrc/level_gather.cpp" \
     "$here/random_driver.cpp" -o "$out/random_kernels"
   "$out/random_probe" 20000 1
   "$out/random_kernels" 20000 1
@@ -25,7 +25,7 @@ fi
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I"$repo/csrc" -pthread)
 "$cxx" "${flags[@]}" "$here/fuzz_probe.cpp" "$repo/csrc/probe.cpp" -o "$out/fuzz_probe"
-"$cxx" "${flags[@]}" "$here/fuzz_kernels.cpp" "$repo/csrc/host_ops.cpp" "$repo/csrc/level_gather.cpp" -o "$out/fuzz_kernels"
+"$cxx" "${flags[@]}" "$here/fuzz_kernels.cpp" "$repo/csrc/host_ops.cpp" "$repo/csrc/levels.cpp" "$repo/csrc/level_gather.cpp" -o "$out/fuzz_kernels"
 seeds="$repo/../shared/corpus"
 for target in fuzz_probe fuzz_kernels; do
   mkdir -p "$out/corpus-$target"
