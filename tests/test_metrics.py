@@ -151,8 +151,8 @@ def test_the_scrape_follows_prometheus_naming_conventions(exporter, tmp_path):
 
 
 def test_every_stats_field_is_described():
-    from lazymedia.cache.store import SharedCacheStats
-    from lazymedia.cache.writer import WriteStats
+    from lazymedia.cache._store import SharedCacheStats
+    from lazymedia.cache._writer import WriteStats
     from lazymedia.engine.isolation import PoolStats
     from lazymedia.engine.placement import DeviceBudget
     from lazymedia.lru import CacheStats

@@ -43,7 +43,7 @@ from vllm.exceptions import GracefulHTTPError, VLLMUnprocessableEntityError, VLL
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaWithBytes
 from vllm.multimodal.media import MediaConnector as VllmConnector
 
-from ..cache.protocol import Call, adrive, drive, threaded
+from ..cache import Call, adrive, drive, threaded
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError
 from ..lru import LruCache
