@@ -145,7 +145,7 @@ def bench(quick: bool, device: int | str = 0, video_codec=None, seconds: int | N
     rehearse: on the CPU through the FFmpeg stand-in of PyNvVideoCodec (device and video_codec
     are then the rehearsal's)."""
     from lazymedia.codecs import video_packets
-    from lazymedia.engine.nvdec import NvdecBatchDecoder
+    from lazymedia.engine import NvdecBatchDecoder
 
     if rehearse:
         device, video_codec = "cpu", rehearsal.video_codec(caps=True)

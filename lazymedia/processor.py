@@ -34,9 +34,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._profiling import nvtx_range
 from .cache import Cache, Call, ProcessorCache, SharedTier, Steps, adrive, drive
-from .engine import DecodeEngine, default_engine
-from .engine.engine import device_engine
-from .engine.placement import BYTES_PER_DECODED_BYTE, Placement, host_copies
+from .engine import BYTES_PER_DECODED_BYTE, DecodeEngine, Placement, default_engine, device_engine, host_copies
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
 from .lru import Fingerprint, fingerprint

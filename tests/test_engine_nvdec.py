@@ -22,9 +22,10 @@ from lazymedia import DecodeEngine, memory, ops, synthetic
 from lazymedia.benchmarking import rehearsal
 from lazymedia.benchmarking.rehearsal import CODECS, FFmpegNvDecoder
 from lazymedia.codecs import video, video_packets
-from lazymedia.engine import engine as engine_module
-from lazymedia.engine import isolation, nvdec
-from lazymedia.engine.protocol import Fallback
+from lazymedia.engine import _engine as engine_module
+from lazymedia.engine import _isolation as isolation
+from lazymedia.engine import _nvdec as nvdec
+from lazymedia.engine._protocol import Fallback
 from lazymedia.errors import UnprocessableMediaError
 
 

@@ -40,8 +40,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from ..engine.engine import DecodeEngine, device_engine
-from ..engine.placement import normalize_device
+from ..engine import DecodeEngine, device_engine, normalize_device
 from ..errors import MediaError
 from ..media import LazyMedia, VideoFrames
 from ..metrics import count

@@ -49,7 +49,7 @@ from ..codecs.frames import frame_timestamps, video_frames
 from ..codecs.sampling import sample_indices, sampling_source
 from ..codecs.types import VideoFrames, VideoHeader
 from ..spec import VideoSpec
-from .protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
+from ._protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
 
 VideoItem: TypeAlias = DecodeItem[VideoSpec, VideoHeader]
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codecs.types import ImageHeader, VideoHeader
 from ..spec import ImageSpec, VideoSpec
-from .protocol import AnyItem
+from ._protocol import AnyItem
 
 if TYPE_CHECKING:
     import torch
