@@ -234,7 +234,7 @@ async def test_apply_async_never_calls_the_blocking_client_on_the_event_loop(ser
     import threading
 
     from lazymedia.cache import RedisCache, TieredCache
-    from lazymedia.codecs import image as image_codec
+    from lazymedia.codecs import _image as image_codec
 
     loop_thread = threading.current_thread()
     shared = RedisCache(server.url, timeout_s=10.0)

@@ -9,8 +9,8 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError
-from lazymedia.codecs import image as image_codec
-from lazymedia.codecs import video
+from lazymedia.codecs import _image as image_codec
+from lazymedia.codecs import _video as video
 from lazymedia.engine._cpu_batch import CpuBatchDecoder
 from lazymedia.engine._protocol import Fallback
 

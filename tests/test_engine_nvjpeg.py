@@ -15,7 +15,7 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError, cli
 from lazymedia.benchmarking.rehearsal import HostNvjpegDecoder as HostDecoder
-from lazymedia.codecs import image as image_codec
+from lazymedia.codecs import _image as image_codec
 from lazymedia.engine import BackendStatus
 from lazymedia.engine import _availability as availability
 from lazymedia.engine import _nvdec as nvdec

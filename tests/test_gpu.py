@@ -16,7 +16,7 @@ from test_engine_nvdec import assert_resized_frames_match, clip
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ops, synthetic
-from lazymedia.codecs import video
+from lazymedia.codecs import _video as video
 from lazymedia.engine import _nvjpeg as nvjpeg_engine
 from lazymedia.engine._protocol import Fallback
 
