@@ -21,8 +21,8 @@ SCANNED = [PACKAGE, REPO / "benchmarks", REPO / "tests"]
 # __torch_function__, both torch's documented way to write a tensor subclass.
 ALLOWED_PRIVATE_READS: set[tuple[str, str]] = {
     ("lazymedia/lru.py", "item._version"),
-    ("lazymedia/integrations/vllm_device.py", "torch.Tensor._make_wrapper_subclass"),
-    ("lazymedia/integrations/vllm_device.py", "torch._C"),
+    ("lazymedia/integrations/_vllm_device.py", "torch.Tensor._make_wrapper_subclass"),
+    ("lazymedia/integrations/_vllm_device.py", "torch._C"),
 }
 
 

@@ -49,8 +49,8 @@ from ..errors import InvalidMediaError, MediaError, MediaFetchError
 from ..lru import LruCache
 from ..media import LazyMedia, image_to_pil
 from ..metrics import count
-from . import vllm_device
-from .vllm import (
+from . import _vllm_device as vllm_device
+from ._vllm import (
     VLLM_ONLY_VIDEO_BACKENDS,
     FetchSteps,
     VllmAudioFileTooLargeError,

@@ -44,7 +44,7 @@ from ..engine import DecodeEngine, device_engine, normalize_device
 from ..errors import MediaError
 from ..media import LazyMedia, VideoFrames
 from ..metrics import count
-from .vllm import as_vllm_error, env_int
+from ._vllm import as_vllm_error, env_int
 
 # Keys of images served before: what predicts a processor-cache hit (about 100 bytes each).
 DEFAULT_SEEN_ITEMS = 65536
