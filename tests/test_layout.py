@@ -129,9 +129,9 @@ ALLOWED_PRIVATE_IMPORTS = {("benchmarks/bench_native.py", "lazymedia._C")}
 def test_no_module_imports_another_packages_private_modules():
     """A package's underscored modules are its own: code outside the package (another room of
     lazymedia, a benchmark) imports the names its __init__ re-exports. Tests may reach in."""
-    found = [f"{path.relative_to(REPO)}:{line}: {name}" for root in (PACKAGE, REPO / "benchmarks")
-             for path in sorted(root.rglob("*.py")) for line, name in _private_module_imports(path)
-             if (str(path.relative_to(REPO)), name) not in ALLOWED_PRIVATE_IMPORTS]
+    found = sorted({f"{path.relative_to(REPO)}:{line}: {name}" for root in (PACKAGE, REPO / "benchmarks")
+                    for path in root.rglob("*.py") for line, name in _private_module_imports(path)
+                    if (str(path.relative_to(REPO)), name) not in ALLOWED_PRIVATE_IMPORTS})
     assert not found, "private modules imported from outside their package:\n" + "\n".join(found)
 
 
