@@ -29,7 +29,7 @@ import lazymedia
 from lazymedia import synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.benchmarking.serving import PIXEL_TOLERANCE
-from lazymedia.integrations.vllm import VllmMediaConnector, to_vllm
+from lazymedia.integrations import VllmMediaConnector, to_vllm
 
 GOAL = 0.8
 CASES = [("JPEG 2048x2048", 2048, 2048), ("JPEG 3840x2160", 2160, 3840)]

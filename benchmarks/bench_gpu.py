@@ -83,7 +83,7 @@ class Rig:
         rehearsal.synchronize(self.device)
 
     def nvjpeg(self, allow_hardware: bool = True, **options):
-        from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+        from lazymedia.engine import NvjpegBatchDecoder
 
         if self.rehearse:
             stand_in = rehearsal.HostNvjpegDecoder(refuse_progressive=False, allow_hardware=allow_hardware, **options)
@@ -147,7 +147,7 @@ def peers(rig: Rig) -> tuple[dict, dict]:
     except Exception as exc:
         missing["torchvision-cuda"] = f"{type(exc).__name__}: {exc}"
     try:
-        from lazymedia.engine.dali import DaliBatchDecoder
+        from lazymedia.engine import DaliBatchDecoder
 
         dali = DaliBatchDecoder(device="gpu", max_batch=max(BATCHES))
         found["dali-mixed"] = lambda blobs: dali.decode_batch([lazymedia.load_image(b) for b in blobs])

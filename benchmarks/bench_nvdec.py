@@ -95,7 +95,7 @@ def torchcodec_column():
         from torchcodec.decoders import VideoDecoder
     except Exception as exc:
         return None, f"torchcodec is not installed here ({type(exc).__name__}: {exc})"
-    from lazymedia.codecs.sampling import sample_indices, sampling_source
+    from lazymedia.codecs import sample_indices, sampling_source
 
     def decode(datas: list[bytes], concurrency: int, num_frames: int | None) -> dict:
         items = handles(datas, concurrency, num_frames)
@@ -144,8 +144,8 @@ def bench(quick: bool, device: int | str = 0, video_codec=None, seconds: int | N
     """The NVDEC section: rows of (codec, frames asked, concurrency) x (nvdec, cpu, torchcodec).
     rehearse: on the CPU through the FFmpeg stand-in of PyNvVideoCodec (device and video_codec
     are then the rehearsal's)."""
-    from lazymedia.codecs import video_packets
-    from lazymedia.engine.nvdec import NvdecBatchDecoder
+    from lazymedia.codecs import demux
+    from lazymedia.engine import NvdecBatchDecoder
 
     if rehearse:
         device, video_codec = "cpu", rehearsal.video_codec(caps=True)
@@ -174,7 +174,7 @@ def bench(quick: bool, device: int | str = 0, video_codec=None, seconds: int | N
     for data in sources["h264"] + sources["hevc"]:
         frames = lazymedia.load_video(data).header.total_frames
         begin = time.perf_counter()
-        video_packets.demux(data, frames)
+        demux(data, frames)
         demux_ms.append((time.perf_counter() - begin) * 1e3)
     report["demux_ms_per_clip"] = statistics.median(demux_ms)
     clips_to_nvdec = 0

@@ -75,8 +75,7 @@ import lazymedia
 from lazymedia import memory, synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
 from lazymedia.benchmarking.redis_cluster import LocalCluster
-from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache
-from lazymedia.cache.serialize import dumps, loads, recycle
+from lazymedia.cache import HostCache, ProcessorCache, RedisCache, TieredCache, dumps, loads, recycle
 
 # Items per fleet pool at most, per value: 32 clips of 172 MB in each of 4 private caches would
 # not fit this 24 GiB machine.
@@ -208,7 +207,7 @@ def fresh_process_new_memory_ms(nbytes: int, numpy: bool = False) -> float:
 
 def hit_costs(url: str, host_path: str, kinds: list[str], rounds: int) -> list[dict]:
     process = process_with(qwen2_vl_processor())
-    # Encodes and writes run as the cache's writer runs them (cache/writer.py): on a thread of
+    # Encodes and writes run as the cache's writer runs them (cache/_writer.py): on a thread of
     # their own, with one kernel thread, the encoded buffers recycled once written.
     writer_thread = ThreadPoolExecutor(1, initializer=memory.use_one_kernel_thread)
 

@@ -14,7 +14,7 @@ import time
 
 import lazymedia
 from lazymedia import DecodeEngine, synthetic
-from lazymedia.engine.isolation import IsolatedPool
+from lazymedia.engine import IsolatedPool
 
 
 def main(argv=None) -> int:

@@ -50,10 +50,11 @@ def main(argv: list[str]) -> int:
         os.environ["LAZYMEDIA_POOL_IDLE_S"] = "inf"
 
     import lazymedia
-    import lazymedia.codecs.audio
-    import lazymedia.codecs.image
-    import lazymedia.codecs.video  # (the imports are the baseline, not the burst)
     from lazymedia import memory, synthetic
+    from lazymedia.codecs import codec
+
+    for modality in ("audio", "image", "video"):
+        codec(modality)  # imports the codec modules: the imports are the baseline, not the burst
 
     videos = [synthetic.video(frames=48, height=1080, width=1920), synthetic.video(frames=24, height=1440, width=2560)]
     images = [synthetic.jpeg(1080, 1920, seed=1), synthetic.jpeg(2160, 3840, seed=2),

@@ -63,7 +63,7 @@ def part_b(rehearse: bool) -> bool:
     """The PTS round trip through the bare decoder; True when every clip's passes."""
     import av
 
-    from lazymedia.codecs import video_packets
+    from lazymedia.codecs import demux
 
     mark = f" [{rehearsal.MARK}]" if rehearse else ""
     if rehearse:
@@ -81,7 +81,7 @@ def part_b(rehearse: bool) -> bool:
         try:
             data = synthetic.video(frames=30, height=height, width=width, gop=12, **options)
             header = lazymedia.load_video(data).header
-            demuxed = video_packets.demux(data, header.total_frames)
+            demuxed = demux(data, header.total_frames)
             if demuxed is None:
                 raise RuntimeError("lazymedia's demux cannot identify the frames")
             with av.open(io.BytesIO(data)) as container:

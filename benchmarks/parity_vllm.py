@@ -32,7 +32,7 @@ import numpy as np
 import lazymedia
 from lazymedia import synthetic
 from lazymedia.benchmarking.harness import busy_warning, interleaved, ratio, write_json
-from lazymedia.integrations.vllm import VllmMediaConnector, to_vllm
+from lazymedia.integrations import VllmMediaConnector, to_vllm
 
 CORPUS = Path(os.environ.get("LAZYMEDIA_CORPUS", Path(__file__).resolve().parents[2] / "shared" / "corpus"))
 MIME = {"jpeg": "image/jpeg", "png": "image/png", "gif": "image/gif", "webp": "image/webp"}

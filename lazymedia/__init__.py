@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .cache import CacheStats, LruCache, ProcessorCache
-from .codecs.sampling import register_sampler
+from .codecs import register_sampler
 from .codecs.types import AudioSamples, VideoFrames
 from .engine import DecodeEngine
 from .errors import (

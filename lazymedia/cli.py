@@ -19,13 +19,12 @@ from urllib.parse import urlsplit
 from . import __version__
 from .bench import add_arguments as add_bench_arguments
 from .bench import positive_float, positive_int
-from .engine.availability import BACKENDS
-from .engine.protocol import Fallback
+from .engine import BACKENDS, Fallback
 from .errors import InvalidMediaError, MediaError
 
 if TYPE_CHECKING:  # the commands import what they use when they run
     from .connector import MediaConnector
-    from .engine.protocol import BatchDecoder
+    from .engine import BatchDecoder
     from .media import LazyMedia
 
 EXIT_OK, EXIT_BAD_MEDIA, EXIT_USAGE, EXIT_CLOSED_PIPE = 0, 1, 2, 141
@@ -113,12 +112,12 @@ def _image_backend(name: str) -> BatchDecoder | str | None:
     for candidate in candidates:
         if status[candidate].available:
             if candidate == "nvjpeg":
-                from .engine.nvjpeg import NvjpegBatchDecoder
+                from .engine import NvjpegBatchDecoder
 
                 return NvjpegBatchDecoder(device=0)
             import torch
 
-            from .engine.dali import DaliBatchDecoder
+            from .engine import DaliBatchDecoder
 
             return DaliBatchDecoder(device="gpu" if torch.cuda.is_available() else "cpu")
     return None if name == "auto" else f"backend {name} is unavailable: {status[name].reason}"
@@ -202,7 +201,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  native core: {_C.__file__}")
     try:
         from . import _C_cuda
-        from .engine.nvjpeg import wheel_library
+        from .engine import wheel_library
 
         print(f"  CUDA extension: built for {_C_cuda.arches()}")
         versions = _C_cuda.versions(wheel_library())  # nvJPEG, its cudart, ours, the driver's CUDA
@@ -217,7 +216,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if nvjpeg.available:
         import torch
 
-        from .engine.nvjpeg import NvjpegBatchDecoder
+        from .engine import NvjpegBatchDecoder
 
         gpu = torch.cuda.get_device_name(0)
         try:  # info reports a broken nvJPEG (missing libnvjpeg, old driver); it never fails on it

@@ -1,6 +1,6 @@
 """The level coder: a tensor's element bit patterns as small codes into per-group tables of the
 distinct patterns (native, csrc/levels.cpp, the GIL released). The cache stores values in this
-form (cache/serialize.py), so its file format depends on what these functions compute: a change
+form (cache/_serialize.py), so its file format depends on what these functions compute: a change
 to the coding is a change to the format.
 """
 from __future__ import annotations

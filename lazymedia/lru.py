@@ -1,5 +1,5 @@
 """A thread-safe LRU bounded by weight, on the ground floor: the codecs' header memo and the
-processor's output cache (cache/local.py) are both one.
+processor's output cache (cache/_local.py) are both one.
 
 A hit returns the stored object itself (no copy: a hit costs microseconds), so the cache guards
 what a reader could change in it. `put` seals a value: numpy arrays inside it become read-only,

@@ -397,13 +397,13 @@ def _encoded_bytes(data: object, limits: Limits) -> bytes:
 
 def probe_is_instant(modality: str, data: bytes) -> bool:
     """Whether load(modality, data) probes in microseconds whatever the bytes hold, so an event
-    loop may run it inline: small JPEGs and PNGs (codecs.image.probe_is_instant). Container
+    loop may run it inline: small JPEGs and PNGs (codecs.probe_is_instant). Container
     probes (FFmpeg, libsndfile) and Pillow's header parse belong on a thread."""
     if modality != "image":
         return False
-    from .codecs import image
+    from .codecs import probe_is_instant
 
-    return image.probe_is_instant(data)
+    return probe_is_instant(data)
 
 
 def load(modality: str, data: MediaSource, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,

@@ -33,11 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._profiling import nvtx_range
-from .cache import Cache, ProcessorCache, SharedTier
-from .cache.protocol import Call, Steps, adrive, drive
-from .engine import DecodeEngine, default_engine
-from .engine.engine import device_engine
-from .engine.placement import BYTES_PER_DECODED_BYTE, Placement, host_copies
+from .cache import Cache, Call, ProcessorCache, SharedTier, Steps, adrive, drive
+from .engine import BYTES_PER_DECODED_BYTE, DecodeEngine, Placement, default_engine, device_engine, host_copies
 from .errors import MediaError, MediaNotCachedError
 from .hashing import derived_key, loop_hash_bytes
 from .lru import Fingerprint, fingerprint
@@ -78,7 +75,7 @@ class Processor(Generic[Output]):
     Args:
         process_fn: the model's processor over a list of decoded items (a tensor, VideoFrames or
             AudioSamples each; inputs that arrived decoded as they came).
-        cache: a cache.protocol.Cache: a ProcessorCache (default: a private 1 GiB one), or a
+        cache: a lazymedia.cache.Cache: a ProcessorCache (default: a private 1 GiB one), or a
             TieredCache whose shared tiers span processes and machines.
         engine: the DecodeEngine for misses (default: the process-wide one, or with `device`
             that device's, engine.device_engine).

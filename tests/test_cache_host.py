@@ -17,7 +17,7 @@ import torch
 
 import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
-from lazymedia.cache.protocol import threaded
+from lazymedia.cache._protocol import threaded
 from lazymedia.errors import UntrustedCacheError
 from lazymedia.memory import frame_buffers
 from lazymedia.synthetic import jpeg
@@ -79,7 +79,7 @@ def lease_and_exit(path, key, taken):
 def hold_leases_and_hang(path, redis_url, keys, holding):
     """Takes the leases of `keys` in a host -> Redis chain, then works forever (renewing them)."""
     from lazymedia.cache import RedisCache
-    from lazymedia.cache.tiered import SharedChain
+    from lazymedia.cache._tiered import SharedChain
 
     chain = SharedChain([HostCache(path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="dying")])
     tokens = [chain.try_lease(key) for key in keys]
@@ -510,13 +510,14 @@ def test_chain_local_host_redis(store_path, redis_url):
 def test_a_chain_writes_each_tier_in_its_own_layout(store_path, redis_url, monkeypatch):
     """Behind a request, the zero-copy host tier gets the floats as they are (a mapped file) and
     Redis the level codes, each encoded once; both read back bit for bit."""
-    from lazymedia.cache import RedisCache, serialize
+    from lazymedia.cache import RedisCache
+    from lazymedia.cache import _serialize as serialize
 
     pixels = (torch.arange(256 * 1176) % 200).float().reshape(256, 1176)  # Qwen2-VL-shaped patches
     value = {"pixel_values": ((pixels / 255 - 0.5) / 0.25).contiguous()}
     host, remote = HostCache(store_path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="layouts")
     calls = []
-    for module, name in (("lazymedia.cache.store", "dump_parts"), ("lazymedia.cache.host", "dump_parts")):
+    for module, name in (("lazymedia.cache._store", "dump_parts"), ("lazymedia.cache._host", "dump_parts")):
         real = getattr(serialize, name)
         monkeypatch.setattr(f"{module}.{name}",
                             lambda *a, real=real, **k: calls.append(k["levels"]) or real(*a, **k))

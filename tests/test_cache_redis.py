@@ -99,9 +99,9 @@ def test_values_joined_in_the_reused_buffer_stay_each_their_own(server, monkeypa
     """A large value, then a smaller one, then one past the reused buffer's cap (new bytes), each
     as serialize's parts: every SET sends exactly its own bytes (the buffer's tail from the larger
     value is not sent with the smaller), and each reads back bit for bit."""
-    import lazymedia.cache.redis as redis_tier
+    import lazymedia.cache._redis as redis_tier
     from lazymedia.cache import RedisCache
-    from lazymedia.cache.serialize import dumps
+    from lazymedia.cache._serialize import dumps
 
     cache = RedisCache(server.url, namespace="scratch", max_entry_bytes=64 << 20)
     values = {"large": torch.randn(300_000), "small": torch.arange(1000.0), "past-cap": torch.randn(50_000)}
@@ -121,13 +121,13 @@ def test_values_joined_in_the_reused_buffer_stay_each_their_own(server, monkeypa
 def test_garbage_and_pickles_under_a_key_are_misses(server):
     import pickle
 
-    from lazymedia.cache import RedisCache
+    from lazymedia.cache import RedisCache, dumps
 
     cache = RedisCache(server.url)
     client = server.client()
     client.set(cache.name("garbage"), b"\x00\xff not a value")
     client.set(cache.name("pickle"), pickle.dumps({"x": 1}))
-    client.set(cache.name("truncated"), lazymedia.cache.serialize.dumps({"t": torch.ones(100)}, key="truncated")[:-7])
+    client.set(cache.name("truncated"), dumps({"t": torch.ones(100)}, key="truncated")[:-7])
     assert cache.get_many(["garbage", "pickle", "truncated"]) == {}
     assert cache.stats().corrupt == 3
 
@@ -173,7 +173,7 @@ def test_with_a_secret_a_writer_without_it_cannot_plant_values(server, monkeypat
     """A keyed MAC (secret from $LAZYMEDIA_CACHE_SECRET): values written without the secret, or
     with another one, are corrupt misses even under the right key; the secret's own are hits."""
     from lazymedia.cache import RedisCache
-    from lazymedia.cache.serialize import SECRET_ENV
+    from lazymedia.cache._serialize import SECRET_ENV
 
     monkeypatch.setenv(SECRET_ENV, "fleet secret")
     trusted = RedisCache(server.url)
@@ -234,7 +234,7 @@ async def test_apply_async_never_calls_the_blocking_client_on_the_event_loop(ser
     import threading
 
     from lazymedia.cache import RedisCache, TieredCache
-    from lazymedia.codecs import image as image_codec
+    from lazymedia.codecs import _image as image_codec
 
     loop_thread = threading.current_thread()
     shared = RedisCache(server.url, timeout_s=10.0)
@@ -419,7 +419,7 @@ def test_a_cancelled_atry_lease_releases_the_lease_redis_set(server):
     """A request cancelled while its lease's SET is in flight: the SET commits, and the lease is
     released at once instead of blocking every process for lease_s."""
     from lazymedia.cache import RedisCache
-    from lazymedia.cache.protocol import Call
+    from lazymedia.cache._protocol import Call
 
     class SlowLease(RedisCache):
         def __init__(self, *args, **kwargs):

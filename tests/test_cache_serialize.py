@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lazymedia import _C
-from lazymedia.cache.serialize import MAGIC, SerializationError, dumps, key_digest, loads, mac_key
+from lazymedia.cache._serialize import MAGIC, SerializationError, dumps, key_digest, loads, mac_key
 
 
 def sample_value():
@@ -487,7 +487,7 @@ def test_the_native_repeated_halves_write_checks_its_sizes():
 def test_a_recycled_code_buffer_is_reused_and_only_one_that_was_lent():
     """Codes stored as they lie take the thread's buffer; `recycle` of the parts that hold it gives
     it back (the next value codes into the same memory), `recycle` of other parts does not."""
-    from lazymedia.cache.serialize import dump_parts, recycle
+    from lazymedia.cache._serialize import dump_parts, recycle
 
     def codes_of(parts):
         return max((np.frombuffer(part, np.uint8) for part in parts if isinstance(part, memoryview)),
@@ -510,7 +510,7 @@ def test_a_recycled_code_buffer_is_reused_and_only_one_that_was_lent():
 def test_codes_stored_as_they_lie_are_not_overwritten_by_the_next_value():
     """A thread codes into one reused buffer; codes that a value keeps as they are (no halves, no
     LZ4) leave it to that value, so a second value's coding does not change the first's parts."""
-    from lazymedia.cache.serialize import dump_parts
+    from lazymedia.cache._serialize import dump_parts
 
     first, second = qwen_patches(seed=1), qwen_patches(seed=2)
     parts = dump_parts(first, compress=False)

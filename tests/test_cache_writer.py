@@ -1,4 +1,4 @@
-"""Writes behind the request (cache/writer.py) on a real LMDB HostCache: a miss returns before its
+"""Writes behind the request (cache/_writer.py) on a real LMDB HostCache: a miss returns before its
 value is stored, the queue is bounded (full: skipped, counted, lease released at once), values
 read back bit for bit, and single flight holds while the queue is full."""
 import os
@@ -208,7 +208,7 @@ def test_a_submit_that_raises_still_releases_the_lease(store_path):
 
 def test_exit_waits_for_all_writers_within_one_deadline(monkeypatch):
     """Each writer's flush gets what is left of one 10 s bound, not 10 s of its own."""
-    from lazymedia.cache import writer as writer_module
+    from lazymedia.cache import _writer as writer_module
 
     clock = [0.0]
     given: list[float] = []
@@ -243,7 +243,7 @@ def _in_a_forked_child(body) -> int:
 
 
 def test_a_forked_childs_writer_writes_and_releases_its_own_leases(store_path, monkeypatch):
-    from lazymedia.cache import writer as writer_module
+    from lazymedia.cache import _writer as writer_module
 
     monkeypatch.setattr(writer_module, "_IDLE_S", 3600.0)  # the parent's writer thread stays alive
     cache = TieredCache(ProcessorCache(), HostCache(store_path, capacity_bytes=64 << 20))
@@ -266,7 +266,7 @@ def test_a_forked_childs_writer_writes_and_releases_its_own_leases(store_path, m
 
 
 def test_a_fork_while_the_renewal_lock_is_held_does_not_deadlock_the_child():
-    from lazymedia.cache.redis import LeaseRenewals
+    from lazymedia.cache._redis import LeaseRenewals
 
     renewals = LeaseRenewals(lambda held: [True] * len(held), every_s=3600.0)
     held, release = threading.Event(), threading.Event()

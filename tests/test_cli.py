@@ -13,7 +13,7 @@ import lazymedia
 from lazymedia import bench, synthetic
 from lazymedia.benchmarking.harness import busy_warning
 from lazymedia.cli import main
-from lazymedia.engine.availability import BACKENDS
+from lazymedia.engine._availability import BACKENDS
 
 from conftest import encode, make_image, without_gpu
 
@@ -340,7 +340,7 @@ def test_the_backend_option_and_design_md_list_the_backends_table(capsys):
     images = [name for modality, name in BACKENDS if modality == "image"]
     assert f"(choose from {', '.join(repr(name) for name in [*images, 'auto'])})" in capsys.readouterr().err
     design = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
-    listed = re.search(r"`availability.BACKENDS` is the one list of decode backends: (.*?)\. ", design, re.S)
+    listed = re.search(r"`engine.BACKENDS` is the one list of decode backends: (.*?)\. ", design, re.S)
     assert listed is not None
     rows = {(modality, name) for modality, names in re.findall(r"(image|video|audio) ((?:`\w+`(?:, )?)+)",
                                                                 listed.group(1).replace("\n", " "))

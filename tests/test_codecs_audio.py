@@ -8,7 +8,7 @@ import torch
 
 import lazymedia
 from lazymedia import MediaError
-from lazymedia.codecs import audio
+from lazymedia.codecs import _audio as audio
 from lazymedia.synthetic import tone as make_tone
 
 from conftest import corpus_bytes, corpus_params

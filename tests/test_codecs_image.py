@@ -9,7 +9,7 @@ from PIL import Image, ImageOps
 
 import lazymedia
 from lazymedia import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
-from lazymedia.codecs import image as image_codec
+from lazymedia.codecs import _image as image_codec
 
 from conftest import CORPUS, corpus_bytes, corpus_params, corpus_path, encode, make_image, requires_corpus
 

@@ -1,4 +1,4 @@
-"""The metadata count (codecs/metadata.py) holds over the whole file: tags split over many ID3
+"""The metadata count (codecs/_metadata.py) holds over the whole file: tags split over many ID3
 tags, FLAC comment blocks, MP4 boxes or Matroska Tags elements are refused (413) as one total,
 through load_audio and load_video, within a few CPU-seconds, in a child process (run_capped: an
 address-space cap and a time-out); a count field is never read as a count of entries."""
@@ -6,7 +6,7 @@ import pytest
 from test_hostile import MKV_TAGS, run_capped
 
 from lazymedia import MediaError, MediaTooLargeError, UnprocessableMediaError
-from lazymedia.codecs.metadata import MAX_METADATA_ENTRIES, MAX_WALKED_UNITS, check_metadata
+from lazymedia.codecs._metadata import MAX_METADATA_ENTRIES, MAX_WALKED_UNITS, check_metadata
 
 _EBML_HEADER = b"\x1a\x45\xdf\xa3\x80"  # an empty EBML header
 BOMB_CPU_SECONDS = 5.0  # the issue's bound (FFmpeg took 17 s to minutes on these files)

@@ -4,7 +4,8 @@ import pytest
 
 import lazymedia
 from lazymedia import codecs
-from lazymedia.codecs import audio, image
+from lazymedia.codecs import _audio as audio
+from lazymedia.codecs import _image as image
 from lazymedia.spec import AudioSpec, ImageSpec, Limits
 from lazymedia.synthetic import tone
 

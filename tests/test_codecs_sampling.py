@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lazymedia
-from lazymedia.codecs import sampling
+from lazymedia.codecs import _sampling as sampling
 from lazymedia.spec import VideoSpec
 from lazymedia.synthetic import video as make_video
 

@@ -6,7 +6,8 @@ import torch
 
 import lazymedia
 from lazymedia import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
-from lazymedia.codecs import sampling, video
+from lazymedia.codecs import _sampling as sampling
+from lazymedia.codecs import _video as video
 from lazymedia.spec import VideoSpec
 from lazymedia.synthetic import video as make_video
 
@@ -288,7 +289,8 @@ def test_hf_metadata_keys_as_vllm_fills_them(h264):
 
 
 def test_the_registry_chooses_the_video_reader():
-    from lazymedia.codecs import codec, video_opencv
+    from lazymedia.codecs import _video_opencv as video_opencv
+    from lazymedia.codecs import codec
 
     assert codec("video") is video and codec("video", lazymedia.VideoSpec()) is video
     assert codec("video", lazymedia.VideoSpec(decoder="opencv")) is video_opencv

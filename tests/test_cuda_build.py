@@ -67,7 +67,7 @@ def test_import_needs_no_gpu_stack():
     import subprocess
     import sys
 
-    code = "import lazymedia, lazymedia.engine.nvjpeg, lazymedia.engine.nvdec, lazymedia.engine.dali; print('ok')"
+    code = "import lazymedia, lazymedia.engine._nvjpeg, lazymedia.engine._nvdec, lazymedia.engine._dali; print('ok')"
     # No GPU and a bare PATH, but the same PYTHONPATH: packages carried to a machine live there.
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

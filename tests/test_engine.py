@@ -9,10 +9,10 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError
-from lazymedia.codecs import image as image_codec
-from lazymedia.codecs import video
-from lazymedia.engine.cpu_batch import CpuBatchDecoder
-from lazymedia.engine.protocol import Fallback
+from lazymedia.codecs import _image as image_codec
+from lazymedia.codecs import _video as video
+from lazymedia.engine._cpu_batch import CpuBatchDecoder
+from lazymedia.engine._protocol import Fallback
 
 from conftest import corpus_bytes, corpus_params, encode, make_image
 
@@ -75,7 +75,7 @@ def test_bad_item_fails_alone_with_its_request_index():
 
 
 def test_a_fallback_decodes_on_the_engines_cpu_path_in_its_callers_order_and_is_counted(monkeypatch):
-    from lazymedia.engine import protocol
+    from lazymedia.engine import _protocol as protocol
 
     counted: list = []
     monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append((event, labels)))
@@ -113,7 +113,7 @@ dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")
 
 @pytest.fixture(scope="module")
 def dali_backend():
-    from lazymedia.engine.dali import DaliBatchDecoder
+    from lazymedia.engine._dali import DaliBatchDecoder
 
     return DaliBatchDecoder(device="cpu", max_batch=8)
 
@@ -158,7 +158,7 @@ def test_dali_batch_with_a_corrupt_image(dali_backend):
     ("av1", "yuv420p", (9, 0), False), ("av1", "yuv420p", (10, 0), True), ("theora", "yuv420p", (9, 0), False),
 ])
 def test_nvdec_routing(codec, pix_fmt, capability, expected):
-    from lazymedia.engine import nvdec
+    from lazymedia.engine import _nvdec as nvdec
 
     header = video.VideoHeader("mp4", codec, 64, 64, 30.0, 1.0, 30, False, pix_fmt)
     assert nvdec.route(header, capability).gpu is expected

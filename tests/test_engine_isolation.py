@@ -8,7 +8,7 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, UnprocessableMediaError
-from lazymedia.engine.isolation import SHARED_MIN_BYTES, IsolatedPool
+from lazymedia.engine._isolation import SHARED_MIN_BYTES, IsolatedPool
 from lazymedia.synthetic import tone
 from lazymedia.synthetic import video as make_video
 
@@ -246,7 +246,7 @@ def test_workers_of_a_killed_parent_exit_silently(tmp_path):
 
     log = tmp_path / "workers.err"
     # Killed while its workers warm up: each then finds its socket closed when it reports ready.
-    code = ("import threading,time;from lazymedia.engine.isolation import IsolatedPool;p=IsolatedPool(workers=2);"
+    code = ("import threading,time;from lazymedia.engine._isolation import IsolatedPool;p=IsolatedPool(workers=2);"
             "threading.Thread(target=p.warm_up,daemon=True).start();"
             "[time.sleep(0.01) for _ in iter(lambda:p.stats().workers<2,False)];"
             "print('ready',flush=True);time.sleep(300)")
@@ -286,7 +286,7 @@ def test_the_pool_never_exceeds_its_workers_under_a_burst_of_videos(monkeypatch)
     import threading
     from concurrent.futures import wait
 
-    from lazymedia.engine.isolation import configured_workers
+    from lazymedia.engine._isolation import configured_workers
 
     monkeypatch.setenv("LAZYMEDIA_ISOLATION_WORKERS", "3")
     assert configured_workers() == 3
@@ -321,7 +321,7 @@ def test_the_pool_never_exceeds_its_workers_under_a_burst_of_videos(monkeypatch)
 
 
 def test_the_worker_count_setting_is_checked(monkeypatch):
-    from lazymedia.engine.isolation import DEFAULT_WORKERS, configured_workers
+    from lazymedia.engine._isolation import DEFAULT_WORKERS, configured_workers
 
     monkeypatch.delenv("LAZYMEDIA_ISOLATION_WORKERS", raising=False)
     assert 1 <= configured_workers() <= DEFAULT_WORKERS
@@ -362,7 +362,7 @@ class _StartsDead:
 
 
 def test_a_worker_that_dies_starting_is_retried_on_a_new_one(monkeypatch):
-    from lazymedia.engine import isolation
+    from lazymedia.engine import _isolation as isolation
 
     fake = _StartsDead(dead=1)
     monkeypatch.setattr(isolation, "sys", fake)
@@ -375,7 +375,7 @@ def test_a_worker_that_dies_starting_is_retried_on_a_new_one(monkeypatch):
 
 
 def test_workers_that_die_starting_twice_are_a_503_not_the_inputs_422(monkeypatch):
-    from lazymedia.engine import isolation
+    from lazymedia.engine import _isolation as isolation
     from lazymedia.errors import MediaCapacityError
 
     fake = _StartsDead(dead=2)

@@ -21,10 +21,12 @@ import lazymedia
 from lazymedia import DecodeEngine, memory, ops, synthetic
 from lazymedia.benchmarking import rehearsal
 from lazymedia.benchmarking.rehearsal import CODECS, FFmpegNvDecoder
-from lazymedia.codecs import video, video_packets
-from lazymedia.engine import engine as engine_module
-from lazymedia.engine import isolation, nvdec
-from lazymedia.engine.protocol import Fallback
+from lazymedia.codecs import _video as video
+from lazymedia.codecs import _video_packets as video_packets
+from lazymedia.engine import _engine as engine_module
+from lazymedia.engine import _isolation as isolation
+from lazymedia.engine import _nvdec as nvdec
+from lazymedia.engine._protocol import Fallback
 from lazymedia.errors import UnprocessableMediaError
 
 

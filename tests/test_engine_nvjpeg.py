@@ -15,9 +15,12 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, Processor, UnprocessableMediaError, cli
 from lazymedia.benchmarking.rehearsal import HostNvjpegDecoder as HostDecoder
-from lazymedia.codecs import image as image_codec
-from lazymedia.engine import BackendStatus, availability, nvdec, nvjpeg
-from lazymedia.engine.protocol import Fallback
+from lazymedia.codecs import _image as image_codec
+from lazymedia.engine import BackendStatus
+from lazymedia.engine import _availability as availability
+from lazymedia.engine import _nvdec as nvdec
+from lazymedia.engine import _nvjpeg as nvjpeg
+from lazymedia.engine._protocol import Fallback
 
 from conftest import CORPUS, REPO, encode, make_image, requires_corpus
 
@@ -550,7 +553,7 @@ def test_info_shows_why_the_hardware_backend_was_not_taken_and_the_versions(monk
 
 
 def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monkeypatch):
-    from lazymedia.engine import protocol
+    from lazymedia.engine import _protocol as protocol
 
     counted: list = []
     monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append((event, labels)))
@@ -589,7 +592,7 @@ def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monk
 
 
 def test_device_out_of_memory_sends_only_its_images_to_the_cpu(jpeg_bytes, monkeypatch):
-    from lazymedia.engine import protocol
+    from lazymedia.engine import _protocol as protocol
 
     counted: list = []
     monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append(labels["reason"]))
@@ -632,7 +635,7 @@ class OutOfMemoryTensor:
 
 
 def test_a_placement_without_device_memory_is_the_host_decode():
-    from lazymedia.engine.protocol import place, typed_error
+    from lazymedia.engine._protocol import place, typed_error
 
     host = OutOfMemoryTensor()
     assert place(host, "meta") is host  # the item is processed on the CPU instead of failing

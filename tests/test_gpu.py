@@ -16,9 +16,9 @@ from test_engine_nvdec import assert_resized_frames_match, clip
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ops, synthetic
-from lazymedia.codecs import video
-from lazymedia.engine import nvjpeg as nvjpeg_engine
-from lazymedia.engine.protocol import Fallback
+from lazymedia.codecs import _video as video
+from lazymedia.engine import _nvjpeg as nvjpeg_engine
+from lazymedia.engine._protocol import Fallback
 
 from conftest import CORPUS, encode, make_image, requires_corpus
 
@@ -66,7 +66,7 @@ def pillow(data: bytes) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def nvjpeg_backend():
-    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+    from lazymedia.engine._nvjpeg import NvjpegBatchDecoder
 
     return NvjpegBatchDecoder(device=0)
 
@@ -171,7 +171,7 @@ def test_split_batch_engines_and_cuda_path_each_decode_and_a_damaged_image_in_ea
     """Half the candidates on the CUDA path (hardware_load=0.5, rounded up to whole rounds of the
     engines): both paths decode, every image is within 40 dB of Pillow, and a cut image in each
     share is a 422 with the other 62 still decoded on the GPU."""
-    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+    from lazymedia.engine._nvjpeg import NvjpegBatchDecoder
 
     backend = NvjpegBatchDecoder(device=0, hardware_load=0.5)
     # areas grow with the index: the split keeps the largest on the engines
@@ -200,7 +200,7 @@ def test_split_batch_engines_and_cuda_path_each_decode_and_a_damaged_image_in_ea
 def test_cuda_path_alone_uses_its_threads_and_gpu_assisted_huffman_for_large_images():
     """Without engines (as on L4/L40S/A10): baseline images above 1 MP take GPU_HYBRID, progressive
     ones HYBRID, on several worker threads; all within 40 dB of Pillow."""
-    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+    from lazymedia.engine._nvjpeg import NvjpegBatchDecoder
 
     backend = NvjpegBatchDecoder(device=0, allow_hardware=False)
     assert backend.cuda_workers >= 1 and not backend.hardware
@@ -217,7 +217,7 @@ def test_cuda_path_alone_uses_its_threads_and_gpu_assisted_huffman_for_large_ima
 
 @requires_corpus
 def test_planar_output_interleaved_and_oriented_by_our_kernel():
-    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+    from lazymedia.engine._nvjpeg import NvjpegBatchDecoder
 
     backend = NvjpegBatchDecoder(device=0, planar=True, hardware_load=1.0)
     names = [f"hopper_orientation_{i}.jpg" for i in range(2, 9)] + ["hopper.jpg"]
@@ -246,7 +246,7 @@ def test_nvjpeg_decodes_on_its_own_stream_not_the_callers():
 
 
 def test_nvjpeg_pinned_output():
-    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+    from lazymedia.engine._nvjpeg import NvjpegBatchDecoder
 
     backend = NvjpegBatchDecoder(device=0, output="pinned")
     data = encode(make_image(300, 400), "JPEG")
@@ -271,7 +271,7 @@ def test_processor_on_the_nvjpeg_engine(nvjpeg_backend):
 
 def test_dali_mixed_decoder_psnr():
     pytest.importorskip("nvidia.dali")
-    from lazymedia.engine.dali import DaliBatchDecoder
+    from lazymedia.engine._dali import DaliBatchDecoder
 
     backend = DaliBatchDecoder(device="gpu", device_id=0)
     data = encode(make_image(720, 1280), "JPEG", quality=90)
@@ -299,7 +299,7 @@ def nvdec_matches_cpu(backend, data: bytes, label: str, num_frames: int | None =
 
 @pytest.fixture(scope="module")
 def nvdec_backend():
-    from lazymedia.engine.nvdec import NvdecBatchDecoder
+    from lazymedia.engine._nvdec import NvdecBatchDecoder
 
     backend = NvdecBatchDecoder(device=0)
     print(f"NVDEC: {backend.sessions} sessions, caps from {backend.caps_note}: {backend.caps}")
@@ -379,7 +379,7 @@ def test_nvdec_reconfigured_across_sizes_and_a_crop_only_change(nvdec_backend):
 
 
 def test_isolated_video_frames_land_pinned_in_the_serving_process():
-    from lazymedia.engine.isolation import IsolatedPool
+    from lazymedia.engine._isolation import IsolatedPool
 
     pool = IsolatedPool(workers=1, timeout_s=60)
     engine = DecodeEngine(max_workers=1, isolation_pool=pool)

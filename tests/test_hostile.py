@@ -22,7 +22,7 @@ CHILD = """
 import json, resource, sys, time
 import numpy, torch, av, soundfile, PIL.Image
 import lazymedia
-import lazymedia.codecs.audio, lazymedia.codecs.image, lazymedia.codecs.video  # imports are not the item's cost
+import lazymedia.codecs._audio, lazymedia.codecs._image, lazymedia.codecs._video  # imports are not the item's cost
 from lazymedia import synthetic
 
 def status(name):
@@ -434,5 +434,5 @@ def test_the_fuzz_harness_tells_its_own_memory_error_from_a_decoder_crash():
     assert fuzz_api.harness_memory_death(1, own)
     assert not fuzz_api.harness_memory_death(-11, own)  # killed by SIGSEGV: a crash, whatever it printed
     assert not fuzz_api.harness_memory_death(1, "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent "
-                                                "call first):\n  File \"codecs/video.py\", line 3 in decode\n")
+                                                "call first):\n  File \"codecs/_video.py\", line 3 in decode\n")
     assert not fuzz_api.harness_memory_death(1, "")

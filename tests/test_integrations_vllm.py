@@ -13,7 +13,7 @@ from PIL import Image
 
 import lazymedia
 from lazymedia import synthetic
-from lazymedia.integrations.vllm import (
+from lazymedia.integrations._vllm import (
     DataUrlEncodingError,
     LocalFilesRefusedError,
     VllmMediaConnector,
@@ -318,7 +318,7 @@ async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monk
     from aiohttp import web
 
     import lazymedia.connector
-    import lazymedia.integrations.vllm as adapter
+    import lazymedia.integrations._vllm as adapter
 
     jpeg = synthetic.jpeg(48, 64)
     async def image(request):
@@ -366,7 +366,7 @@ async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monk
 
 
 def test_an_upstream_client_error_is_422_as_vllm_answers_it():
-    from lazymedia.integrations.vllm import as_vllm_error
+    from lazymedia.integrations._vllm import as_vllm_error
 
     refused = as_vllm_error(lazymedia.MediaFetchError("upstream example.com answered 404", status_code=404))
     assert isinstance(refused, ValueError) and refused.status_code == 422

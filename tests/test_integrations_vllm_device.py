@@ -9,8 +9,8 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, synthetic
-from lazymedia.integrations import vllm_device
-from lazymedia.integrations.vllm_device import DeviceImage, DeviceMode
+from lazymedia.integrations import _vllm_device as vllm_device
+from lazymedia.integrations._vllm_device import DeviceImage, DeviceMode
 
 from conftest import META, FakeGpuDecoder
 

@@ -92,7 +92,7 @@ def test_a_bad_idle_setting_is_named():
 
 BURST = """
     import gc, json, time
-    import lazymedia, lazymedia.codecs.video
+    import lazymedia, lazymedia.codecs._video
     from lazymedia import memory, synthetic
 
     def rss():

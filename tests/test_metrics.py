@@ -11,8 +11,8 @@ import pytest
 
 import lazymedia
 from lazymedia import metrics, synthetic
-from lazymedia.engine.isolation import IsolatedPool
-from lazymedia.engine.protocol import fallback_log
+from lazymedia.engine._isolation import IsolatedPool
+from lazymedia.engine._protocol import fallback_log
 
 parser = pytest.importorskip("prometheus_client.parser")
 
@@ -151,10 +151,10 @@ def test_the_scrape_follows_prometheus_naming_conventions(exporter, tmp_path):
 
 
 def test_every_stats_field_is_described():
-    from lazymedia.cache.store import SharedCacheStats
-    from lazymedia.cache.writer import WriteStats
-    from lazymedia.engine.isolation import PoolStats
-    from lazymedia.engine.placement import DeviceBudget
+    from lazymedia.cache._store import SharedCacheStats
+    from lazymedia.cache._writer import WriteStats
+    from lazymedia.engine._isolation import PoolStats
+    from lazymedia.engine._placement import DeviceBudget
     from lazymedia.lru import CacheStats
     from lazymedia.memory import frame_buffers
 

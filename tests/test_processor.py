@@ -9,7 +9,7 @@ import torch
 
 import lazymedia
 from lazymedia import DecodeEngine, Processor, ProcessorCache, UnprocessableMediaError
-from lazymedia.codecs import image as image_codec
+from lazymedia.codecs import _image as image_codec
 
 from conftest import encode, make_image
 

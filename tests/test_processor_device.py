@@ -10,8 +10,8 @@ import torch
 import lazymedia
 from lazymedia import DecodeEngine, Processor, synthetic
 from lazymedia.cache import HostCache, TieredCache
-from lazymedia.engine.engine import device_engine
-from lazymedia.engine.placement import DeviceBudget, decoded_nbytes
+from lazymedia.engine._engine import device_engine
+from lazymedia.engine._placement import DeviceBudget, decoded_nbytes
 
 from conftest import META, FakeGpuDecoder
 
@@ -142,8 +142,8 @@ def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():
     import dataclasses
 
     from lazymedia.codecs.types import AudioSamples, VideoFrames
-    from lazymedia.engine.placement import host_copies
-    from lazymedia.engine.protocol import place
+    from lazymedia.engine._placement import host_copies
+    from lazymedia.engine._protocol import place
 
     samples = AudioSamples(torch.tensor([[0.25, -0.5, 0.75]]), 16000)
     placed = place(samples, "meta")  # a result's tensor is moved, its dtype kept, the result itself untouched
@@ -179,7 +179,7 @@ def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():
 
 
 def test_a_resized_miss_reserves_what_its_full_resolution_decode_holds():
-    from lazymedia.engine.placement import reserved_nbytes, source_nbytes
+    from lazymedia.engine._placement import reserved_nbytes, source_nbytes
 
     big = lazymedia.load_image(synthetic.jpeg(540, 960), size=(32, 32))  # decoded whole, then resized
     full = 540 * 960 * 3

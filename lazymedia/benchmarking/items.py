@@ -271,7 +271,7 @@ def bench_audio(quick: bool, engine: lazymedia.DecodeEngine) -> list[AudioRow]:
 def bench_window(repeats: int) -> dict[str, float]:
     """Latency one lone image pays for the micro-batch window: a 512^2 JPEG decoded directly vs
     submitted to an engine whose batched backend (the CPU decoder) waits batch_window_s."""
-    from lazymedia.engine.cpu_batch import CpuBatchDecoder
+    from lazymedia.engine import CpuBatchDecoder
 
     blob = encode(synthetic.photo(512, 512), "JPEG")
     result = {"direct_ms": median_time(lambda: lazymedia.load_image(blob).decode(), repeats) * 1e3}

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 import lazymedia
-from lazymedia.codecs import image as image_codec
+from lazymedia.codecs import codec
 
 SCALE = 8  # a rehearsal's images and clips: each dimension divided by this
 MARK = "REHEARSAL"
@@ -125,7 +125,7 @@ class HostNvjpegDecoder:
         prepare = 0.0
         for data, width, height, orientation, out_ptr in requests:
             start = time.perf_counter()
-            header = image_codec.probe(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
+            header = codec("image").probe(data, lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec())
             prepare += time.perf_counter() - start
             if header.jpeg_encoding == "progressive" and self.refuse_progressive:
                 statuses.append((False, "CUDA path decode: JPEG not supported", ""))
@@ -133,7 +133,7 @@ class HostNvjpegDecoder:
             assert (header.width, header.height) == (width, height)
             spec = lazymedia.ImageSpec(apply_orientation=orientation != 1)
             try:
-                pixels = np.ascontiguousarray(image_codec.decode(data, header, spec).numpy())
+                pixels = np.ascontiguousarray(codec("image").decode(data, header, spec).numpy())
             except lazymedia.MediaError:
                 statuses.append((False, "CUDA path decode: bad JPEG", ""))
                 continue

@@ -71,7 +71,7 @@ from lazymedia.benchmarking.harness import (
     serve_on_loopback,
 )
 from lazymedia.connector import MediaConnector
-from lazymedia.engine.engine import gpu_decoders
+from lazymedia.engine import gpu_decoders
 
 if TYPE_CHECKING:
     import multiprocessing.queues
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from aiohttp import web
     from PIL import Image
 
-    from lazymedia.engine.protocol import BatchDecoder
+    from lazymedia.engine import BatchDecoder
 
 SCENARIOS = ("pool_720p", "unique_720p", "pool_4k", "video_pool", "unique_4k", "video_unique", "mixed")
 NUM_FRAMES = 32  # vLLM's default for video
@@ -564,8 +564,7 @@ def device_decoders(device: Device, rehearse: bool = False) -> list[BatchDecoder
     nvJPEG and NVDEC (their `decoded` counts what they took, as on the device)."""
     if not rehearse:
         return gpu_decoders(torch.device(device))
-    from lazymedia.engine.nvdec import NvdecBatchDecoder
-    from lazymedia.engine.nvjpeg import NvjpegBatchDecoder
+    from lazymedia.engine import NvdecBatchDecoder, NvjpegBatchDecoder
 
     return [NvjpegBatchDecoder(device="cpu", decoder=rehearsal.HostNvjpegDecoder(refuse_progressive=False)),
             NvdecBatchDecoder(device="cpu", video_codec=rehearsal.video_codec(caps=True))]

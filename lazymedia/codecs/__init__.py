@@ -1,6 +1,6 @@
 """Codecs: encoded bytes -> header (cheap, before any allocation) -> decoded media.
 
-One module per format family (`image`, `video`, `audio`), each with the same functions:
+One private module per format family (`_image`, `_video`, `_audio`), each with the same functions:
 
     probe(data, limits, spec)                          the header (a frozen dataclass), or a
                                                        typed MediaError (400 / 413 / 422)
@@ -11,22 +11,31 @@ One module per format family (`image`, `video`, `audio`), each with the same fun
 
 plus `REMEMBER_HEADERS`: whether a probe costs enough (FFmpeg, libsndfile) to be worth
 remembering by content key. `Codec` is that contract, which every module satisfies (mypy checks
-it where `codec()` returns them). Video has two readers: `video` (PyAV) and `video_opencv`
+it where `codec()` returns them). Video has two readers: `_video` (PyAV) and `_video_opencv`
 (VideoSpec(decoder="opencv")), chosen here. Modules are imported on first use, so
-`import lazymedia` loads neither torch nor FFmpeg. Headers and results are in `codecs.types`.
+`import lazymedia` loads neither torch nor FFmpeg. Headers and results are in `codecs.types`
+(public); the modules are private, and the names below are what the other rooms use of them
+(frame sampling; NVDEC's demux and frame assembly, imported on first use: they need PyAV/torch).
 """
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
 
 from ..errors import MediaCapacityError
 from ..lru import LruCache
 from ..spec import DEFAULT_LIMITS, Limits, Spec, spec_type
+from ._sampling import register_sampler, sample_indices, sampling_source
 
 if TYPE_CHECKING:  # annotations only: importing codecs loads neither torch nor a codec module
     import torch
 
     from ..spec import AudioSpec, ImageSpec, VideoSpec
+
+    # what type checkers see of the names below, which run time imports on first use
+    from ._frames import frame_timestamps, video_frames
+    from ._image import probe_is_instant
+    from ._video_packets import DemuxedVideo, Run, canonical_codec, demux, plan_runs
     from .types import (
         AudioHeader,
         AudioSamples,
@@ -37,6 +46,19 @@ if TYPE_CHECKING:  # annotations only: importing codecs loads neither torch nor 
         VideoFrames,
         VideoHeader,
     )
+
+_LAZY = {"frame_timestamps": "lazymedia.codecs._frames", "video_frames": "lazymedia.codecs._frames",
+         "probe_is_instant": "lazymedia.codecs._image", "DemuxedVideo": "lazymedia.codecs._video_packets",
+         "Run": "lazymedia.codecs._video_packets", "canonical_codec": "lazymedia.codecs._video_packets",
+         "demux": "lazymedia.codecs._video_packets", "plan_runs": "lazymedia.codecs._video_packets"}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lazymedia.codecs' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 SpecT = TypeVar("SpecT", bound=Spec, contravariant=True)
 HeaderT = TypeVar("HeaderT")
@@ -79,23 +101,23 @@ def codec(modality: str, spec: Spec | None = None) -> AnyCodec:
     `Codec` with its modality's types (mypy checks the assignments)."""
     spec_type(modality)  # raises InvalidMediaError for an unknown modality
     if modality == "image":
-        from . import image
+        from . import _image as image
 
         image_codec: Codec[ImageSpec, ImageHeader, torch.Tensor] = image
         return image_codec
     if modality == "audio":
-        from . import audio
+        from . import _audio as audio
 
         audio_codec: Codec[AudioSpec, AudioHeader, AudioSamples] = audio
         return audio_codec
     video_codec: Codec[VideoSpec, VideoHeader, VideoFrames]
     if getattr(spec, "decoder", None) == "opencv":
-        from . import video_opencv
+        from . import _video_opencv as video_opencv
 
         video_opencv.check_available()
         video_codec = video_opencv
     else:
-        from . import video
+        from . import _video as video
 
         video_codec = video
     return video_codec
@@ -148,8 +170,8 @@ def guess_modality(data: bytes) -> str | None:
         return "audio"
     except Exception:  # libsndfile does not know it either
         pass
-    from .audio import looks_like_audio
-    from .video import looks_like_video
+    from ._audio import looks_like_audio
+    from ._video import looks_like_video
 
     if looks_like_video(data):
         return "video"
@@ -178,3 +200,8 @@ def probe(modality: str, data: EncodedBytes, limits: Limits, spec: Spec, key: st
     else:
         media_codec.check_limits(header, limits, spec, len(data))
     return header
+
+
+__all__ = ["AnyCodec", "Codec", "DemuxedVideo", "Run", "canonical_codec", "codec", "decode", "demux",
+           "frame_timestamps", "guess_modality", "plan_runs", "probe", "probe_is_instant", "register_sampler",
+           "sample_indices", "sampling_source", "video_frames"]

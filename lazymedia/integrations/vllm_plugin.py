@@ -43,14 +43,14 @@ from vllm.exceptions import GracefulHTTPError, VLLMUnprocessableEntityError, VLL
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaWithBytes
 from vllm.multimodal.media import MediaConnector as VllmConnector
 
-from ..cache.protocol import Call, adrive, drive, threaded
+from ..cache import Call, adrive, drive, threaded
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError
 from ..lru import LruCache
 from ..media import LazyMedia, image_to_pil
 from ..metrics import count
-from . import vllm_device
-from .vllm import (
+from . import _vllm_device as vllm_device
+from ._vllm import (
     VLLM_ONLY_VIDEO_BACKENDS,
     FetchSteps,
     VllmAudioFileTooLargeError,

@@ -22,7 +22,7 @@ trusted only when no one but this user (or the operator's `shared_group`) can wr
 LMDB files (`refuse_untrusted`, checked before LMDB opens them), so only a process that could as
 well write into this process's memory can rewrite a payload in place.
 With `zero_copy=False`, values are level-coded and LZ4-compressed (`compress`) into LMDB, and a
-hit builds the tensors from them (serialize.py).
+hit builds the tensors from them (_serialize.py).
 
 Bounded: the stored values' bytes stay under `capacity_bytes`; a put evicts the oldest entries
 first, and a hit re-stamps an entry that has aged into the older half, so hot entries stay (an
@@ -52,9 +52,9 @@ import blake3
 import lmdb
 
 from ..errors import UntrustedCacheError
-from .protocol import Steps, threaded
-from .serialize import BadValueLog, dump_parts
-from .store import Encoded, ValueStore
+from ._protocol import Steps, threaded
+from ._serialize import BadValueLog, dump_parts
+from ._store import Encoded, ValueStore
 
 if TYPE_CHECKING:
     import numpy as np

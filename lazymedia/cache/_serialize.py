@@ -9,7 +9,7 @@ arrays and bytes, each at a 64-byte aligned offset (from the value's start: a va
 64-byte aligned buffer, as torch allocates, is aligned for every dtype). A value read under another key, or without
 the writer's secret, is refused: the key binds a value to what it is the value of, the secret to
 who may write it. The two tags let a reader that trusts where the bytes lie (HostCache's value
-files, see host.py) check the header without reading the payload. The header holds
+files, see _host.py) check the header without reading the payload. The header holds
 plain values (None, bool, int, float, str) inline; containers (dict, list, tuple; any Mapping
 comes back as a dict) recursively; tensors and arrays as dtype, shape and how their elements are
 stored, one encoding per tensor, exact unless asked otherwise:

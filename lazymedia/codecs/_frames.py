@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .. import memory
-from .sampling import FrameTable, SamplingSource, hf_metadata
+from ._sampling import FrameTable, SamplingSource, hf_metadata
 from .types import VideoFrames, VideoHeader
 
 if TYPE_CHECKING:

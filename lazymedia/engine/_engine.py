@@ -33,7 +33,7 @@ from .._profiling import nvtx_range
 from .._singletons import process_wide
 from ..errors import MediaCapacityError, MediaError
 from ..metrics import observe, phase
-from .placement import (
+from ._placement import (
     BYTES_PER_DECODED_BYTE,
     DEFAULT_DEVICE_CAP_BYTES,
     DeviceBudget,
@@ -41,12 +41,12 @@ from .placement import (
     normalize_device,
     reserved_nbytes,
 )
-from .protocol import AnyItem, BatchDecoder, BatchResult, Fallback, FallbackLog, fallback_log, place, typed_error
+from ._protocol import AnyItem, BatchDecoder, BatchResult, Fallback, FallbackLog, fallback_log, place, typed_error
 
 if TYPE_CHECKING:
     import torch
 
-    from .isolation import IsolatedPool
+    from ._isolation import IsolatedPool
 
 _log = logging.getLogger("lazymedia.engine")
 
@@ -71,7 +71,7 @@ class DecodeEngine:
     in this process. `isolation_pool` defaults to the process-wide pool of worker processes
     (LAZYMEDIA_ISOLATION_WORKERS of them at most); `isolation_workers` gives this engine a pool of
     its own of that many instead, closed with the engine. Either starts at the first isolated item.
-    `device` (with `device_cap_bytes`, engine/placement.py) lets a Processor place misses on a
+    `device` (with `device_cap_bytes`, engine/_placement.py) lets a Processor place misses on a
     device: the batch decoders are then that device's (nvJPEG output="cuda", NVDEC).
     """
 
@@ -171,7 +171,7 @@ class DecodeEngine:
 
     def isolation_pool(self) -> IsolatedPool:
         """The pool isolated modalities decode in, built on first use (workers start on demand)."""
-        from .isolation import IsolatedPool, default_pool
+        from ._isolation import IsolatedPool, default_pool
 
         with self._lock:
             if self._isolation_pool is None:
@@ -198,7 +198,7 @@ class DecodeEngine:
         if item.modality not in self.isolate or root.is_decoded:
             with phase("decode", backend="thread", modality=item.modality):
                 return item.decode(out)
-        from .isolation import copy_into, decode_encoded
+        from ._isolation import copy_into, decode_encoded
 
         try:
             with phase("decode", backend="isolated", modality=item.modality):
@@ -359,16 +359,16 @@ def gpu_decoders(device: torch.device) -> list[BatchDecoder]:
     """nvJPEG (device outputs) and NVDEC on `device`, those this process can run (engine
     availability); one that fails to start is left out and logged, so its items decode on
     the CPU."""
-    from .availability import backends
+    from ._availability import backends
 
     usable = {status.name for status in backends() if status.available}
     decoders: list[BatchDecoder] = []
     if "nvjpeg" in usable:
-        from .nvjpeg import NvjpegBatchDecoder
+        from ._nvjpeg import NvjpegBatchDecoder
 
         _start(decoders, "nvjpeg", lambda: NvjpegBatchDecoder(device, output="cuda"))
     if "nvdec" in usable:
-        from .nvdec import NvdecBatchDecoder
+        from ._nvdec import NvdecBatchDecoder
 
         _start(decoders, "nvdec", lambda: NvdecBatchDecoder(device))
     return decoders

@@ -2,7 +2,7 @@
 and converted NV12 -> RGB (and resized) by the shared kernels straight into one [T, H, W, 3]
 device tensor.
 
-Frames are the CPU path's frames. lazymedia demuxes with FFmpeg (codecs.video_packets: the edit
+Frames are the CPU path's frames. lazymedia demuxes with FFmpeg (codecs._video_packets: the edit
 list applied, Annex B for H.264 / HEVC) and feeds NVDEC the packets itself, each with the
 container's PTS; NVDEC hands that PTS back on the picture the packet starts, in display order.
 Frame index i is the frame whose PTS is table.pts[i], whatever the stream does (edit lists and
@@ -12,7 +12,7 @@ CPU decodes the clip). PyNvVideoCodec's own index (decode-order index entries, d
 included) and its time-to-index arithmetic are never used.
 
 Only the frames asked for are decoded: from the keyframe before each sampled frame up to that
-frame's packet, runs merged where they meet (codecs.video_packets.plan_runs), then a flush.
+frame's packet, runs merged where they meet (codecs.plan_runs), then a flush.
 
 Concurrent clips decode in concurrent sessions: one worker thread per session (as many as the GPU
 has NVDEC engines, 7 on an H200), each with its own CUDA stream and one decoder per codec, reused
@@ -44,12 +44,20 @@ import torch
 
 from .. import memory, ops
 from .._profiling import nvtx_range
-from ..codecs import video_packets
-from ..codecs.frames import frame_timestamps, video_frames
-from ..codecs.sampling import sample_indices, sampling_source
+from ..codecs import (
+    DemuxedVideo,
+    Run,
+    canonical_codec,
+    demux,
+    frame_timestamps,
+    plan_runs,
+    sample_indices,
+    sampling_source,
+    video_frames,
+)
 from ..codecs.types import VideoFrames, VideoHeader
 from ..spec import VideoSpec
-from .protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
+from ._protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
 
 VideoItem: TypeAlias = DecodeItem[VideoSpec, VideoHeader]
 
@@ -86,7 +94,7 @@ class Caps:
 def route(header: VideoHeader, compute_capability: tuple[int, int], caps: dict[str, Caps] | None = None) -> Route:
     """Whether one video decodes on NVDEC, from its header, the GPU generation and (where known)
     the decoder's capabilities for the codec."""
-    codec = video_packets.canonical_codec(header.codec)
+    codec = canonical_codec(header.codec)
     if codec not in _CUDA_CODECS:
         return Route(False, f"NVDEC has no {codec} decoder", "codec")
     if header.pixel_format not in _NV12_FORMATS:
@@ -239,7 +247,7 @@ class NvdecBatchDecoder:
         source = sampling_source(header)
         indices = sample_indices(source, spec)
         with nvtx_range("nvdec.demux"):
-            demuxed = video_packets.demux(item.encoded(), header.total_frames)
+            demuxed = demux(item.encoded(), header.total_frames)
         if demuxed is None:
             raise RuntimeError("the packets' timestamps do not identify the frames")
         height, width = spec.size or (header.height, header.width)
@@ -256,7 +264,7 @@ class NvdecBatchDecoder:
                 if back:
                     with self._count_lock:
                         self.retried_runs += 1
-                for run in video_packets.plan_runs(demuxed, missing, back):
+                for run in plan_runs(demuxed, missing, back):
                     self._decode_run(decoder, demuxed, run, header, out, slots, returned)
         except Exception:
             # Conversions queued on this stream may still read the decoder's surfaces: they
@@ -272,7 +280,7 @@ class NvdecBatchDecoder:
         frames.info["pts"] = [returned[i] for i in indices]  # the PTS each frame came back with
         return frames
 
-    def _decode_run(self, decoder: Any, demuxed: video_packets.DemuxedVideo, run: video_packets.Run,
+    def _decode_run(self, decoder: Any, demuxed: DemuxedVideo, run: Run,
                     header: VideoHeader, out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
         """Feeds the run's packets (the parameter sets first; unwanted disposable pictures left
         out), then a flush, and converts each presented frame whose PTS is wanted into its slot
@@ -299,7 +307,7 @@ class NvdecBatchDecoder:
             flush.decode_flag = nvc.VideoPacketFlag.ENDOFSTREAM
             self._take(decoder.Decode(flush), run, fed, header, out, slots, returned)
 
-    def _take(self, decoded: Sequence[Any], run: video_packets.Run, fed: set[int], header: VideoHeader,
+    def _take(self, decoded: Sequence[Any], run: Run, fed: set[int], header: VideoHeader,
               out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
         """Converts the wanted frames among `decoded` into their slots now, on this stream, and
         waits for them before the decoder's next call, which reuses its surfaces (and on a

@@ -13,9 +13,9 @@ import torch
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, Limits, VideoSpec
 from ._ffmpeg import DecodedFrames
-from .frames import sampled_output, video_frames
-from .metadata import MP4_FIRST_BOXES, check_metadata, mp4_boxes
-from .sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
+from ._frames import sampled_output, video_frames
+from ._metadata import MP4_FIRST_BOXES, check_metadata, mp4_boxes
+from ._sampling import FrameTable, SamplingSource, decode_plan, sample_indices, sampling_source
 from .types import EncodedBytes, VideoFrames, VideoHeader
 
 REMEMBER_HEADERS = True  # an FFmpeg probe costs milliseconds

@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from ..cache.protocol import Call, adrive, drive, pause, threaded
+from ..cache import Call, adrive, drive, pause, threaded
 from ..connector import MediaConnector
 from ..errors import InvalidMediaError, MediaError, MediaFetchError, MediaTooLargeError, UnprocessableMediaError
 from ..guard import DataTarget, HttpTarget, Target, read_http_url, read_target
@@ -485,7 +485,7 @@ class VllmMediaConnector:
         handle: LazyMedia[Any] = drive(self.audio_steps(audio_url))
         return handle
 
-    # -- the fetches as steps (cache.protocol's Call), driven sync or async -----------------------
+    # -- the fetches as steps (lazymedia.cache's Call), driven sync or async -----------------------
     def image_steps(self, image_url: str, image_mode: str | None = "RGB") -> FetchSteps:
         """`fetch_image` as steps that `drive` (sync) or `adrive` (asyncio) runs: each fetch is
         written once for both forms, and the plugin adds its own steps around these. Nothing

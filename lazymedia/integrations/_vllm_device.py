@@ -40,12 +40,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from ..engine.engine import DecodeEngine, device_engine
-from ..engine.placement import normalize_device
+from ..engine import DecodeEngine, device_engine, normalize_device
 from ..errors import MediaError
 from ..media import LazyMedia, VideoFrames
 from ..metrics import count
-from .vllm import as_vllm_error, env_int
+from ._vllm import as_vllm_error, env_int
 
 # Keys of images served before: what predicts a processor-cache hit (about 100 bytes each).
 DEFAULT_SEEN_ITEMS = 65536

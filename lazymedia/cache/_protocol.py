@@ -84,7 +84,7 @@ class ChainableTier(SharedTier, Protocol):
 
 
 class Writer(Protocol):
-    """Stores values in a shared tier behind the requests (cache/writer.py), bounded."""
+    """Stores values in a shared tier behind the requests (cache/_writer.py), bounded."""
 
     def submit(self, key: str, value: Any, token: str, seal: Seal | None = None) -> bool: ...
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codecs.types import ImageHeader, VideoHeader
 from ..spec import ImageSpec, VideoSpec
-from .protocol import AnyItem
+from ._protocol import AnyItem
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ def decoded_nbytes(item: AnyItem) -> int | None:
         height, width, channels = header.output_shape(spec)
         return height * width * channels
     if isinstance(header, VideoHeader) and isinstance(spec, VideoSpec):
-        from ..codecs.sampling import sample_indices, sampling_source
+        from ..codecs import sample_indices, sampling_source
 
         height, width = spec.size or (header.height, header.width)
         return len(sample_indices(sampling_source(header), spec)) * height * width * 3

@@ -23,9 +23,9 @@ from typing import Any
 
 from .. import memory
 from ..lru import fingerprint
-from .local import estimate_nbytes
-from .protocol import Seal, SharedTier
-from .serialize import recycle
+from ._local import estimate_nbytes
+from ._protocol import Seal, SharedTier
+from ._serialize import recycle
 
 logger = logging.getLogger("lazymedia.cache")
 _LIVE: weakref.WeakSet[SharedWriter] = weakref.WeakSet()  # writers whose queues exit waits for

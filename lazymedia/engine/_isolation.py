@@ -2,7 +2,7 @@
 FFmpeg on a hostile file) or hangs kills only its child, which is replaced, and the caller gets
 a typed error.
 
-Workers are fresh interpreters (`python -m lazymedia.engine.isolation`) talking over a socket
+Workers are fresh interpreters (`python -m lazymedia.engine._isolation`) talking over a socket
 pair: no fork of a threaded server, and no re-import of the server's __main__ as
 multiprocessing's spawn and forkserver would do. A worker warms up before it reports ready: it
 imports torch and the decoders and decodes a tiny video and audio clip (seconds, where a warm
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..spec import Limits, Spec
-    from .protocol import Decoded, Header
+    from ._protocol import Decoded, Header
 
 T = TypeVar("T")
 
@@ -78,7 +78,7 @@ SHARED_MIN_BYTES = 1 << 20
 # A worker's reply carries (_SHARED, file name, the result) where its tensor was written to the
 # pool's folder, the result holding a one-element stand-in of the tensor's shape and dtype. The
 # marker is a string, not a class of this module, since the worker runs this module as __main__.
-_SHARED = "lazymedia.engine.isolation/shared-tensor"
+_SHARED = "lazymedia.engine._isolation/shared-tensor"
 
 
 def _export(value: object, folder: Path | None, names: Iterator[int]) -> object:
@@ -194,7 +194,7 @@ class _Worker:
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
                NO_CUDA_ENV: "1", "CUDA_VISIBLE_DEVICES": ""}  # see the module docstring
-        command = [sys.executable, "-m", "lazymedia.engine.isolation", str(child.fileno()), str(folder or "")]
+        command = [sys.executable, "-m", "lazymedia.engine._isolation", str(child.fileno()), str(folder or "")]
         self.process = subprocess.Popen(command, pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self.conn = Connection(parent.detach())

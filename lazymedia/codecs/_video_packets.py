@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import av
 
-from .sampling import SEEK_COST_FRAMES, FrameTable
+from ._sampling import SEEK_COST_FRAMES, FrameTable
+from ._video import frame_table, presented
 from .types import EncodedBytes
-from .video import frame_table, presented
 
 # Codecs whose MP4/MKV samples are NAL units behind a big-endian length (avcC / hvcC extradata).
 _NAL_CODECS = {"h264", "hevc"}

@@ -32,7 +32,7 @@ from .. import memory, ops
 from ..codecs.types import ImageHeader
 from ..errors import MediaError
 from ..spec import ImageSpec
-from .protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
+from ._protocol import FALLBACK_HISTORY, AnyItem, BatchResult, DecodeItem, Fallback, Route, is_root
 
 ImageItem: TypeAlias = DecodeItem[ImageSpec, ImageHeader]
 # What the native decoder takes per image: (data, width, height, orientation, output pointer).
@@ -61,7 +61,7 @@ class JpegDecoder(Protocol):
         ...
 
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("lazymedia.engine.nvjpeg")
 _GPU_ENCODINGS = {"baseline", "extended", "progressive"}
 # nvJPEG's hardware engines take baseline, single-scan JPEG without 4:1:1 / 4:1:0 chroma.
 _HARDWARE_UNSUPPORTED_SUBSAMPLING = {"411", "410", "other"}

@@ -21,7 +21,7 @@ import torch
 from ..errors import InvalidMediaError, MediaError, MediaTooLargeError, UnprocessableMediaError
 from ..spec import DEFAULT_LIMITS, AudioSpec, Limits
 from ._ffmpeg import DecodedFrames
-from .metadata import check_metadata
+from ._metadata import check_metadata
 from .types import AudioHeader, AudioMetadata, AudioSamples, EncodedBytes
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds

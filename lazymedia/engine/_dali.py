@@ -19,7 +19,7 @@ import torch
 from .. import ops
 from ..codecs.types import ImageHeader
 from ..spec import ImageSpec
-from .protocol import AnyItem, BatchResult, DecodeItem, Fallback, is_root
+from ._protocol import AnyItem, BatchResult, DecodeItem, Fallback, is_root
 
 ImageItem: TypeAlias = DecodeItem[ImageSpec, ImageHeader]
 

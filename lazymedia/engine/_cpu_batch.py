@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ..codecs.types import ImageHeader
 from ..spec import ImageSpec
-from .protocol import AnyItem, BatchResult, DecodeItem, is_root
+from ._protocol import AnyItem, BatchResult, DecodeItem, is_root
 
 
 class CpuBatchDecoder:

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lru import CacheStats
-from .local import ProcessorCache
-from .protocol import Call, ChainableTier, SharedTier, SteppedTier, Steps, pause, threaded
-from .serialize import recycle
-from .store import Encoded, SharedCacheStats
-from .writer import SharedWriter, WriteStats
+from ._local import ProcessorCache
+from ._protocol import Call, ChainableTier, SharedTier, SteppedTier, Steps, pause, threaded
+from ._serialize import recycle
+from ._store import Encoded, SharedCacheStats
+from ._writer import SharedWriter, WriteStats
 
 _TOKEN_SEPARATOR = "\x1f"  # joins the tiers' lease tokens into one
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .protocol import SteppedTier, Steps, adrive, drive, pause
-from .serialize import SECRET_ENV, BadValueLog, SerializationError, dump_parts, loads, mac_key, recycle
+from ._protocol import SteppedTier, Steps, adrive, drive, pause
+from ._serialize import SECRET_ENV, BadValueLog, SerializationError, dump_parts, loads, mac_key, recycle
 
 if TYPE_CHECKING:
     import numpy as np

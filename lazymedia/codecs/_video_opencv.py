@@ -11,11 +11,11 @@ import torch
 
 from ..errors import InvalidMediaError, UnprocessableMediaError
 from ..spec import Limits, VideoSpec
-from . import video
-from .frames import frame_timestamps, memfd_path, sampled_output, video_frames
-from .sampling import decode_plan, sample_indices, sampling_source
+from . import _video as video
+from ._frames import frame_timestamps, memfd_path, sampled_output, video_frames
+from ._sampling import decode_plan, sample_indices, sampling_source
+from ._video import REMEMBER_HEADERS, check_limits, probe
 from .types import EncodedBytes, VideoFrames, VideoHeader
-from .video import REMEMBER_HEADERS, check_limits, probe
 
 __all__ = ["REMEMBER_HEADERS", "check_limits", "decode", "probe"]
 

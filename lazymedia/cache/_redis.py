@@ -40,9 +40,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .protocol import Call, Steps, drive, pause
-from .serialize import BadValueLog
-from .store import Encoded, ValueStore
+from ._protocol import Call, Steps, drive, pause
+from ._serialize import BadValueLog
+from ._store import Encoded, ValueStore
 
 if TYPE_CHECKING:  # the redis client is imported when a RedisCache is made (an optional dependency)
     import redis
