@@ -10,6 +10,7 @@ gets PTX). The default covers every current server GPU: SASS for sm_80 (A100), s
 sm_89 (L4, L40S), sm_90 (H100, H200) and sm_100 (B200, GB200), and compute_100 PTX, which newer GPUs
 compile at first load.
 """
+
 import copy
 import os
 import re
@@ -24,12 +25,24 @@ from setuptools import setup
 ROOT = Path(__file__).resolve().parent
 # A source may be listed in both extensions (host_ops.cpp: the CUDA resize uses its resample plans):
 # BuildExt compiles each extension's objects under a build/temp folder of its own.
-CPU_SOURCES = ["csrc/bindings.cpp", "csrc/probe.cpp", "csrc/host_ops.cpp", "csrc/host_buffer.cpp",
-               "csrc/levels.cpp", "csrc/level_gather.cpp"]
+CPU_SOURCES = [
+    "csrc/bindings.cpp",
+    "csrc/probe.cpp",
+    "csrc/host_ops.cpp",
+    "csrc/host_buffer.cpp",
+    "csrc/levels.cpp",
+    "csrc/level_gather.cpp",
+]
 CUDA_DEVICE_SOURCES = ["csrc/cuda/device_ops.cu", "csrc/cuda/nvjpeg_kernels.cu"]  # compiled by nvcc
-CUDA_HOST_SOURCES = ["csrc/cuda/bindings_cuda.cpp", "csrc/cuda/nvjpeg_api.cpp", "csrc/cuda/nvjpeg_decoder.cpp",
-                     "csrc/cuda/runtime_api.cpp", "csrc/host_ops.cpp", "csrc/cuda/nvjpeg_split.cpp",
-                     "csrc/cuda/nvjpeg_workers.cpp"]
+CUDA_HOST_SOURCES = [
+    "csrc/cuda/bindings_cuda.cpp",
+    "csrc/cuda/nvjpeg_api.cpp",
+    "csrc/cuda/nvjpeg_decoder.cpp",
+    "csrc/cuda/runtime_api.cpp",
+    "csrc/host_ops.cpp",
+    "csrc/cuda/nvjpeg_split.cpp",
+    "csrc/cuda/nvjpeg_workers.cpp",
+]
 DEFAULT_ARCHES = "80,86,89,90,100"
 
 
@@ -89,8 +102,10 @@ def parse_arches(text: str) -> list[str]:
     for entry in (e.strip() for e in text.split(",")):
         match = re.fullmatch(r"(?:sm_)?([1-9][0-9]{1,2}[af]?)", entry)
         if match is None:
-            raise ValueError(f"LAZYMEDIA_CUDA_ARCHES={text!r}: {entry!r} is not an architecture; write them "
-                             f"comma-separated as numbers or sm_ names, e.g. {DEFAULT_ARCHES!r} or 'sm_89'")
+            raise ValueError(
+                f"LAZYMEDIA_CUDA_ARCHES={text!r}: {entry!r} is not an architecture; write them "
+                f"comma-separated as numbers or sm_ names, e.g. {DEFAULT_ARCHES!r} or 'sm_89'"
+            )
         numbers.append(match.group(1))
     return numbers
 
@@ -121,9 +136,24 @@ class BuildExt(build_ext):
             out_dir.mkdir(parents=True, exist_ok=True)
             for source in nvcc_sources:
                 obj = out_dir / (Path(source).stem + ".o")
-                cmd = [str(ext.nvcc), "-std=c++17", "-O3", "-x", "cu", *ext.nvcc_compress,
-                       "-Xcompiler", "-fPIC", "-Xcompiler", "-Wall",
-                       *ext.gencode, *[f"-I{d}" for d in ext.include_dirs], "-c", source, "-o", str(obj)]
+                cmd = [
+                    str(ext.nvcc),
+                    "-std=c++17",
+                    "-O3",
+                    "-x",
+                    "cu",
+                    *ext.nvcc_compress,
+                    "-Xcompiler",
+                    "-fPIC",
+                    "-Xcompiler",
+                    "-Wall",
+                    *ext.gencode,
+                    *[f"-I{d}" for d in ext.include_dirs],
+                    "-c",
+                    source,
+                    "-o",
+                    str(obj),
+                ]
                 print(" ".join(cmd))
                 subprocess.check_call(cmd, cwd=ROOT)
                 ext.extra_objects.append(str(obj))
@@ -166,8 +196,10 @@ def cuda_extension():
     # The fatbin stays uncompressed: a few hundred KB, and `arches()`' claims stay checkable with
     # `strings` (tests/test_cuda_build.py) where no cuobjdump is installed. Older nvcc lack the flag.
     ext.nvcc_compress = ["--compress-mode=none"] if "--compress-mode" in nvcc_help(ext.nvcc) else []
-    print(f"lazymedia: building the CUDA extension with {nvcc} for {','.join('sm_' + a for a in arches)} "
-          f"(+ compute_{arches[-1]} PTX)")
+    print(
+        f"lazymedia: building the CUDA extension with {nvcc} for {','.join('sm_' + a for a in arches)} "
+        f"(+ compute_{arches[-1]} PTX)"
+    )
     return ext
 
 

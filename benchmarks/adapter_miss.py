@@ -16,6 +16,7 @@ serving.PIXEL_TOLERANCE of vLLM's GPU output. Interleaved rounds, median ratio w
 Prints one verdict line per case; exit status 1 when an output check fails, 2 without vLLM or
 torchvision. (vLLM's install: see benchmarks/parity_vllm.py.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,14 @@ def measure(hf, vllm_connector, ours: VllmMediaConnector, device: str, rounds: i
 
         def process(decoded):
             if on_gpu:  # each item where the engine placed it
-                return [hf(images=[d.permute(2, 0, 1)], return_tensors="pt",
-                           device=None if d.device.type == "cpu" else d.device) for d in decoded]
+                return [
+                    hf(
+                        images=[d.permute(2, 0, 1)],
+                        return_tensors="pt",
+                        device=None if d.device.type == "cpu" else d.device,
+                    )
+                    for d in decoded
+                ]
             return [hf(images=[to_vllm(d, "numpy")], return_tensors="pt") for d in decoded]
 
         def adapter_miss():
@@ -76,17 +83,29 @@ def measure(hf, vllm_connector, ours: VllmMediaConnector, device: str, rounds: i
         diff = float((theirs["pixel_values"].cpu().double() - mine["pixel_values"].cpu().double()).abs().max())
         ok = grid_equal and (diff <= PIXEL_TOLERANCE if on_gpu else diff == 0)
         times = interleaved({"vllm": (vllm_miss, 1), "adapter": (adapter_miss, 1)}, rounds)
-        rows.append({"item": label, "device": device, "vllm_ms": float(np.median(times["vllm"])) * 1e3,
-                     "adapter_ms": float(np.median(times["adapter"])) * 1e3,
-                     "adapter_vs_vllm": ratio(times["adapter"], times["vllm"]), "grid_equal": grid_equal,
-                     "max_pixel_diff": diff, "outputs_ok": ok})
+        rows.append(
+            {
+                "item": label,
+                "device": device,
+                "vllm_ms": float(np.median(times["vllm"])) * 1e3,
+                "adapter_ms": float(np.median(times["adapter"])) * 1e3,
+                "adapter_vs_vllm": ratio(times["adapter"], times["vllm"]),
+                "grid_equal": grid_equal,
+                "max_pixel_diff": diff,
+                "outputs_ok": ok,
+            }
+        )
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda", "both"), default="both" if torch.cuda.is_available()
-                        else "cpu", help="where both misses run (default: both where a GPU is, else cpu)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "both"),
+        default="both" if torch.cuda.is_available() else "cpu",
+        help="where both misses run (default: both where a GPU is, else cpu)",
+    )
     parser.add_argument("--quick", action="store_true", help="3 rounds instead of 9")
     parser.add_argument("--json", default=os.path.join("bench-out", "adapter_miss.json"))
     args = parser.parse_args(argv)
@@ -103,16 +122,19 @@ def main(argv=None) -> int:
         print(warning, file=sys.stderr)
     hf, ours = Qwen2VLImageProcessor(), VllmMediaConnector()
     devices = ["cpu", "cuda"] if args.device == "both" else [args.device]
-    rows = [row for device in devices
-            for row in measure(hf, MediaConnector(), ours, device, rounds=3 if args.quick else 9)]
+    rows = [
+        row for device in devices for row in measure(hf, MediaConnector(), ours, device, rounds=3 if args.quick else 9)
+    ]
     ours.close()
     print(f"adapter miss vs vLLM {vllm.__version__} miss, {type(hf).__name__} (torchvision), goal <= {GOAL}x")
     for r in rows:
         spread = r["adapter_vs_vllm"]
         verdict = "PASS" if spread["median"] <= GOAL else "FAIL"
-        print(f"{r['item']:15s} {r['device']:4s} vLLM {r['vllm_ms']:7.2f} ms, adapter {r['adapter_ms']:7.2f} ms: "
-              f"{spread['median']:.2f}x ({spread['low']:.2f}-{spread['high']:.2f}) {verdict}; grid equal "
-              f"{r['grid_equal']}, max |pixel diff| {r['max_pixel_diff']:.4f} {'ok' if r['outputs_ok'] else 'DIFFER'}")
+        print(
+            f"{r['item']:15s} {r['device']:4s} vLLM {r['vllm_ms']:7.2f} ms, adapter {r['adapter_ms']:7.2f} ms: "
+            f"{spread['median']:.2f}x ({spread['low']:.2f}-{spread['high']:.2f}) {verdict}; grid equal "
+            f"{r['grid_equal']}, max |pixel diff| {r['max_pixel_diff']:.4f} {'ok' if r['outputs_ok'] else 'DIFFER'}"
+        )
     write_json({"vllm": vllm.__version__, "lazymedia": lazymedia.__version__, "goal": GOAL, "rows": rows}, args.json)
     return 0 if all(r["outputs_ok"] for r in rows) else 1
 

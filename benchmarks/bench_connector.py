@@ -10,6 +10,7 @@ the server to a real link's rate, where hashing overlaps with waiting for bytes.
 
     python benchmarks/bench_connector.py [--requests 400] [--concurrency 32] [--json PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ def serve(port_queue, pool_size: int, size: int, link_mbps: float) -> None:
         await response.prepare(request)
         loop = asyncio.get_running_loop()
         for start in range(0, len(body), 1 << 16):
-            chunk = body[start:start + (1 << 16)]
+            chunk = body[start : start + (1 << 16)]
             slot = max(loop.time(), link["free_at"])
             link["free_at"] = slot + len(chunk) / rate
             await asyncio.sleep(slot - loop.time())
@@ -92,7 +93,9 @@ async def bench(base: str, requests: int, concurrency: int, rounds: int) -> dict
             times[mode].append(await run_mode(mode, base, requests, concurrency))
     medians = {mode: statistics.median(values) for mode, values in times.items()}
     return {
-        "requests": requests, "concurrency": concurrency, "rounds": rounds,
+        "requests": requests,
+        "concurrency": concurrency,
+        "rounds": rounds,
         **{f"{mode}_s": value for mode, value in medians.items()},
         **{f"{mode}_req_per_s": requests / value for mode, value in medians.items()},
         "hash_overhead": medians["hashed"] / medians["bare"] - 1,
@@ -107,8 +110,12 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=1024, help="edge of the square JPEGs served")
     parser.add_argument("--pool", type=int, default=16, help="distinct images served")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--link-mbps", type=float, default=0.0,
-                        help="pace the server to one shared link of this rate (0: loopback speed)")
+    parser.add_argument(
+        "--link-mbps",
+        type=float,
+        default=0.0,
+        help="pace the server to one shared link of this rate (0: loopback speed)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     ports = multiprocessing.Queue()
@@ -123,13 +130,17 @@ def main(argv=None) -> int:
     report["image_size"] = args.size
     report["link_mbps"] = args.link_mbps
     link = f"a paced {args.link_mbps:.0f} Mbit/s link" if args.link_mbps else "loopback"
-    print(f"\nFetch + key of {args.requests} {args.size}^2 JPEGs at concurrency {args.concurrency} over {link} "
-          f"(median of {args.rounds} rounds)")
+    print(
+        f"\nFetch + key of {args.requests} {args.size}^2 JPEGs at concurrency {args.concurrency} over {link} "
+        f"(median of {args.rounds} rounds)"
+    )
     print(f"{'mode':10s} {'seconds':>8s} {'req/s':>8s}")
     for mode in ("bare", "hashed", "connector"):
         print(f"{mode:10s} {report[mode + '_s']:8.3f} {report[mode + '_req_per_s']:8.0f}")
-    print(f"hashing adds {report['hash_overhead'] * 100:+.1f}% over the bare download; "
-          f"the whole connector (hash + probe + handle) {report['connector_overhead'] * 100:+.1f}%")
+    print(
+        f"hashing adds {report['hash_overhead'] * 100:+.1f}% over the bare download; "
+        f"the whole connector (hash + probe + handle) {report['connector_overhead'] * 100:+.1f}%"
+    )
     write_json(report, args.json)
     return 0
 

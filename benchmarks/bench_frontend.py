@@ -5,6 +5,7 @@ live in lazymedia/benchmarking/serving.py. Exit status 1 when eager and lazy out
 
     python benchmarks/bench_frontend.py [--requests 400] [--concurrency 32] [--scenarios A,B] [--json P] [--chart P]
 """
+
 import sys
 
 from lazymedia.bench import main

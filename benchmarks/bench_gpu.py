@@ -1,36 +1,37 @@
 """GPU decode throughput, side by side in one run (needs an NVIDIA GPU):
 
-  * JPEG, 512^2 .. 3840x2160, batch 1 / 8 / 64: lazymedia nvJPEG (engines and CUDA path, split
-    automatically), the same with allow_hardware=False (the CUDA path alone), the peers that are
-    installed (torchvision.io.decode_jpeg(device="cuda"), DALI's mixed decoder; the table says
-    which ran), and lazymedia's CPU engine on all cores; images/s (median), p50/p99 latency per
-    call, the ratio to torchvision, PSNR vs Pillow; lazymedia both "decode only" (handles made
-    before the timer, as torchvision gets tensors) and "end to end" (load_image in the timer);
-  * progressive 4K batch 8, batch-1 4K latency, a damaged image in a batch of 64;
-  * a verdict line for each goal of issue 30;
-  * --grid: the native decoder's knobs (upsampling flag, planar output, PreAllocate hint, pool
-    threshold, full parse, pinned staging, the engines' share) at 4K x 64 and 512^2 x 64, with
-    images/s, p99, PSNR, the decoder's own phase times and allocations, and the CUDA kernels of
-    the best and worst cell (torch.profiler);
-  * the micro-batch window's latency cost and the decoder mutex's (1 vs 4 threads);
-  * NVDEC against the CPU path on all cores (bench_nvdec.py): 32 frames sampled from 10 s 1080p
-    H.264 / HEVC clips at 1, 8 and 64 clips in flight, every frame of 8 clips, torchcodec's CUDA
-    decoder where installed, verdict lines for issue 31's goals.
+* JPEG, 512^2 .. 3840x2160, batch 1 / 8 / 64: lazymedia nvJPEG (engines and CUDA path, split
+  automatically), the same with allow_hardware=False (the CUDA path alone), the peers that are
+  installed (torchvision.io.decode_jpeg(device="cuda"), DALI's mixed decoder; the table says
+  which ran), and lazymedia's CPU engine on all cores; images/s (median), p50/p99 latency per
+  call, the ratio to torchvision, PSNR vs Pillow; lazymedia both "decode only" (handles made
+  before the timer, as torchvision gets tensors) and "end to end" (load_image in the timer);
+* progressive 4K batch 8, batch-1 4K latency, a damaged image in a batch of 64;
+* a verdict line for each goal of issue 30;
+* --grid: the native decoder's knobs (upsampling flag, planar output, PreAllocate hint, pool
+  threshold, full parse, pinned staging, the engines' share) at 4K x 64 and 512^2 x 64, with
+  images/s, p99, PSNR, the decoder's own phase times and allocations, and the CUDA kernels of
+  the best and worst cell (torch.profiler);
+* the micro-batch window's latency cost and the decoder mutex's (1 vs 4 threads);
+* NVDEC against the CPU path on all cores (bench_nvdec.py): 32 frames sampled from 10 s 1080p
+  H.264 / HEVC clips at 1, 8 and 64 clips in flight, every frame of 8 clips, torchcodec's CUDA
+  decoder where installed, verdict lines for issue 31's goals.
 
-  * beside every lazymedia-nvjpeg row: which path decoded its images (`decoded_by`: the hardware
-    engines or the CUDA path) and the native call's phase times; the engines' image count; the
-    Python time per call outside the native decode; the device memory nvJPEG took outside torch's
-    allocator (cudaMemGetInfo deltas); an A/B of the decoder's options (interpolation, planar,
-    pinned staging) at 512^2 x 64 and 4K x 64;
-  * --headline: only the first look (512^2 x 64 and 4K x 64 against torchvision, decoded_by, the
-    engines' image count), which gpu_check.sh runs right after the build;
-  * --rehearse: the same code paths on a machine without a GPU, through the CPU stand-ins of
-    lazymedia.benchmarking.rehearsal (images 8x smaller a side, 1-2 repeats); every figure and
-    every timing verdict is marked REHEARSAL.
+* beside every lazymedia-nvjpeg row: which path decoded its images (`decoded_by`: the hardware
+  engines or the CUDA path) and the native call's phase times; the engines' image count; the
+  Python time per call outside the native decode; the device memory nvJPEG took outside torch's
+  allocator (cudaMemGetInfo deltas); an A/B of the decoder's options (interpolation, planar,
+  pinned staging) at 512^2 x 64 and 4K x 64;
+* --headline: only the first look (512^2 x 64 and 4K x 64 against torchvision, decoded_by, the
+  engines' image count), which gpu_check.sh runs right after the build;
+* --rehearse: the same code paths on a machine without a GPU, through the CPU stand-ins of
+  lazymedia.benchmarking.rehearsal (images 8x smaller a side, 1-2 repeats); every figure and
+  every timing verdict is marked REHEARSAL.
 
-    python benchmarks/bench_gpu.py [--json PATH] [--quick] [--grid] [--jpeg-only] [--no-nvdec] [--headline]
-                                   [--rehearse]
+  python benchmarks/bench_gpu.py [--json PATH] [--quick] [--grid] [--jpeg-only] [--no-nvdec] [--headline]
+                                 [--rehearse]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,12 @@ DISTINCT = 8  # distinct images per size, cycled to fill a batch
 # Issue 30's table (H200, before this work): the non-hardware path at 4K batch 8, images/s.
 OLD_NON_HARDWARE_4K_B8 = 35.0
 # The decoder's options against its defaults at 512^2 x 64 and 4K x 64 (check mode; --grid has more).
-AB = [("defaults", {}), ("no interpolation", {"interpolation": False}), ("planar", {"planar": True}),
-      ("pageable bitstreams", {"pinned_staging": False})]
+AB = [
+    ("defaults", {}),
+    ("no interpolation", {"interpolation": False}),
+    ("planar", {"planar": True}),
+    ("pageable bitstreams", {"pinned_staging": False}),
+]
 STAT_KEYS = ("prepare_us", "stage_us", "hardware_submit_us", "hardware_ms", "cuda_ms", "total_us", "device_mallocs")
 
 
@@ -135,8 +140,9 @@ def peers(rig: Rig) -> tuple[dict, dict]:
         return tensors["tensors"]
 
     if rig.rehearse:
-        found[f"torchvision-cuda {rehearsal.MARK} stand-in"] = \
-            lambda blobs: rehearsal.torchvision_decode_jpeg(inputs(blobs), device="cpu")
+        found[f"torchvision-cuda {rehearsal.MARK} stand-in"] = lambda blobs: rehearsal.torchvision_decode_jpeg(
+            inputs(blobs), device="cpu"
+        )
         missing["dali-mixed"] = f"not run in a {rehearsal.MARK}"
         return found, missing
     try:
@@ -171,12 +177,16 @@ def lazymedia_decoders(rig: Rig, full: bool = True) -> tuple[dict, object]:
     if full:
         cuda_only = rig.nvjpeg(allow_hardware=False)
         engine = lazymedia.DecodeEngine(max_workers=len(os.sched_getaffinity(0)))
-        found.update({
-            "lazymedia-nvjpeg end-to-end": lambda blobs: nvjpeg.decode_batch([lazymedia.load_image(b) for b in blobs]),
-            "lazymedia-nvjpeg cuda-path-only": lambda blobs: cuda_only.decode_batch(prepared(blobs)),
-            # fresh handles a call: a handle keeps its decode, so prepared ones would be decoded once
-            "lazymedia-cpu-engine": lambda blobs: engine.decode_all([lazymedia.load_image(b) for b in blobs]),
-        })
+        found.update(
+            {
+                "lazymedia-nvjpeg end-to-end": lambda blobs: nvjpeg.decode_batch(
+                    [lazymedia.load_image(b) for b in blobs]
+                ),
+                "lazymedia-nvjpeg cuda-path-only": lambda blobs: cuda_only.decode_batch(prepared(blobs)),
+                # fresh handles a call: a handle keeps its decode, so prepared ones would be decoded once
+                "lazymedia-cpu-engine": lambda blobs: engine.decode_all([lazymedia.load_image(b) for b in blobs]),
+            }
+        )
     return found, nvjpeg
 
 
@@ -196,10 +206,16 @@ def quality_of(nvjpeg, blobs: list[bytes]) -> dict:
     before, by = nvjpeg.fallback_count, dict(nvjpeg.decoded_by)
     outs = nvjpeg.decode_batch([lazymedia.load_image(b) for b in blobs])
     # An image handed back (a Fallback) or failed scores 0 dB: the verdict wants every one decoded here.
-    scores = [psnr(o.cpu(), np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))) if isinstance(o, torch.Tensor)
-              else 0.0 for o, b in zip(outs, blobs)]
-    return {"min_psnr_vs_pillow_db": min(scores), "fallbacks": nvjpeg.fallback_count - before,
-            "decoded_by": delta(by, nvjpeg.decoded_by), "stats": nvjpeg.stats}
+    scores = [
+        psnr(o.cpu(), np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))) if isinstance(o, torch.Tensor) else 0.0
+        for o, b in zip(outs, blobs)
+    ]
+    return {
+        "min_psnr_vs_pillow_db": min(scores),
+        "fallbacks": nvjpeg.fallback_count - before,
+        "decoded_by": delta(by, nvjpeg.decoded_by),
+        "stats": nvjpeg.stats,
+    }
 
 
 def delta(before: dict, after: dict) -> dict:
@@ -207,8 +223,11 @@ def delta(before: dict, after: dict) -> dict:
 
 
 def stats_text(stats: dict) -> str:
-    return " ".join(f"{key}={stats[key]:.0f}" if isinstance(stats[key], float) else f"{key}={stats[key]}"
-                    for key in STAT_KEYS if key in stats)
+    return " ".join(
+        f"{key}={stats[key]:.0f}" if isinstance(stats[key], float) else f"{key}={stats[key]}"
+        for key in STAT_KEYS
+        if key in stats
+    )
 
 
 def measure(rig: Rig, name: str, decode, label: str, batch: int, chunk: list[bytes], nvjpeg=None) -> dict:
@@ -229,8 +248,11 @@ def measure(rig: Rig, name: str, decode, label: str, batch: int, chunk: list[byt
     if nvjpeg is not None:
         row["decoded_by"], row["stats"] = delta(by, nvjpeg.decoded_by), nvjpeg.stats
         extra = f" decoded_by {row['decoded_by']} | {stats_text(row['stats'])}"
-    print(f"  {name:32s} {label} batch {batch:2d}: {result['images_per_s']:9.1f} img/s "
-          f"p99 {result['p99_ms']:8.2f} ms{extra}{rig.tag}", file=sys.stderr)
+    print(
+        f"  {name:32s} {label} batch {batch:2d}: {result['images_per_s']:9.1f} img/s "
+        f"p99 {result['p99_ms']:8.2f} ms{extra}{rig.tag}",
+        file=sys.stderr,
+    )
     return row
 
 
@@ -243,8 +265,7 @@ def bench_jpeg(rig: Rig, labels: list[str]) -> dict:
     # nvJPEG's own device memory (its pool, PreAllocate, the CUDA path's buffers): the decoders
     # made and every size decoded once, before torchvision's decoder takes any
     quality = {label: quality_of(nvjpeg, blobs[label]) for label in labels}
-    memory = {"nvjpeg_outside_torch_bytes": rehearsal.outside_torch(memory_before,
-                                                                    rehearsal.device_memory(rig.device))}
+    memory = {"nvjpeg_outside_torch_bytes": rehearsal.outside_torch(memory_before, rehearsal.device_memory(rig.device))}
     rows = []
     for label in labels:
         for batch in BATCHES:
@@ -252,22 +273,39 @@ def bench_jpeg(rig: Rig, labels: list[str]) -> dict:
             for name, decode in found.items():
                 if batch == 1 and name.endswith(("cuda-path-only", "cpu-engine")):
                     continue
-                rows.append(measure(rig, name, decode, label, batch, chunk,
-                                    nvjpeg if name == "lazymedia-nvjpeg" else None))
+                rows.append(
+                    measure(rig, name, decode, label, batch, chunk, nvjpeg if name == "lazymedia-nvjpeg" else None)
+                )
     progressive = bench_progressive(rig, found, nvjpeg)
     damaged = bench_damaged(rig, nvjpeg)
     overhead = python_overhead(rig, nvjpeg, blobs[labels[0]], labels[0])
     memory["after_jpeg_section"] = rehearsal.device_memory(rig.device)
-    return {"sizes": labels, "rows": rows, "quality": quality, "progressive": progressive, "damaged": damaged,
-            "peers_ran": sorted(theirs), "peers_missing": missing, "split_load": nvjpeg.split_load,
-            "python_overhead": overhead, "memory": memory, **engine_counts(nvjpeg)}
+    return {
+        "sizes": labels,
+        "rows": rows,
+        "quality": quality,
+        "progressive": progressive,
+        "damaged": damaged,
+        "peers_ran": sorted(theirs),
+        "peers_missing": missing,
+        "split_load": nvjpeg.split_load,
+        "python_overhead": overhead,
+        "memory": memory,
+        **engine_counts(nvjpeg),
+    }
 
 
 def engine_counts(nvjpeg) -> dict:
     """What the nvJPEG decoder did over its life: images per path, run-time fallbacks, engines."""
-    return {"decoded": nvjpeg.decoded, "decoded_by": dict(nvjpeg.decoded_by), "fallback_count": nvjpeg.fallback_count,
-            "engines": nvjpeg.engines, "hardware_backend": nvjpeg.hardware,
-            "upsampling_interpolated": nvjpeg.upsampling_interpolated, "creation_log": nvjpeg.creation_log}
+    return {
+        "decoded": nvjpeg.decoded,
+        "decoded_by": dict(nvjpeg.decoded_by),
+        "fallback_count": nvjpeg.fallback_count,
+        "engines": nvjpeg.engines,
+        "hardware_backend": nvjpeg.hardware,
+        "upsampling_interpolated": nvjpeg.upsampling_interpolated,
+        "creation_log": nvjpeg.creation_log,
+    }
 
 
 def python_overhead(rig: Rig, nvjpeg, blobs: list[bytes], label: str) -> dict:
@@ -284,8 +322,14 @@ def python_overhead(rig: Rig, nvjpeg, blobs: list[bytes], label: str) -> dict:
         walls.append((time.perf_counter() - start) * 1e6)
         natives.append(float(nvjpeg.stats.get("total_us", 0.0)))
     wall, native = statistics.median(walls), statistics.median(natives)
-    return {"size": label, "batch": 64, "wall_us": wall, "native_us": native, "python_us": wall - native,
-            "python_us_per_image": (wall - native) / 64}
+    return {
+        "size": label,
+        "batch": 64,
+        "wall_us": wall,
+        "native_us": native,
+        "python_us": wall - native,
+        "python_us_per_image": (wall - native) / 64,
+    }
 
 
 def bench_progressive(rig: Rig, found: dict, nvjpeg) -> dict:
@@ -331,15 +375,21 @@ def bench_headline(rig: Rig) -> dict:
     for label in HEADLINE_SIZES:
         chunk = [blobs[label][i % DISTINCT] for i in range(64)]
         rows.append(measure(rig, "lazymedia-nvjpeg", ours["lazymedia-nvjpeg"], label, 64, chunk, nvjpeg))
-    memory = {"nvjpeg_outside_torch_bytes": rehearsal.outside_torch(memory_before,
-                                                                    rehearsal.device_memory(rig.device))}
+    memory = {"nvjpeg_outside_torch_bytes": rehearsal.outside_torch(memory_before, rehearsal.device_memory(rig.device))}
     if tv is not None:
         for label in HEADLINE_SIZES:
             chunk = [blobs[label][i % DISTINCT] for i in range(64)]
             rows.append(measure(rig, tv, theirs[tv], label, 64, chunk))
     overhead = python_overhead(rig, nvjpeg, blobs["512x512"], "512x512")
-    return {"rows": rows, "quality": quality, "torchvision": tv or f"not run: {missing}", "memory": memory,
-            "python_overhead": overhead, "split_load": nvjpeg.split_load, **engine_counts(nvjpeg)}
+    return {
+        "rows": rows,
+        "quality": quality,
+        "torchvision": tv or f"not run: {missing}",
+        "memory": memory,
+        "python_overhead": overhead,
+        "split_load": nvjpeg.split_load,
+        **engine_counts(nvjpeg),
+    }
 
 
 def headline_lines(rig: Rig, first: dict) -> list[str]:
@@ -352,21 +402,32 @@ def headline_lines(rig: Rig, first: dict) -> list[str]:
             ratio = f"{ours['images_per_s'] / theirs['images_per_s']:.2f}x"
             figures = f"lazymedia {ours['images_per_s']:.0f} img/s vs {tv} {theirs['images_per_s']:.0f} img/s"
         else:
-            ratio, figures = "unknown", f"lazymedia {ours.get('error', ours.get('images_per_s'))}, {tv}: " \
-                                        f"{theirs.get('error', theirs.get('images_per_s'))}"
-        lines.append(f"FIRST nvJPEG {label} x64: {ratio} torchvision ({figures}); decoded_by "
-                     f"{ours.get('decoded_by')}; {stats_text(ours.get('stats', {}))}{rig.tag}")
+            ratio, figures = (
+                "unknown",
+                f"lazymedia {ours.get('error', ours.get('images_per_s'))}, {tv}: "
+                f"{theirs.get('error', theirs.get('images_per_s'))}",
+            )
+        lines.append(
+            f"FIRST nvJPEG {label} x64: {ratio} torchvision ({figures}); decoded_by "
+            f"{ours.get('decoded_by')}; {stats_text(ours.get('stats', {}))}{rig.tag}"
+        )
     psnr_min = min(q["min_psnr_vs_pillow_db"] for q in first["quality"].values())
-    lines.append(f"FIRST nvJPEG decoded {first['decoded']} images: {first['decoded_by']}, "
-                 f"{first['fallback_count']} run-time fallbacks, min {psnr_min:.1f} dB vs Pillow; "
-                 f"{first['engines']} engines, hardware backend {first['hardware_backend']}, "
-                 f"interpolated upsampling {first['upsampling_interpolated']}; creation: {first['creation_log']}"
-                 f"{rig.tag}")
+    lines.append(
+        f"FIRST nvJPEG decoded {first['decoded']} images: {first['decoded_by']}, "
+        f"{first['fallback_count']} run-time fallbacks, min {psnr_min:.1f} dB vs Pillow; "
+        f"{first['engines']} engines, hardware backend {first['hardware_backend']}, "
+        f"interpolated upsampling {first['upsampling_interpolated']}; creation: {first['creation_log']}"
+        f"{rig.tag}"
+    )
     overhead = first["python_overhead"]
-    lines.append(f"FIRST Python per call (64 x 512x512): {overhead['python_us']:.0f} us of "
-                 f"{overhead['wall_us']:.0f} us ({overhead['native_us']:.0f} us native){rig.tag}")
-    lines.append(f"FIRST nvJPEG device memory outside torch's allocator: "
-                 f"{first['memory']['nvjpeg_outside_torch_bytes'] / 2 ** 20:.0f} MiB{rig.tag}")
+    lines.append(
+        f"FIRST Python per call (64 x 512x512): {overhead['python_us']:.0f} us of "
+        f"{overhead['wall_us']:.0f} us ({overhead['native_us']:.0f} us native){rig.tag}"
+    )
+    lines.append(
+        f"FIRST nvJPEG device memory outside torch's allocator: "
+        f"{first['memory']['nvjpeg_outside_torch_bytes'] / 2**20:.0f} MiB{rig.tag}"
+    )
     return lines
 
 
@@ -377,7 +438,7 @@ GRID = [  # (label, options): one knob at a time from the defaults, and the 2 x 
     ("planar, no interpolation", {"planar": True, "interpolation": False}),
     ("no PreAllocate", {"preallocate_batch": 0}),
     ("PreAllocate 64 x 4K", {"preallocate_height": 2160, "preallocate_width": 3840}),
-    ("pool threshold max", {"pool_threshold": 2 ** 64 - 1}),
+    ("pool threshold max", {"pool_threshold": 2**64 - 1}),
     ("full host parse", {"full_parse": True}),
     ("pageable bitstreams", {"pinned_staging": False}),
     ("engines only (load 1.0)", {"hardware_load": 1.0}),
@@ -424,14 +485,22 @@ def bench_grid(rig: Rig, grid: list = GRID, kernels: bool = True, repeats: int =
             except Exception as exc:
                 cells.append({"size": label, "cell": name, "error": f"{type(exc).__name__}: {exc}"})
                 continue
-            cell = {"size": label, "cell": name, "options": options, **result, "stats": backend.stats,
-                    "decoded_by": delta(by, backend.decoded_by)}
+            cell = {
+                "size": label,
+                "cell": name,
+                "options": options,
+                **result,
+                "stats": backend.stats,
+                "decoded_by": delta(by, backend.decoded_by),
+            }
             cell.update({k: v for k, v in quality_of(backend, blobs).items() if k not in ("stats", "decoded_by")})
-            cell["kernels_of"] = (lambda b=backend, i=items: b.decode_batch(i))
+            cell["kernels_of"] = lambda b=backend, i=items: b.decode_batch(i)
             cells.append(cell)
-            print(f"  cell {label} {name:28s} {result['images_per_s']:9.1f} img/s p99 {result['p99_ms']:7.2f} ms "
-                  f"PSNR {cell['min_psnr_vs_pillow_db']:.1f} decoded_by {cell['decoded_by']}{rig.tag}",
-                  file=sys.stderr)
+            print(
+                f"  cell {label} {name:28s} {result['images_per_s']:9.1f} img/s p99 {result['p99_ms']:7.2f} ms "
+                f"PSNR {cell['min_psnr_vs_pillow_db']:.1f} decoded_by {cell['decoded_by']}{rig.tag}",
+                file=sys.stderr,
+            )
         ran = [c for c in cells if c["size"] == label and "images_per_s" in c]
         if ran and kernels and not rig.rehearse:
             best = max(ran, key=lambda c: c["images_per_s"])
@@ -473,29 +542,37 @@ def verdicts(jpeg: dict, rig: Rig) -> list[str]:
             lines.append(f"VERDICT batch {batch} {goal} (>= {floor}x torchvision): {word} {ratios}{sizes}")
         ours, theirs = rate("lazymedia-nvjpeg", "3840x2160", 1, "p50_ms"), rate(tv, "3840x2160", 1, "p50_ms")
         if ours and theirs:
-            lines.append(f"VERDICT batch-1 4K latency (<= torchvision): {rig.judged(ours <= theirs)} "
-                         f"lazymedia {ours:.2f} ms vs torchvision {theirs:.2f} ms (p50)")
+            lines.append(
+                f"VERDICT batch-1 4K latency (<= torchvision): {rig.judged(ours <= theirs)} "
+                f"lazymedia {ours:.2f} ms vs torchvision {theirs:.2f} ms (p50)"
+            )
         else:
             lines.append(f"VERDICT batch-1 4K latency (<= torchvision): UNKNOWN lazymedia {ours}, torchvision {theirs}")
     prog = jpeg["progressive"]
     ours, cpu = prog["lazymedia-nvjpeg"]["images_per_s"], prog["lazymedia-cpu-engine"]["images_per_s"]
     ok = ours >= 10 * OLD_NON_HARDWARE_4K_B8 and ours > cpu
-    lines.append(f"VERDICT progressive 4K batch 8 (>= {10 * OLD_NON_HARDWARE_4K_B8:.0f} img/s and > CPU engine): "
-                 f"{rig.judged(ok)} {ours:.0f} img/s, CPU engine {cpu:.0f} img/s")
-    scores = [q["min_psnr_vs_pillow_db"] for q in jpeg["quality"].values()] + [
-        prog["quality"]["min_psnr_vs_pillow_db"]]
+    lines.append(
+        f"VERDICT progressive 4K batch 8 (>= {10 * OLD_NON_HARDWARE_4K_B8:.0f} img/s and > CPU engine): "
+        f"{rig.judged(ok)} {ours:.0f} img/s, CPU engine {cpu:.0f} img/s"
+    )
+    scores = [q["min_psnr_vs_pillow_db"] for q in jpeg["quality"].values()] + [prog["quality"]["min_psnr_vs_pillow_db"]]
     fallbacks = sum(q["fallbacks"] for q in jpeg["quality"].values()) + prog["quality"]["fallbacks"]
-    lines.append(f"VERDICT quality (every image >= 40 dB vs Pillow, zero fallbacks): "
-                 f"{'PASS' if min(scores) >= 40 and fallbacks == 0 else 'FAIL'} min {min(scores):.1f} dB, "
-                 f"{fallbacks} fallbacks")
+    lines.append(
+        f"VERDICT quality (every image >= 40 dB vs Pillow, zero fallbacks): "
+        f"{'PASS' if min(scores) >= 40 and fallbacks == 0 else 'FAIL'} min {min(scores):.1f} dB, "
+        f"{fallbacks} fallbacks"
+    )
     damaged = jpeg["damaged"]
     ok = damaged["status_of_17"] == 422 and list(damaged["errors"]) == [17] and damaged["decoded_on_gpu"] == 63
-    lines.append(f"VERDICT damaged image in a batch of 64 (a 422, the other 63 on the GPU): "
-                 f"{'PASS' if ok else 'FAIL'} {damaged}")
+    lines.append(
+        f"VERDICT damaged image in a batch of 64 (a 422, the other 63 on the GPU): {'PASS' if ok else 'FAIL'} {damaged}"
+    )
     engines = {size: rate("lazymedia-nvjpeg", size, 64, "decoded_by") for size in ran}
     ok = all(by is not None and by["hardware"] > 0 for by in engines.values())
-    lines.append(f"VERDICT nvJPEG engines decode (decoded_by hardware > 0 at batch 64, every size): "
-                 f"{'PASS' if ok else 'FAIL'} {engines}; in all {jpeg['decoded_by']}")
+    lines.append(
+        f"VERDICT nvJPEG engines decode (decoded_by hardware > 0 at batch 64, every size): "
+        f"{'PASS' if ok else 'FAIL'} {engines}; in all {jpeg['decoded_by']}"
+    )
     lines.append(f"PEERS ran: {jpeg['peers_ran'] or 'none'}; not run: {jpeg['peers_missing'] or 'none'}")
     return lines
 
@@ -528,6 +605,7 @@ def bench_lock(rig: Rig) -> dict:
     blobs = [encode(synthetic.photo(*size, seed=s), "JPEG") for s in range(8)]
     result = {}
     for threads in (1, 4):
+
         def work():
             for _ in range(4):
                 backend.decode_batch([lazymedia.load_image(b) for b in blobs])
@@ -540,31 +618,45 @@ def bench_lock(rig: Rig) -> dict:
 
 def print_jpeg_table(jpeg: dict) -> None:
     tv = next((p for p in jpeg["peers_ran"] if p.startswith("torchvision")), None)
-    print(f"{'decoder':32s} {'size':>10s} {'batch':>5s} {'img/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'vs tv':>6s} "
-          f"decoded_by")
+    print(
+        f"{'decoder':32s} {'size':>10s} {'batch':>5s} {'img/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'vs tv':>6s} "
+        f"decoded_by"
+    )
     for r in jpeg["rows"]:
         if "error" in r:
             print(f"{r['decoder']:32s} {r['size']:>10s} {r['batch']:5d} failed: {r['error']}")
             continue
-        base = next((t["images_per_s"] for t in jpeg["rows"] if t["decoder"] == tv and t["size"] == r["size"]
-                     and t["batch"] == r["batch"] and "error" not in t), None)
+        base = next(
+            (
+                t["images_per_s"]
+                for t in jpeg["rows"]
+                if t["decoder"] == tv and t["size"] == r["size"] and t["batch"] == r["batch"] and "error" not in t
+            ),
+            None,
+        )
         ratio = f"{r['images_per_s'] / base:6.2f}" if base else "     -"
         by = r.get("decoded_by", "")
-        print(f"{r['decoder']:32s} {r['size']:>10s} {r['batch']:5d} {r['images_per_s']:10.1f} "
-              f"{r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {ratio} {by}")
+        print(
+            f"{r['decoder']:32s} {r['size']:>10s} {r['batch']:5d} {r['images_per_s']:10.1f} "
+            f"{r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {ratio} {by}"
+        )
 
 
 def print_grid(cells: list[dict], title: str) -> None:
-    print(f"\n{title:30s} {'size':>10s} {'img/s':>9s} {'p99 ms':>8s} {'PSNR':>6s} {'prep us':>8s} "
-          f"{'hw ms':>7s} {'cuda ms':>7s} {'mallocs':>7s} decoded_by")
+    print(
+        f"\n{title:30s} {'size':>10s} {'img/s':>9s} {'p99 ms':>8s} {'PSNR':>6s} {'prep us':>8s} "
+        f"{'hw ms':>7s} {'cuda ms':>7s} {'mallocs':>7s} decoded_by"
+    )
     for c in cells:
         if "error" in c:
             print(f"{c['cell']:30s} {c['size']:>10s} ERROR {c['error']}")
             continue
         st = c["stats"]
-        print(f"{c['cell']:30s} {c['size']:>10s} {c['images_per_s']:9.1f} {c['p99_ms']:8.2f} "
-              f"{c['min_psnr_vs_pillow_db']:6.1f} {st.get('prepare_us', 0):8.0f} {st.get('hardware_ms', 0):7.2f} "
-              f"{st.get('cuda_ms', 0):7.2f} {st.get('device_mallocs', 0):7d} {c['decoded_by']}")
+        print(
+            f"{c['cell']:30s} {c['size']:>10s} {c['images_per_s']:9.1f} {c['p99_ms']:8.2f} "
+            f"{c['min_psnr_vs_pillow_db']:6.1f} {st.get('prepare_us', 0):8.0f} {st.get('hardware_ms', 0):7.2f} "
+            f"{st.get('cuda_ms', 0):7.2f} {st.get('device_mallocs', 0):7d} {c['decoded_by']}"
+        )
         for key in ("kernels (best)", "kernels (worst)"):
             if key in c:
                 print(f"    {key}: {c[key]}")
@@ -584,8 +676,13 @@ def main(argv=None) -> int:
         print("bench_gpu: no CUDA device", file=sys.stderr)
         return 2
     rig = Rig(args.rehearse)
-    report: dict = {"device": rig.name(), "rehearsal": rig.rehearse, "torch": torch.__version__,
-                    "lazymedia": lazymedia.__version__, "cpus": len(os.sched_getaffinity(0))}
+    report: dict = {
+        "device": rig.name(),
+        "rehearsal": rig.rehearse,
+        "torch": torch.__version__,
+        "lazymedia": lazymedia.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
     if args.headline:
         report["headline"] = bench_headline(rig)
         write_json(report, args.json)
@@ -599,17 +696,25 @@ def main(argv=None) -> int:
     write_json(report, args.json)
     print(f"\nGPU JPEG decode on {report['device']} ({report['cpus']} CPUs){rig.tag}")
     print_jpeg_table(report["jpeg"])
-    print("progressive 4K batch 8:", json.dumps({k: v for k, v in report["jpeg"]["progressive"].items()
-                                                  if k != "lazymedia_stats"}, default=str))
+    print(
+        "progressive 4K batch 8:",
+        json.dumps({k: v for k, v in report["jpeg"]["progressive"].items() if k != "lazymedia_stats"}, default=str),
+    )
     print("split load per size class:", report["jpeg"]["split_load"])
     jpeg = report["jpeg"]
-    print(f"nvJPEG decoded {jpeg['decoded']} images over the section: {jpeg['decoded_by']}, "
-          f"{jpeg['fallback_count']} run-time fallbacks, {jpeg['engines']} engines{rig.tag}")
+    print(
+        f"nvJPEG decoded {jpeg['decoded']} images over the section: {jpeg['decoded_by']}, "
+        f"{jpeg['fallback_count']} run-time fallbacks, {jpeg['engines']} engines{rig.tag}"
+    )
     overhead = jpeg["python_overhead"]
-    print(f"Python per call (64 x {overhead['size']}): {overhead['python_us']:.0f} us of {overhead['wall_us']:.0f} us "
-          f"({overhead['native_us']:.0f} us native){rig.tag}")
-    print(f"nvJPEG device memory outside torch's allocator: "
-          f"{jpeg['memory']['nvjpeg_outside_torch_bytes'] / 2 ** 20:.0f} MiB{rig.tag}")
+    print(
+        f"Python per call (64 x {overhead['size']}): {overhead['python_us']:.0f} us of {overhead['wall_us']:.0f} us "
+        f"({overhead['native_us']:.0f} us native){rig.tag}"
+    )
+    print(
+        f"nvJPEG device memory outside torch's allocator: "
+        f"{jpeg['memory']['nvjpeg_outside_torch_bytes'] / 2**20:.0f} MiB{rig.tag}"
+    )
     print_grid(report["grid"], "grid cell") if args.grid else print_grid(report["ab"], "A/B cell")
     print()
     for line in report["verdicts"]:

@@ -19,6 +19,7 @@ their spread) on generated photo-like images (smooth gradients + noise):
 
     python benchmarks/bench_hot_path.py [--quick] [--rounds N] [--json PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,8 +89,10 @@ def spread(r: dict, digits: int = 2) -> str:
 # -- 1. hits ----------------------------------------------------------------------------------
 def features_of(items):
     """An output shaped like a VLM processor's (the size of its tensors does not matter to a hit)."""
-    return [{"pixel_values": torch.zeros(16, 1176), "image_grid_thw": torch.tensor([[1, 4, 4]]),
-             "sizes": list(item.shape)} for item in items]
+    return [
+        {"pixel_values": torch.zeros(16, 1176), "image_grid_thw": torch.tensor([[1, 4, 4]]), "sizes": list(item.shape)}
+        for item in items
+    ]
 
 
 def bench_hit(sizes, rounds: int, engine) -> list[dict]:
@@ -123,16 +126,29 @@ def bench_hit(sizes, rounds: int, engine) -> list[dict]:
                     for _ in range(calls):
                         await processor.apply_async([lazymedia.load_image(data)])
 
-                times = interleaved({"floor": (floor, calls), "sync_hit": (sync_hit, calls),
-                                     "features_hit": (features_hit, calls), "seal_check": (seal_check, calls),
-                                     "async_hit": (lambda: loop.run_until_complete(async_hits()), 1)}, rounds)
+                times = interleaved(
+                    {
+                        "floor": (floor, calls),
+                        "sync_hit": (sync_hit, calls),
+                        "features_hit": (features_hit, calls),
+                        "seal_check": (seal_check, calls),
+                        "async_hit": (lambda: loop.run_until_complete(async_hits()), 1),
+                    },
+                    rounds,
+                )
                 times["async_hit"] = [t / calls for t in times["async_hit"]]  # one batch of `calls` awaits a sample
                 extra_us = statistics.median(a - f for a, f in zip(times["async_hit"], times["floor"])) * 1e6
-                row = {"format": fmt.lower(), "height": height, "width": width, "encoded_bytes": len(data),
-                       "calls_per_sample": calls, **summary(times),
-                       "sync_vs_floor": ratio(times["sync_hit"], times["floor"]),
-                       "async_vs_floor": ratio(times["async_hit"], times["floor"]),
-                       "async_minus_floor_us": extra_us}
+                row = {
+                    "format": fmt.lower(),
+                    "height": height,
+                    "width": width,
+                    "encoded_bytes": len(data),
+                    "calls_per_sample": calls,
+                    **summary(times),
+                    "sync_vs_floor": ratio(times["sync_hit"], times["floor"]),
+                    "async_vs_floor": ratio(times["async_hit"], times["floor"]),
+                    "async_minus_floor_us": extra_us,
+                }
                 if len(data) >= ASYNC_HIT_RATIO_FROM:
                     row["goal_ratio_met"] = row["async_vs_floor"]["median"] <= ASYNC_HIT_MAX_RATIO
                 if (height, width) == (512, 512):
@@ -148,18 +164,22 @@ def bench_hit(sizes, rounds: int, engine) -> list[dict]:
 
 def print_hit(rows: list[dict]) -> None:
     print("\n1. All-hit request vs the floor (bare single-thread blake3 over the encoded bytes), median ms")
-    print(f"  {'format':6s} {'size':>9s} {'bytes':>9s} {'floor':>8s} {'sync':>8s} {'async':>8s} "
-          f"{'sync/floor':>17s} {'async/floor':>17s} {'async-floor':>11s} {'features':>8s} {'check':>7s}  goal")
+    print(
+        f"  {'format':6s} {'size':>9s} {'bytes':>9s} {'floor':>8s} {'sync':>8s} {'async':>8s} "
+        f"{'sync/floor':>17s} {'async/floor':>17s} {'async-floor':>11s} {'features':>8s} {'check':>7s}  goal"
+    )
     for r in rows:
         goals = []
         if "goal_ratio_met" in r:
             goals.append(f"<={ASYNC_HIT_MAX_RATIO}x: {goal(r['goal_ratio_met'])}")
         if "goal_extra_met" in r:
             goals.append(f"<=+{ASYNC_HIT_MAX_EXTRA_US:.0f}us: {goal(r['goal_extra_met'])}")
-        print(f"  {r['format']:6s} {r['width']:>4d}x{r['height']:<4d} {r['encoded_bytes']:9d} {r['floor_ms']:8.3f} "
-              f"{r['sync_hit_ms']:8.3f} {r['async_hit_ms']:8.3f} {spread(r['sync_vs_floor']):>17s} "
-              f"{spread(r['async_vs_floor']):>17s} {r['async_minus_floor_us']:9.1f}us {r['features_hit_ms']:8.3f} "
-              f"{r['seal_check_ms'] * 1e3:5.1f}us  {', '.join(goals) or '-'}")
+        print(
+            f"  {r['format']:6s} {r['width']:>4d}x{r['height']:<4d} {r['encoded_bytes']:9d} {r['floor_ms']:8.3f} "
+            f"{r['sync_hit_ms']:8.3f} {r['async_hit_ms']:8.3f} {spread(r['sync_vs_floor']):>17s} "
+            f"{spread(r['async_vs_floor']):>17s} {r['async_minus_floor_us']:9.1f}us {r['features_hit_ms']:8.3f} "
+            f"{r['seal_check_ms'] * 1e3:5.1f}us  {', '.join(goals) or '-'}"
+        )
 
 
 # -- 2. hash threads --------------------------------------------------------------------------
@@ -173,26 +193,42 @@ def bench_hash(rounds: int) -> dict:
             cursor[0] = 0
         start = cursor[0]
         cursor[0] += size
-        return pool[start:start + size]
+        return pool[start : start + size]
 
     rows = []
     for size in HASH_SIZES:
         # One call a sample, so the multithreaded pool idles between its calls as between requests.
-        times = interleaved({"one_thread": (lambda: blake3.blake3(fresh(size), max_threads=1).digest(), 1),
-                             "all_threads": (lambda: blake3.blake3(fresh(size), max_threads=blake3.blake3.AUTO)
-                                             .digest(), 1)}, rounds)
+        times = interleaved(
+            {
+                "one_thread": (lambda: blake3.blake3(fresh(size), max_threads=1).digest(), 1),
+                "all_threads": (lambda: blake3.blake3(fresh(size), max_threads=blake3.blake3.AUTO).digest(), 1),
+            },
+            rounds,
+        )
         one, multi = statistics.median(times["one_thread"]), statistics.median(times["all_threads"])
-        rows.append({"bytes": size, "one_thread_ms": one * 1e3, "all_threads_ms": multi * 1e3,
-                     "one_thread_GBps": size / one / 1e9, "all_threads_GBps": size / multi / 1e9,
-                     "all_vs_one": ratio(times["all_threads"], times["one_thread"])})
+        rows.append(
+            {
+                "bytes": size,
+                "one_thread_ms": one * 1e3,
+                "all_threads_ms": multi * 1e3,
+                "one_thread_GBps": size / one / 1e9,
+                "all_threads_GBps": size / multi / 1e9,
+                "all_vs_one": ratio(times["all_threads"], times["one_thread"]),
+            }
+        )
     crossover = None  # the smallest size from which multithreaded stays faster (median of ratios < 1)
     for row in reversed(rows):
         if row["all_vs_one"]["median"] >= 1:
             break
         crossover = row["bytes"]
-    return {"cores": len(os.sched_getaffinity(0)), "rounds": rounds, "sizes": rows,
-            "measured_crossover_bytes": crossover, "multithread_min_bytes": hashing.multithread_min_bytes(),
-            "threshold_variable": os.environ.get(hashing.THRESHOLD_VARIABLE)}
+    return {
+        "cores": len(os.sched_getaffinity(0)),
+        "rounds": rounds,
+        "sizes": rows,
+        "measured_crossover_bytes": crossover,
+        "multithread_min_bytes": hashing.multithread_min_bytes(),
+        "threshold_variable": os.environ.get(hashing.THRESHOLD_VARIABLE),
+    }
 
 
 def size_name(nbytes: int | None) -> str:
@@ -205,12 +241,16 @@ def print_hash(report: dict) -> None:
     print(f"\n2. blake3 one thread vs max_threads=AUTO ({report['cores']} cores), buffers not in cache, median")
     print(f"  {'size':>8s} {'1 thread ms':>11s} {'GB/s':>6s} {'AUTO ms':>9s} {'GB/s':>6s} {'AUTO/1 thread':>19s}")
     for r in report["sizes"]:
-        print(f"  {size_name(r['bytes']):>8s} {r['one_thread_ms']:11.3f} {r['one_thread_GBps']:6.2f} "
-              f"{r['all_threads_ms']:9.3f} {r['all_threads_GBps']:6.2f} {spread(r['all_vs_one']):>19s}")
+        print(
+            f"  {size_name(r['bytes']):>8s} {r['one_thread_ms']:11.3f} {r['one_thread_GBps']:6.2f} "
+            f"{r['all_threads_ms']:9.3f} {r['all_threads_GBps']:6.2f} {spread(r['all_vs_one']):>19s}"
+        )
     picked, measured = report["multithread_min_bytes"], report["measured_crossover_bytes"]
     source = f" (from {hashing.THRESHOLD_VARIABLE})" if report["threshold_variable"] else " (core-count table)"
-    print(f"  multithread_min_bytes() picks: {size_name(picked)}{source}; this run's crossover: "
-          f"{size_name(measured)} -> {'agree' if picked == measured else 'differ'}")
+    print(
+        f"  multithread_min_bytes() picks: {size_name(picked)}{source}; this run's crossover: "
+        f"{size_name(measured)} -> {'agree' if picked == measured else 'differ'}"
+    )
 
 
 # -- 3. draft ---------------------------------------------------------------------------------
@@ -221,11 +261,24 @@ def bench_draft(rounds: int) -> list[dict]:
         exact_px = lazymedia.load_image(data, size=size).decode().numpy()
         draft_px = lazymedia.load_image(data, size=size, draft=True).decode().numpy()
         diff = np.abs(exact_px.astype(np.int16) - draft_px.astype(np.int16))
-        times = interleaved({"exact": (lambda: lazymedia.load_image(data, size=size).decode(), 1),
-                             "draft": (lambda: lazymedia.load_image(data, size=size, draft=True).decode(), 1)}, rounds)
-        row = {"height": height, "width": width, "out_height": size[0], "out_width": size[1],
-               "encoded_bytes": len(data), **summary(times), "draft_vs_exact": ratio(times["draft"], times["exact"]),
-               "mean_abs_diff": float(diff.mean()), "max_abs_diff": int(diff.max())}
+        times = interleaved(
+            {
+                "exact": (lambda: lazymedia.load_image(data, size=size).decode(), 1),
+                "draft": (lambda: lazymedia.load_image(data, size=size, draft=True).decode(), 1),
+            },
+            rounds,
+        )
+        row = {
+            "height": height,
+            "width": width,
+            "out_height": size[0],
+            "out_width": size[1],
+            "encoded_bytes": len(data),
+            **summary(times),
+            "draft_vs_exact": ratio(times["draft"], times["exact"]),
+            "mean_abs_diff": float(diff.mean()),
+            "max_abs_diff": int(diff.max()),
+        }
         if size == (720, 1280):
             row["goal_met"] = row["draft_vs_exact"]["median"] <= DRAFT_MAX_RATIO
         rows.append(row)
@@ -238,8 +291,10 @@ def print_draft(rows: list[dict]) -> None:
     for r in rows:
         what = f"{r['width']}x{r['height']}->{r['out_width']}x{r['out_height']}"
         status = f"<={DRAFT_MAX_RATIO}x: {goal(r['goal_met'])}" if "goal_met" in r else "-"
-        print(f"  {what:>22s} {r['exact_ms']:8.2f} {r['draft_ms']:8.2f} {spread(r['draft_vs_exact']):>17s} "
-              f"{r['mean_abs_diff']:8.3f} {r['max_abs_diff']:7d}  {status}")
+        print(
+            f"  {what:>22s} {r['exact_ms']:8.2f} {r['draft_ms']:8.2f} {spread(r['draft_vs_exact']):>17s} "
+            f"{r['mean_abs_diff']:8.3f} {r['max_abs_diff']:7d}  {status}"
+        )
 
 
 # -- 4. engine --------------------------------------------------------------------------------
@@ -253,25 +308,40 @@ def bench_engine(sizes, rounds: int) -> list[dict]:
             pool = ThreadPoolExecutor(threads)
             try:
                 # A handle decodes once, so each batch makes fresh ones (a header probe each, as a request does).
-                times = interleaved({
-                    "engine": (lambda: engine.decode_all([lazymedia.load_image(b) for b in blobs]), 1),
-                    "pool": (lambda: list(pool.map(simplejpeg.decode_jpeg, blobs)), 1)}, rounds)
+                times = interleaved(
+                    {
+                        "engine": (lambda: engine.decode_all([lazymedia.load_image(b) for b in blobs]), 1),
+                        "pool": (lambda: list(pool.map(simplejpeg.decode_jpeg, blobs)), 1),
+                    },
+                    rounds,
+                )
             finally:
                 engine.shutdown()
                 pool.shutdown()
-            rows.append({"size": size, "images": ENGINE_BATCH, "threads": threads,
-                         "encoded_bytes_mean": int(np.mean([len(b) for b in distinct])), **summary(times),
-                         "engine_vs_pool": ratio(times["engine"], times["pool"])})
+            rows.append(
+                {
+                    "size": size,
+                    "images": ENGINE_BATCH,
+                    "threads": threads,
+                    "encoded_bytes_mean": int(np.mean([len(b) for b in distinct])),
+                    **summary(times),
+                    "engine_vs_pool": ratio(times["engine"], times["pool"]),
+                }
+            )
     return rows
 
 
 def print_engine(rows: list[dict]) -> None:
-    print(f"\n4. {ENGINE_BATCH} JPEGs a batch: DecodeEngine vs ThreadPoolExecutor(simplejpeg.decode_jpeg), "
-          "median ms a batch")
+    print(
+        f"\n4. {ENGINE_BATCH} JPEGs a batch: DecodeEngine vs ThreadPoolExecutor(simplejpeg.decode_jpeg), "
+        "median ms a batch"
+    )
     print(f"  {'size':>9s} {'threads':>7s} {'engine':>9s} {'pool':>9s} {'engine/pool':>17s}")
     for r in rows:
-        print(f"  {r['size']:>4d}x{r['size']:<4d} {r['threads']:7d} {r['engine_ms']:9.2f} {r['pool_ms']:9.2f} "
-              f"{spread(r['engine_vs_pool']):>17s}")
+        print(
+            f"  {r['size']:>4d}x{r['size']:<4d} {r['threads']:7d} {r['engine_ms']:9.2f} {r['pool_ms']:9.2f} "
+            f"{spread(r['engine_vs_pool']):>17s}"
+        )
 
 
 # -- 5. PNG miss ------------------------------------------------------------------------------
@@ -290,12 +360,21 @@ def bench_png_miss(rounds: int) -> list[dict]:
     rows = []
     for size in PNG_SIZES:
         data = encode(synthetic.photo(size, size), "PNG")
-        times = interleaved({"lazymedia": (lambda: lazymedia.load_image(data).decode(), 1),
-                             "pillow_load": (lambda: pillow_load(data), 1),
-                             "pillow_asarray": (lambda: pillow_array(data), 1)}, rounds)
-        row = {"size": size, "encoded_bytes": len(data), **summary(times),
-               "vs_pillow_load": ratio(times["lazymedia"], times["pillow_load"]),
-               "vs_pillow_asarray": ratio(times["lazymedia"], times["pillow_asarray"])}
+        times = interleaved(
+            {
+                "lazymedia": (lambda: lazymedia.load_image(data).decode(), 1),
+                "pillow_load": (lambda: pillow_load(data), 1),
+                "pillow_asarray": (lambda: pillow_array(data), 1),
+            },
+            rounds,
+        )
+        row = {
+            "size": size,
+            "encoded_bytes": len(data),
+            **summary(times),
+            "vs_pillow_load": ratio(times["lazymedia"], times["pillow_load"]),
+            "vs_pillow_asarray": ratio(times["lazymedia"], times["pillow_asarray"]),
+        }
         row["goal_met"] = row["vs_pillow_load"]["median"] <= PNG_MAX_RATIO
         rows.append(row)
     return rows
@@ -303,12 +382,16 @@ def bench_png_miss(rounds: int) -> list[dict]:
 
 def print_png_miss(rows: list[dict]) -> None:
     print("\n5. PNG miss: lazymedia load_image().decode() vs Pillow open().load() (+ np.asarray), median ms")
-    print(f"  {'size':>9s} {'bytes':>9s} {'lazymedia':>9s} {'load':>8s} {'+asarray':>8s} "
-          f"{'vs load':>17s} {'vs +asarray':>17s}  goal")
+    print(
+        f"  {'size':>9s} {'bytes':>9s} {'lazymedia':>9s} {'load':>8s} {'+asarray':>8s} "
+        f"{'vs load':>17s} {'vs +asarray':>17s}  goal"
+    )
     for r in rows:
-        print(f"  {r['size']:>4d}x{r['size']:<4d} {r['encoded_bytes']:9d} {r['lazymedia_ms']:9.2f} "
-              f"{r['pillow_load_ms']:8.2f} {r['pillow_asarray_ms']:8.2f} {spread(r['vs_pillow_load']):>17s} "
-              f"{spread(r['vs_pillow_asarray']):>17s}  <={PNG_MAX_RATIO}x load: {goal(r['goal_met'])}")
+        print(
+            f"  {r['size']:>4d}x{r['size']:<4d} {r['encoded_bytes']:9d} {r['lazymedia_ms']:9.2f} "
+            f"{r['pillow_load_ms']:8.2f} {r['pillow_asarray_ms']:8.2f} {spread(r['vs_pillow_load']):>17s} "
+            f"{spread(r['vs_pillow_asarray']):>17s}  <={PNG_MAX_RATIO}x load: {goal(r['goal_met'])}"
+        )
 
 
 def run(quick: bool, rounds: int) -> dict:
@@ -316,9 +399,13 @@ def run(quick: bool, rounds: int) -> dict:
     if warning:
         print(warning, file=sys.stderr)
     report = {
-        "version": lazymedia.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": platform.machine() + " " + platform.processor(), "cpus": len(os.sched_getaffinity(0)),
-        "python": platform.python_version(), "quick": quick, "rounds": rounds,
+        "version": lazymedia.__version__,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": platform.machine() + " " + platform.processor(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "quick": quick,
+        "rounds": rounds,
         "load_1min_before": os.getloadavg()[0],
     }
     engine = lazymedia.DecodeEngine(isolate=())  # in-process decodes for the hit section's cache warm-up

@@ -4,6 +4,7 @@ lazymedia/benchmarking/items.py.
 
     python benchmarks/bench_lazy_decode.py [--quick] [--json PATH] [--chart PATH]
 """
+
 import sys
 
 from lazymedia.bench import main

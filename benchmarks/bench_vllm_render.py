@@ -89,6 +89,7 @@ but its config or renderer fails to build: `RENDER SKIP vLLM does not start: <er
 traceback); --probe only
 tries that import: it prints that line and exits 1, or `RENDER vLLM <version> imports (<folder>)`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -116,9 +117,22 @@ from lazymedia.benchmarking.rehearsal import judged, scaled
 
 MODEL_NAME = "tiny-qwen2-vl"
 # Qwen2-VL's special tokens, in the order (so with the ids) its tokenizer has them: 151643 on.
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
 FIRST_SPECIAL_ID = 151643
 VOCAB_SIZE = 151936
 CHAT_TEMPLATE = (
@@ -132,12 +146,23 @@ CHAT_TEMPLATE = (
     "{% elif content['type'] == 'video' or 'video' in content %}"
     "{% set video_count.value = video_count.value + 1 %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-PROCESSOR_DEFAULTS = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2,
-                      "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
-                      "image_std": [0.26862954, 0.26130258, 0.27577711], "do_resize": True, "do_rescale": True,
-                      "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
-                      "processor_class": "Qwen2VLProcessor"}
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PROCESSOR_DEFAULTS = {
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "do_resize": True,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "processor_class": "Qwen2VLProcessor",
+}
 TORCHVISION_SHIM = '''"""bench_vllm_render.py: torchvision's nms/qnms schemas for a CUDA torchvision on a CPU torch."""
 try:
     import torch
@@ -170,12 +195,20 @@ class Scenario:
 def scenarios(quick: bool, seconds: float) -> list[Scenario]:
     """Sizes: --quick for a 2-core CPU rehearsal, else for a GPU machine."""
     if quick:
-        return [Scenario("jpeg-720p", "image", 720, 1280, 8, 3), Scenario("jpeg-4k", "image", 2160, 3840, 3, 5),
-                Scenario("jpeg-hits", "image", 720, 1280, 8, 3, pool=4),
-                Scenario("h264-720p", "video", 720, 1280, 2, 4), Scenario("h264-1080p", "video", 1080, 1920, 2, 4)]
-    return [Scenario("jpeg-720p", "image", 720, 1280, 32, 5), Scenario("jpeg-4k", "image", 2160, 3840, 8, 5),
-            Scenario("jpeg-hits", "image", 720, 1280, 32, 5, pool=8),
-            Scenario("h264-720p", "video", 720, 1280, 8, 5), Scenario("h264-1080p", "video", 1080, 1920, 8, 5)]
+        return [
+            Scenario("jpeg-720p", "image", 720, 1280, 8, 3),
+            Scenario("jpeg-4k", "image", 2160, 3840, 3, 5),
+            Scenario("jpeg-hits", "image", 720, 1280, 8, 3, pool=4),
+            Scenario("h264-720p", "video", 720, 1280, 2, 4),
+            Scenario("h264-1080p", "video", 1080, 1920, 2, 4),
+        ]
+    return [
+        Scenario("jpeg-720p", "image", 720, 1280, 32, 5),
+        Scenario("jpeg-4k", "image", 2160, 3840, 8, 5),
+        Scenario("jpeg-hits", "image", 720, 1280, 32, 5, pool=8),
+        Scenario("h264-720p", "video", 720, 1280, 8, 5),
+        Scenario("h264-1080p", "video", 1080, 1920, 8, 5),
+    ]
 
 
 def render_path_error() -> str | None:
@@ -206,24 +239,58 @@ def write_tiny_qwen2_vl(folder: str) -> None:
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     assert tokenizer.token_to_id("<|image_pad|>") == 151655 and tokenizer.token_to_id("<|video_pad|>") == 151656
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
-    text = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "vocab_size": VOCAB_SIZE, "max_position_embeddings": 32768,
-            "rope_theta": 1000000.0, "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]},
-            "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": True, "torch_dtype": "float32"}
-    config = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", **text,
-              "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
-              "image_token_id": 151655, "video_token_id": 151656,
-              "text_config": {"model_type": "qwen2_vl_text", **text},
-              "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
-                                "in_chans": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                                "hidden_act": "quick_gelu"}}
-    files = {"config.json": config,
-             "tokenizer_config.json": {"tokenizer_class": "Qwen2TokenizerFast", "eos_token": "<|im_end|>",
-                                       "pad_token": "<|endoftext|>", "model_max_length": 32768,
-                                       "add_prefix_space": False, "chat_template": CHAT_TEMPLATE},
-             "chat_template.json": {"chat_template": CHAT_TEMPLATE},
-             "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor", **PROCESSOR_DEFAULTS},
-             "video_preprocessor_config.json": {"video_processor_type": "Qwen2VLVideoProcessor", **PROCESSOR_DEFAULTS}}
+    text = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]},
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    config = {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        **text,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "vision_token_id": 151654,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "text_config": {"model_type": "qwen2_vl_text", **text},
+        "vision_config": {
+            "depth": 1,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "in_chans": 3,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "hidden_act": "quick_gelu",
+        },
+    }
+    files = {
+        "config.json": config,
+        "tokenizer_config.json": {
+            "tokenizer_class": "Qwen2TokenizerFast",
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "model_max_length": 32768,
+            "add_prefix_space": False,
+            "chat_template": CHAT_TEMPLATE,
+        },
+        "chat_template.json": {"chat_template": CHAT_TEMPLATE},
+        "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor", **PROCESSOR_DEFAULTS},
+        "video_preprocessor_config.json": {"video_processor_type": "Qwen2VLVideoProcessor", **PROCESSOR_DEFAULTS},
+    }
     for name, content in files.items():
         with open(os.path.join(folder, name), "w") as f:
             json.dump(content, f)
@@ -268,23 +335,33 @@ def build_columns(model_dir: str, gpu: bool) -> tuple[list[Column], list[str]]:
             vllm_kwargs["media_io_kwargs"] = {"video": {"video_backend": "pynvvideocodec"}}
         else:
             notes.append("vllm column: PyNvVideoCodec is not installed, so vLLM's default video loader (opencv)")
-    columns = [Column("vllm", "http", {"LAZYMEDIA_VLLM_DEVICE": None}, vllm_kwargs),
-               Column("plugin-cpu", "lazymedia", {"LAZYMEDIA_VLLM_DEVICE": None}, {})]
+    columns = [
+        Column("vllm", "http", {"LAZYMEDIA_VLLM_DEVICE": None}, vllm_kwargs),
+        Column("plugin-cpu", "lazymedia", {"LAZYMEDIA_VLLM_DEVICE": None}, {}),
+    ]
     if gpu:
-        columns.append(Column("plugin-gpu", "lazymedia", {"LAZYMEDIA_VLLM_DEVICE": "cuda"},
-                              {"mm_processor_kwargs": {"device": "cuda"}}))
+        columns.append(
+            Column(
+                "plugin-gpu",
+                "lazymedia",
+                {"LAZYMEDIA_VLLM_DEVICE": "cuda"},
+                {"mm_processor_kwargs": {"device": "cuda"}},
+            )
+        )
     else:
         notes.append("plugin-gpu column: not run: no GPU (torch.cuda.is_available() is False)")
     from vllm.config import ModelConfig, VllmConfig
     from vllm.renderers.registry import renderer_from_config
 
     for column in columns:
-        column.model_config = ModelConfig(model=model_dir, tokenizer=model_dir, dtype="float32", max_model_len=32768,
-                                          **column.model_config_kwargs)
+        column.model_config = ModelConfig(
+            model=model_dir, tokenizer=model_dir, dtype="float32", max_model_len=32768, **column.model_config_kwargs
+        )
         column.renderer = renderer_from_config(VllmConfig(model_config=column.model_config))
         env = {"VLLM_MEDIA_CONNECTOR": column.connector, **{k: v for k, v in column.env.items() if v}}
         column.settings = " ".join(f"{k}={v}" for k, v in env.items()) + (
-            f" {column.model_config_kwargs}" if column.model_config_kwargs else " (vLLM's defaults)")
+            f" {column.model_config_kwargs}" if column.model_config_kwargs else " (vLLM's defaults)"
+        )
     return columns, notes
 
 
@@ -307,10 +384,19 @@ class FallbackCounter:
 def make_item(scenario: Scenario, seed: int, seconds: float) -> str:
     """One data: URL of new bytes (the seed picks the photo)."""
     if scenario.modality == "image":
-        return "data:image/jpeg;base64," + base64.b64encode(
-            synthetic.jpeg(scenario.height, scenario.width, seed=seed)).decode()
-    clip = synthetic.video(frames=max(2, int(seconds * 30)), height=scenario.height, width=scenario.width, fps=30,
-                           gop=30, preset="veryfast", seed=seed)
+        return (
+            "data:image/jpeg;base64,"
+            + base64.b64encode(synthetic.jpeg(scenario.height, scenario.width, seed=seed)).decode()
+        )
+    clip = synthetic.video(
+        frames=max(2, int(seconds * 30)),
+        height=scenario.height,
+        width=scenario.width,
+        fps=30,
+        gop=30,
+        preset="veryfast",
+        seed=seed,
+    )
     return "data:video/mp4;base64," + base64.b64encode(clip).decode()
 
 
@@ -319,16 +405,24 @@ async def render_one(column: Column, modality: str, url: str) -> tuple[float, di
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     start = time.perf_counter()
-    part = {"type": "image_url", "image_url": {"url": url}} if modality == "image" else \
-        {"type": "video_url", "video_url": {"url": url}}
-    request = ChatCompletionRequest(model=MODEL_NAME, max_tokens=16, messages=[
-        {"role": "user", "content": [part, {"type": "text", "text": "Describe this."}]}])
+    part = (
+        {"type": "image_url", "image_url": {"url": url}}
+        if modality == "image"
+        else {"type": "video_url", "video_url": {"url": url}}
+    )
+    request = ChatCompletionRequest(
+        model=MODEL_NAME,
+        max_tokens=16,
+        messages=[{"role": "user", "content": [part, {"type": "text", "text": "Describe this."}]}],
+    )
     renderer = column.renderer
     mm_config = column.model_config.multimodal_config
     chat_params = request.build_chat_params(None, "auto").with_defaults(
-        {"tools": None, "tokenize": False}, default_media_io_kwargs=mm_config.media_io_kwargs if mm_config else None)
+        {"tools": None, "tokenize": False}, default_media_io_kwargs=mm_config.media_io_kwargs if mm_config else None
+    )
     (_,), (engine_input,) = await renderer.render_chat_async(
-        [request.messages], chat_params, request.build_tok_params(column.model_config))
+        [request.messages], chat_params, request.build_tok_params(column.model_config)
+    )
     return time.perf_counter() - start, engine_input
 
 
@@ -367,8 +461,11 @@ def input_difference(a: dict, b: dict, compared: set[str]) -> str | None:
         if len(pairs) != len(places_b[modality]) or len(pairs) != len(places_a[modality]):
             return f"mm_placeholders[{modality}] count"
         for pa, pb in pairs:
-            if (pa.offset, pa.length) != (pb.offset, pb.length) or (pa.is_embed is None) != (pb.is_embed is None) \
-                    or (pa.is_embed is not None and not torch.equal(pa.is_embed, pb.is_embed)):
+            if (
+                (pa.offset, pa.length) != (pb.offset, pb.length)
+                or (pa.is_embed is None) != (pb.is_embed is None)
+                or (pa.is_embed is not None and not torch.equal(pa.is_embed, pb.is_embed))
+            ):
                 return f"mm_placeholders[{modality}]"
     kwargs_a, kwargs_b = a.get("mm_kwargs", {}), b.get("mm_kwargs", {})
     if set(kwargs_a) != set(kwargs_b):
@@ -409,20 +506,29 @@ def run_scenario(loop, scenario: Scenario, columns: list[Column], seconds: float
         """[warm-up] + one batch per round of new bytes, or for a pool: [pool] + rounds drawn from it."""
         if scenario.pool:
             pool = [make_item(scenario, next(seeds), seconds) for _ in range(scenario.pool)]
-            timed = [[pool[(r * scenario.requests + j) % scenario.pool] for j in range(scenario.requests)]
-                     for r in range(scenario.rounds * calls)]
+            timed = [
+                [pool[(r * scenario.requests + j) % scenario.pool] for j in range(scenario.requests)]
+                for r in range(scenario.rounds * calls)
+            ]
             return [pool, *timed]
         return [[make_item(scenario, next(seeds), seconds)]] + [
             [make_item(scenario, next(seeds), seconds) for _ in range(scenario.requests)]
-            for _ in range(scenario.rounds)]
+            for _ in range(scenario.rounds)
+        ]
 
     shared = new_batches()  # columns 1 and 2 (vllm, plugin-cpu)
     # plugin-gpu: the shared warm-up, its own unique items (the plugin's decoded-video LRU is
     # process-wide); a pool is the same pool (every column has its own processor cache)
-    batches = {column.name: shared if column.name in ("vllm", "plugin-cpu") or scenario.pool
-               else [shared[0], *new_batches()[1:]] for column in columns}
-    state = {column.name: {"next": 0, "latencies": [], "decodes": 0, "queries": 0, "hits": 0, "inputs": []}
-             for column in columns}
+    batches = {
+        column.name: shared
+        if column.name in ("vllm", "plugin-cpu") or scenario.pool
+        else [shared[0], *new_batches()[1:]]
+        for column in columns
+    }
+    state = {
+        column.name: {"next": 0, "latencies": [], "decodes": 0, "queries": 0, "hits": 0, "inputs": []}
+        for column in columns
+    }
     for column in columns:
         column.renderer.clear_mm_cache()  # a fresh processor cache per column and scenario
         column.renderer.stat_mm_cache()
@@ -444,32 +550,45 @@ def run_scenario(loop, scenario: Scenario, columns: list[Column], seconds: float
                 mine["hits"] += stats.hits
 
     counted_fallbacks = dict(fallbacks.counts)
-    times = interleaved({column.name: (lambda column=column: call(column), calls) for column in columns},
-                        scenario.rounds)
+    times = interleaved(
+        {column.name: (lambda column=column: call(column), calls) for column in columns}, scenario.rounds
+    )
     tensors: set[str] = set()
     pairs = zip(state["vllm"]["inputs"], state["plugin-cpu"]["inputs"])
     differences = [input_difference(a, b, tensors) for a, b in pairs]
     compared = len(differences)
     different = [d for d in differences if d is not None]
-    result: dict = {"requests_per_round": scenario.requests, "rounds": scenario.rounds, "pool": scenario.pool,
-                    "size": f"{scenario.width}x{scenario.height}", "columns": {},
-                    "identical": compared == sum(map(len, shared)) and not different, "batches_per_round": calls,
-                    "compared_requests": compared, "compared_tensors": sorted(tensors),
-                    "first_difference": different[0] if different else None}
+    result: dict = {
+        "requests_per_round": scenario.requests,
+        "rounds": scenario.rounds,
+        "pool": scenario.pool,
+        "size": f"{scenario.width}x{scenario.height}",
+        "columns": {},
+        "identical": compared == sum(map(len, shared)) and not different,
+        "batches_per_round": calls,
+        "compared_requests": compared,
+        "compared_tensors": sorted(tensors),
+        "first_difference": different[0] if different else None,
+    }
     for column in columns:
         mine = state[column.name]
         lat = sorted(mine["latencies"])
         result["columns"][column.name] = {
             "requests_per_s": statistics.median(scenario.requests / t for t in times[column.name]),
             "requests_per_s_per_round": [scenario.requests / t for t in times[column.name]],
-            "p50_ms": float(np.percentile(lat, 50)) * 1e3, "p99_ms": float(np.percentile(lat, 99)) * 1e3,
+            "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+            "p99_ms": float(np.percentile(lat, 99)) * 1e3,
             "plugin_decodes": mine["decodes"] if column.connector == "lazymedia" else None,
-            "cache_queries": mine["queries"], "cache_hits": mine["hits"],
-            "fallbacks": fallbacks.counts.get(column.name, 0) - counted_fallbacks.get(column.name, 0)}
+            "cache_queries": mine["queries"],
+            "cache_hits": mine["hits"],
+            "fallbacks": fallbacks.counts.get(column.name, 0) - counted_fallbacks.get(column.name, 0),
+        }
     result["ratio_plugin_cpu_to_vllm"] = ratio(times["vllm"], times["plugin-cpu"])
     if "plugin-gpu" in times:  # the warm-up request(s), the same bytes in vllm and plugin-gpu
-        gpu_differences = [input_difference(a, b, set()) for a, b in zip(state["vllm"]["inputs"][:len(shared[0])],
-                                                                          state["plugin-gpu"]["inputs"])]
+        gpu_differences = [
+            input_difference(a, b, set())
+            for a, b in zip(state["vllm"]["inputs"][: len(shared[0])], state["plugin-gpu"]["inputs"])
+        ]
         result["identical_gpu_warmup"] = all(d is None for d in gpu_differences)
         result["first_difference_gpu_warmup"] = next((d for d in gpu_differences if d is not None), None)
         result["ratio_plugin_gpu_to_vllm"] = ratio(times["vllm"], times["plugin-gpu"])
@@ -507,27 +626,37 @@ def verdicts(results: dict, gpu: bool, rehearse: bool = False) -> list[str]:
     for name, result in results.items():
         r = result["ratio_plugin_cpu_to_vllm"]
         what = "hit" if result["pool"] else "miss"
-        lines.append(f"VERDICT {name}: plugin {what} no slower than vLLM's: {judged(r['median'] >= 1.0, rehearse)} "
-                     f"(plugin-cpu/vllm requests/s x{r['median']:.2f}, rounds {r['low']:.2f}-{r['high']:.2f})")
-        detail = f"{result['compared_requests']} requests: token ids, placeholders, hashes, " + \
-            ", ".join(result["compared_tensors"])
+        lines.append(
+            f"VERDICT {name}: plugin {what} no slower than vLLM's: {judged(r['median'] >= 1.0, rehearse)} "
+            f"(plugin-cpu/vllm requests/s x{r['median']:.2f}, rounds {r['low']:.2f}-{r['high']:.2f})"
+        )
+        detail = f"{result['compared_requests']} requests: token ids, placeholders, hashes, " + ", ".join(
+            result["compared_tensors"]
+        )
         if result["first_difference"]:
             detail += f"; first difference: {result['first_difference']}"
         lines.append(f"VERDICT {name}: identical model inputs: {'PASS' if result['identical'] else 'FAIL'} ({detail})")
         if result["pool"]:
             cpu = result["columns"]["plugin-cpu"]
             served = 0 < cpu["cache_hits"] == cpu["cache_queries"] and cpu["plugin_decodes"] == 0
-            lines.append(f"VERDICT {name}: the processor cache serves the repeats with no plugin decode: "
-                         f"{'PASS' if served else 'FAIL'} (hits {cpu['cache_hits']}/{cpu['cache_queries']}, "
-                         f"plugin decodes {cpu['plugin_decodes']})")
+            lines.append(
+                f"VERDICT {name}: the processor cache serves the repeats with no plugin decode: "
+                f"{'PASS' if served else 'FAIL'} (hits {cpu['cache_hits']}/{cpu['cache_queries']}, "
+                f"plugin decodes {cpu['plugin_decodes']})"
+            )
     if not gpu:
         lines.append("VERDICT issue #44 GPU goals: not run: no GPU (torch.cuda.is_available() is False)")
         return lines
     for name, result in results.items():
-        lines.append(f"VERDICT {name} GPU: identical model inputs, vllm vs plugin-gpu (warm-up request): "
-                     f"{'PASS' if result['identical_gpu_warmup'] else 'FAIL'}"
-                     + (f" (first difference: {result['first_difference_gpu_warmup']})"
-                        if result["first_difference_gpu_warmup"] else ""))
+        lines.append(
+            f"VERDICT {name} GPU: identical model inputs, vllm vs plugin-gpu (warm-up request): "
+            f"{'PASS' if result['identical_gpu_warmup'] else 'FAIL'}"
+            + (
+                f" (first difference: {result['first_difference_gpu_warmup']})"
+                if result["first_difference_gpu_warmup"]
+                else ""
+            )
+        )
     goals = {"jpeg-4k": 3.0, "jpeg-720p": 2.0, "h264-1080p": 1.5}
     for name, goal in goals.items():
         if name not in results:
@@ -535,8 +664,9 @@ def verdicts(results: dict, gpu: bool, rehearse: bool = False) -> list[str]:
         result = results[name]
         r = result["ratio_plugin_gpu_to_vllm"]
         ok = r["median"] >= goal
-        detail = (f"plugin-gpu/vllm requests/s x{r['median']:.2f} (rounds {r['low']:.2f}-{r['high']:.2f}), "
-                  f"goal >= {goal}")
+        detail = (
+            f"plugin-gpu/vllm requests/s x{r['median']:.2f} (rounds {r['low']:.2f}-{r['high']:.2f}), goal >= {goal}"
+        )
         if name == "jpeg-4k":
             p99_gpu, p99_vllm = result["columns"]["plugin-gpu"]["p99_ms"], result["columns"]["vllm"]["p99_ms"]
             ok = ok and p99_gpu <= p99_vllm
@@ -548,8 +678,10 @@ def verdicts(results: dict, gpu: bool, rehearse: bool = False) -> list[str]:
         lines.append(f"VERDICT {name} GPU: {judged(ok, rehearse)} ({detail})")
     if "jpeg-hits" in results:
         r = results["jpeg-hits"]["ratio_plugin_gpu_to_plugin_cpu"]
-        lines.append(f"VERDICT jpeg-hits GPU: plugin-gpu no slower than plugin-cpu: "
-                     f"{judged(r['median'] >= 1.0, rehearse)} (x{r['median']:.2f})")
+        lines.append(
+            f"VERDICT jpeg-hits GPU: plugin-gpu no slower than plugin-cpu: "
+            f"{judged(r['median'] >= 1.0, rehearse)} (x{r['median']:.2f})"
+        )
     return lines
 
 
@@ -560,8 +692,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, help="concurrent requests per round (every scenario)")
     parser.add_argument("--rounds", type=int, help="timed rounds (every scenario)")
     parser.add_argument("--seconds", type=float, help="clip length (default 1 with --quick, else 2)")
-    parser.add_argument("--rehearse", action="store_true",
-                        help="media SCALE times smaller a side, timing verdicts REHEARSAL (gpu_check.sh --rehearse)")
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="media SCALE times smaller a side, timing verdicts REHEARSAL (gpu_check.sh --rehearse)",
+    )
     parser.add_argument("--probe", action="store_true", help="only import vLLM's render path: exit 0 if it imports")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -573,8 +708,17 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown scenarios {sorted(unknown)}; choose from {[s.name for s in chosen]}")
         chosen = [s for s in chosen if s.name in names]
-    chosen = [Scenario(s.name, s.modality, *scaled(s.height, s.width, args.rehearse), args.requests or s.requests,
-                       args.rounds or s.rounds, s.pool) for s in chosen]
+    chosen = [
+        Scenario(
+            s.name,
+            s.modality,
+            *scaled(s.height, s.width, args.rehearse),
+            args.requests or s.requests,
+            args.rounds or s.rounds,
+            s.pool,
+        )
+        for s in chosen
+    ]
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -587,9 +731,12 @@ def main() -> int:
         shimmed = torchvision_shim(folder)
         error = render_path_error()
         if error or args.probe:  # one line, on a line of its own (no progress bar yet)
-            print(f"RENDER SKIP vLLM does not import: {error}" if error else
-                  f"RENDER vLLM {importlib.metadata.version('vllm')} imports "
-                  f"({os.path.dirname(os.path.dirname(sys.modules['vllm'].__file__))})")
+            print(
+                f"RENDER SKIP vLLM does not import: {error}"
+                if error
+                else f"RENDER vLLM {importlib.metadata.version('vllm')} imports "
+                f"({os.path.dirname(os.path.dirname(sys.modules['vllm'].__file__))})"
+            )
             return 1 if error and args.probe else 0
         progress = Progress(2 + len(chosen))
         model_dir = os.path.join(folder, MODEL_NAME)
@@ -623,33 +770,50 @@ def main() -> int:
             loop.close()
         progress.close()
     ran = [column.name for column in columns]
-    print(f"vLLM's chat render (renderer.render_chat_async) on a tiny Qwen2-VL, {platform.machine()}, "
-          f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, "
-          f"{'GPU ' + torch.cuda.get_device_name(0) if gpu else 'no GPU'}; {time.perf_counter() - started:.0f} s")
+    print(
+        f"vLLM's chat render (renderer.render_chat_async) on a tiny Qwen2-VL, {platform.machine()}, "
+        f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, "
+        f"{'GPU ' + torch.cuda.get_device_name(0) if gpu else 'no GPU'}; {time.perf_counter() - started:.0f} s"
+    )
     print(f"  lazymedia {os.path.dirname(lazymedia.__file__)}, vLLM {importlib.metadata.version('vllm')}")
     for column in columns:
         print(f"  {column.name}: {column.settings}")
     for note in notes:
         print(f"  {note}")
     if shimmed:
-        print("  torchvision: a CUDA build beside a CPU torch; its nms/qnms schemas were defined so it imports "
-              "(see the docstring)")
+        print(
+            "  torchvision: a CUDA build beside a CPU torch; its nms/qnms schemas were defined so it imports "
+            "(see the docstring)"
+        )
     for s in chosen:
-        print(f"  {s.name}: {s.width}x{s.height} {'JPEG' if s.modality == 'image' else f'H.264 {seconds:g} s'}, "
-              f"{s.requests} concurrent requests x {s.rounds} rounds" + (
-              f" of {HIT_BATCHES_PER_ROUND} batches, a pool of {s.pool}" if s.pool else ""))
+        print(
+            f"  {s.name}: {s.width}x{s.height} {'JPEG' if s.modality == 'image' else f'H.264 {seconds:g} s'}, "
+            f"{s.requests} concurrent requests x {s.rounds} rounds"
+            + (f" of {HIT_BATCHES_PER_ROUND} batches, a pool of {s.pool}" if s.pool else "")
+        )
     print_table(results, ran)
     print("(hits, decodes: the plugin-cpu column's processor-cache hits/queries and plugin decodes, timed rounds)")
     lines = verdicts(results, gpu, args.rehearse)
     for line in lines:
         print(line)
-    report = {"lazymedia": os.path.dirname(lazymedia.__file__), "vllm": importlib.metadata.version("vllm"),
-              "machine": {"arch": platform.machine(), "cores": len(os.sched_getaffinity(0)),
-                          "load_1min": os.getloadavg()[0], "gpu": torch.cuda.get_device_name(0) if gpu else None,
-                          "torch": torch.__version__},
-              "columns": {column.name: column.settings for column in columns}, "notes": notes,
-              "torchvision_shim": shimmed, "clip_seconds": seconds, "rehearsal": args.rehearse, "scenarios": results,
-              "verdicts": lines}
+    report = {
+        "lazymedia": os.path.dirname(lazymedia.__file__),
+        "vllm": importlib.metadata.version("vllm"),
+        "machine": {
+            "arch": platform.machine(),
+            "cores": len(os.sched_getaffinity(0)),
+            "load_1min": os.getloadavg()[0],
+            "gpu": torch.cuda.get_device_name(0) if gpu else None,
+            "torch": torch.__version__,
+        },
+        "columns": {column.name: column.settings for column in columns},
+        "notes": notes,
+        "torchvision_shim": shimmed,
+        "clip_seconds": seconds,
+        "rehearsal": args.rehearse,
+        "scenarios": results,
+        "verdicts": lines,
+    }
     warning = busy_warning()
     if warning:
         print(warning)

@@ -4,6 +4,7 @@ per-pool ratios), with what warm-up cost.
 
     python benchmarks/bench_warm_workers.py [--pools 3 --misses 6]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,14 @@ def main(argv=None) -> int:
             pool.close()
         later = statistics.median(times[1:])
         ratios.append(times[0] / later)
-        print(f"warm_up {warm_s:.2f} s (in the worker {report[0].get('seconds', 0):.2f} s); first miss "
-              f"{times[0] * 1e3:.1f} ms, later misses (median) {later * 1e3:.1f} ms, ratio {ratios[-1]:.2f}")
-    print(f"median first/later ratio over {args.pools} fresh pools: {statistics.median(ratios):.2f} "
-          f"(1-minute load {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} cores)")
+        print(
+            f"warm_up {warm_s:.2f} s (in the worker {report[0].get('seconds', 0):.2f} s); first miss "
+            f"{times[0] * 1e3:.1f} ms, later misses (median) {later * 1e3:.1f} ms, ratio {ratios[-1]:.2f}"
+        )
+    print(
+        f"median first/later ratio over {args.pools} fresh pools: {statistics.median(ratios):.2f} "
+        f"(1-minute load {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} cores)"
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ files), drop every output, stay idle, and compare RSS with the RSS after import.
 trimmed: the behaviour before the idle release). Verdict: RSS after the idle within 150 MB of
 the RSS after import. The numbers are bytes of this process, not timings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,11 @@ def main(argv: list[str]) -> int:
         codec(modality)  # imports the codec modules: the imports are the baseline, not the burst
 
     videos = [synthetic.video(frames=48, height=1080, width=1920), synthetic.video(frames=24, height=1440, width=2560)]
-    images = [synthetic.jpeg(1080, 1920, seed=1), synthetic.jpeg(2160, 3840, seed=2),
-              synthetic.encode_image(synthetic.photo(1440, 2560, seed=3), "PNG")]
+    images = [
+        synthetic.jpeg(1080, 1920, seed=1),
+        synthetic.jpeg(2160, 3840, seed=2),
+        synthetic.encode_image(synthetic.photo(1440, 2560, seed=3), "PNG"),
+    ]
     corpus = [item for item in corpus_items(Path(args.corpus)) if item[0] in ("image", "audio")]
     gc.collect()
     memory.trim_heap()
@@ -95,8 +99,10 @@ def main(argv: list[str]) -> int:
     print(f"RSS peak during the burst: {peak / mb:.0f} MB")
     print(f"RSS right after the burst: {after_burst / mb:.0f} MB")
     print(f"RSS after {args.idle_s:g} s idle: {after_idle / mb:.0f} MB (+{(after_idle - after_import) / mb:.0f} MB)")
-    print(f"frame pool: cached {pool['cached_bytes'] / mb:.0f} MB, leased {pool['leased_bytes'] / mb:.0f} MB, "
-          f"released {pool['released_bytes'] / mb:.0f} MB")
+    print(
+        f"frame pool: cached {pool['cached_bytes'] / mb:.0f} MB, leased {pool['leased_bytes'] / mb:.0f} MB, "
+        f"released {pool['released_bytes'] / mb:.0f} MB"
+    )
     within = after_idle - after_import <= GOAL_BYTES
     print(f"verdict: {'PASS' if within else 'FAIL'} (goal: within {GOAL_BYTES // mb} MB of the RSS after import)")
     return 0 if within else 1

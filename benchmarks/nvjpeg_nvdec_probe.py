@@ -19,6 +19,7 @@ carries only the repository, so gpu_check.sh runs this one):
 --rehearse: no GPU; PyNvVideoCodec, libnvjpeg and torchvision are lazymedia.benchmarking.rehearsal's
 CPU stand-ins, sizes 8x smaller a side, and every line is marked REHEARSAL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,11 @@ from lazymedia.benchmarking.harness import encode, psnr
 # nvjpegBackend_t, and the flags of nvjpegCreateEx
 HARDWARE, DEFAULT = 3, 0
 FLAGS = {0: "none (torchvision's)", 32: "INTERPOLATION", 36: "STRICT|INTERPOLATION (lazymedia's)"}
-A_CASES = [("512x512", (512, 512), (HARDWARE, DEFAULT)), ("1920x1080", (1080, 1920), (HARDWARE,)),
-           ("3840x2160", (2160, 3840), (HARDWARE,))]
+A_CASES = [
+    ("512x512", (512, 512), (HARDWARE, DEFAULT)),
+    ("1920x1080", (1080, 1920), (HARDWARE,)),
+    ("3840x2160", (2160, 3840), (HARDWARE,)),
+]
 BACKEND_NAMES = {HARDWARE: "HARDWARE", DEFAULT: "DEFAULT"}
 B_CASES = {"edit list, discarded pre-roll keyframe": {"preroll": 2}, "B-frames, FFmpeg's default edit list": {}}
 MIN_DB = 40.0
@@ -87,8 +91,15 @@ def part_b(rehearse: bool) -> bool:
             with av.open(io.BytesIO(data)) as container:
                 cpu = {frame.pts: frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)}
             start = time.perf_counter()
-            decoder = nvc.CreateDecoder(gpuid=0, codec=nvc.cudaVideoCodec.H264, cudacontext=0, cudastream=stream,
-                                        usedevicememory=True, maxwidth=1920, maxheight=1088)
+            decoder = nvc.CreateDecoder(
+                gpuid=0,
+                codec=nvc.cudaVideoCodec.H264,
+                cudacontext=0,
+                cudastream=stream,
+                usedevicememory=True,
+                maxwidth=1920,
+                maxheight=1088,
+            )
             created_ms = (time.perf_counter() - start) * 1e3
             returned: list[tuple[int, float | None]] = []
 
@@ -96,8 +107,17 @@ def part_b(rehearse: bool) -> bool:
                 for frame in frames:
                     pts = int(frame.getPTS())
                     surface = torch.from_dlpack(frame)
-                    rgb = ops.nv12_frames_to_rgb(surface[None], surface.shape[0] * 2 // 3, surface.shape[1],
-                                                 header.color_matrix, header.full_range)[0].cpu().numpy()
+                    rgb = (
+                        ops.nv12_frames_to_rgb(
+                            surface[None],
+                            surface.shape[0] * 2 // 3,
+                            surface.shape[1],
+                            header.color_matrix,
+                            header.full_range,
+                        )[0]
+                        .cpu()
+                        .numpy()
+                    )
                     returned.append((pts, psnr(rgb, cpu[pts]) if pts in cpu else None))
                 rehearsal.synchronize(device)  # the decoder reuses its surfaces at the next call
 
@@ -116,17 +136,21 @@ def part_b(rehearse: bool) -> bool:
             decode_ms = (time.perf_counter() - start) * 1e3
             fed, presented = demuxed.pts, demuxed.table.pts
             got = [pts for pts, _ in returned]
-            print(f"B {name}: {len(fed)} packets fed, {len(got)} frames returned, the container presents "
-                  f"{len(presented)}; decoder created in {created_ms:.1f} ms, decoded in {decode_ms:.1f} ms{mark}",
-                  flush=True)
+            print(
+                f"B {name}: {len(fed)} packets fed, {len(got)} frames returned, the container presents "
+                f"{len(presented)}; decoder created in {created_ms:.1f} ms, decoded in {decode_ms:.1f} ms{mark}",
+                flush=True,
+            )
             print(f"   fed PTS (decode order)   {fed}", flush=True)
             print(f"   returned PTS (in order)  {got}", flush=True)
             print(f"   presented PTS (container) {presented}", flush=True)
             for k, (pts, db) in enumerate(returned):
                 where = f"frame {presented.index(pts)}" if pts in presented else "not presented (pre-roll)"
                 score = "no CPU frame" if db is None else f"{db:.1f} dB vs the CPU frame of that PTS"
-                print(f"   returned {k:2d}: PTS {pts:6d} fed {'yes' if pts in fed else 'NO'}, {where}, {score}",
-                      flush=True)
+                print(
+                    f"   returned {k:2d}: PTS {pts:6d} fed {'yes' if pts in fed else 'NO'}, {where}, {score}",
+                    flush=True,
+                )
             shown = [pts for pts in got if pts in presented]
             scores = [db for pts, db in returned if pts in presented and db is not None]
             problems = []
@@ -140,10 +164,13 @@ def part_b(rehearse: bool) -> bool:
                 problems.append(f"min {min(scores):.1f} dB < {MIN_DB:.0f}")
             ok = not problems
             passed = passed and ok
-            print(f"PROBE B PTS round trip ({name}): {'PASS' if ok else 'FAIL'} {len(shown)} of {len(presented)} "
-                  f"presented frames returned with their PTS, {len(got) - len(shown)} pre-roll, min "
-                  f"{min(scores) if scores else float('nan'):.1f} dB{'; ' + '; '.join(problems) if problems else ''}"
-                  f"{mark}", flush=True)
+            print(
+                f"PROBE B PTS round trip ({name}): {'PASS' if ok else 'FAIL'} {len(shown)} of {len(presented)} "
+                f"presented frames returned with their PTS, {len(got) - len(shown)} pre-roll, min "
+                f"{min(scores) if scores else float('nan'):.1f} dB{'; ' + '; '.join(problems) if problems else ''}"
+                f"{mark}",
+                flush=True,
+            )
         except Exception:
             passed = False
             traceback.print_exc()
@@ -218,12 +245,16 @@ def part_a(rehearse: bool) -> None:
                             status_box = [0]
 
                             def run(source=source):
-                                status_box[0] = library.nvjpegDecodeBatched(handle, state, source, lengths, images,
-                                                                            c.c_void_p(stream))
+                                status_box[0] = library.nvjpegDecodeBatched(
+                                    handle, state, source, lengths, images, c.c_void_p(stream)
+                                )
 
                             seconds = timed(run, sync, repeats)
-                            print(f"{where} {sname:8s}: {batch / seconds:8.0f} img/s  rc={status_box[0]}  "
-                                  f"ratio_tv={tv / seconds:.2f}{mark}", flush=True)
+                            print(
+                                f"{where} {sname:8s}: {batch / seconds:8.0f} img/s  rc={status_box[0]}  "
+                                f"ratio_tv={tv / seconds:.2f}{mark}",
+                                flush=True,
+                            )
                         library.nvjpegJpegStateDestroy(state)
                         library.nvjpegDestroy(handle)
                     except Exception:

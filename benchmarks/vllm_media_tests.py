@@ -65,6 +65,7 @@ reason, then each test whose outcome differs between the sides. The tests need w
 tests/conftest.py imports; a side that cannot collect reports the collection error rather than a
 count.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,15 +94,25 @@ REPO = HERE.parent
 # Not selected: tests/renderers/chat_utils (the content parser) and tests/entrypoints/multimodal
 # need model configs from the Hugging Face Hub or a running server; lazymedia's
 # tests/test_integrations_vllm_plugin.py drives vLLM's parser with real messages instead.
-DEFAULT_TESTS = ["tests/multimodal/media", "tests/multimodal/test_image.py", "tests/multimodal/test_video.py",
-                 "tests/multimodal/test_audio.py", "tests/multimodal/test_utils.py",
-                 "tests/test_audio_media_size_precheck.py"]
+DEFAULT_TESTS = [
+    "tests/multimodal/media",
+    "tests/multimodal/test_image.py",
+    "tests/multimodal/test_video.py",
+    "tests/multimodal/test_audio.py",
+    "tests/multimodal/test_utils.py",
+    "tests/test_audio_media_size_precheck.py",
+]
 LOOPBACK = "127.0.0.0/8,::1/128"
 
 
 REMOTE_MARK = "lazymedia-harness: remote asset unavailable"
-NETWORK_WORDS = ("Temporary failure in name resolution", "Name or service not known",
-                 "nodename nor servname", "Network is unreachable", "LocalEntryNotFoundError")
+NETWORK_WORDS = (
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "nodename nor servname",
+    "Network is unreachable",
+    "LocalEntryNotFoundError",
+)
 # Only a fetch from vLLM's public asset bucket is "needs the network": a test that mocks vLLM's HTTP
 # client and reaches the network through the plugin (which has its own client) is a failure.
 REMOTE_HOSTS = ("vllm-public-assets.s3",)
@@ -147,8 +158,7 @@ def _stand_in(path: Path) -> bool:
         import soundfile as sf
 
         t = np.arange(16000 * 4) / 16000
-        sf.write(tmp, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000, format="OGG",
-                 subtype="VORBIS")
+        sf.write(tmp, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000, format="OGG", subtype="VORBIS")
     elif suffix == ".avi":  # vtest.avi (OpenCV's sample): MPEG-4 Part 2, fourcc XVID, 10 fps
         import av
 
@@ -175,7 +185,7 @@ def _stand_in(path: Path) -> bool:
             container.mux(video.encode())
             samples = (0.3 * np.sin(2 * np.pi * 440 * np.arange(32000) / 16000)).astype(np.float32)
             for start in range(0, len(samples), 1024):
-                chunk = av.AudioFrame.from_ndarray(samples[None, start:start + 1024], format="fltp", layout="mono")
+                chunk = av.AudioFrame.from_ndarray(samples[None, start : start + 1024], format="fltp", layout="mono")
                 chunk.sample_rate = 16000
                 container.mux(audio.encode(chunk))
             container.mux(audio.encode())
@@ -199,8 +209,11 @@ def _offline_assets() -> None:
     cached_public, cached_video = base.get_vllm_public_assets, video_assets.download_video_asset
 
     # Stand-ins only for the assets vLLM names (a test may ask for a name the bucket lacks on purpose).
-    named = {*typing.get_args(image_assets.ImageAssetName), *typing.get_args(audio_assets.AudioAssetName),
-             *(name.split(".")[0] for name in BUCKET_VIDEOS)}
+    named = {
+        *typing.get_args(image_assets.ImageAssetName),
+        *typing.get_args(audio_assets.AudioAssetName),
+        *(name.split(".")[0] for name in BUCKET_VIDEOS),
+    }
 
     def public(filename: str, s3_prefix: str | None = None) -> Path:
         path = base.get_cache_dir() / "vllm_public_assets" / filename
@@ -215,9 +228,12 @@ def _offline_assets() -> None:
 
     def video(filename: str) -> str:
         path = base.get_cache_dir() / "video-example-data" / filename
-        if (not path.exists() and os.environ.get("LAZYMEDIA_HARNESS_ASSETS") == "stand-in"
-                and filename in {video_assets.VideoAsset(name).filename
-                                 for name in typing.get_args(video_assets.VideoAssetName)}):
+        if (
+            not path.exists()
+            and os.environ.get("LAZYMEDIA_HARNESS_ASSETS") == "stand-in"
+            and filename
+            in {video_assets.VideoAsset(name).filename for name in typing.get_args(video_assets.VideoAssetName)}
+        ):
             _stand_in(path)
         try:
             return cached_video(filename)
@@ -250,8 +266,14 @@ def _offline_hub() -> None:
     processor.get_hf_file_to_dict = recorded
 
 
-ASSET_CLASSES = ("ImageAssetPrompts", "ImageTestAssets", "VideoAssetPrompts", "VideoTestAssets",
-                 "AudioAssetPrompts", "AudioTestAssets")
+ASSET_CLASSES = (
+    "ImageAssetPrompts",
+    "ImageTestAssets",
+    "VideoAssetPrompts",
+    "VideoTestAssets",
+    "AudioAssetPrompts",
+    "AudioTestAssets",
+)
 
 
 def _conftest_stand_in(rootdir: Path) -> None:
@@ -267,8 +289,11 @@ def _conftest_stand_in(rootdir: Path) -> None:
     tree = ast.parse(source.read_text())
     module = types.ModuleType("tests.conftest")
     module.__file__ = str(source)
-    exec("from typing import TypedDict\nfrom vllm.assets.audio import AudioAsset\n"
-         "from vllm.assets.image import ImageAsset\nfrom vllm.assets.video import VideoAsset", module.__dict__)
+    exec(
+        "from typing import TypedDict\nfrom vllm.assets.audio import AudioAsset\n"
+        "from vllm.assets.image import ImageAsset\nfrom vllm.assets.video import VideoAsset",
+        module.__dict__,
+    )
     body = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name in ASSET_CLASSES]
     exec(compile(ast.Module(body=body, type_ignores=[]), str(source), "exec"), module.__dict__)
     module.IMAGE_ASSETS, module.VIDEO_ASSETS = module.ImageTestAssets(), module.VideoTestAssets()
@@ -392,7 +417,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         for argname, value in params.items():
-            name = value[len(bucket):] if isinstance(value, str) and value.startswith(bucket) else ""
+            name = value[len(bucket) :] if isinstance(value, str) and value.startswith(bucket) else ""
             if name not in BUCKET_VIDEOS:
                 continue
             try:
@@ -458,15 +483,21 @@ def pytest_runtest_makereport(item, call):
     if not report.failed:
         return
     text = report.longreprtext
-    marked = [line.split(REMOTE_MARK + ": ", 1)[1].split()[0].rstrip(":'\"")
-              for line in text.splitlines() if REMOTE_MARK + ": " in line]
+    marked = [
+        line.split(REMOTE_MARK + ": ", 1)[1].split()[0].rstrip(":'\"")
+        for line in text.splitlines()
+        if REMOTE_MARK + ": " in line
+    ]
     needed = sorted(set(_remote)) or marked[:1]
     if not needed and any(word in text for word in NETWORK_WORDS) and any(host in text for host in REMOTE_HOSTS):
         needed = ["the network"]
     if needed:
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0,
-                           f"Skipped: needs {', '.join(needed)} (remote; not reachable here)")
+        report.longrepr = (
+            str(item.path),
+            item.location[1] or 0,
+            f"Skipped: needs {', '.join(needed)} (remote; not reachable here)",
+        )
 
 
 def outcomes(report: Path) -> dict[str, tuple[str, str]]:
@@ -499,12 +530,31 @@ def run_side(side: str, src: Path, tests: list[str], out: Path, assets: str) -> 
     # -P and --import-mode=append: `vllm` is the installed release, not the checkout's source tree.
     # --noconftest: vLLM's tests/conftest.py imports its whole engine (LLM, distributed, xgrammar);
     # this file provides the fixtures the selected tests take from it (local_asset_server, image_url).
-    command = [sys.executable, "-P", "-m", "pytest", *tests, "-q", "-rs", "-p", "no:cacheprovider",
-               "--noconftest", "--import-mode=append", "-p", "vllm_media_tests", "--continue-on-collection-errors",
-               f"--junitxml={report}", "-o", "addopts=",
-               # vLLM's HTTP client (global_http_connection) keeps one aiohttp session across tests:
-               # with a loop per test, the second async fetch finds its loop closed.
-               "-o", "asyncio_default_test_loop_scope=session", "-o", "asyncio_default_fixture_loop_scope=session"]
+    command = [
+        sys.executable,
+        "-P",
+        "-m",
+        "pytest",
+        *tests,
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        "--noconftest",
+        "--import-mode=append",
+        "-p",
+        "vllm_media_tests",
+        "--continue-on-collection-errors",
+        f"--junitxml={report}",
+        "-o",
+        "addopts=",
+        # vLLM's HTTP client (global_http_connection) keeps one aiohttp session across tests:
+        # with a loop per test, the second async fetch finds its loop closed.
+        "-o",
+        "asyncio_default_test_loop_scope=session",
+        "-o",
+        "asyncio_default_fixture_loop_scope=session",
+    ]
     if side == "lazymedia":
         env.setdefault("LAZYMEDIA_ALLOW_PRIVATE_NETWORKS", LOOPBACK)
     result = subprocess.run(command, cwd=src, env=env, capture_output=True, text=True)
@@ -527,9 +577,13 @@ def main() -> int:
     parser.add_argument("--vllm-src", type=Path, required=True, help="a vLLM checkout of the installed release")
     parser.add_argument("--tests", nargs="+", default=DEFAULT_TESTS, help="paths under the checkout")
     parser.add_argument("--json", type=Path, help="write both sides' outcomes here")
-    parser.add_argument("--assets", choices=("stand-in", "cache-only"), default="stand-in",
-                        help="vLLM's remote test assets (S3, HF Hub) not in VLLM_ASSETS_CACHE: generated "
-                             "stand-ins of the same format (default), or a named skip for each test needing one")
+    parser.add_argument(
+        "--assets",
+        choices=("stand-in", "cache-only"),
+        default="stand-in",
+        help="vLLM's remote test assets (S3, HF Hub) not in VLLM_ASSETS_CACHE: generated "
+        "stand-ins of the same format (default), or a named skip for each test needing one",
+    )
     args = parser.parse_args()
     try:
         import vllm
@@ -538,36 +592,65 @@ def main() -> int:
         return 2
     problem = _torchvision_problem()
     if problem:
-        print(f"torchvision does not import with this Python ({problem}): tests/multimodal/test_video.py, "
-              "which imports transformers' video processors, is not collected on either side; a venv with "
-              "torch==2.14.1 torchvision==0.29.1 collects it (the docstring says how)")
+        print(
+            f"torchvision does not import with this Python ({problem}): tests/multimodal/test_video.py, "
+            "which imports transformers' video processors, is not collected on either side; a venv with "
+            "torch==2.14.1 torchvision==0.29.1 collects it (the docstring says how)"
+        )
     missing = [t for t in args.tests if not (args.vllm_src / t).exists()]
     if missing:
-        print(f"{missing} not under {args.vllm_src}: git clone --depth 1 --branch v{vllm.__version__} "
-              f"https://github.com/vllm-project/vllm {args.vllm_src}", file=sys.stderr)
+        print(
+            f"{missing} not under {args.vllm_src}: git clone --depth 1 --branch v{vllm.__version__} "
+            f"https://github.com/vllm-project/vllm {args.vllm_src}",
+            file=sys.stderr,
+        )
         return 2
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    own = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                          "tests/test_integrations_vllm_plugin.py"], cwd=REPO, env=env, capture_output=True, text=True)
+    own = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            "tests/test_integrations_vllm_plugin.py",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     print("lazymedia's plugin and parity tests (tests/test_integrations_vllm_plugin.py):")
     print("   " + "\n   ".join((own.stdout + own.stderr).strip().splitlines()[-4:]))
-    commit = subprocess.run(["git", "-C", str(args.vllm_src), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "not a git checkout"
+    commit = (
+        subprocess.run(
+            ["git", "-C", str(args.vllm_src), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or "not a git checkout"
+    )
     build = importlib.metadata.version("vllm")
-    print(f"vLLM {vllm.__version__} (distribution {build}) installed; tests from {args.vllm_src} at {commit}; "
-          f"remote assets: {args.assets}")
-    print(f"   the bucket's {', '.join(BUCKET_VIDEOS)}: served from 127.0.0.1 "
-          f"({'generated stand-ins' if args.assets == 'stand-in' else 'where VLLM_ASSETS_CACHE has them'}; "
-          "test ids keep the bucket URLs); Hugging Face Hub: offline")
+    print(
+        f"vLLM {vllm.__version__} (distribution {build}) installed; tests from {args.vllm_src} at {commit}; "
+        f"remote assets: {args.assets}"
+    )
+    print(
+        f"   the bucket's {', '.join(BUCKET_VIDEOS)}: served from 127.0.0.1 "
+        f"({'generated stand-ins' if args.assets == 'stand-in' else 'where VLLM_ASSETS_CACHE has them'}; "
+        "test ids keep the bucket URLs); Hugging Face Hub: offline"
+    )
     results = {}
     with tempfile.TemporaryDirectory() as out:
         for side in ("vllm", "lazymedia"):
             found, tail = run_side(side, args.vllm_src, args.tests, Path(out), args.assets)
             results[side] = found
             counts = Counter(outcome for outcome, _ in found.values())
-            print(f"\n== {side}: {counts['passed']} pass / {counts['failed'] + counts['error']} fail / "
-                  f"{counts['skipped']} skip ({len(found) - counts['uncollected']} tests; "
-                  f"{counts['uncollected']} modules not collected)")
+            print(
+                f"\n== {side}: {counts['passed']} pass / {counts['failed'] + counts['error']} fail / "
+                f"{counts['skipped']} skip ({len(found) - counts['uncollected']} tests; "
+                f"{counts['uncollected']} modules not collected)"
+            )
             if not found:
                 print(f"   no report: {tail}")
             for test_id, (outcome, message) in sorted(found.items()):
@@ -581,8 +664,9 @@ def main() -> int:
         if before[0] != after[0]:
             print(f"   {test_id}: {before[0]} -> {after[0]} {after[1]}")
     if args.json:
-        args.json.write_text(json.dumps({side: {k: list(v) for k, v in found.items()}
-                                         for side, found in results.items()}, indent=1))
+        args.json.write_text(
+            json.dumps({side: {k: list(v) for k, v in found.items()} for side, found in results.items()}, indent=1)
+        )
     return 0
 
 

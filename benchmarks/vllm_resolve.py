@@ -15,6 +15,7 @@ pip's own resolver answers, and nothing is installed:
 Exit status 0 when nothing of the deployment changes, 1 when something would, 2 when pip cannot
 resolve (the message says which package conflicts).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,15 +76,29 @@ def exact_pins(report: dict, package: str) -> dict[str, str]:
 
 def compare(deployment: dict[str, str], resolved: dict[str, str]) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
     """(changed: {name: (deployed, resolved)}, added: {name: version}) of a resolve against a deployment."""
-    changed = {name: (deployment[name], version) for name, version in resolved.items()
-               if name in deployment and deployment[name] != version}
+    changed = {
+        name: (deployment[name], version)
+        for name, version in resolved.items()
+        if name in deployment and deployment[name] != version
+    }
     added = {name: version for name, version in resolved.items() if name not in deployment}
     return changed, added
 
 
 def dry_run(requirements: list[str], report: Path, constraints: Path | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", str(report), *(["-c", str(constraints)] if constraints else []), *requirements]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report),
+        *(["-c", str(constraints)] if constraints else []),
+        *requirements,
+    ]
     print("$", " ".join(command), flush=True)
     # The CUDA extension is not built for a dry run (only the metadata is read).
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "LAZYMEDIA_CUDA": "0"})
@@ -96,11 +111,13 @@ def pip_error(result: subprocess.CompletedProcess) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm", default="0.33.0", help="the vLLM version whose deployment is resolved (default "
-                                                         "%(default)s)")
+    parser.add_argument(
+        "--vllm", default="0.33.0", help="the vLLM version whose deployment is resolved (default %(default)s)"
+    )
     parser.add_argument("--deployment", type=Path, help="a real deployment's `pip list --format=freeze` instead")
-    parser.add_argument("--extras", default="opencv", help="the extras of the plugin's install line (default "
-                                                           "%(default)s; '' for none)")
+    parser.add_argument(
+        "--extras", default="opencv", help="the extras of the plugin's install line (default %(default)s; '' for none)"
+    )
     parser.add_argument("--json", type=Path, help="write the comparison here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vllm-resolve-") as folder:
@@ -119,30 +136,46 @@ def main(argv: list[str] | None = None) -> int:
             deployment = report_versions(report)
             vllm_pins = exact_pins(report, "vllm")
             source = f"vllm=={args.vllm} resolved by pip"
-        print(f"deployment ({source}): {len(deployment)} packages, vLLM's == pins: "
-              + ", ".join(f"{name}=={version}" for name, version in sorted(vllm_pins.items())), flush=True)
+        print(
+            f"deployment ({source}): {len(deployment)} packages, vLLM's == pins: "
+            + ", ".join(f"{name}=={version}" for name, version in sorted(vllm_pins.items())),
+            flush=True,
+        )
         constraints = work / "deployment.txt"  # what the README's `pip list --format=freeze` writes
         constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(deployment.items())))
         requirement = f"{REPO}[{args.extras}]" if args.extras else str(REPO)
         result = dry_run([requirement], work / "plugin.json", constraints)
         if result.returncode != 0:
-            print(f"pip refuses the plugin's install line against this deployment:\n{pip_error(result)}",
-                  file=sys.stderr)
+            print(
+                f"pip refuses the plugin's install line against this deployment:\n{pip_error(result)}", file=sys.stderr
+            )
             return 2
         resolved = report_versions(json.loads((work / "plugin.json").read_text()))
         seconds = time.monotonic() - started
     changed, added = compare(deployment, resolved)
     changed_pins = {name: change for name, change in changed.items() if name in vllm_pins}
-    print(f"the plugin's line (-c deployment.txt \".[{args.extras}]\") installs {len(resolved)} packages: "
-          f"{len(changed)} of the deployment's {len(deployment)} at another version, "
-          f"{len(changed_pins)} of vLLM's {len(vllm_pins)} == pins changed; {len(added)} added: "
-          + ", ".join(f"{name}=={version}" for name, version in sorted(added.items())))
+    print(
+        f'the plugin\'s line (-c deployment.txt ".[{args.extras}]") installs {len(resolved)} packages: '
+        f"{len(changed)} of the deployment's {len(deployment)} at another version, "
+        f"{len(changed_pins)} of vLLM's {len(vllm_pins)} == pins changed; {len(added)} added: "
+        + ", ".join(f"{name}=={version}" for name, version in sorted(added.items()))
+    )
     for name, (before, after) in sorted(changed.items()):
         print(f"  changed: {name} {before} -> {after}{'  (a vLLM pin)' if name in vllm_pins else ''}")
     print(f"({seconds:.0f} s)")
     if args.json:
-        args.json.write_text(json.dumps({"deployment": source, "deployment_packages": len(deployment),
-                                         "vllm_pins": vllm_pins, "changed": changed, "added": added}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "deployment": source,
+                    "deployment_packages": len(deployment),
+                    "vllm_pins": vllm_pins,
+                    "changed": changed,
+                    "added": added,
+                },
+                indent=1,
+            )
+        )
     return 1 if changed else 0
 
 

@@ -17,6 +17,7 @@ LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8, set here; its default refuses priv
 time-out cases are scaled to seconds; --slow adds the reported one at full size (VLLM_VIDEO_FETCH_TIMEOUT=60
 and a video that takes 14 s to arrive). tests/test_integrations_vllm_plugin.py runs every case.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,43 +89,101 @@ MEDIA: dict[str, Callable[[], bytes]] = {
 MIME = {"jpeg": "image/jpeg", "wav": "audio/wav", "mp4": "video/mp4"}
 
 CASES = [
-    Case("VLLM_MAX_IMAGE_PIXELS=1000000, 4K JPEG, data:", {"VLLM_MAX_IMAGE_PIXELS": "1000000"},
-         (("image", "data", "jpeg_4k"),), "refused"),
-    Case("VLLM_MAX_IMAGE_PIXELS=1000000, 4K JPEG, http", {"VLLM_MAX_IMAGE_PIXELS": "1000000"},
-         (("image", "http", "jpeg_4k"),), "refused"),
-    Case("VLLM_MAX_IMAGE_PIXELS=1000, 64x48 video frames", {"VLLM_MAX_IMAGE_PIXELS": "1000"},
-         (("video", "data", "mp4_small"),), "refused"),
-    Case("VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB=1, 1.8 MB image, http", {"VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB": "1"},
-         (("image", "http", "jpeg_1.8MB"),), "refused"),
-    Case("VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB=1, two 0.6 MB images, http",
-         {"VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB": "1"},
-         (("image", "http", "jpeg_0.6MB"), ("image", "http", "jpeg_0.6MB")), "refused"),
-    Case("VLLM_MAX_AUDIO_DECODE_DURATION_S=1, 3 s WAV", {"VLLM_MAX_AUDIO_DECODE_DURATION_S": "1"},
-         (("audio", "data", "wav_3s"),), "refused"),
+    Case(
+        "VLLM_MAX_IMAGE_PIXELS=1000000, 4K JPEG, data:",
+        {"VLLM_MAX_IMAGE_PIXELS": "1000000"},
+        (("image", "data", "jpeg_4k"),),
+        "refused",
+    ),
+    Case(
+        "VLLM_MAX_IMAGE_PIXELS=1000000, 4K JPEG, http",
+        {"VLLM_MAX_IMAGE_PIXELS": "1000000"},
+        (("image", "http", "jpeg_4k"),),
+        "refused",
+    ),
+    Case(
+        "VLLM_MAX_IMAGE_PIXELS=1000, 64x48 video frames",
+        {"VLLM_MAX_IMAGE_PIXELS": "1000"},
+        (("video", "data", "mp4_small"),),
+        "refused",
+    ),
+    Case(
+        "VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB=1, 1.8 MB image, http",
+        {"VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB": "1"},
+        (("image", "http", "jpeg_1.8MB"),),
+        "refused",
+    ),
+    Case(
+        "VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB=1, two 0.6 MB images, http",
+        {"VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB": "1"},
+        (("image", "http", "jpeg_0.6MB"), ("image", "http", "jpeg_0.6MB")),
+        "refused",
+    ),
+    Case(
+        "VLLM_MAX_AUDIO_DECODE_DURATION_S=1, 3 s WAV",
+        {"VLLM_MAX_AUDIO_DECODE_DURATION_S": "1"},
+        (("audio", "data", "wav_3s"),),
+        "refused",
+    ),
     Case("defaults, 700 s WAV", {}, (("audio", "data", "wav_700s"),), "refused"),
-    Case("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB=1, 1.5 MB WAV, data:", {"VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": "1"},
-         (("audio", "data", "wav_1.5MB"),), "refused"),
-    Case("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB=1, 1.5 MB WAV, http", {"VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": "1"},
-         (("audio", "http", "wav_1.5MB"),), "refused"),
-    Case("VLLM_MAX_AUDIO_DECODE_BYTES=1000000, 3 s 48 kHz stereo WAV", {"VLLM_MAX_AUDIO_DECODE_BYTES": "1000000"},
-         (("audio", "data", "wav_3s_48k_stereo"),), "refused"),
+    Case(
+        "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB=1, 1.5 MB WAV, data:",
+        {"VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": "1"},
+        (("audio", "data", "wav_1.5MB"),),
+        "refused",
+    ),
+    Case(
+        "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB=1, 1.5 MB WAV, http",
+        {"VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": "1"},
+        (("audio", "http", "wav_1.5MB"),),
+        "refused",
+    ),
+    Case(
+        "VLLM_MAX_AUDIO_DECODE_BYTES=1000000, 3 s 48 kHz stereo WAV",
+        {"VLLM_MAX_AUDIO_DECODE_BYTES": "1000000"},
+        (("audio", "data", "wav_3s_48k_stereo"),),
+        "refused",
+    ),
     Case("defaults, 108-megapixel image", {}, (("image", "data", "jpeg_108MP"),), "served"),
     Case("defaults, truncated 193x31237 JPEG", {}, (("image", "data", "jpeg_truncated_tall"),), "served"),
-    Case("VLLM_IMAGE_FETCH_TIMEOUT=1, retries 1, answer after 2 s",
-         {"VLLM_IMAGE_FETCH_TIMEOUT": "1", "VLLM_MEDIA_FETCH_MAX_RETRIES": "1"},
-         (("image", "http", "jpeg_small"),), "refused", {"jpeg_small": (2.0,)}, (504, "Gateway Timeout")),
-    Case("VLLM_VIDEO_FETCH_TIMEOUT=3, answer after 1.5 s", {"VLLM_VIDEO_FETCH_TIMEOUT": "3"},
-         (("video", "http", "mp4_small"),), "served", {"mp4_small": (1.5,)}),
-    Case("VLLM_IMAGE_FETCH_TIMEOUT=1, retries 2, first answer after 2 s",
-         {"VLLM_IMAGE_FETCH_TIMEOUT": "1", "VLLM_MEDIA_FETCH_MAX_RETRIES": "2"},
-         (("image", "http", "jpeg_small"),), "served", {"jpeg_small": (2.0,)}),
-    Case("VLLM_MEDIA_URL_ALLOW_REDIRECTS=0, a redirected image", {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"},
-         (("image", "redirect", "jpeg_small"),), "refused"),
+    Case(
+        "VLLM_IMAGE_FETCH_TIMEOUT=1, retries 1, answer after 2 s",
+        {"VLLM_IMAGE_FETCH_TIMEOUT": "1", "VLLM_MEDIA_FETCH_MAX_RETRIES": "1"},
+        (("image", "http", "jpeg_small"),),
+        "refused",
+        {"jpeg_small": (2.0,)},
+        (504, "Gateway Timeout"),
+    ),
+    Case(
+        "VLLM_VIDEO_FETCH_TIMEOUT=3, answer after 1.5 s",
+        {"VLLM_VIDEO_FETCH_TIMEOUT": "3"},
+        (("video", "http", "mp4_small"),),
+        "served",
+        {"mp4_small": (1.5,)},
+    ),
+    Case(
+        "VLLM_IMAGE_FETCH_TIMEOUT=1, retries 2, first answer after 2 s",
+        {"VLLM_IMAGE_FETCH_TIMEOUT": "1", "VLLM_MEDIA_FETCH_MAX_RETRIES": "2"},
+        (("image", "http", "jpeg_small"),),
+        "served",
+        {"jpeg_small": (2.0,)},
+    ),
+    Case(
+        "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0, a redirected image",
+        {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"},
+        (("image", "redirect", "jpeg_small"),),
+        "refused",
+    ),
     Case("defaults, a redirected image", {}, (("image", "redirect", "jpeg_small"),), "served"),
 ]
 SLOW_CASES = [
-    Case("VLLM_VIDEO_FETCH_TIMEOUT=60, answer after 14 s", {"VLLM_VIDEO_FETCH_TIMEOUT": "60"},
-         (("video", "http", "mp4_small"),), "served", {"mp4_small": (14.0,)}),
+    Case(
+        "VLLM_VIDEO_FETCH_TIMEOUT=60, answer after 14 s",
+        {"VLLM_VIDEO_FETCH_TIMEOUT": "60"},
+        (("video", "http", "mp4_small"),),
+        "served",
+        {"mp4_small": (14.0,)},
+    ),
 ]
 
 
@@ -231,9 +290,14 @@ def build(name: str):
     from lazymedia.integrations.vllm_plugin import register
 
     register()
-    return MEDIA_CONNECTOR_REGISTRY.load(name, media_io_kwargs=None, allowed_local_media_path="",
-                                         allowed_media_domains=None, decoded_budget=MediaDecodedBudget(),
-                                         download_budget=MediaRequestDownloadBudget())
+    return MEDIA_CONNECTOR_REGISTRY.load(
+        name,
+        media_io_kwargs=None,
+        allowed_local_media_path="",
+        allowed_media_domains=None,
+        decoded_budget=MediaDecodedBudget(),
+        download_budget=MediaRequestDownloadBudget(),
+    )
 
 
 async def outcome(connector_name: str, case: Case, server: MediaServer) -> Outcome:
@@ -260,10 +324,21 @@ async def compare(cases: list[Case]) -> list[dict]:
         for case in cases:
             theirs = await outcome("http", case, server)
             ours = await outcome("lazymedia", case, server)
-            documented = case.plugin_answer is not None and theirs.result == ours.result == "refused" and \
-                (ours.status, ours.error_type) == case.plugin_answer
-            rows.append({"case": case.name, "expected": case.vllm, "vllm": asdict(theirs), "plugin": asdict(ours),
-                         "agree": theirs.answer() == ours.answer() or documented, "documented_difference": documented})
+            documented = (
+                case.plugin_answer is not None
+                and theirs.result == ours.result == "refused"
+                and (ours.status, ours.error_type) == case.plugin_answer
+            )
+            rows.append(
+                {
+                    "case": case.name,
+                    "expected": case.vllm,
+                    "vllm": asdict(theirs),
+                    "plugin": asdict(ours),
+                    "agree": theirs.answer() == ours.answer() or documented,
+                    "documented_difference": documented,
+                }
+            )
     finally:
         server.close()
     return rows
@@ -292,10 +367,13 @@ def main() -> int:
     agree = sum(row["agree"] for row in rows)
     documented = sum(row["documented_difference"] for row in rows)
     expected = sum(row["vllm"]["result"] == row["expected"] for row in rows)
-    print(f"VERDICT settings: {agree} of {len(rows)} agree, {documented} of them refused with the status "
-          f"docs/usage.md documents ({'PASS' if agree == len(rows) else 'FAIL'})")
-    print(f"VERDICT vLLM as documented: {expected} of {len(rows)} cases "
-          f"({'PASS' if expected == len(rows) else 'FAIL'})")
+    print(
+        f"VERDICT settings: {agree} of {len(rows)} agree, {documented} of them refused with the status "
+        f"docs/usage.md documents ({'PASS' if agree == len(rows) else 'FAIL'})"
+    )
+    print(
+        f"VERDICT vLLM as documented: {expected} of {len(rows)} cases ({'PASS' if expected == len(rows) else 'FAIL'})"
+    )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)

@@ -1,4 +1,5 @@
 """lazymedia native core (CPU build): header probe, the shared pixel kernels, the cache's level coder, host buffers."""
+
 from typing import Any
 
 import numpy as np
@@ -56,18 +57,55 @@ class ProbeResult:
 def probe(data: bytes | bytearray | memoryview) -> ProbeResult: ...
 def orient(src: NDArray[np.uint8], dst: NDArray[np.uint8], orientation: int, threads: int = 1) -> None: ...
 def resize(src: NDArray[np.uint8], dst: NDArray[np.uint8], filter: str = "bicubic", threads: int = 1) -> None: ...
-def nv12_to_rgb(y: NDArray[np.uint8], uv: NDArray[np.uint8], dst: NDArray[np.uint8], width: int,
-                matrix: str = "bt709", full_range: bool = False, threads: int = 1) -> None: ...
-def i420_to_rgb(y: NDArray[np.uint8], u: NDArray[np.uint8], v: NDArray[np.uint8], dst: NDArray[np.uint8],
-                width: int, matrix: str = "bt709", full_range: bool = False, threads: int = 1) -> None: ...
-def to_chw_normalized(src: NDArray[np.uint8], dst: NDArray[np.float32], mean: NDArray[np.float32],
-                      std: NDArray[np.float32], threads: int = 1) -> None: ...
+def nv12_to_rgb(
+    y: NDArray[np.uint8],
+    uv: NDArray[np.uint8],
+    dst: NDArray[np.uint8],
+    width: int,
+    matrix: str = "bt709",
+    full_range: bool = False,
+    threads: int = 1,
+) -> None: ...
+def i420_to_rgb(
+    y: NDArray[np.uint8],
+    u: NDArray[np.uint8],
+    v: NDArray[np.uint8],
+    dst: NDArray[np.uint8],
+    width: int,
+    matrix: str = "bt709",
+    full_range: bool = False,
+    threads: int = 1,
+) -> None: ...
+def to_chw_normalized(
+    src: NDArray[np.uint8],
+    dst: NDArray[np.float32],
+    mean: NDArray[np.float32],
+    std: NDArray[np.float32],
+    threads: int = 1,
+) -> None: ...
 def to_chw(src: NDArray[np.uint8], dst: NDArray[np.uint8], threads: int = 1) -> None: ...
 def to_hwc(src: NDArray[np.uint8], dst: NDArray[np.uint8], threads: int = 1) -> None: ...
-def level_encode(src: NDArray[Any], run: int, groups: int, levels: int, codes: NDArray[Any], tables: NDArray[Any],
-                 threads: int = 1, vectorise: bool = True, half: int = 0) -> list[int] | None: ...
-def level_decode(codes: NDArray[Any], run: int, groups: int, tables: NDArray[Any], dst: NDArray[Any],
-                 threads: int = 1, vectorise: bool = True, half: int = 0) -> bool: ...
+def level_encode(
+    src: NDArray[Any],
+    run: int,
+    groups: int,
+    levels: int,
+    codes: NDArray[Any],
+    tables: NDArray[Any],
+    threads: int = 1,
+    vectorise: bool = True,
+    half: int = 0,
+) -> list[int] | None: ...
+def level_decode(
+    codes: NDArray[Any],
+    run: int,
+    groups: int,
+    tables: NDArray[Any],
+    dst: NDArray[Any],
+    threads: int = 1,
+    vectorise: bool = True,
+    half: int = 0,
+) -> bool: ...
 def level_gather_vectorised() -> bool: ...
 
 class HostBuffer:
@@ -85,7 +123,8 @@ class HostBufferPool:
     def stats(self) -> dict[str, int]: ...
     def release_idle(self, idle_seconds: float) -> int: ...
 
-def pack_alpha(buffer: NDArray[np.uint8], pixels: int, channels: int,
-               background: tuple[int, int, int] | None = None) -> None: ...
+def pack_alpha(
+    buffer: NDArray[np.uint8], pixels: int, channels: int, background: tuple[int, int, int] | None = None
+) -> None: ...
 def gray_to_rgb(buffer: NDArray[np.uint8], pixels: int) -> None: ...
 def pinned_memory_available() -> tuple[bool, str]: ...

@@ -6,14 +6,27 @@ def device_count() -> tuple[int, str]: ...
 def versions(library_path: str = "") -> dict[str, str]: ...
 def resize(src: int, h: int, w: int, c: int, dst: int, oh: int, ow: int, filter: str, stream: int) -> None: ...
 def orient(src: int, dst: int, h: int, w: int, c: int, orientation: int, stream: int) -> None: ...
-def nv12_to_rgb(src: int, frame_bytes: int, uv_offset: int, pitch: int, frames: int, h: int, w: int, dst: int,
-                matrix: str, full_range: bool, stream: int) -> None: ...
-def to_chw_normalized(src: int, h: int, w: int, c: int, mean: list[float], std: list[float], dst: int,
-                      stream: int) -> None: ...
+def nv12_to_rgb(
+    src: int,
+    frame_bytes: int,
+    uv_offset: int,
+    pitch: int,
+    frames: int,
+    h: int,
+    w: int,
+    dst: int,
+    matrix: str,
+    full_range: bool,
+    stream: int,
+) -> None: ...
+def to_chw_normalized(
+    src: int, h: int, w: int, c: int, mean: list[float], std: list[float], dst: int, stream: int
+) -> None: ...
 
 class NvjpegDecoder:
-    def __init__(self, device: int, allow_hardware: bool = True, library_path: str = "",
-                 **options: bool | int | float) -> None:
+    def __init__(
+        self, device: int, allow_hardware: bool = True, library_path: str = "", **options: bool | int | float
+    ) -> None:
         """options: NvjpegOptions' knobs (csrc/cuda/nvjpeg_decoder.h); an unknown one is a ValueError."""
     @property
     def hardware(self) -> bool: ...
@@ -34,7 +47,8 @@ class NvjpegDecoder:
     @property
     def stats(self) -> dict[str, float | int]: ...
     def load(self, size_class: int) -> float: ...
-    def decode(self, items: list[tuple[bytes, int, int, int, int]],
-               consumer_stream: int) -> list[tuple[bool, str, str]]:
+    def decode(
+        self, items: list[tuple[bytes, int, int, int, int]], consumer_stream: int
+    ) -> list[tuple[bool, str, str]]:
         """(data, width, height, orientation, output pointer) per image; (decoded, fallback reason,
         path: "hardware" / "cuda" / "") each."""

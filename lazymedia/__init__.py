@@ -6,6 +6,7 @@
 
 Importing the package loads neither torch nor FFmpeg: codecs are imported on first use.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -55,9 +56,32 @@ def __getattr__(name: str) -> Any:  # the names of _LAZY: their types are what T
 
 
 __all__ = [
-    "AudioSamples", "AudioSpec", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec", "InvalidMediaError",
-    "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError", "MediaFetchError",
-    "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache",
-    "UnprocessableMediaError", "VideoFrames", "VideoSpec", "from_base64", "load", "load_audio", "load_image",
-    "load_video", "register_sampler",
+    "AudioSamples",
+    "AudioSpec",
+    "CacheStats",
+    "DEFAULT_LIMITS",
+    "DecodeEngine",
+    "ImageSpec",
+    "InvalidMediaError",
+    "LazyMedia",
+    "Limits",
+    "LruCache",
+    "MediaCapacityError",
+    "MediaConnector",
+    "MediaError",
+    "MediaFetchError",
+    "MediaNotCachedError",
+    "MediaReleasedError",
+    "MediaTooLargeError",
+    "Processor",
+    "ProcessorCache",
+    "UnprocessableMediaError",
+    "VideoFrames",
+    "VideoSpec",
+    "from_base64",
+    "load",
+    "load_audio",
+    "load_image",
+    "load_video",
+    "register_sampler",
 ]

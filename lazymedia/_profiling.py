@@ -4,6 +4,7 @@ Uses the `nvtx` package when installed, else torch's NVTX bindings when torch is
 with CUDA available, else nothing (a shared no-op context). Resolved on first use, so importing
 lazymedia loads neither.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """Process-wide objects built on first use (the decode engine, the isolated worker pool, the
 frame buffer pool): one lock-guarded lazy constructor instead of one hand-written per object."""
+
 from __future__ import annotations
 
 import functools

@@ -15,6 +15,7 @@ cuda): the GPU modes and scenarios run on the CPU through lazymedia.benchmarking
 stand-ins of nvJPEG and NVDEC, media 8x smaller a side, timing verdicts marked REHEARSAL: every
 code path of the device run, for benchmarks/gpu_check.sh --rehearse.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ DEVICE_SCENARIOS = ("unique_4k", "video_unique", "mixed")
 
 
 def resolve_device(choice: str) -> str:
-    """"cuda" or "cpu": auto is cuda where torch sees a GPU and nvJPEG and NVDEC are usable."""
+    """ "cuda" or "cpu": auto is cuda where torch sees a GPU and nvJPEG and NVDEC are usable."""
     if choice != "auto":
         return choice
     from .engine import backends
@@ -76,27 +77,53 @@ def scenario_list(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `lazymedia bench` (the CLI's subcommand and this module's main share them)."""
-    parser.add_argument("--requests", type=positive_int, help=f"requests per scenario and frontend (default "
-                                                              f"{REQUESTS}, {QUICK_REQUESTS} with --quick)")
+    parser.add_argument(
+        "--requests",
+        type=positive_int,
+        help=f"requests per scenario and frontend (default {REQUESTS}, {QUICK_REQUESTS} with --quick)",
+    )
     parser.add_argument("--concurrency", type=positive_int, default=32, help="requests in flight (default 32)")
-    parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)),
-                        help="decode/process threads of each frontend (default: the cores)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="where lazymedia's GPU mode decodes and processes (auto: cuda where a GPU, nvJPEG "
-                             "and NVDEC are usable here, else cpu)")
-    parser.add_argument("--scenarios", type=scenario_list, default=None,
-                        help=f"comma-separated, from {', '.join(CPU_SCENARIOS + DEVICE_SCENARIOS)} ('' for none; "
-                             f"default: {','.join(CPU_SCENARIOS)}, and with a device {','.join(DEVICE_SCENARIOS)})")
-    parser.add_argument("--items", action="store_true", help="add the per-item tables (images by size, parallel "
-                                                             "decode, RSS, batch window, video, audio)")
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=len(os.sched_getaffinity(0)),
+        help="decode/process threads of each frontend (default: the cores)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="where lazymedia's GPU mode decodes and processes (auto: cuda where a GPU, nvJPEG "
+        "and NVDEC are usable here, else cpu)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=scenario_list,
+        default=None,
+        help=f"comma-separated, from {', '.join(CPU_SCENARIOS + DEVICE_SCENARIOS)} ('' for none; "
+        f"default: {','.join(CPU_SCENARIOS)}, and with a device {','.join(DEVICE_SCENARIOS)})",
+    )
+    parser.add_argument(
+        "--items",
+        action="store_true",
+        help="add the per-item tables (images by size, parallel decode, RSS, batch window, video, audio)",
+    )
     parser.add_argument("--quick", action="store_true", help="few requests, small item sizes (a smoke run)")
-    parser.add_argument("--rehearse", action="store_true",
-                        help="no GPU: run --device cuda's modes on the CPU through stand-ins (gpu_check.sh --rehearse)")
-    parser.add_argument("--json", default=os.path.join("bench-out", "lazymedia_bench.json"),
-                        help="write the report here (default %(default)s)")
-    parser.add_argument("--chart", default=os.path.join("bench-out", "lazymedia_bench.png"),
-                        help="write the PNG chart here; --items adds <name>_items.png (needs matplotlib; "
-                             "default %(default)s)")
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="no GPU: run --device cuda's modes on the CPU through stand-ins (gpu_check.sh --rehearse)",
+    )
+    parser.add_argument(
+        "--json",
+        default=os.path.join("bench-out", "lazymedia_bench.json"),
+        help="write the report here (default %(default)s)",
+    )
+    parser.add_argument(
+        "--chart",
+        default=os.path.join("bench-out", "lazymedia_bench.png"),
+        help="write the PNG chart here; --items adds <name>_items.png (needs matplotlib; default %(default)s)",
+    )
 
 
 def items_chart_path(chart: str) -> str:
@@ -135,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("error: argument --device: cuda, but torch sees no usable GPU here (--device cpu, or auto)",
-                  file=sys.stderr)
+            print(
+                "error: argument --device: cuda, but torch sees no usable GPU here (--device cpu, or auto)",
+                file=sys.stderr,
+            )
             return 2
     device = resolve_device(args.device)
     rehearse = bool(getattr(args, "rehearse", False)) and device == "cuda"
@@ -144,29 +173,41 @@ def run(args: argparse.Namespace) -> int:
     if scenarios is None:
         scenarios = list(CPU_SCENARIOS + (DEVICE_SCENARIOS if device == "cuda" else ()))
     if scenarios and importlib.util.find_spec("transformers") is None:
-        print("error: the serving scenarios run transformers' Qwen2-VL processor: pip install transformers "
-              "(the lazymedia-decode[bench] extra) "
-              "(or --scenarios '' --items for the per-item tables alone)", file=sys.stderr)
+        print(
+            "error: the serving scenarios run transformers' Qwen2-VL processor: pip install transformers "
+            "(the lazymedia-decode[bench] extra) "
+            "(or --scenarios '' --items for the per-item tables alone)",
+            file=sys.stderr,
+        )
         return 2
     requests = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     warning = busy_warning()
     if warning:
         print(warning, file=sys.stderr)
-    report: dict[str, Any] = {"version": __version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                    "machine": platform.machine() + " " + platform.processor(),
-                    "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-                    "quick": args.quick, "rehearsal": rehearse, "load_1min_before": os.getloadavg()[0]}
+    report: dict[str, Any] = {
+        "version": __version__,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": platform.machine() + " " + platform.processor(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "quick": args.quick,
+        "rehearsal": rehearse,
+        "load_1min_before": os.getloadavg()[0],
+    }
     progress = Progress(total=len(scenarios) + (items.stages(args.quick) if args.items else 0))
     if scenarios:
-        report["serving"] = serving.run(scenarios, requests, args.concurrency, args.workers, progress, device,
-                                        quick=args.quick, rehearse=rehearse)
+        report["serving"] = serving.run(
+            scenarios, requests, args.concurrency, args.workers, progress, device, quick=args.quick, rehearse=rehearse
+        )
     if args.items:
         report["items"] = items.run(args.quick, progress)
     progress.close()
     report["load_1min_after"] = os.getloadavg()[0]
     report["busy_warning"] = warning or busy_warning()
-    print(f"\nlazymedia {report['version']} on {report['machine']} ({report['cpus']} CPUs), {report['date']}, "
-          f"1-minute load {report['load_1min_before']:.1f} before, {report['load_1min_after']:.1f} after")
+    print(
+        f"\nlazymedia {report['version']} on {report['machine']} ({report['cpus']} CPUs), {report['date']}, "
+        f"1-minute load {report['load_1min_before']:.1f} before, {report['load_1min_after']:.1f} after"
+    )
     if report["busy_warning"]:
         print(report["busy_warning"])
     if scenarios:
@@ -175,8 +216,10 @@ def run(args: argparse.Namespace) -> int:
         items.print_tables(report["items"])
     write_json(report, args.json)
     if args.chart:
-        charts = [(serving.write_chart, report.get("serving"), args.chart),
-                  (items.write_chart, report.get("items"), items_chart_path(args.chart))]
+        charts = [
+            (serving.write_chart, report.get("serving"), args.chart),
+            (items.write_chart, report.get("items"), items_chart_path(args.chart)),
+        ]
         for write, part, path in charts:
             if part is not None:
                 print(f"wrote {path}" if write(part, path) else "no chart: matplotlib is not installed")
@@ -185,8 +228,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lazymedia bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lazymedia bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

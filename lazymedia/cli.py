@@ -5,6 +5,7 @@ reported on one `error:` line; 2 a usage error (bad options, an unavailable back
 (128 + SIGPIPE, as shell tools report it) when the reader of the output went away
 (`lazymedia info | head -1`), which ends the command quietly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,13 @@ def _settings(modality: str, args: argparse.Namespace) -> dict[str, Any]:
     if modality == "image":
         return {"size": args.size}
     if modality == "video":
-        sampled = {"num_frames": None} if args.all_frames else {"fps": args.fps} if args.fps else \
-            {"num_frames": args.num_frames}
+        sampled = (
+            {"num_frames": None}
+            if args.all_frames
+            else {"fps": args.fps}
+            if args.fps
+            else {"num_frames": args.num_frames}
+        )
         return {"size": args.size, **sampled}
     return {"sample_rate": args.sample_rate, "mono": args.mono}
 
@@ -60,8 +66,9 @@ def _load(source: str, args: argparse.Namespace, connector: MediaConnector) -> L
     data = _read(source, connector)
     modality = args.modality or guess_modality(data)
     if modality is None:
-        raise InvalidMediaError("not an image, video or audio file lazymedia reads (--modality says which one "
-                                "it is, if it is)")
+        raise InvalidMediaError(
+            "not an image, video or audio file lazymedia reads (--modality says which one it is, if it is)"
+        )
     return load(modality, data, **_settings(modality, args))
 
 
@@ -77,8 +84,12 @@ def _save(media: LazyMedia[Any], decoded: Any, out_dir: Path, stem: str) -> str:
         Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array).save(path)
     elif media.modality == "video":
         path = out_dir / f"{stem}_frames.npz"
-        np.savez_compressed(path, frames=decoded.frames.numpy(), indices=np.array(decoded.indices),
-                            timestamps=np.array(decoded.timestamps))
+        np.savez_compressed(
+            path,
+            frames=decoded.frames.numpy(),
+            indices=np.array(decoded.indices),
+            timestamps=np.array(decoded.timestamps),
+        )
     else:
         import soundfile
 
@@ -152,8 +163,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
                 start = time.perf_counter()
                 decoded, used = _decode_with(media, backend)
                 elapsed = (time.perf_counter() - start) * 1e3
-                line = f"{_shorten(source)}: {media.modality} key={media.key[:16]} " \
-                       f"shape={_shape(media, decoded)} backend={used} decode={elapsed:.1f} ms"
+                line = (
+                    f"{_shorten(source)}: {media.modality} key={media.key[:16]} "
+                    f"shape={_shape(media, decoded)} backend={used} decode={elapsed:.1f} ms"
+                )
                 if args.out:
                     stem = Path(urlsplit(source).path).stem or "media"
                     line += f" -> {_save(media, decoded, Path(args.out), stem)}"
@@ -224,8 +237,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         except Exception as exc:
             print(f"  GPU: {gpu}, nvJPEG unusable: {type(exc).__name__}: {exc}")
         else:
-            print(f"  GPU: {gpu}, nvJPEG hardware engines: {decoder.engines} ({decoder.cores_per_engine} cores each)"
-                  if decoder.hardware else f"  GPU: {gpu}, no nvJPEG hardware engines (hybrid decoding)")
+            print(
+                f"  GPU: {gpu}, nvJPEG hardware engines: {decoder.engines} ({decoder.cores_per_engine} cores each)"
+                if decoder.hardware
+                else f"  GPU: {gpu}, no nvJPEG hardware engines (hybrid decoding)"
+            )
             print(f"  nvJPEG chroma upsampling: {'interpolated' if decoder.upsampling_interpolated else 'replicated'}")
             print("  nvJPEG creation:")  # why the hardware backend was or was not taken
             for line in decoder.creation_log.splitlines():
@@ -248,12 +264,18 @@ def cmd_hash_threads(args: argparse.Namespace) -> int:
     results = [measure_crossover() for _ in range(args.runs)]
     print(f"{'size':>8s} " + " ".join(f"{f'run {n + 1} one/all ms':>21s}" for n in range(len(results))))
     for size in results[0]["medians_s"]:
-        print(f"{size >> 20:5d} MiB " + " ".join(
-            f"{r['medians_s'][size]['one'] * 1e3:10.2f}/{r['medians_s'][size]['all'] * 1e3:<10.2f}" for r in results))
+        print(
+            f"{size >> 20:5d} MiB "
+            + " ".join(
+                f"{r['medians_s'][size]['one'] * 1e3:10.2f}/{r['medians_s'][size]['all'] * 1e3:<10.2f}" for r in results
+            )
+        )
     settings = ["never" if r["crossover_bytes"] is None else str(r["crossover_bytes"]) for r in results]
     now = str(multithread_min_bytes() or "never")
-    print(f"{results[0]['cores']} cores: hashing on all cores pays from {', '.join(settings)} bytes "
-          f"(one figure per run); now: {now}")
+    print(
+        f"{results[0]['cores']} cores: hashing on all cores pays from {', '.join(settings)} bytes "
+        f"(one figure per run); now: {now}"
+    )
     busy = busy_warning()
     if busy is not None:
         print(f"{busy}: nothing to set from this measurement; rerun on a quiet machine")
@@ -276,35 +298,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lazymedia", description="Lazy, cache-aware media decoding.")
     parser.add_argument("--version", action="version", version=f"lazymedia {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="the serving win: requests through a real HF processor, vLLM 0.33's "
-                                         "path vs lazymedia per scenario (table, JSON, PNG)",
-                           epilog="exit codes: 0 ok, 1 eager and lazy outputs differ, 2 usage (transformers missing)")
+    bench = sub.add_parser(
+        "bench",
+        help="the serving win: requests through a real HF processor, vLLM 0.33's "
+        "path vs lazymedia per scenario (table, JSON, PNG)",
+        epilog="exit codes: 0 ok, 1 eager and lazy outputs differ, 2 usage (transformers missing)",
+    )
     add_bench_arguments(bench)
     bench.set_defaults(run=cmd_bench)
-    decode = sub.add_parser("decode", help="decode files or URLs; print key, shape, backend, time",
-                            epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error, 141 the output "
-                                   "pipe closed")
-    decode.add_argument("sources", nargs="+", metavar="FILE_OR_URL",
-                        help="files, or http(s), data: or file: URLs (fetched without the SSRF guard)")
-    decode.add_argument("--backend", choices=(*(name for modality, name in BACKENDS if modality == "image"), "auto"),
-                        default="auto",
-                        help="image decoder: auto (nvJPEG where a GPU is usable, else the CPU), or one by name")
+    decode = sub.add_parser(
+        "decode",
+        help="decode files or URLs; print key, shape, backend, time",
+        epilog="exit codes: 0 ok, 1 some input was bad media, 2 usage error, 141 the output pipe closed",
+    )
+    decode.add_argument(
+        "sources",
+        nargs="+",
+        metavar="FILE_OR_URL",
+        help="files, or http(s), data: or file: URLs (fetched without the SSRF guard)",
+    )
+    decode.add_argument(
+        "--backend",
+        choices=(*(name for modality, name in BACKENDS if modality == "image"), "auto"),
+        default="auto",
+        help="image decoder: auto (nvJPEG where a GPU is usable, else the CPU), or one by name",
+    )
     decode.add_argument("--modality", choices=("image", "video", "audio"), help="default: told by the content")
     decode.add_argument("--out", help="directory for the decoded output (PNG, NPZ of frames, WAV)")
     decode.add_argument("--size", type=_size, metavar="HxW", help="resize images and video frames")
     frames = decode.add_mutually_exclusive_group()
-    frames.add_argument("--num-frames", type=_frame_count, default=8,
-                        help="video: sample this many frames (default 8)")
-    frames.add_argument("--fps", type=positive_float,
-                        help="video: sample at this rate instead (at most 32 frames, vLLM's rule)")
+    frames.add_argument("--num-frames", type=_frame_count, default=8, help="video: sample this many frames (default 8)")
+    frames.add_argument(
+        "--fps", type=positive_float, help="video: sample at this rate instead (at most 32 frames, vLLM's rule)"
+    )
     frames.add_argument("--all-frames", action="store_true", help="video: decode every frame")
     decode.add_argument("--sample-rate", type=positive_int, help="audio: resample to this rate (Hz)")
-    decode.add_argument("--mono", action=argparse.BooleanOptionalAction, default=True,
-                        help="audio: average the channels, as load_audio does by default (--no-mono keeps them)")
+    decode.add_argument(
+        "--mono",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="audio: average the channels, as load_audio does by default (--no-mono keeps them)",
+    )
     decode.set_defaults(run=cmd_decode)
     hash_threads = sub.add_parser("hash-threads", help="measure from which size hashing on all cores pays here")
-    hash_threads.add_argument("--runs", type=positive_int, default=3,
-                              help="independent measurements; a setting is advised only when all agree (default 3)")
+    hash_threads.add_argument(
+        "--runs",
+        type=positive_int,
+        default=3,
+        help="independent measurements; a setting is advised only when all agree (default 3)",
+    )
     hash_threads.set_defaults(run=cmd_hash_threads)
     info = sub.add_parser("info", help="version, build, backends and devices")
     info.set_defaults(run=cmd_info)

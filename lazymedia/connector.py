@@ -10,6 +10,7 @@ host and no re-resolution reaches a refused address. data: payloads are size-che
 copy and decoded off the event loop; file: URLs open component by component beneath the allowed
 root.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -99,8 +100,9 @@ class _GuardedResolver(AbstractResolver):
         self._guard = guard
         self._resolver = DefaultResolver()
 
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         results = await self._resolver.resolve(host, port, family)
         allowed = [r for r in results if self._guard.permits(r["host"])]
         if not allowed:
@@ -141,20 +143,27 @@ class _Inflater:
             try:
                 piece = self._inflate.decompress(pending, step)
             except zlib.error as exc:
-                raise InvalidMediaError(f"the {self.encoding} body does not inflate ({exc}): send the file as it "
-                                        "is") from None
+                raise InvalidMediaError(
+                    f"the {self.encoding} body does not inflate ({exc}): send the file as it is"
+                ) from None
             if self._inflate.unused_data:
                 raise InvalidMediaError(f"the {self.encoding} body has data after its end: send the file as it is")
             self.inflated += len(piece)
             if self.inflated > self.max_bytes:
-                raise MediaTooLargeError(f"the response inflates to more than the {self.max_bytes}-byte limit: "
-                                            "send a smaller file", hint="raise MediaConnector(max_bytes=)",
-                                            limit="max_bytes", maximum=self.max_bytes, value=self.inflated)
+                raise MediaTooLargeError(
+                    f"the response inflates to more than the {self.max_bytes}-byte limit: send a smaller file",
+                    hint="raise MediaConnector(max_bytes=)",
+                    limit="max_bytes",
+                    maximum=self.max_bytes,
+                    value=self.inflated,
+                )
             if len(piece) > allowed:
                 # Not a size the client could lower: no media format compresses this far (400, as a
                 # bomb was before the client inflated).
-                raise InvalidMediaError(f"the {self.encoding} body inflates more than {INFLATE_RATIO}:1, which "
-                                        "media does not: a compression bomb")
+                raise InvalidMediaError(
+                    f"the {self.encoding} body inflates more than {INFLATE_RATIO}:1, which "
+                    "media does not: a compression bomb"
+                )
             out.append(piece)
             self.consumed += len(pending) - len(self._inflate.unconsumed_tail)
             pending = self._inflate.unconsumed_tail
@@ -189,12 +198,20 @@ class MediaConnector:
     connection pool of the event loop is closed; `close()` stops the sync methods' loop thread.
     """
 
-    def __init__(self, allowed_domains: Iterable[str] | None = None,
-                 allowed_local_path: str | os.PathLike[str] | None = None, max_bytes: int = DEFAULT_LIMITS.max_bytes,
-                 timeout_s: float = 10.0, allow_redirects: bool = True, max_redirects: int = 5,
-                 allow_private_networks: bool | Iterable[str] = False, limits: Limits | None = None,
-                 max_connections: int = 256, download_cache_dir: str | os.PathLike[str] | None = None,
-                 allow_subdomains: bool = True):
+    def __init__(
+        self,
+        allowed_domains: Iterable[str] | None = None,
+        allowed_local_path: str | os.PathLike[str] | None = None,
+        max_bytes: int = DEFAULT_LIMITS.max_bytes,
+        timeout_s: float = 10.0,
+        allow_redirects: bool = True,
+        max_redirects: int = 5,
+        allow_private_networks: bool | Iterable[str] = False,
+        limits: Limits | None = None,
+        max_connections: int = 256,
+        download_cache_dir: str | os.PathLike[str] | None = None,
+        allow_subdomains: bool = True,
+    ):
         self.allowed_domains = None if allowed_domains is None else [_ascii_domain(d) for d in allowed_domains]
         self.allow_subdomains = allow_subdomains
         self.allowed_local_path = None if allowed_local_path is None else Path(allowed_local_path).resolve()
@@ -213,8 +230,15 @@ class MediaConnector:
         self._lock = threading.Lock()
 
     # -- public -----------------------------------------------------------------------------
-    async def fetch(self, modality: str, url: str | Target, *, timeout_s: float | None = None,
-                    limits: Limits | None = None, **spec: Any) -> LazyMedia[Any]:
+    async def fetch(
+        self,
+        modality: str,
+        url: str | Target,
+        *,
+        timeout_s: float | None = None,
+        limits: Limits | None = None,
+        **spec: Any,
+    ) -> LazyMedia[Any]:
         """An undecoded handle for `url` as `modality` ("image", "video", "audio") under the spec
         settings of load_image / load_video / load_audio; every failure is a MediaError with a
         status code. Container probes (video, audio) run off the event loop. `url` may be a
@@ -247,8 +271,9 @@ class MediaConnector:
         failing item (by position) is raised with `.index` set to its position, after every
         fetch has finished."""
         requests = list(requests)
-        outcomes = await asyncio.gather(*(self.fetch(modality, url, **spec) for modality, url, spec in requests),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(self.fetch(modality, url, **spec) for modality, url, spec in requests), return_exceptions=True
+        )
         items = []
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, MediaError):
@@ -258,13 +283,27 @@ class MediaConnector:
             items.append(outcome)
         return items
 
-    def fetch_sync(self, modality: str, url: str | Target, *, timeout_s: float | None = None,
-                   limits: Limits | None = None, **spec: Any) -> LazyMedia[Any]:
+    def fetch_sync(
+        self,
+        modality: str,
+        url: str | Target,
+        *,
+        timeout_s: float | None = None,
+        limits: Limits | None = None,
+        **spec: Any,
+    ) -> LazyMedia[Any]:
         """`fetch` for code without an event loop (runs on the connector's own loop thread)."""
         return self._submit(self.fetch(modality, url, timeout_s=timeout_s, limits=limits, **spec)).result()
 
-    async def fetch_on_own_loop(self, modality: str, url: str | Target, *, timeout_s: float | None = None,
-                                limits: Limits | None = None, **spec: Any) -> LazyMedia[Any]:
+    async def fetch_on_own_loop(
+        self,
+        modality: str,
+        url: str | Target,
+        *,
+        timeout_s: float | None = None,
+        limits: Limits | None = None,
+        **spec: Any,
+    ) -> LazyMedia[Any]:
         """`fetch` run on the connector's own loop thread, awaited from any event loop: the
         connection pool then lives, and is closed, with the connector (`close()`), not with the
         caller's loop, which a server may close first and leave the pool open ("Unclosed client
@@ -306,8 +345,9 @@ class MediaConnector:
         """Connection pools held (one per live event loop that fetched)."""
         return len(self._sessions)
 
-    async def _read(self, url: str | Target, hasher: KeyHasher | None, timeout_s: float | None = None,
-                    max_bytes: int | None = None) -> tuple[bytes, str | None]:
+    async def _read(
+        self, url: str | Target, hasher: KeyHasher | None, timeout_s: float | None = None, max_bytes: int | None = None
+    ) -> tuple[bytes, str | None]:
         """(bytes, key) for any supported URL, at most `max_bytes` (the connector's by default);
         the key only when a hasher is given."""
         max_bytes = self.max_bytes if max_bytes is None else max_bytes
@@ -316,9 +356,14 @@ class MediaConnector:
                 return await self._fetch_http(parsed, hasher, timeout_s, max_bytes)
             case DataTarget(text=text):
                 if len(text) // 4 * 3 > 2 * max_bytes + 3:  # before any copy of a huge payload
-                    raise MediaTooLargeError(f"a data: URL of {len(text)} characters is over the {max_bytes}-byte "
-                                             "limit: send a smaller file", hint="raise MediaConnector(max_bytes=)",
-                                             limit="max_bytes", maximum=max_bytes, value=len(text) // 4 * 3)
+                    raise MediaTooLargeError(
+                        f"a data: URL of {len(text)} characters is over the {max_bytes}-byte "
+                        "limit: send a smaller file",
+                        hint="raise MediaConnector(max_bytes=)",
+                        limit="max_bytes",
+                        maximum=max_bytes,
+                        value=len(text) // 4 * 3,
+                    )
                 return await asyncio.to_thread(self._read_data_url, text, hasher, max_bytes)
             case FileTarget() as file:
                 return await asyncio.to_thread(self._read_file_url, file, hasher, max_bytes)
@@ -329,11 +374,17 @@ class MediaConnector:
         session = self._sessions.get(loop)
         if session is None or session.closed:
             self._drop_closed_loops()
-            connector = aiohttp.TCPConnector(limit=self.max_connections, resolver=_GuardedResolver(self.guard),
-                                             socket_factory=_guarded_socket_factory(self.guard))
-            session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                            timeout=aiohttp.ClientTimeout(total=None),
-                                            headers={"Accept-Encoding": "identity"})
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections,
+                resolver=_GuardedResolver(self.guard),
+                socket_factory=_guarded_socket_factory(self.guard),
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+                headers={"Accept-Encoding": "identity"},
+            )
             self._sessions[loop] = session
         return session
 
@@ -351,16 +402,20 @@ class MediaConnector:
         if not host:
             raise InvalidMediaError("URL has no host: send an absolute http(s) URL")
         if self.allowed_domains is not None and not any(
-                host == d or self.allow_subdomains and host.endswith("." + d) for d in self.allowed_domains):
-            raise InvalidMediaError(f"refused {host}: not an allowed domain",
-                                    hint="MediaConnector(allowed_domains=) lists the domains admitted")
+            host == d or self.allow_subdomains and host.endswith("." + d) for d in self.allowed_domains
+        ):
+            raise InvalidMediaError(
+                f"refused {host}: not an allowed domain",
+                hint="MediaConnector(allowed_domains=) lists the domains admitted",
+            )
         ip = canonical_ip(host)
         if ip is not None:
             self.guard.check(ip, host)
         return host
 
-    async def _fetch_http(self, url: URL, hasher: KeyHasher | None, timeout_s: float | None,
-                          max_bytes: int) -> tuple[bytes, str | None]:
+    async def _fetch_http(
+        self, url: URL, hasher: KeyHasher | None, timeout_s: float | None, max_bytes: int
+    ) -> tuple[bytes, str | None]:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         cached = self._cache_path(str(url))
         if cached is not None and cached.is_file():
@@ -374,8 +429,11 @@ class MediaConnector:
             async with asyncio.timeout(timeout_s):
                 data, key = await self._follow(url, hasher, max_bytes)
         except TimeoutError:
-            raise MediaFetchError(f"fetching the URL timed out after {timeout_s:g} s: retry, or send a URL that "
-                                  "answers sooner", hint="raise MediaConnector(timeout_s=)", status_code=504) from None
+            raise MediaFetchError(
+                f"fetching the URL timed out after {timeout_s:g} s: retry, or send a URL that answers sooner",
+                hint="raise MediaConnector(timeout_s=)",
+                status_code=504,
+            ) from None
         if cached is not None:
             await asyncio.to_thread(_write_atomically, cached, data)
         return data, key
@@ -386,11 +444,14 @@ class MediaConnector:
             async with asyncio.timeout(self.timeout_s):
                 results = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
         except (OSError, TimeoutError) as exc:
-            raise MediaFetchError(f"cannot resolve {host} ({getattr(exc, 'strerror', None) or exc}): check the "
-                                  "host name", status_code=502) from None
+            raise MediaFetchError(
+                f"cannot resolve {host} ({getattr(exc, 'strerror', None) or exc}): check the host name", status_code=502
+            ) from None
         if not any(self.guard.permits(str(result[4][0])) for result in results):
-            raise InvalidMediaError(f"refused {host}: it resolves only to non-public addresses",
-                                    hint="MediaConnector(allow_private_networks=) admits private networks")
+            raise InvalidMediaError(
+                f"refused {host}: it resolves only to non-public addresses",
+                hint="MediaConnector(allow_private_networks=) admits private networks",
+            )
 
     def _cache_path(self, url: str) -> Path | None:
         if self.download_cache_dir is None:
@@ -405,8 +466,9 @@ class MediaConnector:
         finally:
             _REFUSED.reset(token)
 
-    async def _follow_hops(self, url: URL, hasher: KeyHasher | None, refused: list[str],
-                           max_bytes: int) -> tuple[bytes, str | None]:
+    async def _follow_hops(
+        self, url: URL, hasher: KeyHasher | None, refused: list[str], max_bytes: int
+    ) -> tuple[bytes, str | None]:
         for _ in range(self.max_redirects + 1):
             host = self._check_url(url)
             try:
@@ -414,8 +476,10 @@ class MediaConnector:
                     if response.status in _REDIRECTS:
                         location = response.headers.get("Location")
                         if not self.allow_redirects or not location:  # the server's policy, not the upstream's
-                            raise InvalidMediaError(f"{host} redirects ({response.status}): send the final URL",
-                                                    hint="MediaConnector(allow_redirects=True) follows redirects")
+                            raise InvalidMediaError(
+                                f"{host} redirects ({response.status}): send the final URL",
+                                hint="MediaConnector(allow_redirects=True) follows redirects",
+                            )
                         url = read_http_url(location, base=url)
                         continue
                     if response.status != 200:
@@ -425,46 +489,66 @@ class MediaConnector:
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
                 if refused:
-                    raise InvalidMediaError(f"refused {host}: {refused[0]} is not a public address",
-                                            hint="MediaConnector(allow_private_networks=) admits private networks"
-                                            ) from None
+                    raise InvalidMediaError(
+                        f"refused {host}: {refused[0]} is not a public address",
+                        hint="MediaConnector(allow_private_networks=) admits private networks",
+                    ) from None
                 cause = exc if isinstance(exc, _RefusedAddress) else getattr(exc, "os_error", None)
                 if isinstance(cause, _RefusedAddress) or isinstance(exc.__cause__, _RefusedAddress):
-                    raise InvalidMediaError(f"refused {cause or exc.__cause__}",
-                                            hint="MediaConnector(allow_private_networks=) admits private networks"
-                                            ) from None
+                    raise InvalidMediaError(
+                        f"refused {cause or exc.__cause__}",
+                        hint="MediaConnector(allow_private_networks=) admits private networks",
+                    ) from None
                 # The client learns what failed, not where: aiohttp's text names the address and port
                 # the host resolved to, which stays in the operator's hint.
                 errno = getattr(exc, "errno", None)
                 reason = f"{type(exc).__name__}: {os.strerror(errno)}" if errno else type(exc).__name__
-                raise MediaFetchError(f"fetching from {host} failed ({reason}): retry later, or check that the host "
-                                      "serves the URL", hint=described(exc), status_code=502) from None
-        raise MediaFetchError(f"more than {self.max_redirects} redirects: send the final URL",
-                              hint="raise MediaConnector(max_redirects=)", status_code=400)
+                raise MediaFetchError(
+                    f"fetching from {host} failed ({reason}): retry later, or check that the host serves the URL",
+                    hint=described(exc),
+                    status_code=502,
+                ) from None
+        raise MediaFetchError(
+            f"more than {self.max_redirects} redirects: send the final URL",
+            hint="raise MediaConnector(max_redirects=)",
+            status_code=400,
+        )
 
-    async def _read_body(self, response: aiohttp.ClientResponse, hasher: KeyHasher | None,
-                         max_bytes: int) -> tuple[bytes, str | None]:
+    async def _read_body(
+        self, response: aiohttp.ClientResponse, hasher: KeyHasher | None, max_bytes: int
+    ) -> tuple[bytes, str | None]:
         declared = response.content_length
         if declared is not None and declared > max_bytes:
-            raise MediaTooLargeError(f"the response declares {declared} bytes, over the {max_bytes}-byte limit: "
-                                        "send a smaller file", hint="raise MediaConnector(max_bytes=)",
-                                        limit="max_bytes", maximum=max_bytes, value=declared)
+            raise MediaTooLargeError(
+                f"the response declares {declared} bytes, over the {max_bytes}-byte limit: send a smaller file",
+                hint="raise MediaConnector(max_bytes=)",
+                limit="max_bytes",
+                maximum=max_bytes,
+                value=declared,
+            )
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         inflater = None
         if encoding in ("gzip", "x-gzip", "deflate"):
             inflater = _Inflater(encoding, max_bytes)
         elif encoding != "identity":
-            raise MediaFetchError(f"upstream {response.url.host} sent Content-Encoding {encoding!r}, which the client "
-                                  "did not ask for: serve the file as it is", status_code=502)
+            raise MediaFetchError(
+                f"upstream {response.url.host} sent Content-Encoding {encoding!r}, which the client "
+                "did not ask for: serve the file as it is",
+                status_code=502,
+            )
         received = 0
         chunks = []
         async for chunk in response.content.iter_any():
             for piece in inflater.feed(chunk) if inflater is not None else (chunk,):
                 received += len(piece)
                 if received > max_bytes:
-                    raise MediaTooLargeError(f"the response sent more than the {max_bytes}-byte limit: send a "
-                                                "smaller file", hint="raise MediaConnector(max_bytes=)",
-                                                limit="max_bytes", maximum=max_bytes, value=received)
+                    raise MediaTooLargeError(
+                        f"the response sent more than the {max_bytes}-byte limit: send a smaller file",
+                        hint="raise MediaConnector(max_bytes=)",
+                        limit="max_bytes",
+                        maximum=max_bytes,
+                        value=received,
+                    )
                 if hasher is not None:
                     hasher.update(piece)
                 chunks.append(piece)
@@ -479,16 +563,20 @@ class MediaConnector:
 
     def _read_file_url(self, file: FileTarget, hasher: KeyHasher | None, max_bytes: int) -> tuple[bytes, str | None]:
         if self.allowed_local_path is None:
-            raise InvalidMediaError("file: URLs are refused by this server",
-                                    hint="MediaConnector(allowed_local_path=) admits file: URLs below a folder")
+            raise InvalidMediaError(
+                "file: URLs are refused by this server",
+                hint="MediaConnector(allowed_local_path=) admits file: URLs below a folder",
+            )
         if file.host not in ("", "localhost"):
             raise InvalidMediaError("file: URL names a remote host: use file:///path, or http(s) for a remote file")
         path = file.path
         root = str(self.allowed_local_path)
         if path != root and not path.startswith(root.rstrip("/") + "/"):
-            raise InvalidMediaError("refused a file: URL outside the folder this server reads",
-                                    hint="MediaConnector(allowed_local_path=) names that folder")
-        data = read_beneath(root, path[len(root):], max_bytes)
+            raise InvalidMediaError(
+                "refused a file: URL outside the folder this server reads",
+                hint="MediaConnector(allowed_local_path=) names that folder",
+            )
+        data = read_beneath(root, path[len(root) :], max_bytes)
         return data, _finish(hasher, data)
 
     # -- sync twins ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 setting. `exc.hint` is for the operator's log: which setting would change the outcome (empty
 where none would); `exc.operator_message` is both, for a log line.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,8 +28,15 @@ class MediaError(Exception):
 
     status_code = 400
 
-    def __init__(self, message: str, *, hint: str = "", modality: str | None = None, index: int | None = None,
-                 status_code: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str = "",
+        modality: str | None = None,
+        index: int | None = None,
+        status_code: int | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -79,8 +87,9 @@ def described(exc: BaseException) -> str:
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
-def _rebuild_error(cls: type[MediaError], message: str, hint: str, modality: str, index: int | None,
-                   status_code: int) -> MediaError:
+def _rebuild_error(
+    cls: type[MediaError], message: str, hint: str, modality: str, index: int | None, status_code: int
+) -> MediaError:
     return cls(message, hint=hint, modality=modality, index=index, status_code=status_code)
 
 
@@ -100,8 +109,9 @@ class MediaTooLargeError(InvalidMediaError):
 
     status_code = 413
 
-    def __init__(self, message: str, *, limit: str = "", value: Any = None, maximum: float | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self, message: str, *, limit: str = "", value: Any = None, maximum: float | None = None, **kwargs: Any
+    ):
         super().__init__(message, **kwargs)
         self.limit = limit
         self.value = value

@@ -3,6 +3,7 @@ as the HTTP client's own parser reads it, nothing else; a data: or file: URL), t
 addresses and the beneath-the-root open for local files. The connector asks these before any
 connection or open, for what a name resolves to, and for the address of every socket it opens,
 so no refused address or escaping path is ever touched."""
+
 from __future__ import annotations
 
 import ctypes
@@ -26,10 +27,10 @@ from .errors import InvalidMediaError, MediaTooLargeError
 _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # IPv6 prefixes that carry an IPv4 address in their last 32 bits and reach it through a translator.
-_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")      # RFC 2765 IPv4-translated
-_NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")        # RFC 6052
-_NAT64_LOCAL_USE = ipaddress.ip_network("64:ff9b:1::/48")       # RFC 8215: the IPv4 may sit anywhere
-_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")                # deprecated ::a.b.c.d
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 IPv4-translated
+_NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052
+_NAT64_LOCAL_USE = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: the IPv4 may sit anywhere
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated ::a.b.c.d
 
 
 def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
@@ -84,7 +85,7 @@ def read_http_url(text: str, base: URL | None = None) -> URL:
         raise InvalidMediaError("ambiguous URL: a backslash before the query")
     match = _AUTHORITY.match(text)
     authority = match.group(1) if match else None
-    head = text[:match.end()] if match else re.split(r"[/?#]", text, maxsplit=1)[0]
+    head = text[: match.end()] if match else re.split(r"[/?#]", text, maxsplit=1)[0]
     if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in head):
         raise InvalidMediaError("ambiguous URL: a control character or space before the path")
     if authority is not None and authority.count("@") > 1:
@@ -100,8 +101,9 @@ def read_http_url(text: str, base: URL | None = None) -> URL:
     if authority is not None and not authority.isascii():
         host = authority.rpartition("@")[2]
         spelled = unicodedata.normalize("NFKC", host.translate(_IDNA_DOTS)).lower()
-        if _reads_as_address(spelled.rsplit(":", 1)[0] if spelled.count(":") == 1 else spelled) \
-                or _reads_as_address(url.raw_host or ""):
+        if _reads_as_address(spelled.rsplit(":", 1)[0] if spelled.count(":") == 1 else spelled) or _reads_as_address(
+            url.raw_host or ""
+        ):
             raise InvalidMediaError("refused host: a non-ASCII spelling of an IP address")
     return url
 
@@ -110,18 +112,21 @@ def read_http_url(text: str, base: URL | None = None) -> URL:
 class HttpTarget:
     """An http(s) URL as the HTTP client reads it (`read_http_url`): what the allow-lists judge and
     what the client requests."""
+
     url: URL
 
 
 @dataclass(frozen=True)
 class DataTarget:
     """A data: URL, kept whole (its payload is read, size-checked first, when the item is)."""
+
     text: str
 
 
 @dataclass(frozen=True)
 class FileTarget:
     """A file: URL's host ("" or "localhost" name this machine) and its percent-decoded path."""
+
     host: str
     path: str
 
@@ -169,11 +174,14 @@ def _plain_host(url: URL) -> URL:
         url = url.with_host(host)
     labels = host.split(".")
     if _NUMERIC_LABEL.fullmatch(labels[-1]) and canonical_ip(host) is None:
-        raise InvalidMediaError(f"refused host {host!r}: it reads as an IPv4 address but is not one (write it as "
-                                "a.b.c.d)")
+        raise InvalidMediaError(
+            f"refused host {host!r}: it reads as an IPv4 address but is not one (write it as a.b.c.d)"
+        )
     if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
-        raise InvalidMediaError(f"refused host {host[:100]!r}: not a host name (letters, digits, '-' and '_' "
-                                "between dots) nor an IP address")
+        raise InvalidMediaError(
+            f"refused host {host[:100]!r}: not a host name (letters, digits, '-' and '_' "
+            "between dots) nor an IP address"
+        )
     return url
 
 
@@ -197,8 +205,11 @@ class AddressGuard:
 
     def __init__(self, allow_private_networks: bool | Iterable[str] = False):
         self.allow_all = allow_private_networks is True
-        self.allowed = [] if isinstance(allow_private_networks, bool) else \
-            [ipaddress.ip_network(n, strict=False) for n in allow_private_networks]
+        self.allowed = (
+            []
+            if isinstance(allow_private_networks, bool)
+            else [ipaddress.ip_network(n, strict=False) for n in allow_private_networks]
+        )
 
     def _exempt(self, ip: _IPAddress) -> bool:
         return any(ip.version == network.version and ip in network for network in self.allowed)
@@ -223,17 +234,20 @@ class AddressGuard:
 
     def check(self, address: str | _IPAddress, what: str) -> None:
         if not self.permits(address):
-            raise InvalidMediaError(f"refused {what}: {address} is not a public address",
-                                    hint="MediaConnector(allow_private_networks=) admits private networks")
+            raise InvalidMediaError(
+                f"refused {what}: {address} is not a public address",
+                hint="MediaConnector(allow_private_networks=) admits private networks",
+            )
 
 
 # Why a file: path would not open, as its reader can act on it (the OS text names no fix).
 _OPEN_FAILURES: dict[int, str | None] = {
     errno.ELOOP: "a symbolic link on the way (file: URLs follow none): name the file itself",
     errno.ENOTDIR: "a part of the path is a symbolic link or a file, not a directory (file: URLs follow no links): "
-                   "name the file itself",
+    "name the file itself",
     errno.ENOENT: "no such file below the folder this server reads",
-    errno.EACCES: "the server may not read it"}
+    errno.EACCES: "the server may not read it",
+}
 
 
 def read_beneath(root: str | os.PathLike[str], relative: str, max_bytes: int) -> bytes:
@@ -244,30 +258,36 @@ def read_beneath(root: str | os.PathLike[str], relative: str, max_bytes: int) ->
     on the opened descriptor without blocking; the read stops at the size fstat reported."""
     parts = [p for p in relative.split("/") if p not in ("", ".")]
     if not parts or ".." in parts:
-        raise InvalidMediaError("refused path: it names no file below the folder this server reads, or has '..'",
-                                hint="MediaConnector(allowed_local_path=) names that folder")
+        raise InvalidMediaError(
+            "refused path: it names no file below the folder this server reads, or has '..'",
+            hint="MediaConnector(allowed_local_path=) names that folder",
+        )
     if any("\0" in p for p in parts):
         raise InvalidMediaError("refused path: it has a NUL byte")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(root, flags | os.O_DIRECTORY)
     except OSError as exc:
-        raise InvalidMediaError("the server cannot read file: URLs now",
-                                hint=f"MediaConnector(allowed_local_path=) cannot be opened ({exc.strerror})") from None
+        raise InvalidMediaError(
+            "the server cannot read file: URLs now",
+            hint=f"MediaConnector(allowed_local_path=) cannot be opened ({exc.strerror})",
+        ) from None
     try:
         for part in parts[:-1]:
             try:
                 next_fd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
             except OSError as exc:  # ELOOP/ENOTDIR: a symlink or a file where a directory should be
-                raise InvalidMediaError(f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}") \
-                    from None
+                raise InvalidMediaError(
+                    f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}"
+                ) from None
             os.close(fd)
             fd = next_fd
         try:
             file_fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
         except OSError as exc:
-            raise InvalidMediaError(f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}") \
-                from None
+            raise InvalidMediaError(
+                f"cannot open {relative}: {_OPEN_FAILURES.get(exc.errno or 0, exc.strerror)}"
+            ) from None
     finally:
         os.close(fd)
     try:
@@ -288,9 +308,13 @@ def _read_regular(fd: int, name: str, max_bytes: int) -> bytes:
     if info.st_size == 0:
         raise InvalidMediaError(f"refused {name}: an empty file")
     if info.st_size > max_bytes:
-        raise MediaTooLargeError(f"{name}: {info.st_size} bytes, over the {max_bytes}-byte limit",
-                                 hint="raise MediaConnector(max_bytes=)", limit="max_bytes", value=info.st_size,
-                                 maximum=max_bytes)
+        raise MediaTooLargeError(
+            f"{name}: {info.st_size} bytes, over the {max_bytes}-byte limit",
+            hint="raise MediaConnector(max_bytes=)",
+            limit="max_bytes",
+            value=info.st_size,
+            maximum=max_bytes,
+        )
     chunks, received = [], 0
     while received <= info.st_size:  # one byte past the size tells a file that grows while read
         try:
@@ -307,9 +331,18 @@ def _read_regular(fd: int, name: str, max_bytes: int) -> bytes:
 
 
 # f_type of the kernel pseudo-filesystems whose files report no size or change on read.
-_PSEUDO_FILESYSTEMS = {0x9FA0: "proc", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
-                       0x73636673: "securityfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2",
-                       0xDE5E81E4: "efivarfs", 0xCAFE4A11: "bpf", 0x62656570: "configfs"}
+_PSEUDO_FILESYSTEMS = {
+    0x9FA0: "proc",
+    0x62656572: "sysfs",
+    0x64626720: "debugfs",
+    0x74726163: "tracefs",
+    0x73636673: "securityfs",
+    0x27E0EB: "cgroup",
+    0x63677270: "cgroup2",
+    0xDE5E81E4: "efivarfs",
+    0xCAFE4A11: "bpf",
+    0x62656570: "configfs",
+}
 
 
 def _pseudo_filesystem(fd: int) -> str | None:

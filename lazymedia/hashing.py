@@ -12,6 +12,7 @@ content the caller vouches for.
 The algorithm is blake3 unless LAZYMEDIA_HASH_ALGORITHM (or `set_algorithm`) says sha256 or
 sha512, for deployments that must use FIPS-approved hashes, as vLLM's VLLM_MM_HASHER_ALGORITHM.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -72,8 +73,9 @@ class Crossover(TypedDict):
     medians_s: dict[int, dict[str, float]]  # size -> {"one": s, "all": s}
 
 
-def measure_crossover(sizes: tuple[int, ...] = (1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20),
-                      rounds: int = 15) -> Crossover:
+def measure_crossover(
+    sizes: tuple[int, ...] = (1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20), rounds: int = 15
+) -> Crossover:
     """Single-shot blake3 over fresh buffers, one thread vs all cores, interleaved per round:
     the smallest size from which the multithreaded median stays faster (None: never), and the
     per-size medians."""
@@ -87,8 +89,9 @@ def measure_crossover(sizes: tuple[int, ...] = (1 << 20, 2 << 20, 4 << 20, 8 << 
                 start = time.perf_counter()
                 blake3.blake3(fresh, max_threads=threads).digest()
                 times[size][mode].append(time.perf_counter() - start)
-    medians = {size: {mode: statistics.median(samples) for mode, samples in by_mode.items()}
-               for size, by_mode in times.items()}
+    medians = {
+        size: {mode: statistics.median(samples) for mode, samples in by_mode.items()} for size, by_mode in times.items()
+    }
     crossover = None
     for size in reversed(sizes):
         if medians[size]["all"] >= medians[size]["one"]:
@@ -150,8 +153,9 @@ def new_hasher(prefix: bytes, size_hint: int = 0) -> Hasher:
 def key_prefix(modality: str, spec_bytes: bytes) -> bytes:
     """Length-prefixed domain separation, so no (spec, data) pair can collide with another."""
     tag = modality.encode()
-    return b"".join((KEY_VERSION, b"\0", len(tag).to_bytes(2, "little"), tag,
-                     len(spec_bytes).to_bytes(4, "little"), spec_bytes))
+    return b"".join(
+        (KEY_VERSION, b"\0", len(tag).to_bytes(2, "little"), tag, len(spec_bytes).to_bytes(4, "little"), spec_bytes)
+    )
 
 
 class KeyHasher:
@@ -195,8 +199,10 @@ def object_key(modality: str, media: object) -> str:
     and palette; an array or tensor is its dtype, shape and bytes. Every chunk is framed by its
     length and every container tagged, so no two inputs share a stream."""
     if not (_is_pil_image(media) or _is_tensor(media) or _is_ndarray(media)):
-        raise TypeError(f"no stable key for a decoded {type(media).__name__}: pass a PIL image, a numpy "
-                        "array or a torch tensor (encoded bytes go through load_*)")
+        raise TypeError(
+            f"no stable key for a decoded {type(media).__name__}: pass a PIL image, a numpy "
+            "array or a torch tensor (encoded bytes go through load_*)"
+        )
     hasher = new_hasher(key_prefix("decoded/" + modality, b""))
     for part in _serialised(media):
         hasher.update(part)
@@ -250,8 +256,9 @@ def _serialised(value: object) -> Iterator[bytes | memoryview]:
         tensor = value.cpu()
         if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: its bytes, dtype and shape
             raw = tensor.contiguous().view(-1).view(torch.uint8).numpy()
-            yield from _entry("tensor", {"original_dtype": str(tensor.dtype), "original_shape": tuple(tensor.shape),
-                                         "data": raw})
+            yield from _entry(
+                "tensor", {"original_dtype": str(tensor.dtype), "original_shape": tuple(tensor.shape), "data": raw}
+            )
         else:
             yield from _entry("tensor", tensor.numpy())
     else:
@@ -308,4 +315,3 @@ def _is_pil_image(value: object) -> TypeGuard[Image.Image]:
 
 def _is_tensor(value: object) -> TypeGuard[torch.Tensor]:
     return type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "cpu")
-

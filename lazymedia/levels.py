@@ -3,6 +3,7 @@ distinct patterns (native, csrc/levels.cpp, the GIL released). The cache stores 
 form (cache/_serialize.py), so its file format depends on what these functions compute: a change
 to the coding is a change to the format.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,9 +13,15 @@ from . import _C
 from .memory import kernel_threads
 
 
-def encode(bits: npt.NDArray[np.generic], run: int, groups: int, levels: int,
-           codes: npt.NDArray[np.generic], tables: npt.NDArray[np.generic],
-           half: int = 0) -> list[int] | None:
+def encode(
+    bits: npt.NDArray[np.generic],
+    run: int,
+    groups: int,
+    levels: int,
+    codes: npt.NDArray[np.generic],
+    tables: npt.NDArray[np.generic],
+    half: int = 0,
+) -> list[int] | None:
     """Level-codes the bit patterns `bits` (1-d uint16/32/64) into `codes` (uint8/uint16, as many),
     element i against table (i // run) % groups of `tables` (groups x levels, bits' type), on the
     kernel threads: the tables' counts, or None once a group has more than `levels` patterns.
@@ -24,9 +31,14 @@ def encode(bits: npt.NDArray[np.generic], run: int, groups: int, levels: int,
     return _C.level_encode(bits, run, groups, levels, codes, tables, kernel_threads(), True, half)
 
 
-def decode(codes: npt.NDArray[np.generic], run: int, groups: int,
-           tables: npt.NDArray[np.generic], out: npt.NDArray[np.generic],
-           half: int = 0) -> bool:
+def decode(
+    codes: npt.NDArray[np.generic],
+    run: int,
+    groups: int,
+    tables: npt.NDArray[np.generic],
+    out: npt.NDArray[np.generic],
+    half: int = 0,
+) -> bool:
     """out[i] = tables[(i // run) % groups][codes[i]] (tables: groups equal tables, flat), on one
     thread (a memory-bound pass on the request path: a second thread gained nothing when measured);
     with `half`, the codes hold the first half of each block of 2 * half elements and out twice

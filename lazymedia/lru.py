@@ -9,6 +9,7 @@ value no longer matches its fingerprint (`out["pixel_values"].mul_(0)`, `out["x"
 it, counts it `mutated`, logs it and answers a miss, so the next request recomputes it instead of
 receiving the damage. Writes that bypass torch (through `.numpy()` or a data pointer) are not seen.
 """
+
 from __future__ import annotations
 
 import logging
@@ -123,8 +124,11 @@ class LruCache:
                 self._size -= entry[1]
                 self._mutated += 1
                 self._misses += 1
-                logger.warning("cached value %s was modified in place by a reader; dropped and recomputed "
-                               "(copy a value before changing it: docs/design.md)", key)
+                logger.warning(
+                    "cached value %s was modified in place by a reader; dropped and recomputed "
+                    "(copy a value before changing it: docs/design.md)",
+                    key,
+                )
                 return False, None
             self._entries.move_to_end(key)
             self._hits += 1
@@ -165,5 +169,6 @@ class LruCache:
 
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self._hits, self._misses, self._evictions, len(self._entries), self._size, self.capacity,
-                              self._mutated)
+            return CacheStats(
+                self._hits, self._misses, self._evictions, len(self._entries), self._size, self.capacity, self._mutated
+            )

@@ -4,6 +4,7 @@ The handle keeps the encoded bytes (a few hundred KB for a JPEG) instead of pixe
 so hashing, cache lookup and pickling across processes never decode. The header is probed
 eagerly, which rejects non-media and over-limit items before any work is queued.
 """
+
 from __future__ import annotations
 
 import binascii
@@ -43,8 +44,16 @@ class _Source:
 
     __slots__ = ("modality", "spec", "limits", "data", "nbytes", "header", "key", "item_id", "lock")
 
-    def __init__(self, modality: str, spec: Spec, limits: Limits, data: bytes | memoryview | None,
-                 header: MediaHeader | None, key: str | None, item_id: str | None = None):
+    def __init__(
+        self,
+        modality: str,
+        spec: Spec,
+        limits: Limits,
+        data: bytes | memoryview | None,
+        header: MediaHeader | None,
+        key: str | None,
+        item_id: str | None = None,
+    ):
         self.modality = modality
         self.spec = spec
         self.limits = limits
@@ -57,15 +66,31 @@ class _Source:
 
     def __getstate__(self) -> dict[str, Any]:
         if self.data is None and self.item_id is None:
-            raise MediaReleasedError("internal error: an item was shipped after its bytes were released",
-                                     hint="pickle a handle before release_bytes() (the pixels are not shipped)")
-        return {"modality": self.modality, "spec": self.spec, "limits": self.limits,
-                "data": None if self.data is None else bytes(self.data), "header": self.header, "key": self.key,
-                "item_id": self.item_id}
+            raise MediaReleasedError(
+                "internal error: an item was shipped after its bytes were released",
+                hint="pickle a handle before release_bytes() (the pixels are not shipped)",
+            )
+        return {
+            "modality": self.modality,
+            "spec": self.spec,
+            "limits": self.limits,
+            "data": None if self.data is None else bytes(self.data),
+            "header": self.header,
+            "key": self.key,
+            "item_id": self.item_id,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        _Source.__init__(self, state["modality"], state["spec"], state["limits"], state["data"], state["header"],
-                         state["key"], state["item_id"])
+        _Source.__init__(
+            self,
+            state["modality"],
+            state["spec"],
+            state["limits"],
+            state["data"],
+            state["header"],
+            state["key"],
+            state["item_id"],
+        )
 
 
 class _Once(Generic[_Value]):
@@ -98,8 +123,10 @@ def _transform_label(fn: Callable[..., object], key: str | None) -> str:
         return key
     qualname = getattr(fn, "__qualname__", "")
     if not qualname or "<lambda>" in qualname or "<locals>" in qualname:
-        raise ValueError("map() needs key= for a lambda or local function: its name does not identify it, "
-                         "and the key must differ for different transforms")
+        raise ValueError(
+            "map() needs key= for a lambda or local function: its name does not identify it, "
+            "and the key must differ for different transforms"
+        )
     return f"{fn.__module__}.{qualname}"
 
 
@@ -110,8 +137,13 @@ class LazyMedia(Generic[Decoded]):
 
     __slots__ = ("_source", "_parent", "_fn", "_label", "_key", "_decoded", "__weakref__")
 
-    def __init__(self, source: _Source, parent: LazyMedia[Any] | None = None,
-                 fn: Callable[[Any], Decoded] | None = None, label: str = ""):
+    def __init__(
+        self,
+        source: _Source,
+        parent: LazyMedia[Any] | None = None,
+        fn: Callable[[Any], Decoded] | None = None,
+        label: str = "",
+    ):
         self._source = source
         self._parent = parent
         self._fn = fn
@@ -201,11 +233,14 @@ class LazyMedia(Generic[Decoded]):
         source = self._source
         if source.data is None:
             if source.item_id is not None:
-                raise MediaNotCachedError(f"item id {source.item_id!r} is not cached: send the media itself",
-                                          modality=self.modality)
-            raise MediaReleasedError("internal error: the item's bytes were released before it was decoded",
-                                     hint="call release_bytes() only after decode(), or load the item again",
-                                     modality=self.modality)
+                raise MediaNotCachedError(
+                    f"item id {source.item_id!r} is not cached: send the media itself", modality=self.modality
+                )
+            raise MediaReleasedError(
+                "internal error: the item's bytes were released before it was decoded",
+                hint="call release_bytes() only after decode(), or load the item again",
+                modality=self.modality,
+            )
         return source.data
 
     @property
@@ -225,9 +260,10 @@ class LazyMedia(Generic[Decoded]):
                 with source.lock:
                     if source.key is None:
                         if source.data is None:
-                            raise MediaReleasedError("internal error: the item's bytes were released before its key "
-                                                     "was computed", hint="read .key before release_bytes(), or "
-                                                     "load the item again")
+                            raise MediaReleasedError(
+                                "internal error: the item's bytes were released before its key was computed",
+                                hint="read .key before release_bytes(), or load the item again",
+                            )
                         source.key = media_key(source.modality, source.spec.canonical(), source.data)
                 self._key = source.key
         return self._key
@@ -291,8 +327,13 @@ class LazyMedia(Generic[Decoded]):
 
     # -- pickling: bytes and spec travel, pixels do not -------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"source": self._source, "parent": self._parent, "fn": self._fn, "label": self._label,
-                "key": self._key if self._key is not None else self._source.key}
+        return {
+            "source": self._source,
+            "parent": self._parent,
+            "fn": self._fn,
+            "label": self._label,
+            "key": self._key if self._key is not None else self._source.key,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         LazyMedia.__init__(self, state["source"], state["parent"], state["fn"], state["label"])
@@ -310,8 +351,13 @@ class LazyMedia(Generic[Decoded]):
         else:
             what = f"{header.format} {header.sample_rate}Hz {header.duration:.2f}s"
         key = self.key if self.is_hashed else None
-        parts = [self.modality, what, f"{self.nbytes} bytes", f"spec={self.spec!r}",
-                 "decoded" if self.is_decoded else "not decoded"]
+        parts = [
+            self.modality,
+            what,
+            f"{self.nbytes} bytes",
+            f"spec={self.spec!r}",
+            "decoded" if self.is_decoded else "not decoded",
+        ]
         if self._parent is not None:
             parts.append(f"map={self._label}")
         if not self.has_bytes:
@@ -365,14 +411,16 @@ def read_file(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> 
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limits.max_bytes:
-                raise MediaTooLargeError(f"the file has {size} bytes, over the {limits.max_bytes}-byte limit",
-                                         hint="raise Limits.max_bytes")
+                raise MediaTooLargeError(
+                    f"the file has {size} bytes, over the {limits.max_bytes}-byte limit", hint="raise Limits.max_bytes"
+                )
             data = f.read(limits.max_bytes + 1)
     except OSError as exc:
         raise InvalidMediaError(f"cannot read the file: {exc.strerror} (check the path)") from None
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"the file grew past the {limits.max_bytes}-byte limit while read",
-                                 hint="raise Limits.max_bytes")
+        raise MediaTooLargeError(
+            f"the file grew past the {limits.max_bytes}-byte limit while read", hint="raise Limits.max_bytes"
+        )
     return data
 
 
@@ -389,10 +437,14 @@ def _encoded_bytes(data: object, limits: Limits) -> bytes:
     if isinstance(data, os.PathLike):
         return read_file(data, limits)
     if isinstance(data, str):
-        raise InvalidMediaError("media source is a str", hint="pass the encoded bytes, a pathlib.Path, or "
-                                "lazymedia.from_base64(text) for base64 or a data: URL")
-    raise InvalidMediaError(f"media source must be bytes-like or a pathlib.Path, got {type(data).__name__}",
-                            hint="pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)")
+        raise InvalidMediaError(
+            "media source is a str",
+            hint="pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text) for base64 or a data: URL",
+        )
+    raise InvalidMediaError(
+        f"media source must be bytes-like or a pathlib.Path, got {type(data).__name__}",
+        hint="pass the encoded bytes, a pathlib.Path, or lazymedia.from_base64(text)",
+    )
 
 
 def probe_is_instant(modality: str, data: bytes) -> bool:
@@ -406,8 +458,15 @@ def probe_is_instant(modality: str, data: bytes) -> bool:
     return probe_is_instant(data)
 
 
-def load(modality: str, data: MediaSource, *, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
-         item_id: str | None = None, **spec: Any) -> LazyMedia[Any]:
+def load(
+    modality: str,
+    data: MediaSource,
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    key: str | None = None,
+    item_id: str | None = None,
+    **spec: Any,
+) -> LazyMedia[Any]:
     """An undecoded handle over `data` as `modality`, decoded under the spec settings `spec`.
 
     Probes the header now; raises InvalidMediaError (400) for non-media and bad settings,
@@ -426,9 +485,14 @@ def load(modality: str, data: MediaSource, *, limits: Limits = DEFAULT_LIMITS, k
     spec_obj = make_spec(modality, spec)
     data = _encoded_bytes(data, limits)
     if len(data) > limits.max_bytes:
-        raise MediaTooLargeError(f"{len(data)} bytes are over the {limits.max_bytes}-byte limit: send a smaller "
-                                 "file", hint="raise Limits.max_bytes", modality=modality, limit="max_bytes",
-                                 value=len(data), maximum=limits.max_bytes)
+        raise MediaTooLargeError(
+            f"{len(data)} bytes are over the {limits.max_bytes}-byte limit: send a smaller file",
+            hint="raise Limits.max_bytes",
+            modality=modality,
+            limit="max_bytes",
+            value=len(data),
+            maximum=limits.max_bytes,
+        )
     if item_id is not None:  # the id is the key; headers are never remembered under it (it may name other bytes)
         if not isinstance(item_id, str) or not item_id:
             raise InvalidMediaError("an item id must be a non-empty str", modality=modality)
@@ -441,10 +505,19 @@ def load(modality: str, data: MediaSource, *, limits: Limits = DEFAULT_LIMITS, k
     return LazyMedia(_Source(modality, spec_obj, limits, data, header, key))
 
 
-def load_image(data: MediaSource, *, mode: str | None = "RGB", background: tuple[int, int, int] = (255, 255, 255),
-               apply_orientation: bool = True, size: tuple[int, int] | None = None, resample: str = "bicubic",
-               draft: bool = False, limits: Limits = DEFAULT_LIMITS, key: str | None = None,
-               item_id: str | None = None) -> LazyMedia[torch.Tensor]:
+def load_image(
+    data: MediaSource,
+    *,
+    mode: str | None = "RGB",
+    background: tuple[int, int, int] = (255, 255, 255),
+    apply_orientation: bool = True,
+    size: tuple[int, int] | None = None,
+    resample: str = "bicubic",
+    draft: bool = False,
+    limits: Limits = DEFAULT_LIMITS,
+    key: str | None = None,
+    item_id: str | None = None,
+) -> LazyMedia[torch.Tensor]:
     """An undecoded image (JPEG, PNG, GIF, WebP, and BMP, TIFF, ICO, PPM, ... as Pillow reads
     them) from encoded bytes or a pathlib.Path. Decodes to a uint8 tensor [height, width,
     channels]; pixels follow Pillow's convert(), except that an RGBA source decoded as "RGB" is
@@ -460,14 +533,35 @@ def load_image(data: MediaSource, *, mode: str | None = "RGB", background: tuple
         draft: let a JPEG decode at a reduced DCT scale first (faster, slightly different pixels).
         limits, key, item_id: as `load` takes them.
     """
-    return load("image", data, limits=limits, key=key, item_id=item_id, mode=mode, background=background,
-                apply_orientation=apply_orientation, size=size, resample=resample, draft=draft)
+    return load(
+        "image",
+        data,
+        limits=limits,
+        key=key,
+        item_id=item_id,
+        mode=mode,
+        background=background,
+        apply_orientation=apply_orientation,
+        size=size,
+        resample=resample,
+        draft=draft,
+    )
 
 
-def load_video(data: MediaSource, *, num_frames: int | None = DEFAULT_NUM_FRAMES, fps: float | None = None,
-               max_frames: int | None = None, max_duration: float = 300.0, sampler: str = "uniform",
-               size: tuple[int, int] | None = None, decoder: str = "pyav", limits: Limits = DEFAULT_LIMITS,
-               key: str | None = None, item_id: str | None = None) -> LazyMedia[VideoFrames]:
+def load_video(
+    data: MediaSource,
+    *,
+    num_frames: int | None = DEFAULT_NUM_FRAMES,
+    fps: float | None = None,
+    max_frames: int | None = None,
+    max_duration: float = 300.0,
+    sampler: str = "uniform",
+    size: tuple[int, int] | None = None,
+    decoder: str = "pyav",
+    limits: Limits = DEFAULT_LIMITS,
+    key: str | None = None,
+    item_id: str | None = None,
+) -> LazyMedia[VideoFrames]:
     """An undecoded video (MP4, WebM, MKV, AVI, ...) from encoded bytes or a pathlib.Path.
     Decodes to `VideoFrames`: frames uint8 [T, height, width, 3] plus the indices, timestamps
     and transformers-style metadata they came from, chosen as vLLM's loaders choose them.
@@ -485,12 +579,31 @@ def load_video(data: MediaSource, *, num_frames: int | None = DEFAULT_NUM_FRAMES
         decoder: the CPU reader, "pyav" or "opencv".
         limits, key, item_id: as `load` takes them.
     """
-    return load("video", data, limits=limits, key=key, item_id=item_id, num_frames=num_frames, fps=fps,
-                max_frames=max_frames, max_duration=max_duration, sampler=sampler, size=size, decoder=decoder)
+    return load(
+        "video",
+        data,
+        limits=limits,
+        key=key,
+        item_id=item_id,
+        num_frames=num_frames,
+        fps=fps,
+        max_frames=max_frames,
+        max_duration=max_duration,
+        sampler=sampler,
+        size=size,
+        decoder=decoder,
+    )
 
 
-def load_audio(data: MediaSource, *, sample_rate: int | None = None, mono: bool = True, limits: Limits = DEFAULT_LIMITS,
-               key: str | None = None, item_id: str | None = None) -> LazyMedia[AudioSamples]:
+def load_audio(
+    data: MediaSource,
+    *,
+    sample_rate: int | None = None,
+    mono: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
+    key: str | None = None,
+    item_id: str | None = None,
+) -> LazyMedia[AudioSamples]:
     """An undecoded audio file (WAV, FLAC, MP3, Ogg, ...) from encoded bytes or a pathlib.Path.
     Decodes to `AudioSamples`: samples float32 [channels, samples] and the sample rate.
 
@@ -513,15 +626,20 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     if not isinstance(text, (str, bytes, bytearray, memoryview)):
         raise InvalidMediaError(f"base64 media must be str or bytes, got {type(text).__name__}")
     if len(text) // 4 * 3 > 2 * limits.max_bytes + 3:  # before any copy; whitespace may pad a payload
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte "
-                                 "limit: send a smaller file", hint="raise Limits.max_bytes", limit="max_bytes",
-                                 value=len(text) // 4 * 3, maximum=limits.max_bytes)
+        raise MediaTooLargeError(
+            f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte limit: send a smaller file",
+            hint="raise Limits.max_bytes",
+            limit="max_bytes",
+            value=len(text) // 4 * 3,
+            maximum=limits.max_bytes,
+        )
     if isinstance(text, str):
         try:
             text = text.encode("ascii")
         except UnicodeEncodeError:
-            raise InvalidMediaError("base64 media contains non-ASCII characters: send plain base64 or a data:"
-                                    " URL") from None
+            raise InvalidMediaError(
+                "base64 media contains non-ASCII characters: send plain base64 or a data: URL"
+            ) from None
     text = bytes(text)
     if text[:5].lower() == b"data:":
         header, comma, text = text.partition(b",")
@@ -532,9 +650,13 @@ def from_base64(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     if any(c in text for c in _BASE64_WHITESPACE):
         text = text.translate(None, _BASE64_WHITESPACE)
     if len(text) // 4 * 3 > limits.max_bytes + 3:
-        raise MediaTooLargeError(f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte "
-                                 "limit: send a smaller file", hint="raise Limits.max_bytes", limit="max_bytes",
-                                 value=len(text) // 4 * 3, maximum=limits.max_bytes)
+        raise MediaTooLargeError(
+            f"base64 payload of {len(text)} characters is over the {limits.max_bytes}-byte limit: send a smaller file",
+            hint="raise Limits.max_bytes",
+            limit="max_bytes",
+            value=len(text) // 4 * 3,
+            maximum=limits.max_bytes,
+        )
     try:
         return pybase64.b64decode(text, validate=True)  # SIMD decoder; validate rejects stray characters
     except (binascii.Error, ValueError, TypeError) as exc:

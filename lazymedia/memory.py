@@ -3,6 +3,7 @@ buffers, `frame_buffers()` among them, the C heap kept from holding a burst's me
 (`trim_heap`, `bound_heap_retention`), a thread's own CUDA stream with the hand-over of its
 outputs (`own_stream`), and how many threads a native kernel called from this thread may use.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -87,15 +88,20 @@ class HostBufferPool:
     frees the cached buffers unused that long and then trims the C heap (malloc_trim), so a
     process's memory does not stay at its worst burst."""
 
-    def __init__(self, max_cached_bytes: int = 1 << 30, pinned: bool = True,
-                 idle_release_s: float | None = None) -> None:
+    def __init__(
+        self, max_cached_bytes: int = 1 << 30, pinned: bool = True, idle_release_s: float | None = None
+    ) -> None:
         if idle_release_s is not None and not idle_release_s >= 0:
             raise ValueError(f"idle_release_s must be >= 0 seconds, got {idle_release_s}")
         self._pool = _C.HostBufferPool(max_cached_bytes, pinned and not cuda_forbidden())
         self.idle_release_s = idle_release_s
         if idle_release_s is not None and not math.isinf(idle_release_s):
-            thread = threading.Thread(target=_release_when_idle, args=(weakref.ref(self), idle_release_s),
-                                      daemon=True, name="lazymedia-buffer-release")
+            thread = threading.Thread(
+                target=_release_when_idle,
+                args=(weakref.ref(self), idle_release_s),
+                daemon=True,
+                name="lazymedia-buffer-release",
+            )
             _RELEASE_THREADS.add(thread)
             thread.start()
 
@@ -184,8 +190,13 @@ def bound_heap_retention() -> bool:
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:
         return False
-    return all([mallopt(_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD), mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD),
-                mallopt(_M_ARENA_MAX, HEAP_ARENAS)])
+    return all(
+        [
+            mallopt(_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD),
+            mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD),
+            mallopt(_M_ARENA_MAX, HEAP_ARENAS),
+        ]
+    )
 
 
 @functools.cache

@@ -11,6 +11,7 @@ Two kinds of event, each with string labels (docs/usage.md lists them):
 With no listener an event costs one truth test, so the hit path pays nothing for metrics. A
 listener is called on the thread doing the work and must be quick and never raise.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,8 +78,9 @@ class phase:  # lower case: used as a function, `with phase("decode", backend=..
         self.range.__enter__()
         self.started = time.perf_counter() if _listeners else 0.0
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if self.started:
             observe(self.name, time.perf_counter() - self.started, **self.labels)
         self.range.__exit__(exc_type, exc, traceback)
@@ -92,17 +94,28 @@ def reason_kind(reason: str) -> str:
 
 
 # Latency buckets from a hit's lookup (microseconds) to a long video decode (seconds).
-BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-             10.0, 30.0)
+BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _COUNTERS = {  # event -> (metric name, labels, help)
-    "lookups": ("lazymedia_lookups", ("tier", "modality", "result"),
-                "Items looked up, per cache tier (local, shared), modality and result (hit, miss)"),
-    "item_errors": ("lazymedia_item_errors", ("stage", "modality", "status"),
-                    "Items that failed, per stage (fetch, decode), modality and HTTP status"),
-    "fallbacks": ("lazymedia_fallbacks", ("backend", "reason"),
-                  "Items a GPU decoder handed to the CPU, per decoder and reason"),
-    "worker_restarts": ("lazymedia_worker_restarts", ("cause",),
-                        "Isolation workers that died or timed out under a call and were replaced"),
+    "lookups": (
+        "lazymedia_lookups",
+        ("tier", "modality", "result"),
+        "Items looked up, per cache tier (local, shared), modality and result (hit, miss)",
+    ),
+    "item_errors": (
+        "lazymedia_item_errors",
+        ("stage", "modality", "status"),
+        "Items that failed, per stage (fetch, decode), modality and HTTP status",
+    ),
+    "fallbacks": (
+        "lazymedia_fallbacks",
+        ("backend", "reason"),
+        "Items a GPU decoder handed to the CPU, per decoder and reason",
+    ),
+    "worker_restarts": (
+        "lazymedia_worker_restarts",
+        ("cause",),
+        "Isolation workers that died or timed out under a call and were replaced",
+    ),
 }
 
 
@@ -167,18 +180,26 @@ class PrometheusExporter:
         try:
             import prometheus_client
         except ImportError as exc:
-            raise ImportError("PrometheusExporter needs prometheus_client: pip install prometheus_client "
-                              "(the lazymedia-decode[metrics] extra)") from exc
+            raise ImportError(
+                "PrometheusExporter needs prometheus_client: pip install prometheus_client "
+                "(the lazymedia-decode[metrics] extra)"
+            ) from exc
         self._client = prometheus_client
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         # The histogram and counters live in a registry of their own, read through _Collector, which
         # leaves out their _created series without prometheus_client's process-wide switch.
         self._own = prometheus_client.CollectorRegistry()
         self._latency = prometheus_client.Histogram(
-            "lazymedia_phase_seconds", "Latency of each phase (a request's, or one item's decode)",
-            ("phase", "backend", "modality"), buckets=buckets, registry=self._own)
-        self._counters = {event: prometheus_client.Counter(metric, text, labels, registry=self._own)
-                          for event, (metric, labels, text) in _COUNTERS.items()}
+            "lazymedia_phase_seconds",
+            "Latency of each phase (a request's, or one item's decode)",
+            ("phase", "backend", "modality"),
+            buckets=buckets,
+            registry=self._own,
+        )
+        self._counters = {
+            event: prometheus_client.Counter(metric, text, labels, registry=self._own)
+            for event, (metric, labels, text) in _COUNTERS.items()
+        }
         self._sources: dict[str, Callable[[], Any]] = {}
         self._sources_lock = threading.Lock()
         self.registry.register(_Collector(self._own, self._watched))
@@ -256,8 +277,11 @@ class _Collector:
             watched = families.get(metric)
             if watched is None:
                 names = ["part"] if metric in labelled else []
-                watched = families[metric] = CounterMetricFamily(metric, text, labels=names) if kind == "counter" \
+                watched = families[metric] = (
+                    CounterMetricFamily(metric, text, labels=names)
+                    if kind == "counter"
                     else GaugeMetricFamily(metric, text, labels=names)
+                )
             watched.add_metric([labels.get("part", "")] if metric in labelled else [], value)
         yield from families.values()
 

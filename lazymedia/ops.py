@@ -5,6 +5,7 @@ _C_cuda extension, enqueued on the tensor's current stream).
 They take tensors (or, on the CPU, numpy arrays) and return new tensors on the same device:
 uint8 HWC images, uint8 2-D YUV planes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -66,8 +67,13 @@ def orient(image: Pixels, orientation: int, threads: int | None = None) -> torch
     return out
 
 
-def resize(image: Pixels, size: tuple[int, int], filter: str = "bicubic",
-           threads: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def resize(
+    image: Pixels,
+    size: tuple[int, int],
+    filter: str = "bicubic",
+    threads: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Antialiased resize of an HWC uint8 image to (height, width), Pillow's algorithm; into
     `out` (a contiguous [height, width, C] uint8 tensor on the image's device) when given."""
     shape = (int(size[0]), int(size[1]), image.shape[2])
@@ -85,16 +91,23 @@ def resize(image: Pixels, size: tuple[int, int], filter: str = "bicubic",
     return out
 
 
-def nv12_to_rgb(y: Pixels, uv: Pixels, width: int, matrix: str = "bt709", full_range: bool = False,
-                threads: int | None = None) -> torch.Tensor:
+def nv12_to_rgb(
+    y: Pixels, uv: Pixels, width: int, matrix: str = "bt709", full_range: bool = False, threads: int | None = None
+) -> torch.Tensor:
     """NV12 planes (Y: rows x stride, UV interleaved: ceil(rows/2) x stride) to HWC RGB."""
     out = torch.empty((y.shape[0], width, 3), dtype=torch.uint8)
     _C.nv12_to_rgb(_array(y), _array(uv), out.numpy(), width, matrix, full_range, threads or kernel_threads())
     return out
 
 
-def nv12_frames_to_rgb(frames: torch.Tensor, height: int, width: int, matrix: str = "bt709",
-                       full_range: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+def nv12_frames_to_rgb(
+    frames: torch.Tensor,
+    height: int,
+    width: int,
+    matrix: str = "bt709",
+    full_range: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[T, rows, pitch] uint8 NV12 surfaces (rows = height luma rows, then ceil(height/2) UV
     rows, as NVDEC writes them) to [T, height, width, 3] RGB, on the frames' device; into `out`
     (a contiguous tensor of that shape there, e.g. slots of a batch) when given."""
@@ -105,44 +118,77 @@ def nv12_frames_to_rgb(frames: torch.Tensor, height: int, width: int, matrix: st
     shape = (count, height, width, 3)
     if out is None:
         out = torch.empty(shape, dtype=torch.uint8, device=frames.device)
-    elif tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous() or \
-            out.device != frames.device:
+    elif (
+        tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous() or out.device != frames.device
+    ):
         raise TypeError(f"out must be a contiguous uint8 {shape} tensor on {frames.device}")
     if count == 0:
         return out
     if _on_gpu(frames):
-        _cuda().nv12_to_rgb(frames.data_ptr(), rows * pitch, height * pitch, pitch, count, height, width,
-                            out.data_ptr(), matrix, full_range, _stream(frames))
+        _cuda().nv12_to_rgb(
+            frames.data_ptr(),
+            rows * pitch,
+            height * pitch,
+            pitch,
+            count,
+            height,
+            width,
+            out.data_ptr(),
+            matrix,
+            full_range,
+            _stream(frames),
+        )
         return out
     for i in range(count):
-        _C.nv12_to_rgb(frames[i, :height].numpy(), frames[i, height:].numpy(), out[i].numpy(), width, matrix,
-                       full_range, kernel_threads())
+        _C.nv12_to_rgb(
+            frames[i, :height].numpy(),
+            frames[i, height:].numpy(),
+            out[i].numpy(),
+            width,
+            matrix,
+            full_range,
+            kernel_threads(),
+        )
     return out
 
 
-def i420_to_rgb(y: Pixels, u: Pixels, v: Pixels, width: int, matrix: str = "bt709",
-                full_range: bool = False, threads: int | None = None) -> torch.Tensor:
+def i420_to_rgb(
+    y: Pixels,
+    u: Pixels,
+    v: Pixels,
+    width: int,
+    matrix: str = "bt709",
+    full_range: bool = False,
+    threads: int | None = None,
+) -> torch.Tensor:
     """I420 planes (Y full size, U and V half size) to HWC RGB."""
     out = torch.empty((y.shape[0], width, 3), dtype=torch.uint8)
     _C.i420_to_rgb(_array(y), _array(u), _array(v), out.numpy(), width, matrix, full_range, threads or kernel_threads())
     return out
 
 
-def to_chw_normalized(image: Pixels, mean: Sequence[float], std: Sequence[float],
-                      threads: int | None = None) -> torch.Tensor:
+def to_chw_normalized(
+    image: Pixels, mean: Sequence[float], std: Sequence[float], threads: int | None = None
+) -> torch.Tensor:
     """HWC uint8 -> CHW float32 of (x / 255 - mean) / std, the usual model input."""
     if _on_gpu(image):
         src = _gpu_image(image)
         h, w, c = src.shape
         out = torch.empty((c, h, w), dtype=torch.float32, device=src.device)
-        _cuda().to_chw_normalized(src.data_ptr(), h, w, c, [float(m) for m in mean], [float(d) for d in std],
-                                  out.data_ptr(), _stream(src))
+        _cuda().to_chw_normalized(
+            src.data_ptr(), h, w, c, [float(m) for m in mean], [float(d) for d in std], out.data_ptr(), _stream(src)
+        )
         return out
     pixels = _array(image)
     channels = pixels.shape[2]
     out = torch.empty((channels, pixels.shape[0], pixels.shape[1]), dtype=torch.float32)
-    _C.to_chw_normalized(pixels, out.numpy(), np.asarray(mean, dtype=np.float32).reshape(channels),
-                         np.asarray(std, dtype=np.float32).reshape(channels), threads or kernel_threads())
+    _C.to_chw_normalized(
+        pixels,
+        out.numpy(),
+        np.asarray(mean, dtype=np.float32).reshape(channels),
+        np.asarray(std, dtype=np.float32).reshape(channels),
+        threads or kernel_threads(),
+    )
     return out
 
 

@@ -22,6 +22,7 @@ within its memory cap (nvJPEG / NVDEC decode there, a CPU decode is moved there)
 CPU; process_fn gets each item where it lies, and outputs on the device are copied into pinned
 host memory before they are cached, unless keep_on_device.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,7 +59,7 @@ class _Abandoned(Exception):
 class _Plan:
     items: list[LazyMedia[Any]]
     results: list[Any]
-    leaders: dict[str, list[int]] = field(default_factory=dict)   # key -> request indices
+    leaders: dict[str, list[int]] = field(default_factory=dict)  # key -> request indices
     leader_futures: dict[str, Future[Any]] = field(default_factory=dict)
     followers: dict[str, tuple[Future[Any], list[int]]] = field(default_factory=dict)
     decodes: dict[str, Future[Any]] = field(default_factory=dict)
@@ -88,10 +89,18 @@ class Processor(Generic[Output]):
             processor's working set).
     """
 
-    def __init__(self, process_fn: Callable[[list[Any]], Sequence[Output]], *, cache: Cache | None = None,
-                 engine: DecodeEngine | None = None, namespace: str = "", process_workers: int = 1,
-                 device: torch.device | str | int | None = None, keep_on_device: bool = False,
-                 bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE):
+    def __init__(
+        self,
+        process_fn: Callable[[list[Any]], Sequence[Output]],
+        *,
+        cache: Cache | None = None,
+        engine: DecodeEngine | None = None,
+        namespace: str = "",
+        process_workers: int = 1,
+        device: torch.device | str | int | None = None,
+        keep_on_device: bool = False,
+        bytes_per_decoded_byte: int = BYTES_PER_DECODED_BYTE,
+    ):
         self.process_fn = process_fn
         self.cache: Cache = cache if cache is not None else ProcessorCache()
         self._local = self.cache.local  # looked up under the lock
@@ -102,8 +111,7 @@ class Processor(Generic[Output]):
         if device is not None and engine.device is None:
             raise ValueError("a Processor with a device needs an engine with one: DecodeEngine(device=...)")
         if keep_on_device and (device is None or self._shared is not None):
-            raise ValueError("keep_on_device needs a device and a cache without shared tiers "
-                             "(they store host bytes)")
+            raise ValueError("keep_on_device needs a device and a cache without shared tiers (they store host bytes)")
         self.engine = engine
         self.device = engine.device if device is not None else None
         self.keep_on_device = keep_on_device

@@ -4,6 +4,7 @@ A spec holds exactly the settings that change decoded output, so it is part of t
 two handles with equal bytes and equal specs decode to equal tensors. Limits do not change the
 output and are not part of the key.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -129,8 +130,12 @@ class ImageSpec(Spec):
         _choice("mode", self.mode, IMAGE_MODES, "image")
         _choice("resample", self.resample, RESAMPLE_FILTERS, "image")
         background = self.background
-        if (isinstance(background, (str, bytes)) or not hasattr(background, "__len__") or len(background) != 3
-                or not all(_is_int(v) and 0 <= v <= 255 for v in background)):
+        if (
+            isinstance(background, (str, bytes))
+            or not hasattr(background, "__len__")
+            or len(background) != 3
+            or not all(_is_int(v) and 0 <= v <= 255 for v in background)
+        ):
             raise _refuse("background", "three ints in 0..255 (an RGB colour)", background, "image")
         object.__setattr__(self, "background", tuple(int(v) for v in background))
         _flag("apply_orientation", self.apply_orientation, "image")
@@ -175,8 +180,13 @@ class VideoSpec(Spec):
         object.__setattr__(self, "max_frames", _count("max_frames", self.max_frames, "video", "no cap"))
         object.__setattr__(self, "max_duration", _positive("max_duration", self.max_duration, "video"))
         if not isinstance(self.sampler, str) or not self.sampler:
-            raise _refuse("sampler", "the name of a registered sampler (\"uniform\", \"dynamic\", \"rounded\", or "
-                          "one added with lazymedia.register_sampler)", self.sampler, "video")
+            raise _refuse(
+                "sampler",
+                'the name of a registered sampler ("uniform", "dynamic", "rounded", or '
+                "one added with lazymedia.register_sampler)",
+                self.sampler,
+                "video",
+            )
         object.__setattr__(self, "size", _check_size(self.size, "video"))
 
 
@@ -195,8 +205,7 @@ class AudioSpec(Spec):
     mono: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sample_rate",
-                           _count("sample_rate", self.sample_rate, "audio", "the source's rate"))
+        object.__setattr__(self, "sample_rate", _count("sample_rate", self.sample_rate, "audio", "the source's rate"))
         _flag("mono", self.mono, "audio")
 
 
@@ -210,9 +219,11 @@ def format_bytes(nbytes: float) -> str:
 
 
 # What lowers an item's decoded size, per modality (named in a 413 for Limits.max_decoded_bytes).
-_SMALLER_OUTPUT = {"image": "pass size=(height, width)",
-                   "video": "ask for fewer frames (num_frames, fps, max_frames) or smaller ones (size)",
-                   "audio": "pass mono=True or a lower sample_rate"}
+_SMALLER_OUTPUT = {
+    "image": "pass size=(height, width)",
+    "video": "ask for fewer frames (num_frames, fps, max_frames) or smaller ones (size)",
+    "audio": "pass mono=True or a lower sample_rate",
+}
 
 
 @dataclass(frozen=True)
@@ -259,16 +270,20 @@ class Limits:
         """Refuses (413) an item whose decoded output, `what` (e.g. "8 frames of 1920x1080"),
         would take `nbytes` while the decoder holds `working_bytes` besides it."""
         if working_bytes > self.max_working_bytes:
-            raise MediaTooLargeError(f"decoding {what} needs {format_bytes(working_bytes)} of working memory, over "
-                                     f"the {format_bytes(self.max_working_bytes)} limit: send smaller media",
-                                     hint=f"{_SMALLER_OUTPUT[modality]}, or raise Limits.max_working_bytes",
-                                     modality=modality)
+            raise MediaTooLargeError(
+                f"decoding {what} needs {format_bytes(working_bytes)} of working memory, over "
+                f"the {format_bytes(self.max_working_bytes)} limit: send smaller media",
+                hint=f"{_SMALLER_OUTPUT[modality]}, or raise Limits.max_working_bytes",
+                modality=modality,
+            )
         if nbytes + working_bytes > self.max_decoded_bytes:
-            raise MediaTooLargeError(f"{what} decode to {format_bytes(nbytes)}" +
-                                     (f" (+{format_bytes(working_bytes)} working)" if working_bytes else "") +
-                                     f", over the {format_bytes(self.max_decoded_bytes)} limit: send smaller media",
-                                     hint=f"{_SMALLER_OUTPUT[modality]}, or raise Limits.max_decoded_bytes",
-                                     modality=modality)
+            raise MediaTooLargeError(
+                f"{what} decode to {format_bytes(nbytes)}"
+                + (f" (+{format_bytes(working_bytes)} working)" if working_bytes else "")
+                + f", over the {format_bytes(self.max_decoded_bytes)} limit: send smaller media",
+                hint=f"{_SMALLER_OUTPUT[modality]}, or raise Limits.max_decoded_bytes",
+                modality=modality,
+            )
 
 
 DEFAULT_LIMITS = Limits()
@@ -302,8 +317,9 @@ def make_spec(modality: str, settings: dict[str, Any]) -> Spec:
     known = [field.name for field in dataclasses.fields(spec_cls)]
     unknown = sorted(str(name) for name in settings if name not in known)
     if unknown:
-        raise InvalidMediaError(f"unknown {modality} setting {unknown[0]!r}: the settings are {', '.join(known)}",
-                                modality=modality)
+        raise InvalidMediaError(
+            f"unknown {modality} setting {unknown[0]!r}: the settings are {', '.join(known)}", modality=modality
+        )
     # The value's type is part of the cache key: 1 == 1.0 == True would otherwise share one spec.
     items = tuple(sorted((name, value, type(value)) for name, value in settings.items()))
     try:

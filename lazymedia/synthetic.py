@@ -1,5 +1,6 @@
 """Generated media for the benchmark, the examples and the tests: photo-like images, clips whose
 frames can be told apart after lossy coding, and tones. Nothing is downloaded or shipped."""
+
 from __future__ import annotations
 
 import io
@@ -15,9 +16,11 @@ def photo(height: int, width: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     y = np.linspace(0, 1, height, dtype=np.float32)[:, None]
     x = np.linspace(0, 1, width, dtype=np.float32)[None, :]
-    channels = [128 + 90 * np.sin(2 * np.pi * (3 * x + 2 * y + seed)),
-                128 + 90 * np.cos(2 * np.pi * (2 * x - 4 * y)),
-                255 * (x * y) + 0 * x]
+    channels = [
+        128 + 90 * np.sin(2 * np.pi * (3 * x + 2 * y + seed)),
+        128 + 90 * np.cos(2 * np.pi * (2 * x - 4 * y)),
+        255 * (x * y) + 0 * x,
+    ]
     base = np.stack(channels, axis=2)
     return np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
 
@@ -38,9 +41,20 @@ def jpeg(height: int = 480, width: int = 640, seed: int = 0) -> bytes:
     return encode_image(photo(height, width, seed), "JPEG")
 
 
-def video(frames: int = 60, height: int = 96, width: int = 160, fps: int = 30, gop: int = 12,
-          codec: str = "libx264", container: str = "mp4", pix_fmt: str = "yuv420p", vfr: bool = False,
-          preset: str = "ultrafast", seed: int = 0, preroll: int = 0) -> bytes:
+def video(
+    frames: int = 60,
+    height: int = 96,
+    width: int = 160,
+    fps: int = 30,
+    gop: int = 12,
+    codec: str = "libx264",
+    container: str = "mp4",
+    pix_fmt: str = "yuv420p",
+    vfr: bool = False,
+    preset: str = "ultrafast",
+    seed: int = 0,
+    preroll: int = 0,
+) -> bytes:
     """A clip panning across a photo-like image, with a bright bar at row 3*i of frame i, so
     frames stay distinguishable after lossy coding; a keyframe every `gop` frames. With vfr,
     frame durations alternate 1 and 3 ticks of 1/(2*fps). `seed` picks another photo. `preroll`
@@ -62,7 +76,7 @@ def video(frames: int = 60, height: int = 96, width: int = 160, fps: int = 30, g
             stream.codec_context.time_base = Fraction(1, fps * 2)
         pts = -2 * preroll  # ticks of 1/(2*fps), two a frame
         for i in range(frames):
-            image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
+            image = np.ascontiguousarray(base[:, i * 4 : i * 4 + width])
             image[(i * 3) % height] = 255
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             if vfr or preroll:
@@ -94,8 +108,9 @@ def tone(seconds: float = 1.0, rate: int = 16000, channels: int = 2, fmt: str = 
         stream = out.add_stream("mp3", rate=rate)
         stream.layout = layout
         for start in range(0, signal.shape[1], 1152 * 64):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(signal[:, start:start + 1152 * 64]),
-                                               format="fltp", layout=layout)
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(signal[:, start : start + 1152 * 64]), format="fltp", layout=layout
+            )
             frame.sample_rate = rate
             for packet in stream.encode(frame):
                 out.mux(packet)

@@ -75,8 +75,10 @@ def _corpus_line() -> str:
     files = sum(len(corpus_rows(kind, external_only=True)) for kind in ("image", "video", "audio"))
     if files:
         return f"corpus: {in_repo} files from tests/data and {files} from {CORPUS}: corpus tests run"
-    return (f"corpus: {in_repo} files from tests/data; the external corpus is not at {CORPUS} (set "
-            "LAZYMEDIA_CORPUS to the folder holding MANIFEST.tsv for the extended run)")
+    return (
+        f"corpus: {in_repo} files from tests/data; the external corpus is not at {CORPUS} (set "
+        "LAZYMEDIA_CORPUS to the folder holding MANIFEST.tsv for the extended run)"
+    )
 
 
 def pytest_report_header(config):

@@ -3,6 +3,7 @@ vLLM's chat render on the tiny local Qwen2-VL through vLLM's connector and the l
 gives identical engine inputs, and the table and verdict lines are printed. Needs vLLM importable
 (installed --no-deps, see the script's docstring) and transformers' Qwen2-VL processors (tokenizers,
 torchvision); skips without them."""
+
 import importlib.util
 import json
 import os
@@ -14,10 +15,12 @@ import pytest
 
 # Looked up, not imported: the script runs in a subprocess, and a CUDA torchvision beside a CPU torch
 # imports only with the script's workaround.
-NEEDED = {"vllm": "vLLM is not installed (benchmarks/bench_vllm_render.py's docstring says how)",
-          "tokenizers": "the tiny Qwen2-VL's tokenizer is built with the tokenizers library",
-          "transformers": "vLLM's Qwen2-VL processor is transformers'",
-          "torchvision": "transformers' Qwen2-VL video processor needs torchvision"}
+NEEDED = {
+    "vllm": "vLLM is not installed (benchmarks/bench_vllm_render.py's docstring says how)",
+    "tokenizers": "the tiny Qwen2-VL's tokenizer is built with the tokenizers library",
+    "transformers": "vLLM's Qwen2-VL processor is transformers'",
+    "torchvision": "transformers' Qwen2-VL video processor needs torchvision",
+}
 MISSING = [why for name, why in NEEDED.items() if importlib.util.find_spec(name) is None]
 if MISSING:
     pytest.skip(MISSING[0], allow_module_level=True)
@@ -29,9 +32,26 @@ REPO = Path(__file__).resolve().parent.parent
 def test_the_render_bench_gives_identical_inputs_and_verdicts(tmp_path):
     out = tmp_path / "render.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *sys.path]), HF_HUB_OFFLINE="1")
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_vllm_render.py"), "--quick",
-                          "--scenarios", "jpeg-720p", "--requests", "4", "--rounds", "2", "--json", str(out)],
-                         capture_output=True, text=True, env=env, cwd=REPO, timeout=580)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "bench_vllm_render.py"),
+            "--quick",
+            "--scenarios",
+            "jpeg-720p",
+            "--requests",
+            "4",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=580,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     lines = run.stdout.splitlines()
     row = next(line for line in lines if line.startswith("jpeg-720p "))

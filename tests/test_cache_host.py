@@ -2,6 +2,7 @@
 decode per item across a fleet, no torn value after a SIGKILLed writer, eviction under capacity,
 bad values as misses, a failing disk degrading to the next tier, and the chain local -> host ->
 Redis."""
+
 import asyncio
 import gc
 import multiprocessing
@@ -96,9 +97,11 @@ def put_with_a_full_disk(path, redis_url, limit, outcome):
 
     host = HostCache(path, capacity_bytes=64 << 20)
     redis_tier = RedisCache(redis_url, namespace="full-disk", timeout_s=5.0)
-    processor = lazymedia.Processor(lambda decoded: [value_for(7) for _ in decoded],
-                                    cache=TieredCache(ProcessorCache(), host, redis_tier),
-                                    engine=lazymedia.DecodeEngine(isolate=()))
+    processor = lazymedia.Processor(
+        lambda decoded: [value_for(7) for _ in decoded],
+        cache=TieredCache(ProcessorCache(), host, redis_tier),
+        engine=lazymedia.DecodeEngine(isolate=()),
+    )
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     out = processor.apply([lazymedia.load_image(jpeg(16, 16, seed=1))])[0]
     assert processor.cache.flush(60)
@@ -111,8 +114,11 @@ def serve_while_files_change(path, image, rounds, stop, outcome):
     every byte they hold, until `stop`. Reports (hits, misses, tensors unlike the reference)."""
     host = HostCache(path, capacity_bytes=64 << 20)
     local = ProcessorCache()
-    processor = lazymedia.Processor(lambda decoded: [value_for(1) for _ in decoded],
-                                    cache=TieredCache(local, host), engine=lazymedia.DecodeEngine(isolate=()))
+    processor = lazymedia.Processor(
+        lambda decoded: [value_for(1) for _ in decoded],
+        cache=TieredCache(local, host),
+        engine=lazymedia.DecodeEngine(isolate=()),
+    )
     item = lazymedia.load_image(image)
     key = processor.cache_key(item)
     reference = value_for(1)["x"]
@@ -135,8 +141,9 @@ def test_processes_x_items_decode_each_item_once(store_path):
     processes, items = 3, 6
     decodes = SPAWN.Value("i", 0)
     start = SPAWN.Barrier(processes)
-    members = [SPAWN.Process(target=fleet_member, args=(store_path, items, seed, decodes, start))
-               for seed in range(processes)]
+    members = [
+        SPAWN.Process(target=fleet_member, args=(store_path, items, seed, decodes, start)) for seed in range(processes)
+    ]
     for member in members:
         member.start()
     for member in members:
@@ -186,8 +193,11 @@ def test_each_layout_stores_the_value_exactly(store_path):
     without LZ4 (no LZ4 on a hit), and the zero-copy default stores the floats as they are
     (largest, in a file of their own): every writer's value reads back bit for bit in every reader."""
     value = {"x": (torch.arange(1 << 18) % 7).float() / 7}
-    caches = [HostCache(store_path, zero_copy=False), HostCache(store_path, zero_copy=False, compress=False),
-              HostCache(store_path)]
+    caches = [
+        HostCache(store_path, zero_copy=False),
+        HostCache(store_path, zero_copy=False, compress=False),
+        HostCache(store_path),
+    ]
     sizes = [len(stored_bytes(cache, "k", value)) for cache in caches]
     assert 2 * sizes[0] < sizes[1] < sizes[2] and sizes[2] >= caches[2].file_min_bytes
     for writer in caches:
@@ -358,6 +368,7 @@ def test_a_read_without_memory_is_a_miss_that_keeps_the_entry(store_path, monkey
 
     def refuse(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
     monkeypatch.setattr(torch, "empty", refuse)
     assert cache.get_many(["k"]) == {} and cache.stats().fallbacks == 1 and cache.usage()[0] == 1
     monkeypatch.undo()
@@ -519,8 +530,7 @@ def test_a_chain_writes_each_tier_in_its_own_layout(store_path, redis_url, monke
     calls = []
     for module, name in (("lazymedia.cache._store", "dump_parts"), ("lazymedia.cache._host", "dump_parts")):
         real = getattr(serialize, name)
-        monkeypatch.setattr(f"{module}.{name}",
-                            lambda *a, real=real, **k: calls.append(k["levels"]) or real(*a, **k))
+        monkeypatch.setattr(f"{module}.{name}", lambda *a, real=real, **k: calls.append(k["levels"]) or real(*a, **k))
     cache = TieredCache(ProcessorCache(), host, remote)
     assert cache.writer.submit("k", value, "") and cache.flush(60)
     assert sorted(calls) == [False, True]
@@ -550,19 +560,22 @@ def test_tiered_stats_count_each_item_once_per_tier(store_path, redis_url):
     from lazymedia.cache import RedisCache
 
     def tiered():
-        return TieredCache(ProcessorCache(), HostCache(store_path, capacity_bytes=64 << 20),
-                           RedisCache(redis_url, namespace="stats"))
+        return TieredCache(
+            ProcessorCache(), HostCache(store_path, capacity_bytes=64 << 20), RedisCache(redis_url, namespace="stats")
+        )
 
     images = [jpeg(16, 16, seed=s) for s in range(3)]
-    first = lazymedia.Processor(lambda decoded: [value_for(0) for _ in decoded], cache=tiered(),
-                                engine=lazymedia.DecodeEngine(isolate=()))
+    first = lazymedia.Processor(
+        lambda decoded: [value_for(0) for _ in decoded], cache=tiered(), engine=lazymedia.DecodeEngine(isolate=())
+    )
     first.apply([lazymedia.load_image(b) for b in images[:2]])
     assert first.cache.flush(60)
     host, remote = first.cache.stats().tiers
     assert (host.misses, host.hits, remote.misses, remote.hits) == (2, 0, 2, 0)
     assert (host.late_hits, remote.late_hits, host.corrupt, remote.corrupt) == (0, 0, 0, 0)
-    second = lazymedia.Processor(lambda decoded: [value_for(0) for _ in decoded], cache=tiered(),
-                                 engine=lazymedia.DecodeEngine(isolate=()))
+    second = lazymedia.Processor(
+        lambda decoded: [value_for(0) for _ in decoded], cache=tiered(), engine=lazymedia.DecodeEngine(isolate=())
+    )
     second.apply([lazymedia.load_image(b) for b in images])  # two host hits, one miss everywhere
     host, remote = second.cache.stats().tiers
     assert (host.hits, host.misses, remote.hits, remote.misses) == (2, 1, 0, 1)
@@ -609,9 +622,11 @@ def test_a_killed_holders_keys_free_within_two_seconds_in_the_chain(store_path, 
             calls.append(len(decoded))
             return [value_for(0) for _ in decoded]
 
-        taker = lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), host,
-                                                               RedisCache(redis_url, namespace="dying")),
-                                    engine=lazymedia.DecodeEngine(isolate=()))
+        taker = lazymedia.Processor(
+            process,
+            cache=TieredCache(ProcessorCache(), host, RedisCache(redis_url, namespace="dying")),
+            engine=lazymedia.DecodeEngine(isolate=()),
+        )
         outputs = taker.apply([lazymedia.load_image(jpeg(16, 16, seed=s)) for s in range(40)])
         assert len(outputs) == 40 and sum(calls) == 40  # every key decoded here, once
         assert taker.cache.flush(60)
@@ -697,8 +712,7 @@ def damage(path: str, how: str, other: str) -> None:
         pass
 
 
-DAMAGES = ("truncate_to_0", "truncate_to_half", "truncate_to_4096", "shrink_then_regrow", "extend", "replace",
-           "unlink")
+DAMAGES = ("truncate_to_0", "truncate_to_half", "truncate_to_4096", "shrink_then_regrow", "extend", "replace", "unlink")
 
 
 def test_a_value_file_changed_under_a_serving_loop_never_takes_it_down(store_path, tmp_path):
@@ -777,8 +791,10 @@ def test_a_payload_rewritten_in_place_after_a_hit_does_not_change_the_hit(store_
 
 # -- a cache folder another user made (issue 46) ---------------------------------------------------
 AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="needs root and setpriv to act as another user (uid 65534)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to act as another user (uid 65534)",
+)
 
 
 def as_nobody(code: str):
@@ -793,8 +809,10 @@ def as_nobody(code: str):
 def test_a_cache_folder_another_user_made_is_refused(store_path, mode):
     """Another local user creates the folder first, with an LMDB in it (a value for item A could
     carry B's pixels): HostCache refuses it, naming the owner and the fix, before LMDB opens it."""
-    made = as_nobody(f"import os, lmdb; os.makedirs({store_path!r}); os.chmod({store_path!r}, {mode}); "
-                     f"lmdb.open({store_path!r}, max_dbs=4).close()")
+    made = as_nobody(
+        f"import os, lmdb; os.makedirs({store_path!r}); os.chmod({store_path!r}, {mode}); "
+        f"lmdb.open({store_path!r}, max_dbs=4).close()"
+    )
     assert made.returncode == 0, made.stderr
     assert os.stat(store_path).st_uid == 65534
     with pytest.raises(UntrustedCacheError) as refused:

@@ -1,6 +1,7 @@
 """The shared tier on a real redis-server (started here on 127.0.0.1, a free port, no
 persistence): values without pickle, TTL and size cap, cross-process single-flight with leases,
 and faults that degrade to the local tier instead of failing requests."""
+
 import asyncio
 import os
 import shutil
@@ -21,8 +22,9 @@ from lazymedia.synthetic import jpeg
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed")
 REDIS_SERVER = shutil.which("redis-server")
-requires_redis_server = pytest.mark.skipif(REDIS_SERVER is None,
-                                           reason="redis-server is not installed (apt-get install redis-server)")
+requires_redis_server = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server is not installed (apt-get install redis-server)"
+)
 
 
 def free_port() -> int:
@@ -42,9 +44,26 @@ class Server:
 
     def start(self):
         self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.directory), "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                REDIS_SERVER,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                "--maxmemory",
+                "256mb",
+                "--maxmemory-policy",
+                "allkeys-lru",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis.from_url(self.url)
         for _ in range(200):
             try:
@@ -136,6 +155,7 @@ def counting_means(counter):
     def process(decoded):
         counter.append(len(decoded))
         return mean_pixels(decoded)
+
     return process
 
 
@@ -247,6 +267,7 @@ async def test_apply_async_never_calls_the_blocking_client_on_the_event_loop(ser
             if threading.current_thread() is loop_thread:
                 on_loop.append(name)
             return real(*args)
+
         return recording
 
     for name in ("get_many", "put", "try_lease", "release", "wait_for", "delete"):
@@ -338,9 +359,16 @@ def run_workers(server, count, processes, delay=0.05, lease_s=10.0):
     client.set("test:expected", processes)
     client.set("test:ready", 0)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, server.url, f"p{i}", str(count), str(delay),
-                                 str(lease_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-               for i in range(processes)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, server.url, f"p{i}", str(count), str(delay), str(lease_s)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(processes)
+    ]
     return workers
 
 

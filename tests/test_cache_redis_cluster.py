@@ -6,6 +6,7 @@ killed primary seen from one process (its keys only are misses, its leases wait 
 the live nodes' leases stay renewed), and a 4-process fleet that keeps serving, with no failed
 request and no wrong value, while a primary is killed, another hangs (SIGSTOP) and slots migrate
 under it. A machine without redis-server / redis-cli skips them, saying so."""
+
 import asyncio
 import json
 import os
@@ -26,12 +27,24 @@ from redis.cluster import key_slot  # noqa: E402
 
 from lazymedia.benchmarking.redis_cluster import LocalCluster, server_binaries  # noqa: E402
 
-KINDS = [pytest.param("redis", marks=pytest.mark.skipif(
-             server_binaries("redis") is None, reason="redis-server / redis-cli are not installed "
-             "(apt-get install redis-server: the Debian package runs cluster mode)")),
-         pytest.param("valkey", marks=pytest.mark.skipif(
-             server_binaries("valkey") is None, reason="valkey-server / valkey-cli are not installed "
-             "(no Debian bookworm package; apt-get install valkey-server where the release has one)"))]
+KINDS = [
+    pytest.param(
+        "redis",
+        marks=pytest.mark.skipif(
+            server_binaries("redis") is None,
+            reason="redis-server / redis-cli are not installed "
+            "(apt-get install redis-server: the Debian package runs cluster mode)",
+        ),
+    ),
+    pytest.param(
+        "valkey",
+        marks=pytest.mark.skipif(
+            server_binaries("valkey") is None,
+            reason="valkey-server / valkey-cli are not installed "
+            "(no Debian bookworm package; apt-get install valkey-server where the release has one)",
+        ),
+    ),
+]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -150,8 +163,9 @@ async def test_two_processors_share_decodes_async_on_a_cluster(cluster):
 
     engine = lazymedia.DecodeEngine(max_workers=2, isolate=())
     tiers = [RedisCache(cluster.url, cluster=True, namespace="async") for _ in range(2)]
-    one, two = (lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), tier), engine=engine)
-                for tier in tiers)
+    one, two = (
+        lazymedia.Processor(process, cache=TieredCache(ProcessorCache(), tier), engine=engine) for tier in tiers
+    )
     images = [jpeg(32, 48, seed=s) for s in range(12)]
     try:
         first = await one.apply_async([lazymedia.load_image(b) for b in images])
@@ -337,9 +351,26 @@ def test_a_fleet_keeps_serving_through_a_kill_a_hang_and_a_reshard(own_cluster, 
     cluster, failover_s = own_cluster, 5.0
     go, stop = tmp_path / "go", tmp_path / "stop"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, cluster.url, f"p{i}", "sync" if i < 2 else "async",
-                                 str(go), str(stop), str(failover_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env) for i in range(4)]
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                cluster.url,
+                f"p{i}",
+                "sync" if i < 2 else "async",
+                str(go),
+                str(stop),
+                str(failover_s),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(4)
+    ]
     windows = []
     try:
         for worker in workers:
@@ -375,14 +406,25 @@ def test_a_fleet_keeps_serving_through_a_kill_a_hang_and_a_reshard(own_cluster, 
             for item in items:
                 decoded.setdefault(item, []).append(at)
     twice = {item: times for item, times in decoded.items() if len(times) > 1}
-    print({"requests": sum(r["requests"] for r in reports), "items": len(decoded), "twice": twice,
-           "max_latency_s": max(r["max_latency_s"] for r in reports), "windows": windows, "moved": moved,
-           "stats": {name: sum(r["stats"][name] for r in reports) for name in reports[0]["stats"]}})
+    print(
+        {
+            "requests": sum(r["requests"] for r in reports),
+            "items": len(decoded),
+            "twice": twice,
+            "max_latency_s": max(r["max_latency_s"] for r in reports),
+            "windows": windows,
+            "moved": moved,
+            "stats": {name: sum(r["stats"][name] for r in reports) for name in reports[0]["stats"]},
+        }
+    )
     assert [r["failed"] for r in reports] == [[]] * 4
     assert sum(r["wrong"] for r in reports) == 0
     assert max(len(times) for times in decoded.values()) <= 2, decoded
-    near_fault = [item for item, times in twice.items()
-                  if any(begin - 3.0 <= t <= end + 3.0 for begin, end in windows for t in times)]
+    near_fault = [
+        item
+        for item, times in twice.items()
+        if any(begin - 3.0 <= t <= end + 3.0 for begin, end in windows for t in times)
+    ]
     assert len(near_fault) == len(twice), (twice, windows)
     # the stated bound: the failover itself, one call's timeout_s (0.5 s) and one back-off (0.2 s),
     # with 2 s for a loaded machine (failover_s itself, 5 s, is never reached here)

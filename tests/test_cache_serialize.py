@@ -1,5 +1,6 @@
 """Cache values as bytes without pickle: every supported type round-trips, and any damage reads
 as a SerializationError (a miss), never as an untyped error or code that runs."""
+
 import gc
 import pickle
 import random
@@ -14,10 +15,18 @@ from lazymedia.cache._serialize import MAGIC, SerializationError, dumps, key_dig
 
 
 def sample_value():
-    return {"pixel_values": torch.randn(6, 5), "half": torch.ones(3, dtype=torch.bfloat16),
-            "grid": torch.tensor([[1, 4, 4]]), "mask": np.array([True, False]), "array": np.arange(12.0).reshape(3, 4),
-            "empty": torch.empty(0, 7), "scalar": torch.tensor(3.5), "plain": [1, 2.5, None, "x", True],
-            "tuple": (b"raw", {"nested": [np.int64(7).item()]}), 7: "integer key"}
+    return {
+        "pixel_values": torch.randn(6, 5),
+        "half": torch.ones(3, dtype=torch.bfloat16),
+        "grid": torch.tensor([[1, 4, 4]]),
+        "mask": np.array([True, False]),
+        "array": np.arange(12.0).reshape(3, 4),
+        "empty": torch.empty(0, 7),
+        "scalar": torch.tensor(3.5),
+        "plain": [1, 2.5, None, "x", True],
+        "tuple": (b"raw", {"nested": [np.int64(7).item()]}),
+        7: "integer key",
+    }
 
 
 def test_round_trip_keeps_types_values_and_shapes():
@@ -36,16 +45,23 @@ def test_non_contiguous_and_gpu_free_inputs():
     assert torch.equal(loads(dumps({"v": view}))["v"], view)
 
 
-@pytest.mark.parametrize("value", [object(), {1.5j}, [lambda: 0], torch.zeros(2, dtype=torch.complex64),
-                                   np.array(["text"])])
+@pytest.mark.parametrize(
+    "value", [object(), {1.5j}, [lambda: 0], torch.zeros(2, dtype=torch.complex64), np.array(["text"])]
+)
 def test_unsupported_types_are_refused_on_write(value):
     with pytest.raises(SerializationError):
         dumps(value)
 
 
 def test_pickles_and_foreign_bytes_are_refused():
-    for data in (pickle.dumps({"x": 1}), b"", b"LMV2", b"LMV2\xff\xff\xff\xff{}", b'LMV2\x02\x00\x00\x00[]',
-                 b"LMV1" + dumps({"x": 1})[4:]):
+    for data in (
+        pickle.dumps({"x": 1}),
+        b"",
+        b"LMV2",
+        b"LMV2\xff\xff\xff\xff{}",
+        b"LMV2\x02\x00\x00\x00[]",
+        b"LMV1" + dumps({"x": 1})[4:],
+    ):
         with pytest.raises(SerializationError):
             loads(data)
 
@@ -95,20 +111,33 @@ def sealed(header: bytes, payload: bytes, key: str = "") -> bytes:
 
 
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bytes(a.contiguous().view(torch.uint8).numpy()) == bytes(
-        b.contiguous().view(torch.uint8).numpy())
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bytes(a.contiguous().view(torch.uint8).numpy()) == bytes(b.contiguous().view(torch.uint8).numpy())
+    )
 
 
 def header_of(data: bytes) -> dict:
     import json
 
-    return json.loads(data[PREFIX:PREFIX + int.from_bytes(data[4:8], "little")])
+    return json.loads(data[PREFIX : PREFIX + int.from_bytes(data[4:8], "little")])
 
 
 # Bit patterns a float32 level table must keep apart or carry as they are: NaN payloads (quiet,
 # signalling, negative), -0.0 next to 0.0, denormals, infinities.
-ADVERSARIAL_F32 = [0x7FC00001, 0x7F800001, 0xFFC00000, 0x7FFFFFFF, 0x80000000, 0x00000000, 0x00000001, 0x807FFFFF,
-                   0x7F800000, 0xFF800000]
+ADVERSARIAL_F32 = [
+    0x7FC00001,
+    0x7F800001,
+    0xFFC00000,
+    0x7FFFFFFF,
+    0x80000000,
+    0x00000000,
+    0x00000001,
+    0x807FFFFF,
+    0x7F800000,
+    0xFF800000,
+]
 
 
 def normalized_pixels(shape, channel_dim: int, levels: int = 246, dtype=torch.float32, seed=0) -> torch.Tensor:
@@ -119,8 +148,8 @@ def normalized_pixels(shape, channel_dim: int, levels: int = 246, dtype=torch.fl
     pixels = torch.randint(0, levels, shape, generator=generator).to(torch.float32) / 255
     view = [1] * len(shape)
     view[channel_dim] = shape[channel_dim]
-    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073, 0.5])[:shape[channel_dim]].reshape(view)
-    std = torch.tensor([0.26862954, 0.26130258, 0.27577711, 0.25])[:shape[channel_dim]].reshape(view)
+    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073, 0.5])[: shape[channel_dim]].reshape(view)
+    std = torch.tensor([0.26862954, 0.26130258, 0.27577711, 0.25])[: shape[channel_dim]].reshape(view)
     return ((pixels - mean) / std).to(dtype)
 
 
@@ -243,7 +272,7 @@ def test_a_level_code_past_the_table_is_refused():
     value = levels_tensor(10, shape=(40000,))
     data = dumps(value, compress=False)
     header_length = int.from_bytes(data[4:8], "little")
-    header, payload = data[PREFIX:PREFIX + header_length], bytearray(data[PREFIX + header_length:])
+    header, payload = data[PREFIX : PREFIX + header_length], bytearray(data[PREFIX + header_length :])
     import json
 
     start, length = json.loads(header)["r"]
@@ -271,7 +300,7 @@ def adversarial(value: torch.Tensor) -> torch.Tensor:
     flat = value.reshape(-1)
     patterns = torch.tensor(ADVERSARIAL_F32, dtype=torch.int64).to(torch.int32).view(torch.float32)
     if value.dtype == torch.float32:
-        flat.view(torch.int32)[:len(ADVERSARIAL_F32)] = patterns.view(torch.int32)
+        flat.view(torch.int32)[: len(ADVERSARIAL_F32)] = patterns.view(torch.int32)
     elif value.dtype == torch.float64:
         flat.view(torch.int64)[:2] = torch.tensor([0x7FF8000000000001, -0x8000000000000000])  # a NaN payload, -0.0
     else:
@@ -316,11 +345,26 @@ def reseal(data: bytes, edit) -> bytes:
     tree = header_of(data)
     edit(tree)
     header = json.dumps(tree).encode()
-    return sealed(header, data[PREFIX + int.from_bytes(data[4:8], "little"):])
+    return sealed(header, data[PREFIX + int.from_bytes(data[4:8], "little") :])
 
 
-@pytest.mark.parametrize("grouping", [[0, 3], [392, 0], [-1, 3], [392, 5], ["392", 3], [392], [392, 3, 1], None, 7,
-                                      [392, 1 << 70], [1 << 63, 3], [64 * 1176 + 1, 3]])
+@pytest.mark.parametrize(
+    "grouping",
+    [
+        [0, 3],
+        [392, 0],
+        [-1, 3],
+        [392, 5],
+        ["392", 3],
+        [392],
+        [392, 3, 1],
+        None,
+        7,
+        [392, 1 << 70],
+        [1 << 63, 3],
+        [64 * 1176 + 1, 3],
+    ],
+)
 def test_a_bad_grouping_is_refused(grouping):
     data = dumps(qwen_patches(), compress=False)
     assert loads(reseal(data, lambda tree: None)) is not None  # resealing alone keeps it readable
@@ -341,7 +385,7 @@ def test_a_code_past_its_channels_table_is_refused():
     node = header_of(data)
     assert node["g"] == [10000, 3]
     header_length = int.from_bytes(data[4:8], "little")
-    header, payload = data[PREFIX:PREFIX + header_length], bytearray(data[PREFIX + header_length:])
+    header, payload = data[PREFIX : PREFIX + header_length], bytearray(data[PREFIX + header_length :])
     start, length = node["r"]
     payload[start + 25000] = 10  # channel 2, one past its table
     with pytest.raises(SerializationError, match="past its table"):
@@ -359,10 +403,12 @@ def test_native_level_coder_checks_its_sizes():
     # a run past the codes (all in the first group), even one that would overflow a size_t: no hang
     assert _C.level_decode(np.zeros(1000, np.uint8), (1 << 64) - 1, 3, tables, out) and (out == 0).all()
     assert _C.level_encode(src, (1 << 64) - 1, 3, 8, codes, tables) == [7, 0, 0]
-    for args in ((codes, 10, 3, tables, np.empty(999, np.uint32)),  # dst shorter than the codes
-                 (codes, 10, 5, tables, out),  # tables not a multiple of the groups
-                 (codes, 10, 3, tables, np.empty(1000, np.uint16)),  # dst of another type
-                 (codes, 0, 3, tables, out)):
+    for args in (
+        (codes, 10, 3, tables, np.empty(999, np.uint32)),  # dst shorter than the codes
+        (codes, 10, 5, tables, out),  # tables not a multiple of the groups
+        (codes, 10, 3, tables, np.empty(1000, np.uint16)),  # dst of another type
+        (codes, 0, 3, tables, out),
+    ):
         with pytest.raises(ValueError):
             if not _C.level_decode(*args):
                 raise ValueError("refused")
@@ -426,8 +472,9 @@ def test_the_native_read_of_repeated_halves_equals_the_expanded_codes(vectorise)
     for bad in (dict(half=97), dict(half=1 << 63), dict(half=len(codes) + 1), dict(dst=out[:-1])):
         with pytest.raises(ValueError):
             args = dict(codes=codes, run=run, groups=groups, tables=tables, dst=out, half=half) | bad
-            _C.level_decode(args["codes"], args["run"], args["groups"], args["tables"], args["dst"], 1, vectorise,
-                            args["half"])
+            _C.level_decode(
+                args["codes"], args["run"], args["groups"], args["tables"], args["dst"], 1, vectorise, args["half"]
+            )
 
 
 def repeated_halves(blocks: int, half: int, groups: int, levels: int, seed: int) -> tuple[np.ndarray, int]:
@@ -476,10 +523,12 @@ def test_one_element_unlike_its_twin_stops_the_repeated_halves_write(vectorise, 
 def test_the_native_repeated_halves_write_checks_its_sizes():
     src, run = repeated_halves(64, 196, 3, 200, seed=2)
     tables = np.zeros(3 * 256, np.uint32)
-    for codes, run_, half in ((np.empty(src.size, np.uint8), run, 196),  # codes for every pattern
-                              (np.empty(src.size // 2, np.uint8), run, 195),  # run not a multiple of 2 * half
-                              (np.empty(src.size // 2, np.uint8), 2 * run + 392, 392 * 2),  # src not either
-                              (np.empty(src.size // 2, np.uint8), run, src.size)):  # half past the patterns
+    for codes, run_, half in (
+        (np.empty(src.size, np.uint8), run, 196),  # codes for every pattern
+        (np.empty(src.size // 2, np.uint8), run, 195),  # run not a multiple of 2 * half
+        (np.empty(src.size // 2, np.uint8), 2 * run + 392, 392 * 2),  # src not either
+        (np.empty(src.size // 2, np.uint8), run, src.size),
+    ):  # half past the patterns
         with pytest.raises(ValueError):
             _C.level_encode(src, run_, 3, 256, codes, tables, 1, True, half)
 
@@ -490,8 +539,10 @@ def test_a_recycled_code_buffer_is_reused_and_only_one_that_was_lent():
     from lazymedia.cache._serialize import dump_parts, recycle
 
     def codes_of(parts):
-        return max((np.frombuffer(part, np.uint8) for part in parts if isinstance(part, memoryview)),
-                   key=lambda array: array.nbytes)
+        return max(
+            (np.frombuffer(part, np.uint8) for part in parts if isinstance(part, memoryview)),
+            key=lambda array: array.nbytes,
+        )
 
     first = dump_parts(tiled_patches(seed=1), compress=False)
     second = dump_parts(tiled_patches(seed=2), compress=False)  # the first's buffer is still lent
@@ -540,8 +591,12 @@ def test_reading_a_value_leaves_no_reference_cycle(layout):
     """A read's tensors are its only hold on the buffer it read: a cycle would keep the buffer
     (HostCache's pooled read buffer) until the garbage collector runs, and every hit would take
     a new one."""
-    value = {"pixel_values": qwen_patches(), "grid": torch.tensor([[1, 8, 8]]), "nested": [{"b": b"x"}, (1, 2.5)],
-             "pairs": {1: "one"}}
+    value = {
+        "pixel_values": qwen_patches(),
+        "grid": torch.tensor([[1, 8, 8]]),
+        "nested": [{"b": b"x"}, (1, 2.5)],
+        "pairs": {1: "one"},
+    }
     data = bytearray(dumps(value, key="k", **layout))
     gc.collect()
     gc.disable()
@@ -568,8 +623,10 @@ def test_verify_payload_false_reads_the_header_tag_only():
 
 @pytest.mark.skipif(not _C.level_gather_vectorised(), reason="no AVX-512 VBMI on this CPU: one path only")
 @pytest.mark.parametrize("elements", [np.uint16, np.uint32])
-@pytest.mark.parametrize("n,run,groups,length", [(1000, 10, 3, 8), (64 * 1176, 392, 3, 200), (12345, 7, 4, 256),
-                                                 (777, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)])
+@pytest.mark.parametrize(
+    "n,run,groups,length",
+    [(1000, 10, 3, 8), (64 * 1176, 392, 3, 200), (12345, 7, 4, 256), (777, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)],
+)
 def test_the_vectorised_level_read_equals_the_portable_loop(elements, n, run, groups, length):
     """The AVX-512 VBMI read against the portable loop: tails, runs across groups and a code past
     its table included."""
@@ -579,8 +636,9 @@ def test_the_vectorised_level_read_equals_the_portable_loop(elements, n, run, gr
     fast, portable = np.empty(n, elements), np.empty(n, elements)
     assert _C.level_decode(codes, run, groups, tables, fast, 1, True)
     assert _C.level_decode(codes, run, groups, tables, portable, 1, False)
-    assert (fast == portable).all() and (fast == tables.reshape(groups, length)[(np.arange(n) // run) % groups,
-                                                                                  codes]).all()
+    assert (fast == portable).all() and (
+        fast == tables.reshape(groups, length)[(np.arange(n) // run) % groups, codes]
+    ).all()
     if length < 256:
         codes[n - 1] = length  # the last element, in a masked tail
         assert not _C.level_decode(codes, run, groups, tables, fast, 1, True)
@@ -588,8 +646,10 @@ def test_the_vectorised_level_read_equals_the_portable_loop(elements, n, run, gr
 
 
 @pytest.mark.skipif(not _C.level_gather_vectorised(), reason="no AVX-512 VBMI on this CPU: one path only")
-@pytest.mark.parametrize("n,run,groups,levels", [(1000, 10, 3, 8), (300_000, 392, 3, 200), (70_000, 7, 4, 256),
-                                                 (5000, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)])
+@pytest.mark.parametrize(
+    "n,run,groups,levels",
+    [(1000, 10, 3, 8), (300_000, 392, 3, 200), (70_000, 7, 4, 256), (5000, 1000, 1, 1), (64 * 5 + 17, 33, 2, 130)],
+)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_vectorised_level_write_equals_the_portable_loop(n, run, groups, levels, threads):
     """The AVX-512 write gives the portable loop's codes and tables: the same numbering by first

@@ -1,6 +1,7 @@
 """Writes behind the request (cache/_writer.py) on a real LMDB HostCache: a miss returns before its
 value is stored, the queue is bounded (full: skipped, counted, lease released at once), values
 read back bit for bit, and single flight holds while the queue is full."""
+
 import os
 import threading
 import time
@@ -50,6 +51,7 @@ def counted(calls):
     def process(decoded):
         calls.append(len(decoded))
         return pixels(decoded)
+
     return process
 
 
@@ -72,8 +74,9 @@ def test_a_miss_returns_before_its_value_is_stored_and_reads_back_exact(store_pa
     stored = HostCache(store_path).get_many([key])[key]
     assert stored["pixels"].dtype == torch.float32
     assert torch.equal(stored["pixels"].view(torch.int32), out["pixels"].view(torch.int32))  # bit for bit
-    assert cache.stats().writes == type(cache.stats().writes)(queued=1, written=1, skipped=0, failed=0, pending=0,
-                                                              pending_bytes=0)
+    assert cache.stats().writes == type(cache.stats().writes)(
+        queued=1, written=1, skipped=0, failed=0, pending=0, pending_bytes=0
+    )
     token = host.try_lease(key)
     assert token  # released after the write
     host.release(key, token)
@@ -147,8 +150,10 @@ def test_single_flight_holds_while_the_write_queue_is_full(store_path):
     assert host.entered.wait(60)
     images = [jpeg(40, 40, seed=s) for s in range(2)]
     results: list = []
-    threads = [threading.Thread(target=lambda: results.append(run.apply([lazymedia.load_image(b) for b in images])))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: results.append(run.apply([lazymedia.load_image(b) for b in images])))
+        for _ in range(4)
+    ]
     for thread in threads:
         thread.start()
     assert entered.wait(60)
@@ -291,8 +296,11 @@ def test_a_fork_while_the_renewal_lock_is_held_does_not_deadlock_the_child():
         holder.join()
 
 
-@pytest.mark.parametrize("layout", [dict(file_min_bytes=0), dict(file_min_bytes=1 << 30), dict(zero_copy=False)],
-                         ids=["file", "inline", "coded"])
+@pytest.mark.parametrize(
+    "layout",
+    [dict(file_min_bytes=0), dict(file_min_bytes=1 << 30), dict(zero_copy=False)],
+    ids=["file", "inline", "coded"],
+)
 def test_a_value_changed_in_place_while_it_is_written_is_never_published(store_path, layout):
     """A host tier writes from the value's buffers as serialize gave them (views of its tensors):
     a change made after the value was serialized but before its write finished is caught by the

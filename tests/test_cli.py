@@ -1,4 +1,5 @@
 """The lazymedia command: exit codes, one-line errors, outputs."""
+
 import json
 import re
 import subprocess
@@ -92,8 +93,20 @@ def test_module_entry_point_and_usage_errors():
 def test_bench_serving_scenarios_and_items_write_json_and_charts(tmp_path, capsys):
     pytest.importorskip("transformers")
     json_path, chart_path = tmp_path / "b.json", tmp_path / "b.png"
-    argv = ["--quick", "--items", "--requests", "12", "--concurrency", "4", "--scenarios", "pool_720p,video_pool",
-            "--json", str(json_path), "--chart", str(chart_path)]
+    argv = [
+        "--quick",
+        "--items",
+        "--requests",
+        "12",
+        "--concurrency",
+        "4",
+        "--scenarios",
+        "pool_720p,video_pool",
+        "--json",
+        str(json_path),
+        "--chart",
+        str(chart_path),
+    ]
     assert bench.main(argv) == 0
     report = json.loads(json_path.read_text())
     serving = report["serving"]
@@ -130,11 +143,25 @@ def test_bench_exits_1_when_outputs_differ(monkeypatch, tmp_path):
     from lazymedia.benchmarking import serving
 
     process = serving.LazyFrontend.process
-    monkeypatch.setattr(serving.LazyFrontend, "process",
-                        lambda self, decoded: process(self, [item.flip(0) if isinstance(item, torch.Tensor) else item
-                                                             for item in decoded]))
-    argv = ["--requests", "2", "--concurrency", "2", "--scenarios", "pool_720p", "--json", str(tmp_path / "b.json"),
-            "--chart", ""]
+    monkeypatch.setattr(
+        serving.LazyFrontend,
+        "process",
+        lambda self, decoded: process(
+            self, [item.flip(0) if isinstance(item, torch.Tensor) else item for item in decoded]
+        ),
+    )
+    argv = [
+        "--requests",
+        "2",
+        "--concurrency",
+        "2",
+        "--scenarios",
+        "pool_720p",
+        "--json",
+        str(tmp_path / "b.json"),
+        "--chart",
+        "",
+    ]
     assert bench.main(argv) == 1
     assert json.loads((tmp_path / "b.json").read_text())["serving"]["identical_outputs"] is False
 
@@ -143,8 +170,9 @@ def test_bench_without_transformers_says_what_to_install(monkeypatch, capsys):
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
-                        find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else find_spec(name, *a)
+    )
     assert main(["bench", "--scenarios", "pool_720p", "--json", "", "--chart", ""]) == 2
     assert "pip install transformers (the lazymedia-decode[bench] extra)" in capsys.readouterr().err
 
@@ -155,16 +183,19 @@ def test_bench_refuses_an_unknown_scenario(capsys):
     assert exited.value.code == 2 and "unknown scenarios ['nope']" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["--concurrency", "0"], "--concurrency"),  # a semaphore of 0 waited for ever
-    (["--concurrency", "-3"], "--concurrency"),
-    (["--requests", "-5"], "--requests"),
-    (["--requests", "0"], "--requests"),
-    (["--requests", "many"], "--requests"),
-    (["--workers", "0"], "--workers"),
-    (["--workers", "2.5"], "--workers"),
-    (["--device", "tpu"], "--device"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--concurrency", "0"], "--concurrency"),  # a semaphore of 0 waited for ever
+        (["--concurrency", "-3"], "--concurrency"),
+        (["--requests", "-5"], "--requests"),
+        (["--requests", "0"], "--requests"),
+        (["--requests", "many"], "--requests"),
+        (["--workers", "0"], "--workers"),
+        (["--workers", "2.5"], "--workers"),
+        (["--device", "tpu"], "--device"),
+    ],
+)
 def test_bench_refuses_a_bad_argument_naming_it(argv, named, capsys):
     with pytest.raises(SystemExit) as exited:
         main(["bench", *argv, "--json", "", "--chart", ""])
@@ -195,10 +226,14 @@ def test_bench_refuses_cuda_without_a_gpu(capsys):
 
 
 def test_bench_subprocess_exits_2_without_a_traceback():
-    result = subprocess.run([sys.executable, "-m", "lazymedia", "bench", "--concurrency", "0"], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 2 and "argument --concurrency: must be a positive whole number, got '0'" in \
-        result.stderr and "Traceback" not in result.stderr, result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "lazymedia", "bench", "--concurrency", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        result.returncode == 2
+        and "argument --concurrency: must be a positive whole number, got '0'" in result.stderr
+        and "Traceback" not in result.stderr
+    ), result.stderr
 
 
 def test_bench_warns_when_the_machine_is_busy(monkeypatch):
@@ -263,8 +298,12 @@ def test_a_bomb_is_a_413_not_a_guessed_video(tmp_path, capsys):
 def test_non_media_is_one_plain_line(files, capsys):
     assert main(["decode", str(files[2])]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.endswith("not an image, video or audio file lazymedia reads (--modality says which one it is, "
-                        "if it is) (HTTP 400)") and "errno" not in err.lower()
+    assert (
+        err.endswith(
+            "not an image, video or audio file lazymedia reads (--modality says which one it is, if it is) (HTTP 400)"
+        )
+        and "errno" not in err.lower()
+    )
     assert len(err.splitlines()) == 1
 
 
@@ -294,8 +333,13 @@ def test_video_decodes_sampled_frames_by_default(tmp_path, capsys):
 
 def test_usage_errors_exit_2_and_bad_media_exit_1(files, tmp_path):
     good, corrupt, _ = files
-    for argv in (["decode"], ["decode", "--num-frames", "x", str(good)], ["decode", "--size", "big", str(good)],
-                 ["decode", "--fps", "2", "--all-frames", str(good)], ["decode", "--modality", "sound", str(good)]):
+    for argv in (
+        ["decode"],
+        ["decode", "--num-frames", "x", str(good)],
+        ["decode", "--size", "big", str(good)],
+        ["decode", "--fps", "2", "--all-frames", str(good)],
+        ["decode", "--modality", "sound", str(good)],
+    ):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2, argv
@@ -313,18 +357,23 @@ def test_audio_decodes_mono_by_default_as_load_audio_does(tmp_path, capsys):
     assert "shape=2x2000" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("crossovers, quiet, advice", [
-    ([4 << 20, 4 << 20], True, "export LAZYMEDIA_HASH_THREADS_MIN_BYTES=4194304"),
-    ([4 << 20, 8 << 20], True, "the runs disagree"),
-    ([None, None], True, "agrees with the current setting"),
-    ([4 << 20, 4 << 20], False, "nothing to set from this measurement"),
-])
-def test_hash_threads_advises_a_setting_only_when_every_quiet_run_agrees(crossovers, quiet, advice, monkeypatch,
-                                                                         capsys):
+@pytest.mark.parametrize(
+    "crossovers, quiet, advice",
+    [
+        ([4 << 20, 4 << 20], True, "export LAZYMEDIA_HASH_THREADS_MIN_BYTES=4194304"),
+        ([4 << 20, 8 << 20], True, "the runs disagree"),
+        ([None, None], True, "agrees with the current setting"),
+        ([4 << 20, 4 << 20], False, "nothing to set from this measurement"),
+    ],
+)
+def test_hash_threads_advises_a_setting_only_when_every_quiet_run_agrees(
+    crossovers, quiet, advice, monkeypatch, capsys
+):
     from lazymedia import hashing
 
-    results = iter({"cores": 2, "crossover_bytes": c, "medians_s": {1 << 20: {"one": 1e-4, "all": 2e-4}}}
-                   for c in crossovers)
+    results = iter(
+        {"cores": 2, "crossover_bytes": c, "medians_s": {1 << 20: {"one": 1e-4, "all": 2e-4}}} for c in crossovers
+    )
     monkeypatch.setattr(hashing, "measure_crossover", lambda: next(results))
     monkeypatch.setattr(hashing, "multithread_min_bytes", lambda: None)
     monkeypatch.setattr("os.getloadavg", lambda: (0.0 if quiet else 99.0, 0.0, 0.0))
@@ -342,7 +391,11 @@ def test_the_backend_option_and_design_md_list_the_backends_table(capsys):
     design = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
     listed = re.search(r"`engine.BACKENDS` is the one list of decode backends: (.*?)\. ", design, re.S)
     assert listed is not None
-    rows = {(modality, name) for modality, names in re.findall(r"(image|video|audio) ((?:`\w+`(?:, )?)+)",
-                                                                listed.group(1).replace("\n", " "))
-            for name in re.findall(r"`(\w+)`", names)}
+    rows = {
+        (modality, name)
+        for modality, names in re.findall(
+            r"(image|video|audio) ((?:`\w+`(?:, )?)+)", listed.group(1).replace("\n", " ")
+        )
+        for name in re.findall(r"`(\w+)`", names)
+    }
     assert rows == set(BACKENDS)

@@ -1,4 +1,5 @@
 """CPU audio: soundfile/PyAV decoding, resampling and channel mixing as spec settings."""
+
 import io
 
 import numpy as np
@@ -64,8 +65,9 @@ def test_mp3_goes_through_pyav():
     with av.open(buf, "w", format="mp3") as out:
         stream = out.add_stream("mp3", rate=22050)
         t = np.arange(22050) / 22050
-        frame = av.AudioFrame.from_ndarray((0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)[None], format="fltp",
-                                           layout="mono")
+        frame = av.AudioFrame.from_ndarray(
+            (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)[None], format="fltp", layout="mono"
+        )
         frame.sample_rate = 22050
         for packet in stream.encode(frame):
             out.mux(packet)
@@ -156,8 +158,7 @@ def test_decoded_size_budget_counts_channels_the_output_rate_and_the_resampler()
         lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=False)
     assert lazymedia.load_audio(wav, limits=budget, sample_rate=16000, mono=True).media.samples.shape == (1, 16000)
     with pytest.raises(lazymedia.MediaTooLargeError, match="working"):  # the output fits, not with the resampler
-        lazymedia.load_audio(wav, limits=lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4), sample_rate=16000,
-                             mono=True)
+        lazymedia.load_audio(wav, limits=lazymedia.Limits(max_decoded_bytes=4 * 8000 * 4), sample_rate=16000, mono=True)
 
 
 def wav_header(channels: int, rate: int, bits: int = 16, frames: int = 0) -> bytes:
@@ -167,9 +168,16 @@ def wav_header(channels: int, rate: int, bits: int = 16, frames: int = 0) -> byt
 
     align = channels * bits // 8 & 0xFFFF
     body = bytes(frames * channels * bits // 8)
-    return (b"RIFF" + struct.pack("<I", 36 + len(body)) + b"WAVE" + b"fmt " +
-            struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * align, align, bits) + b"data" +
-            struct.pack("<I", len(body)) + body)
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(body))
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * align, align, bits)
+        + b"data"
+        + struct.pack("<I", len(body))
+        + body
+    )
 
 
 def test_channel_cap_refuses_before_any_reader_allocates_per_channel(monkeypatch):

@@ -1,4 +1,5 @@
 """CPU image decoding held to Pillow's pixels and to the corpus manifest's expectations."""
+
 import struct
 import warnings
 
@@ -186,8 +187,12 @@ def test_every_mode_follows_pillow(row, mode):
 
 def transparent_corpus_images():
     """The corpus images with an alpha band or a transparent colour (vLLM composites those)."""
-    return [param for param in corpus_params("image", {"decodes"}) if param.values[0] is None or
-            image_codec.composites(lazymedia.load_image(corpus_bytes(param.values[0])).header, "RGB")]
+    return [
+        param
+        for param in corpus_params("image", {"decodes"})
+        if param.values[0] is None
+        or image_codec.composites(lazymedia.load_image(corpus_bytes(param.values[0])).header, "RGB")
+    ]
 
 
 @pytest.mark.parametrize("row", transparent_corpus_images())
@@ -210,8 +215,17 @@ def test_a_transparent_red_pixel_becomes_the_background():
         assert lazymedia.load_image(data, mode="RGBA").numpy()[0, 0].tolist() == [255, 0, 0, 0]
 
 
-PILLOW_ONLY_FORMATS = [("BMP", {}), ("TIFF", {}), ("TIFF", {"compression": "tiff_lzw"}), ("ICO", {}), ("PPM", {}),
-                       ("TGA", {}), ("SGI", {}), ("PCX", {}), ("QOI", {})]
+PILLOW_ONLY_FORMATS = [
+    ("BMP", {}),
+    ("TIFF", {}),
+    ("TIFF", {"compression": "tiff_lzw"}),
+    ("ICO", {}),
+    ("PPM", {}),
+    ("TGA", {}),
+    ("SGI", {}),
+    ("PCX", {}),
+    ("QOI", {}),
+]
 if "JPEG2000" in image_codec.PILLOW_FORMATS:  # where Pillow was built with OpenJPEG
     PILLOW_ONLY_FORMATS.append(("JPEG2000", {}))
 
@@ -235,8 +249,9 @@ def test_formats_outside_the_allow_list_are_400():
 
 
 def test_huge_canvas_in_a_pillow_format_is_413_from_the_header(monkeypatch):
-    header = struct.pack("<2sIHHI", b"BM", 0, 0, 0, 54) + struct.pack("<IiiHHIIiiII", 40, 30000, 30000, 1, 24, 0, 0,
-                                                                          0, 0, 0, 0)
+    header = struct.pack("<2sIHHI", b"BM", 0, 0, 0, 54) + struct.pack(
+        "<IiiHHIIiiII", 40, 30000, 30000, 1, 24, 0, 0, 0, 0, 0, 0
+    )
     monkeypatch.setattr(image_codec, "decode", lambda *a, **k: pytest.fail("decoded past the header"))
     with pytest.raises(MediaTooLargeError):
         lazymedia.load_image(header + bytes(64))
@@ -252,8 +267,9 @@ def test_draft_decodes_jpeg_at_a_reduced_scale_then_resizes():
     difference = np.abs(pixels - exact)
     assert 0 < difference.mean() < 3 and difference.max() < 128  # close to the exact path, not equal to it
     png = encode(make_image(200, 300), "PNG")  # other formats ignore draft
-    assert torch.equal(lazymedia.load_image(png, size=(50, 75), draft=True).media,
-                       lazymedia.load_image(png, size=(50, 75)).media)
+    assert torch.equal(
+        lazymedia.load_image(png, size=(50, 75), draft=True).media, lazymedia.load_image(png, size=(50, 75)).media
+    )
 
 
 def test_draft_respects_orientation():
@@ -288,8 +304,11 @@ def tiff_chain(pages: int, loop_to: int | None = None, big: bool = False) -> byt
     ifds = []
     for page in range(pages):
         following = page + 1 if page + 1 < pages else loop_to
-        ifds.append(struct.pack(count_format, 3) + entries +
-                    struct.pack(offset_format, 0 if following is None else len(header) + size * following))
+        ifds.append(
+            struct.pack(count_format, 3)
+            + entries
+            + struct.pack(offset_format, 0 if following is None else len(header) + size * following)
+        )
     return header + b"".join(ifds)
 
 
@@ -301,12 +320,19 @@ def test_tiff_pages_are_counted_by_a_bounded_walk(monkeypatch):
     multipage = encode(make_image(16, 16), "TIFF", save_all=True, append_images=[Image.new("RGB", (8, 8))] * 2)
     monkeypatch.setattr(TiffImagePlugin.TiffImageFile, "n_frames", property(lambda self: pytest.fail("n_frames")))
     for big in (False, True):
-        assert image_codec.probe(tiff_chain(3, big=big), lazymedia.DEFAULT_LIMITS,
-                                 lazymedia.ImageSpec()).frame_count == 3
-        assert image_codec.probe(tiff_chain(5, loop_to=1, big=big), lazymedia.DEFAULT_LIMITS,
-                                 lazymedia.ImageSpec()).frame_count == 5
-        assert image_codec.probe(tiff_chain(1024, big=big), lazymedia.DEFAULT_LIMITS,
-                                 lazymedia.ImageSpec()).frame_count == 1024
+        assert (
+            image_codec.probe(tiff_chain(3, big=big), lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec()).frame_count == 3
+        )
+        assert (
+            image_codec.probe(
+                tiff_chain(5, loop_to=1, big=big), lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec()
+            ).frame_count
+            == 5
+        )
+        assert (
+            image_codec.probe(tiff_chain(1024, big=big), lazymedia.DEFAULT_LIMITS, lazymedia.ImageSpec()).frame_count
+            == 1024
+        )
         with pytest.raises(MediaTooLargeError, match="more than 1024 pages"):
             lazymedia.load_image(tiff_chain(1025, big=big))
     assert lazymedia.load_image(multipage).header.frame_count == 3
@@ -326,7 +352,7 @@ def test_jpeg_scans_and_coefficients_are_limited_from_the_header(monkeypatch):
     assert lazymedia.load_image(encode(image, "JPEG", quality=90)).header.working_bytes == 0  # one scan: rows only
     monkeypatch.setattr(image_codec, "decode", lambda *a, **k: pytest.fail("decoded past the header"))
     eoi = progressive.rindex(b"\xff\xd9")
-    repeated = progressive[:eoi] + progressive[progressive.rindex(b"\xff\xda"):eoi] * 91 + b"\xff\xd9"
+    repeated = progressive[:eoi] + progressive[progressive.rindex(b"\xff\xda") : eoi] * 91 + b"\xff\xd9"
     with pytest.raises(MediaTooLargeError, match="101 scans, over the 100 scan limit"):
         lazymedia.load_image(repeated)
     with pytest.raises(MediaTooLargeError, match="working memory"):

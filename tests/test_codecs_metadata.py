@@ -2,6 +2,7 @@
 tags, FLAC comment blocks, MP4 boxes or Matroska Tags elements are refused (413) as one total,
 through load_audio and load_video, within a few CPU-seconds, in a child process (run_capped: an
 address-space cap and a time-out); a count field is never read as a count of entries."""
+
 import pytest
 from test_hostile import MKV_TAGS, run_capped
 
@@ -94,16 +95,34 @@ ident = b"\x01vorbis" + bytes(23)
 data = b"".join(pages(1000 + s, [ident, comment]) for s in range({parts})) + synthetic.tone(0.5, fmt="ogg")
 """
 
-BOMBS = {"id3_chain": ID3_CHAIN, "flac_blocks": FLAC_BLOCKS, "mp4_mdta_keys": MP4_MDTA_KEYS, "mkv_tags": MKV_TAGS,
-         "wav_info_lists": WAV_INFO_LISTS, "wav_id3_chunks": WAV_ID3_CHUNKS, "ogg_vorbis_streams": OGG_VORBIS_STREAMS}
+BOMBS = {
+    "id3_chain": ID3_CHAIN,
+    "flac_blocks": FLAC_BLOCKS,
+    "mp4_mdta_keys": MP4_MDTA_KEYS,
+    "mkv_tags": MKV_TAGS,
+    "wav_info_lists": WAV_INFO_LISTS,
+    "wav_id3_chunks": WAV_ID3_CHUNKS,
+    "ogg_vorbis_streams": OGG_VORBIS_STREAMS,
+}
 
 
 @pytest.mark.parametrize("modality", sorted(LOADS))
-@pytest.mark.parametrize("bomb, parts, entries", [
-    ("id3_chain", 50, 2000), ("id3_chain", 100, 2000), ("flac_blocks", 50, 2000), ("flac_blocks", 100, 2000),
-    ("mp4_mdta_keys", 1, 50_000), ("mp4_mdta_keys", 100, 2000), ("mkv_tags", 100, 2000),
-    ("wav_info_lists", 50, 2000), ("wav_id3_chunks", 50, 2000), ("ogg_vorbis_streams", 1, 50_000),
-    ("ogg_vorbis_streams", 50, 2000)])
+@pytest.mark.parametrize(
+    "bomb, parts, entries",
+    [
+        ("id3_chain", 50, 2000),
+        ("id3_chain", 100, 2000),
+        ("flac_blocks", 50, 2000),
+        ("flac_blocks", 100, 2000),
+        ("mp4_mdta_keys", 1, 50_000),
+        ("mp4_mdta_keys", 100, 2000),
+        ("mkv_tags", 100, 2000),
+        ("wav_info_lists", 50, 2000),
+        ("wav_id3_chunks", 50, 2000),
+        ("ogg_vorbis_streams", 1, 50_000),
+        ("ogg_vorbis_streams", 50, 2000),
+    ],
+)
 def test_metadata_split_over_many_parts_is_refused_as_one_total(bomb, parts, entries, modality):
     report = run_capped(BOMBS[bomb].format(parts=parts, entries=entries), LOADS[modality])
     assert report["outcome"] == "refused" and report["status"] == 413, report
@@ -111,10 +130,17 @@ def test_metadata_split_over_many_parts_is_refused_as_one_total(bomb, parts, ent
     assert report["cpu_seconds"] < BOMB_CPU_SECONDS, report
 
 
-@pytest.mark.parametrize("bomb, parts, entries, load", [
-    ("id3_chain", 2, 990, LOADS["audio"]), ("flac_blocks", 2, 990, LOADS["audio"]),
-    ("mp4_mdta_keys", 1, 990, LOADS["video"]), ("mkv_tags", 2, 990, LOADS["video"]),
-    ("wav_info_lists", 2, 990, LOADS["audio"]), ("wav_id3_chunks", 2, 990, LOADS["audio"])])
+@pytest.mark.parametrize(
+    "bomb, parts, entries, load",
+    [
+        ("id3_chain", 2, 990, LOADS["audio"]),
+        ("flac_blocks", 2, 990, LOADS["audio"]),
+        ("mp4_mdta_keys", 1, 990, LOADS["video"]),
+        ("mkv_tags", 2, 990, LOADS["video"]),
+        ("wav_info_lists", 2, 990, LOADS["audio"]),
+        ("wav_id3_chunks", 2, 990, LOADS["audio"]),
+    ],
+)
 def test_metadata_under_the_total_decodes(bomb, parts, entries, load):
     report = run_capped(BOMBS[bomb].format(parts=parts, entries=entries), load)
     assert report["outcome"] == "decoded", report
@@ -131,8 +157,15 @@ def test_a_garbage_count_field_is_not_a_count_of_entries():
     assert len(data) == 36
     check_metadata(data, "audio")  # one block, one comment: not over the total
     keys = (16).to_bytes(4, "big") + b"keys" + bytes(4) + (1 << 30).to_bytes(4, "big")
-    clip = (8).to_bytes(4, "big") + b"ftyp" + (8 + 8 + len(keys)).to_bytes(4, "big") + b"moov" + \
-        (8 + len(keys)).to_bytes(4, "big") + b"meta" + keys
+    clip = (
+        (8).to_bytes(4, "big")
+        + b"ftyp"
+        + (8 + 8 + len(keys)).to_bytes(4, "big")
+        + b"moov"
+        + (8 + len(keys)).to_bytes(4, "big")
+        + b"meta"
+        + keys
+    )
     with pytest.raises(UnprocessableMediaError, match="declares 1073741824 keys in 8 bytes"):
         check_metadata(clip, "video")  # FFmpeg would allocate 8 GiB of key slots by that count
 
@@ -151,18 +184,25 @@ def test_the_refusal_names_the_total_and_its_parts():
         check_metadata(tag * (MAX_METADATA_ENTRIES + 5), "audio")
     assert isinstance(refused.value, MediaError) and refused.value.status_code == 413
     assert f"counted {MAX_METADATA_ENTRIES + 1} before stopping: {MAX_METADATA_ENTRIES + 1} ID3v2 tags" in str(
-        refused.value)
+        refused.value
+    )
 
 
 def test_tags_after_more_units_than_the_walk_steps_over_are_refused_not_skipped():
     """A million tiny blocks in a cluster of unknown size, then the tags: the walk does not stop
     short of them and pass the file on uncounted."""
     unknown = b"\x01\xff\xff\xff\xff\xff\xff\xff"
-    data = _EBML_HEADER + b"\x18\x53\x80\x67" + unknown + b"\x1f\x43\xb6\x75" + unknown + \
-        b"\xa3\x81\x00" * (MAX_WALKED_UNITS + 1)
+    data = (
+        _EBML_HEADER
+        + b"\x18\x53\x80\x67"
+        + unknown
+        + b"\x1f\x43\xb6\x75"
+        + unknown
+        + b"\xa3\x81\x00" * (MAX_WALKED_UNITS + 1)
+    )
     with pytest.raises(MediaTooLargeError, match=f"more than {MAX_WALKED_UNITS} elements"):
         check_metadata(data, "video")
-    check_metadata(data[:len(data) - 3 * 16], "video")  # within the walk: nothing to count
+    check_metadata(data[: len(data) - 3 * 16], "video")  # within the walk: nothing to count
 
 
 def test_an_ogg_file_s_own_comments_are_counted_and_a_real_one_passes():

@@ -1,5 +1,6 @@
 """The codec registry: the header memo under codecs/ (remembered by content key for codecs whose
 probe costs, limits checked again on every hit) and the typed contract."""
+
 import pytest
 
 import lazymedia

@@ -1,5 +1,6 @@
 """Frame selection: the default equals vLLM 0.33's loaders (np.linspace truncated, count capped by
 duration x fps), other policies by name, and samplers registered by models."""
+
 import math
 
 import numpy as np
@@ -22,9 +23,20 @@ def vllm_uniform(total, num_frames, fps, duration):
     return list(range(total)) if count == total else np.linspace(0, total - 1, count, dtype=int).tolist()
 
 
-CASES = [(100, 8, -1, 0.0), (100, 8, 2.0, 3.3), (100, 32, 1.0, 10.0), (100, 200, -1, 4.0), (300, 16, 0.5, 10.0),
-         (7, 8, -1, 1.0), (1, 4, -1, 0.04), (90, -1, 5.0, 3.0), (90, -1, -1, 3.0), (1000, 64, 30.0, 40.0),
-         (49, 8, 24.0, 2.04), (250, 10, 0.1, 8.33)]
+CASES = [
+    (100, 8, -1, 0.0),
+    (100, 8, 2.0, 3.3),
+    (100, 32, 1.0, 10.0),
+    (100, 200, -1, 4.0),
+    (300, 16, 0.5, 10.0),
+    (7, 8, -1, 1.0),
+    (1, 4, -1, 0.04),
+    (90, -1, 5.0, 3.0),
+    (90, -1, -1, 3.0),
+    (1000, 64, 30.0, 40.0),
+    (49, 8, 24.0, 2.04),
+    (250, 10, 0.1, 8.33),
+]
 
 
 @pytest.mark.parametrize("total, num_frames, fps, duration", CASES)
@@ -37,12 +49,22 @@ def test_uniform_is_vllms_rule(total, num_frames, fps, duration):
 def test_the_issue_example_100_frames_8_samples():
     source = sampling.SamplingSource.of(100, 25.0, 4.0)
     assert sampling.sample_indices(source, VideoSpec(num_frames=8)) == [0, 14, 28, 42, 56, 70, 84, 99]
-    assert sampling.sample_indices(source, VideoSpec(num_frames=8, sampler="rounded")) == \
-        [0, 14, 28, 42, 57, 71, 85, 99]
+    assert sampling.sample_indices(source, VideoSpec(num_frames=8, sampler="rounded")) == [
+        0,
+        14,
+        28,
+        42,
+        57,
+        71,
+        85,
+        99,
+    ]
 
 
-@pytest.mark.parametrize("total, source_fps, fps, max_duration", [(300, 30.0, 2.0, 300.0), (9000, 30.0, 2.0, 60.0),
-                                                                   (45, 15.0, 1.0, 300.0), (100, 25.0, 0.5, 2.0)])
+@pytest.mark.parametrize(
+    "total, source_fps, fps, max_duration",
+    [(300, 30.0, 2.0, 300.0), (9000, 30.0, 2.0, 60.0), (45, 15.0, 1.0, 300.0), (100, 25.0, 0.5, 2.0)],
+)
 def test_dynamic_is_vllms_dynamic_rule(total, source_fps, fps, max_duration):
     source = sampling.SamplingSource.of(total, source_fps, 0.0)
     indices = sampling.sample_indices(source, VideoSpec(fps=fps, max_duration=max_duration, sampler="dynamic"))
@@ -52,8 +74,9 @@ def test_dynamic_is_vllms_dynamic_rule(total, source_fps, fps, max_duration):
     else:
         count = int(max_duration * fps)
         seconds = np.linspace(0, duration, count, endpoint=True)
-        expected = list(range(total)) if count >= total else sorted({min(last, math.ceil(t * source_fps))
-                                                                      for t in seconds})
+        expected = (
+            list(range(total)) if count >= total else sorted({min(last, math.ceil(t * source_fps)) for t in seconds})
+        )
     assert indices == expected
 
 
@@ -81,8 +104,9 @@ def test_unknown_sampler_and_bad_choices_are_typed():
         lazymedia.load_video(data, sampler="out-of-range")
 
 
-@pytest.mark.parametrize("total, source_fps", [(100, 30.0), (451, 30.0), (61, 25.0), (9, 5.0), (3000, 60.0),
-                                                (100000, 30.0)])
+@pytest.mark.parametrize(
+    "total, source_fps", [(100, 30.0), (451, 30.0), (61, 25.0), (9, 5.0), (3000, 60.0), (100000, 30.0)]
+)
 def test_qwen_samplers_follow_vllms_qwen_loaders(total, source_fps):
     """vLLM 0.33's qwen2_vl / qwen3_vl rules at fps 2 (num_frames ignored): counts clamped to
     [4, 768] and the clip, qwen2_vl's a multiple of 2 (tests/test_integrations_vllm_plugin.py

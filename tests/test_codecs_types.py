@@ -1,5 +1,6 @@
 """The result types check their shape when built, print shapes, not elements, and give the engine
 their one tensor without it knowing the field's name."""
+
 import pytest
 import torch
 
@@ -15,8 +16,16 @@ def test_video_frames_need_one_index_and_timestamp_per_frame():
 
 
 def test_video_frames_repr_shows_the_shape_not_the_pixels():
-    frames = VideoFrames(torch.zeros(100, 4, 4, 3, dtype=torch.uint8), list(range(100)), [i / 30 for i in range(100)],
-                         30.0, 3.3, 100, {}, {"codec": "h264"})
+    frames = VideoFrames(
+        torch.zeros(100, 4, 4, 3, dtype=torch.uint8),
+        list(range(100)),
+        [i / 30 for i in range(100)],
+        30.0,
+        3.3,
+        100,
+        {},
+        {"codec": "h264"},
+    )
     text = repr(frames)
     assert "(100, 4, 4, 3) uint8 on cpu" in text and "[0, 1, 2, ..., 97, 98, 99] (100)" in text
     assert "tensor(" not in text and len(text) < 200

@@ -60,8 +60,15 @@ def test_corpus_bad_videos_fail_typed(row):
     assert frames.frames.shape[0] >= 1  # partial data is allowed for corrupt files
 
 
-@pytest.mark.parametrize("kwargs", [{"codec": "libx264"}, {"codec": "libvpx-vp9", "container": "webm"},
-                                    {"codec": "mpeg4"}, {"codec": "libx264", "vfr": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"codec": "libx264"},
+        {"codec": "libvpx-vp9", "container": "webm"},
+        {"codec": "mpeg4"},
+        {"codec": "libx264", "vfr": True},
+    ],
+)
 def test_generated_clips(kwargs):
     data = make_video(frames=60, gop=10, **kwargs)
     item = lazymedia.load_video(data, num_frames=6)
@@ -100,8 +107,9 @@ def test_resize_while_decoding(h264):
     small = lazymedia.load_video(h264, num_frames=4, size=(48, 80)).media
     assert tuple(small.frames.shape) == (4, 48, 80, 3)
     full = lazymedia.load_video(h264, num_frames=4).media
-    downsized = torch.nn.functional.interpolate(full.frames.permute(0, 3, 1, 2).float(), size=(48, 80),
-                                                mode="bilinear", antialias=True).permute(0, 2, 3, 1)
+    downsized = torch.nn.functional.interpolate(
+        full.frames.permute(0, 3, 1, 2).float(), size=(48, 80), mode="bilinear", antialias=True
+    ).permute(0, 2, 3, 1)
     assert (small.frames.float() - downsized).abs().mean() < 8  # same picture, another scaler
 
 
@@ -123,7 +131,7 @@ def test_truncated_corrupted_absurd_videos_fail_typed(h264):
         lazymedia.load_video(h264[: len(h264) // 2]).decode()
     corrupted = bytearray(h264)
     moov = corrupted.find(b"moov")
-    corrupted[moov + 8: moov + 400] = bytes(392)
+    corrupted[moov + 8 : moov + 400] = bytes(392)
     with pytest.raises(UnprocessableMediaError):
         lazymedia.load_video(bytes(corrupted)).decode()
     with pytest.raises(MediaTooLargeError):
@@ -252,7 +260,7 @@ def test_frames_that_do_not_decode_are_not_sampled():
     with av.open(io_bytes(bytes(data))) as container:
         tail = [(p.pos, p.size) for p in container.demux(container.streams.video[0]) if p.size][-8:]
     for position, size in tail:
-        data[position:position + size] = bytes(size)  # the last 8 frames' payloads zeroed
+        data[position : position + size] = bytes(size)  # the last 8 frames' payloads zeroed
     item = lazymedia.load_video(bytes(data), num_frames=8)
     assert item.header.total_frames == 60  # the packets promise 60
     frames = item.media
@@ -269,7 +277,7 @@ def test_odd_coded_width_follows_the_container_as_pyav_scales_it():
     data = bytearray(make_video(codec="libvpx", frames=10, width=302, height=96, container="webm"))
     at = data.find(b"\xb0\x82\x01\x2e")  # Matroska PixelWidth = 302
     assert at > 0
-    data[at:at + 4] = b"\xb0\x82\x01\x2c"  # the container now says 300
+    data[at : at + 4] = b"\xb0\x82\x01\x2c"  # the container now says 300
     item = lazymedia.load_video(bytes(data), num_frames=3)
     assert item.header.width == 300
     frames = item.media
@@ -282,8 +290,14 @@ def test_odd_coded_width_follows_the_container_as_pyav_scales_it():
 
 def test_hf_metadata_keys_as_vllm_fills_them(h264):
     frames = lazymedia.load_video(h264, num_frames=8).media
-    assert frames.metadata == {"total_num_frames": 90, "fps": 30.0, "duration": 3.0, "video_backend": "pyav",
-                               "frames_indices": frames.indices, "do_sample_frames": False}
+    assert frames.metadata == {
+        "total_num_frames": 90,
+        "fps": 30.0,
+        "duration": 3.0,
+        "video_backend": "pyav",
+        "frames_indices": frames.indices,
+        "do_sample_frames": False,
+    }
     every = lazymedia.load_video(h264, num_frames=None).media
     assert every.metadata["do_sample_frames"] is True and every.info["codec"] == "h264"
 
@@ -301,8 +315,9 @@ def test_without_opencv_only_the_opencv_reader_refuses(h264, monkeypatch):
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "cv2" else
-                        find_spec(name, *args))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "cv2" else find_spec(name, *args)
+    )
     hit_by_id = lazymedia.LazyMedia.from_id("video", "clip-1", decoder="opencv")  # a cache hit needs no OpenCV
     assert hit_by_id.spec.decoder == "opencv"
     with pytest.raises(InvalidMediaError, match="decoder='pyav'") as refused:
@@ -315,8 +330,8 @@ def mp4_boxes(data):
 
     at, boxes = 0, []
     while at + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[at:at + 8])
-        boxes.append((kind, data[at + 8:at + size]))
+        size, kind = struct.unpack(">I4s", data[at : at + 8])
+        boxes.append((kind, data[at + 8 : at + size]))
         at += size
     return boxes
 
@@ -341,13 +356,25 @@ def constant_size_tables(samples):
     """One chunk of `samples` samples of one byte each, one tick apart; no sync or edit table."""
     import struct
 
-    tables = {b"stsz": struct.pack(">III", 0, 1, samples), b"stts": struct.pack(">IIII", 0, 1, samples, 1),
-              b"stsc": struct.pack(">IIIII", 0, 1, 1, samples, 1), b"stss": None, b"ctts": None, b"edts": None}
+    tables = {
+        b"stsz": struct.pack(">III", 0, 1, samples),
+        b"stts": struct.pack(">IIII", 0, 1, samples, 1),
+        b"stsc": struct.pack(">IIIII", 0, 1, 1, samples, 1),
+        b"stss": None,
+        b"ctts": None,
+        b"edts": None,
+    }
     return lambda kind, payload: tables.get(kind, payload)
 
 
-@pytest.mark.parametrize("row", [param for param in corpus_params("video", {"decodes"})
-                                 if param.values[0] is None or param.values[0]["format"] == "mp4"])
+@pytest.mark.parametrize(
+    "row",
+    [
+        param
+        for param in corpus_params("video", {"decodes"})
+        if param.values[0] is None or param.values[0]["format"] == "mp4"
+    ],
+)
 def test_corpus_mp4_sample_tables_declare_their_frames(row):
     """The walk reads what FFmpeg indexes: at least every frame, within the working budget."""
     data = corpus_bytes(row)
@@ -371,8 +398,10 @@ def test_sample_tables_that_declare_more_than_they_hold_are_refused_before_ffmpe
     plain = make_video(codec="libx264", frames=30, gop=4)
     monkeypatch.setattr(video, "_open", lambda data: pytest.fail("FFmpeg opened a refused file"))
     # an stts declaring a million entries in 16 bytes
-    lying = mp4_rewrite(plain, lambda kind, payload: struct.pack(">III", 0, 1 << 20, 30) + payload[12:16]
-                        if kind == b"stts" else payload)
+    lying = mp4_rewrite(
+        plain,
+        lambda kind, payload: struct.pack(">III", 0, 1 << 20, 30) + payload[12:16] if kind == b"stts" else payload,
+    )
     with pytest.raises(UnprocessableMediaError, match="stts declares 1048576 entries"):
         lazymedia.load_video(lying)
     # one byte-sized sample declared 2 M times: over the frame limit

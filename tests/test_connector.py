@@ -1,4 +1,5 @@
 """MediaConnector against a real aiohttp server on 127.0.0.1."""
+
 import asyncio
 import base64
 import contextlib
@@ -66,9 +67,14 @@ class Server:
         if encoding == "gzip" and not accepted:
             return web.Response(body=body, content_type="image/png")
         raw = zlib.compressobj(1, wbits=-15)
-        packed = {"gzip": lambda: gzip.compress(body, 1), "always-gzip": lambda: gzip.compress(body, 1),
-                  "deflate": lambda: zlib.compress(body, 1), "raw-deflate": lambda: raw.compress(body) + raw.flush(),
-                  "truncated-gzip": lambda: gzip.compress(body, 1)[:-100], "br": lambda: body}[encoding]()
+        packed = {
+            "gzip": lambda: gzip.compress(body, 1),
+            "always-gzip": lambda: gzip.compress(body, 1),
+            "deflate": lambda: zlib.compress(body, 1),
+            "raw-deflate": lambda: raw.compress(body) + raw.flush(),
+            "truncated-gzip": lambda: gzip.compress(body, 1)[:-100],
+            "br": lambda: body,
+        }[encoding]()
         name = {"always-gzip": "gzip", "truncated-gzip": "gzip", "raw-deflate": "deflate"}.get(encoding, encoding)
         return web.Response(body=packed, content_type="image/png", headers={"Content-Encoding": name})
 
@@ -318,8 +324,18 @@ async def test_redirects_off_and_too_many(server):
     await c.aclose()
 
 
-@pytest.mark.parametrize("url", ["ftp://127.0.0.1/x.jpg", "gopher://x", "http:///nohost", "javascript:alert(1)",
-                                 "http://169.254.169.254/latest/meta-data", "http://[fd00::1]/x", "http://10.0.0.1/x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://127.0.0.1/x.jpg",
+        "gopher://x",
+        "http:///nohost",
+        "javascript:alert(1)",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[fd00::1]/x",
+        "http://10.0.0.1/x",
+    ],
+)
 async def test_refused_urls(url):
     async with MediaConnector() as c:
         with pytest.raises(InvalidMediaError) as info:
@@ -332,8 +348,12 @@ async def test_data_urls(image_bytes):
     encoded = base64.b64encode(image_bytes).decode()
     item = await c.fetch("image", "data:image/jpeg;base64," + encoded)
     assert item.key == lazymedia.load_image(image_bytes).key
-    for bad in ("data:image/jpeg;base64", "data:image/jpeg," + encoded, "data:image/jpeg;base64," + encoded[:-2] + "*=",
-                "data:;base64,@@@@"):
+    for bad in (
+        "data:image/jpeg;base64",
+        "data:image/jpeg," + encoded,
+        "data:image/jpeg;base64," + encoded[:-2] + "*=",
+        "data:;base64,@@@@",
+    ):
         with pytest.raises(InvalidMediaError):
             await c.fetch("image", bad)
     with pytest.raises(MediaTooLargeError):
@@ -349,8 +369,15 @@ async def test_file_urls(tmp_path, image_bytes):
     os.mkfifo(root / "fifo.jpg")
     c = MediaConnector(allowed_local_path=root)
     assert (await c.fetch("image", f"file://{root}/a.jpg")).key == lazymedia.load_image(image_bytes).key
-    for url in (f"file://{root}/../secret.jpg", f"file://{root}/escape.jpg", f"file://{root}/fifo.jpg",
-                f"file://{root}", f"file://{root}/missing.jpg", "file://otherhost/etc/passwd", "file:///etc/passwd"):
+    for url in (
+        f"file://{root}/../secret.jpg",
+        f"file://{root}/escape.jpg",
+        f"file://{root}/fifo.jpg",
+        f"file://{root}",
+        f"file://{root}/missing.jpg",
+        "file://otherhost/etc/passwd",
+        "file:///etc/passwd",
+    ):
         with pytest.raises(InvalidMediaError):
             await asyncio.wait_for(c.fetch("image", url), 5)
     with pytest.raises(InvalidMediaError, match="refused"):
@@ -385,8 +412,9 @@ async def test_download_cache_is_checked_like_a_fresh_fetch(server, tmp_path):
     async with MediaConnector(download_cache_dir=cache) as guarded:  # default guard: loopback refused
         with pytest.raises(InvalidMediaError, match="not a public address"):
             await guarded.fetch("image", server.url + "/img.jpg")
-    async with MediaConnector(download_cache_dir=cache, allow_private_networks=True,
-                              allowed_domains=["example.com"]) as other_domain:
+    async with MediaConnector(
+        download_cache_dir=cache, allow_private_networks=True, allowed_domains=["example.com"]
+    ) as other_domain:
         with pytest.raises(InvalidMediaError, match="not an allowed domain"):
             await other_domain.fetch("image", server.url + "/img.jpg")
     assert server.requests == 1
@@ -403,20 +431,49 @@ def no_network(monkeypatch):
         attempts.append(args)
         raise AssertionError(f"connection attempted: {args[1:]}")
 
-    for target, name in ((socket.socket, "connect"), (socket.socket, "connect_ex"), (socket, "getaddrinfo"),
-                         (asyncio.BaseEventLoop, "getaddrinfo"), (asyncio.BaseEventLoop, "create_connection"),
-                         (asyncio.BaseEventLoop, "sock_connect")):
+    for target, name in (
+        (socket.socket, "connect"),
+        (socket.socket, "connect_ex"),
+        (socket, "getaddrinfo"),
+        (asyncio.BaseEventLoop, "getaddrinfo"),
+        (asyncio.BaseEventLoop, "create_connection"),
+        (asyncio.BaseEventLoop, "sock_connect"),
+    ):
         monkeypatch.setattr(target, name, refuse)
     return attempts
 
 
-@pytest.mark.parametrize("host", [
-    "[::7f00:1]", "[::127.0.0.1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[::ffff:0:7f00:1]",
-    "[64:ff9b::7f00:1]", "[64:ff9b::a9fe:a9fe]", "[64:ff9b::10.0.0.1]", "[64:ff9b:1::8.8.8.8]",
-    "[2002:a9fe:a9fe::1]", "[2002:7f00:1::]", "[2001:0:4136:e378:8000:63bf:80ff:fffe]",  # Teredo to 127.0.0.1
-    "[fec0::1]", "[fe80::1]", "[::1]", "[::]", "[fd00::1]", "[ff02::1]",
-    "2130706433", "0177.0.0.1", "127.1", "0x7f.1", "0x7f000001", "017700000001", "10.1", "169.254.43518",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "[::7f00:1]",
+        "[::127.0.0.1]",
+        "[::ffff:127.0.0.1]",
+        "[::ffff:7f00:1]",
+        "[::ffff:0:7f00:1]",
+        "[64:ff9b::7f00:1]",
+        "[64:ff9b::a9fe:a9fe]",
+        "[64:ff9b::10.0.0.1]",
+        "[64:ff9b:1::8.8.8.8]",
+        "[2002:a9fe:a9fe::1]",
+        "[2002:7f00:1::]",
+        "[2001:0:4136:e378:8000:63bf:80ff:fffe]",  # Teredo to 127.0.0.1
+        "[fec0::1]",
+        "[fe80::1]",
+        "[::1]",
+        "[::]",
+        "[fd00::1]",
+        "[ff02::1]",
+        "2130706433",
+        "0177.0.0.1",
+        "127.1",
+        "0x7f.1",
+        "0x7f000001",
+        "017700000001",
+        "10.1",
+        "169.254.43518",
+    ],
+)
 async def test_guard_refuses_every_form_without_connecting(host, no_network):
     async with MediaConnector() as c:
         with pytest.raises(InvalidMediaError) as info:
@@ -424,8 +481,9 @@ async def test_guard_refuses_every_form_without_connecting(host, no_network):
     assert info.value.status_code == 400 and not no_network
 
 
-@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "64:ff9b::808:808", "2002:808:808::1",
-                                     "::ffff:8.8.8.8"])
+@pytest.mark.parametrize(
+    "address", ["8.8.8.8", "2606:4700::1111", "64:ff9b::808:808", "2002:808:808::1", "::ffff:8.8.8.8"]
+)
 def test_guard_permits_public_addresses(address):
     from lazymedia.guard import AddressGuard
 
@@ -433,8 +491,22 @@ def test_guard_permits_public_addresses(address):
     assert not AddressGuard().permits("127.0.0.1") and AddressGuard(["127.0.0.0/8"]).permits("::ffff:127.0.0.1")
 
 
-@pytest.mark.parametrize("url", ["http://[::1/x", "http://\u2100.test/x", "http://host:99999/x", "http://host:-1/",
-                                 "file:///tmp/a\x00b.jpg", "file:///tmp/a%00b.jpg", "", "://", None, 42, b"http://x/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1/x",
+        "http://\u2100.test/x",
+        "http://host:99999/x",
+        "http://host:-1/",
+        "file:///tmp/a\x00b.jpg",
+        "file:///tmp/a%00b.jpg",
+        "",
+        "://",
+        None,
+        42,
+        b"http://x/",
+    ],
+)
 async def test_malformed_urls_are_400(url, tmp_path):
     async with MediaConnector(allowed_local_path="/tmp") as c:
         with pytest.raises(InvalidMediaError) as info:
@@ -532,11 +604,41 @@ def test_connection_pools_of_closed_loops_are_dropped():
 
 # Spellings of 127.0.0.1 (and localhost) that are not plain ASCII: IDNA (UTS-46) maps them all to
 # ASCII, and the HTTP client connects to what it maps them to.
-UNICODE_FORMS = ["１２７.０.０.１", "127。0。0。1", "127．0．0．1", "127｡0｡0｡1", "①②⑦.⓪.⓪.①", "１２７。０。０。１",
-                 "127.0.0.１", "⑫⑦.0.0.1", "127.0.0.1。", "127.0.0.1．", "𝟏𝟐𝟕.𝟎.𝟎.𝟏", "¹²⁷.⁰.⁰.¹", "ｌｏｃａｌｈｏｓｔ"]
-FIRST_ROUND_FORMS = ["127.0.0.1", "localhost", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[::127.0.0.1]",
-                     "[::7f00:1]", "[::ffff:0:7f00:1]", "[2002:7f00:1::]", "[2001:0:4136:e378:8000:63bf:80ff:fffe]",
-                     "2130706433", "0177.0.0.1", "127.1", "0x7f.1", "0x7f000001", "017700000001", "[::]", "0.0.0.0"]
+UNICODE_FORMS = [
+    "１２７.０.０.１",
+    "127。0。0。1",
+    "127．0．0．1",
+    "127｡0｡0｡1",
+    "①②⑦.⓪.⓪.①",
+    "１２７。０。０。１",
+    "127.0.0.１",
+    "⑫⑦.0.0.1",
+    "127.0.0.1。",
+    "127.0.0.1．",
+    "𝟏𝟐𝟕.𝟎.𝟎.𝟏",
+    "¹²⁷.⁰.⁰.¹",
+    "ｌｏｃａｌｈｏｓｔ",
+]
+FIRST_ROUND_FORMS = [
+    "127.0.0.1",
+    "localhost",
+    "[::1]",
+    "[::ffff:127.0.0.1]",
+    "[::ffff:7f00:1]",
+    "[::127.0.0.1]",
+    "[::7f00:1]",
+    "[::ffff:0:7f00:1]",
+    "[2002:7f00:1::]",
+    "[2001:0:4136:e378:8000:63bf:80ff:fffe]",
+    "2130706433",
+    "0177.0.0.1",
+    "127.1",
+    "0x7f.1",
+    "0x7f000001",
+    "017700000001",
+    "[::]",
+    "0.0.0.0",
+]
 
 
 @pytest.mark.parametrize("host", UNICODE_FORMS[:-1])
@@ -548,8 +650,20 @@ async def test_non_ascii_spellings_of_addresses_are_400_before_any_connect(host,
         assert info.value.status_code == 400 and not no_network
 
 
-@pytest.mark.parametrize("host", ["%31%32%37.0.0.1", "\u0661\u0662\u0667.0.0.1", "0x17f000001", "0x", "1.2.3.4.5",
-                                  "a..b", "%00", "a%2fb", "x" * 64 + ".com"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "%31%32%37.0.0.1",
+        "\u0661\u0662\u0667.0.0.1",
+        "0x17f000001",
+        "0x",
+        "1.2.3.4.5",
+        "a..b",
+        "%00",
+        "a%2fb",
+        "x" * 64 + ".com",
+    ],
+)
 async def test_malformed_hosts_are_400_before_any_resolve(host, no_network):
     for allow in (False, True):
         async with MediaConnector(allow_private_networks=allow) as c:
@@ -599,8 +713,11 @@ async def test_the_connect_layer_refuses_an_address_the_url_checks_missed(server
     runner, origin_port = await start(origin, "127.0.0.2")
     try:
         async with MediaConnector(allow_private_networks=["127.0.0.2/32"]) as c:
-            for url in (server.url + "/img.jpg", f"http://[::ffff:127.0.0.1]:{server.port}/img.jpg",
-                        f"http://127.0.0.2:{origin_port}/redirect?to={server.url}/img.jpg"):
+            for url in (
+                server.url + "/img.jpg",
+                f"http://[::ffff:127.0.0.1]:{server.port}/img.jpg",
+                f"http://127.0.0.2:{origin_port}/redirect?to={server.url}/img.jpg",
+            ):
                 with pytest.raises(InvalidMediaError, match="not a public address") as info:
                     await c.fetch("image", url)
                 assert info.value.status_code == 400
@@ -610,10 +727,18 @@ async def test_the_connect_layer_refuses_an_address_the_url_checks_missed(server
     assert server.requests == 0 and origin.requests == 1
 
 
-@pytest.mark.parametrize("url", ["https://example.com\\@safe.example.org/x.jpg", "http://safe.example.org\\.evil.com/x",
-                                 "http://evil.com@x@safe.example.org/x.jpg", "http://safe.example.org\t/x.jpg",
-                                 "ht\ttp://safe.example.org/x.jpg", "http://safe.exa mple.org/x.jpg",
-                                 "http://safe.example.org/a\\b.jpg"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.com\\@safe.example.org/x.jpg",
+        "http://safe.example.org\\.evil.com/x",
+        "http://evil.com@x@safe.example.org/x.jpg",
+        "http://safe.example.org\t/x.jpg",
+        "ht\ttp://safe.example.org/x.jpg",
+        "http://safe.exa mple.org/x.jpg",
+        "http://safe.example.org/a\\b.jpg",
+    ],
+)
 async def test_ambiguous_urls_are_400_before_any_connect(url, no_network):
     async with MediaConnector(allowed_domains=["safe.example.org"], allow_private_networks=True) as c:
         with pytest.raises(InvalidMediaError, match="ambiguous URL") as info:
@@ -638,12 +763,17 @@ def not_regular_files(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "empty.jpg").write_bytes(b"")
     proc = f"/proc/{os.getpid()}"
-    return [(tmp_path, f"file://{tmp_path}/dir", "a directory"), (tmp_path, f"file://{tmp_path}/dir/", "a directory"),
-            (tmp_path, f"file://{tmp_path}/fifo", "not a regular file"),
-            (tmp_path, f"file://{tmp_path}/empty.jpg", "an empty file"),
-            (tmp_path, f"file://{tmp_path}/missing.jpg", "(?i)no such file"),
-            ("/dev", "file:///dev/null", "not a regular file"), ("/dev", "file:///dev/zero", "not a regular file"),
-            (proc, f"file://{proc}/mem", "proc filesystem"), (proc, f"file://{proc}/status", "proc filesystem")]
+    return [
+        (tmp_path, f"file://{tmp_path}/dir", "a directory"),
+        (tmp_path, f"file://{tmp_path}/dir/", "a directory"),
+        (tmp_path, f"file://{tmp_path}/fifo", "not a regular file"),
+        (tmp_path, f"file://{tmp_path}/empty.jpg", "an empty file"),
+        (tmp_path, f"file://{tmp_path}/missing.jpg", "(?i)no such file"),
+        ("/dev", "file:///dev/null", "not a regular file"),
+        ("/dev", "file:///dev/zero", "not a regular file"),
+        (proc, f"file://{proc}/mem", "proc filesystem"),
+        (proc, f"file://{proc}/status", "proc filesystem"),
+    ]
 
 
 async def test_file_urls_that_are_not_regular_files_are_typed_400(tmp_path):

@@ -1,6 +1,7 @@
 """The CUDA extension: built for every current server GPU (sm_80, sm_86, sm_89, sm_90, sm_100, + PTX)
 whenever nvcc is present, importable and failing with typed errors on a machine without a GPU,
 driver or libnvjpeg."""
+
 import ast
 import os
 import re
@@ -20,8 +21,12 @@ requires_build = pytest.mark.skipif(nvcc is None, reason="nvcc not installed: th
 def _setup_functions() -> dict:
     """DEFAULT_ARCHES and parse_arches from setup.py (which cannot be imported: it runs setup())."""
     tree = ast.parse((REPO / "setup.py").read_text())
-    wanted = [node for node in tree.body if (isinstance(node, ast.FunctionDef) and node.name == "parse_arches") or
-              (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DEFAULT_ARCHES")]
+    wanted = [
+        node
+        for node in tree.body
+        if (isinstance(node, ast.FunctionDef) and node.name == "parse_arches")
+        or (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DEFAULT_ARCHES")
+    ]
     namespace: dict = {"re": __import__("re")}
     exec(compile(ast.Module(body=wanted, type_ignores=[]), "setup.py", "exec"), namespace)
     return namespace
@@ -101,7 +106,8 @@ def test_a_source_in_both_extensions_gets_an_object_file_in_each(tmp_path, monke
             "#include <Python.h>\nint shared_answer(void);\n"
             f'static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, "{name}", NULL, -1, NULL}};\n'
             f"PyMODINIT_FUNC PyInit_{name}(void) {{\n  PyObject* m = PyModule_Create(&def);\n"
-            '  if (m) PyModule_AddIntConstant(m, "answer", shared_answer());\n  return m;\n}\n')
+            '  if (m) PyModule_AddIntConstant(m, "answer", shared_answer());\n  return m;\n}\n'
+        )
     dist = Distribution({"ext_modules": [Extension(name, [f"{name}.c", "shared.c"]) for name in ("one", "two")]})
     command = _build_ext_class()(dist)
     command.build_temp, command.build_lib, command.parallel = "temp", "lib", 2
@@ -119,7 +125,11 @@ def test_a_source_in_both_extensions_gets_an_object_file_in_each(tmp_path, monke
 def test_no_source_includes_another_source():
     """A source both extensions need is listed in both (setup.py), never compiled again through an
     `#include "x.cpp"` shim."""
-    included = [f"{path.relative_to(REPO)}: {line.strip()}" for path in (REPO / "csrc").rglob("*")
-                if path.suffix in (".cpp", ".cu", ".h") for line in path.read_text().splitlines()
-                if re.match(r'\s*#\s*include\s*"[^"]*\.(cpp|cu|cc)"', line)]
+    included = [
+        f"{path.relative_to(REPO)}: {line.strip()}"
+        for path in (REPO / "csrc").rglob("*")
+        if path.suffix in (".cpp", ".cu", ".h")
+        for line in path.read_text().splitlines()
+        if re.match(r'\s*#\s*include\s*"[^"]*\.(cpp|cu|cc)"', line)
+    ]
     assert not included

@@ -1,6 +1,7 @@
 """The name that installs this project (issue 48): `lazymedia` on the public index is an unrelated
 project, so the distribution has its own name, and every install line, extra and hint uses it; the
 import name and the vLLM entry point stay `lazymedia`."""
+
 import re
 import tomllib
 from pathlib import Path
@@ -18,8 +19,14 @@ BARE_NAME = re.compile(r"pip install[^\n`&;|#]*?[\s\"'](lazymedia)(?![\w.-])")
 
 def _texts() -> dict[str, str]:
     """What a user reads or runs: the README, the docs, the package's messages, the scripts."""
-    paths = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "lazymedia").rglob("*.py"),
-             *(REPO / "benchmarks").glob("*.py"), *(REPO / "benchmarks").glob("*.sh"), REPO / ".ci" / "run"]
+    paths = [
+        REPO / "README.md",
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "lazymedia").rglob("*.py"),
+        *(REPO / "benchmarks").glob("*.py"),
+        *(REPO / "benchmarks").glob("*.sh"),
+        REPO / ".ci" / "run",
+    ]
     return {str(path.relative_to(REPO)): path.read_text() for path in paths}
 
 
@@ -27,7 +34,8 @@ def test_the_distribution_is_not_the_public_index_lazymedia():
     assert DISTRIBUTION == "lazymedia-decode"
     assert PYPROJECT["project"]["scripts"] == {"lazymedia": "lazymedia.cli:main"}
     assert PYPROJECT["project"]["entry-points"]["vllm.general_plugins"] == {
-        "lazymedia": "lazymedia.integrations.vllm_plugin:register"}  # VLLM_MEDIA_CONNECTOR=lazymedia
+        "lazymedia": "lazymedia.integrations.vllm_plugin:register"
+    }  # VLLM_MEDIA_CONNECTOR=lazymedia
 
 
 def test_every_install_line_and_hint_names_the_distribution_and_a_real_extra():
@@ -35,12 +43,12 @@ def test_every_install_line_and_hint_names_the_distribution_and_a_real_extra():
     for name, text in _texts().items():
         for match in WITH_EXTRAS.finditer(text):
             requirement, extras = match.group(1), {e.strip() for e in match.group(2).split(",")}
-            line = text[:match.start()].count("\n") + 1
+            line = text[: match.start()].count("\n") + 1
             assert requirement in (".", DISTRIBUTION), f"{name}:{line}: {match.group(0)} is not {DISTRIBUTION}"
             assert extras <= EXTRAS, f"{name}:{line}: {match.group(0)}: no extra {sorted(extras - EXTRAS)}"
             found += 1
         bare = BARE_NAME.search(text)
-        assert bare is None, f"{name}:{text[:bare.start()].count(chr(10)) + 1}: installs the other project"
+        assert bare is None, f"{name}:{text[: bare.start()].count(chr(10)) + 1}: installs the other project"
     assert found >= 10  # the README's commands, the docs' extras, the error hints
 
 

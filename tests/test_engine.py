@@ -1,5 +1,6 @@
 """Batched decoding on the host: micro-batch windows, cross-request batches, error mapping, and
 DALI's CPU pipeline as a second real decoder (nvJPEG's routing: test_engine_nvjpeg.py)."""
+
 import threading
 import time
 
@@ -18,8 +19,9 @@ from conftest import corpus_bytes, corpus_params, encode, make_image
 
 
 def jpegs(count, **kwargs):
-    return [lazymedia.load_image(encode(make_image(40, 64, seed=s), "JPEG", quality=90), **kwargs)
-            for s in range(count)]
+    return [
+        lazymedia.load_image(encode(make_image(40, 64, seed=s), "JPEG", quality=90), **kwargs) for s in range(count)
+    ]
 
 
 def test_burst_becomes_one_batch_and_max_batch_splits():
@@ -118,8 +120,10 @@ def dali_backend():
     return DaliBatchDecoder(device="cpu", max_batch=8)
 
 
-@pytest.mark.parametrize("row", [p for p in corpus_params("image", {"decodes"})
-                                 if p.values[0] is None or p.values[0]["format"] in ("jpeg", "png")])
+@pytest.mark.parametrize(
+    "row",
+    [p for p in corpus_params("image", {"decodes"}) if p.values[0] is None or p.values[0]["format"] in ("jpeg", "png")],
+)
 def test_dali_cpu_pipeline_agrees_with_the_cpu_decoder(dali_backend, row):
     item = lazymedia.load_image(corpus_bytes(row))
     header = item.header
@@ -137,7 +141,7 @@ def test_dali_cpu_pipeline_agrees_with_the_cpu_decoder(dali_backend, row):
     theirs = theirs.numpy().astype(np.float64)
     assert theirs.shape == ours.shape
     mse = np.mean((theirs - ours) ** 2)
-    assert mse == 0 or 10 * np.log10(255 ** 2 / mse) > 40
+    assert mse == 0 or 10 * np.log10(255**2 / mse) > 40
 
 
 def test_dali_batch_with_a_corrupt_image(dali_backend):
@@ -153,10 +157,17 @@ def test_dali_batch_with_a_corrupt_image(dali_backend):
     assert all(isinstance(r, torch.Tensor) for r in dali_backend.decode_batch(jpegs(3)))  # a new pipeline after it
 
 
-@pytest.mark.parametrize("codec,pix_fmt,capability,expected", [
-    ("h264", "yuv420p", (9, 0), True), ("h264", "yuv420p10le", (9, 0), False), ("h264", "yuv444p", (9, 0), False),
-    ("av1", "yuv420p", (9, 0), False), ("av1", "yuv420p", (10, 0), True), ("theora", "yuv420p", (9, 0), False),
-])
+@pytest.mark.parametrize(
+    "codec,pix_fmt,capability,expected",
+    [
+        ("h264", "yuv420p", (9, 0), True),
+        ("h264", "yuv420p10le", (9, 0), False),
+        ("h264", "yuv444p", (9, 0), False),
+        ("av1", "yuv420p", (9, 0), False),
+        ("av1", "yuv420p", (10, 0), True),
+        ("theora", "yuv420p", (9, 0), False),
+    ],
+)
 def test_nvdec_routing(codec, pix_fmt, capability, expected):
     from lazymedia.engine import _nvdec as nvdec
 

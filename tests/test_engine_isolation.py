@@ -1,5 +1,6 @@
 """Isolation is the engine's decision: worker processes decode what it isolates, crash or hang
 become typed 422s, and the results equal in-process decodes."""
+
 import ctypes
 import time
 
@@ -119,8 +120,10 @@ def test_without_shared_memory_everything_is_pickled():
 def test_a_crash_is_retried_once_on_another_worker(pool, tmp_path):
     marker = tmp_path / "crashed-once"
     # Crashes the worker the first time (as a heap corrupted by an earlier input would), then works.
-    crash_once = (f"__import__('os').path.exists({str(marker)!r}) or "
-                  f"(open({str(marker)!r}, 'w').close(), __import__('ctypes').string_at(0))")
+    crash_once = (
+        f"__import__('os').path.exists({str(marker)!r}) or "
+        f"(open({str(marker)!r}, 'w').close(), __import__('ctypes').string_at(0))"
+    )
     assert pool.run(sum, [1]) == 1  # the worker has served a call: its heap is not fresh
     first = pool.pids
     assert pool.run(eval, crash_once) is True
@@ -129,8 +132,10 @@ def test_a_crash_is_retried_once_on_another_worker(pool, tmp_path):
 
 def test_a_crash_in_a_fresh_worker_is_the_inputs_own_and_not_retried(tmp_path):
     marker = tmp_path / "crashed-once"
-    crash_once = (f"__import__('os').path.exists({str(marker)!r}) or "
-                  f"(open({str(marker)!r}, 'w').close(), __import__('ctypes').string_at(0))")
+    crash_once = (
+        f"__import__('os').path.exists({str(marker)!r}) or "
+        f"(open({str(marker)!r}, 'w').close(), __import__('ctypes').string_at(0))"
+    )
     own = IsolatedPool(workers=1, timeout_s=30)
     with pytest.raises(UnprocessableMediaError, match="signal 11"):
         own.run(eval, crash_once)
@@ -193,8 +198,10 @@ def test_an_engine_without_isolation_has_nothing_to_warm():
         assert engine.warm_up() == []
 
 
-ISSUE_COMMAND = ("import lazymedia;from lazymedia import synthetic;print("
-                 "lazymedia.Processor(lambda d:[m.shape for m in d]).apply([lazymedia.load_image(synthetic.jpeg())]))")
+ISSUE_COMMAND = (
+    "import lazymedia;from lazymedia import synthetic;print("
+    "lazymedia.Processor(lambda d:[m.shape for m in d]).apply([lazymedia.load_image(synthetic.jpeg())]))"
+)
 
 
 def _run_python(code, **kwargs):
@@ -220,8 +227,10 @@ def _children(pid):
 
 
 def test_an_image_only_process_exits_silently_and_starts_no_worker():
-    code = ISSUE_COMMAND + (";import os,glob;print('children', sum(open(s).read().rsplit(')',1)[1].split()[1]"
-                            "==str(os.getpid()) for s in glob.glob('/proc/[0-9]*/stat')))")
+    code = ISSUE_COMMAND + (
+        ";import os,glob;print('children', sum(open(s).read().rsplit(')',1)[1].split()[1]"
+        "==str(os.getpid()) for s in glob.glob('/proc/[0-9]*/stat')))"
+    )
     result = _run_python(code)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout.splitlines() == ["[torch.Size([480, 640, 3])]", "children 0"]
@@ -229,10 +238,12 @@ def test_an_image_only_process_exits_silently_and_starts_no_worker():
 
 def test_a_process_that_decoded_video_exits_silently_with_its_workers_mid_warm_up():
     # The parent exits while its workers are still importing (the issue's BrokenPipeError).
-    code = ("import lazymedia;from lazymedia import synthetic;"
-            "lazymedia.DecodeEngine().isolation_pool().run(sum, [1]);"
-            "p=lazymedia.Processor(lambda d:[len(m.frames) for m in d]);"
-            "print(p.apply([lazymedia.load_video(synthetic.video(frames=4,height=16,width=16),num_frames=2)]))")
+    code = (
+        "import lazymedia;from lazymedia import synthetic;"
+        "lazymedia.DecodeEngine().isolation_pool().run(sum, [1]);"
+        "p=lazymedia.Processor(lambda d:[len(m.frames) for m in d]);"
+        "print(p.apply([lazymedia.load_video(synthetic.video(frames=4,height=16,width=16),num_frames=2)]))"
+    )
     result = _run_python(code)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout.strip() == "[2]"
@@ -246,10 +257,12 @@ def test_workers_of_a_killed_parent_exit_silently(tmp_path):
 
     log = tmp_path / "workers.err"
     # Killed while its workers warm up: each then finds its socket closed when it reports ready.
-    code = ("import threading,time;from lazymedia.engine._isolation import IsolatedPool;p=IsolatedPool(workers=2);"
-            "threading.Thread(target=p.warm_up,daemon=True).start();"
-            "[time.sleep(0.01) for _ in iter(lambda:p.stats().workers<2,False)];"
-            "print('ready',flush=True);time.sleep(300)")
+    code = (
+        "import threading,time;from lazymedia.engine._isolation import IsolatedPool;p=IsolatedPool(workers=2);"
+        "threading.Thread(target=p.warm_up,daemon=True).start();"
+        "[time.sleep(0.01) for _ in iter(lambda:p.stats().workers<2,False)];"
+        "print('ready',flush=True);time.sleep(300)"
+    )
     with open(log, "w") as err:  # the workers inherit the parent's stderr
         parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True)
         assert parent.stdout.readline().strip() == "ready"

@@ -6,6 +6,7 @@ it); the runs that decode only the sampled frames; the backend's session pool (r
 and crops, concurrent sessions, a failing clip then a good one, caps-based refusals, a corrupt
 stream's 422); and where CUDA may run: never in an isolation worker, NVDEC in the serving process,
 shared results read into the serving process's pinned buffers."""
+
 import io
 import os
 import types
@@ -32,7 +33,7 @@ from lazymedia.errors import UnprocessableMediaError
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
+    return float("inf") if mse == 0 else float(10 * np.log10(255**2 / mse))
 
 
 def clip(height: int, width: int, frames: int = 8, colorspace: int | None = None, photo: bool = True) -> bytes:
@@ -43,9 +44,14 @@ def clip(height: int, width: int, frames: int = 8, colorspace: int | None = None
     else:
         rows = np.linspace(0, 255, height, dtype=np.float32)[:, None, None]
         columns = np.linspace(0, 255, width + frames * 4, dtype=np.float32)[None, :, None]
-        base = np.concatenate([np.broadcast_to(rows, (height, width + frames * 4, 1)),
-                               np.broadcast_to(columns, (height, width + frames * 4, 1)),
-                               np.broadcast_to((rows + columns) / 2, (height, width + frames * 4, 1))], axis=2)
+        base = np.concatenate(
+            [
+                np.broadcast_to(rows, (height, width + frames * 4, 1)),
+                np.broadcast_to(columns, (height, width + frames * 4, 1)),
+                np.broadcast_to((rows + columns) / 2, (height, width + frames * 4, 1)),
+            ],
+            axis=2,
+        )
         base = base.astype(np.uint8)
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as out:
@@ -56,7 +62,7 @@ def clip(height: int, width: int, frames: int = 8, colorspace: int | None = None
         if colorspace is not None:
             stream.codec_context.colorspace = colorspace
         for i in range(frames):
-            image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
+            image = np.ascontiguousarray(base[:, i * 4 : i * 4 + width])
             image[(i * 3) % height] = 255
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 out.mux(packet)
@@ -70,10 +76,12 @@ def nv12_frames(data: bytes) -> tuple[list[int], torch.Tensor]:
     with av.open(io.BytesIO(data)) as container:
         decoded = sorted(container.decode(video=0), key=lambda f: f.pts)
         return [f.pts for f in decoded], torch.stack(
-            [torch.from_numpy(np.ascontiguousarray(f.to_ndarray(format="nv12"))) for f in decoded])
+            [torch.from_numpy(np.ascontiguousarray(f.to_ndarray(format="nv12"))) for f in decoded]
+        )
 
 
 # -- one colour matrix for both paths ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("colorspace,matrix", [(None, "bt601"), (5, "bt601"), (6, "bt601"), (1, "bt709")])
 def test_the_nv12_kernel_with_the_headers_matrix_matches_the_cpu_decode(colorspace, matrix):
@@ -99,8 +107,17 @@ def test_matrices_the_kernel_lacks_go_to_the_cpu():
 
 # -- clips whose frame order, timing and geometry the index mapping must survive ---------------------
 
-def encoded(frames: int = 12, height: int = 96, width: int = 160, gop: int = 6, preroll: int = 0, vfr: bool = False,
-            rotate: int = 0, mux: dict | None = None) -> bytes:
+
+def encoded(
+    frames: int = 12,
+    height: int = 96,
+    width: int = 160,
+    gop: int = 6,
+    preroll: int = 0,
+    vfr: bool = False,
+    rotate: int = 0,
+    mux: dict | None = None,
+) -> bytes:
     """H.264 with B-frames panning across a photo: `preroll` frames before time 0 (FFmpeg writes an
     edit list, and its demuxer marks them discard: decoded as references, never presented), frame
     durations alternating 1 and 3 ticks (vfr), a display rotation, or muxer options."""
@@ -116,7 +133,7 @@ def encoded(frames: int = 12, height: int = 96, width: int = 160, gop: int = 6, 
             stream.set_display_rotation(rotate)
         pts = -2 * preroll  # ticks of 1/60 s, two a frame
         for i in range(frames):
-            image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
+            image = np.ascontiguousarray(base[:, i * 4 : i * 4 + width])
             image[(i * 3) % height] = 255
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             frame.pts, frame.time_base = pts, Fraction(1, 60)
@@ -131,7 +148,7 @@ def encoded(frames: int = 12, height: int = 96, width: int = 160, gop: int = 6, 
 def rotated(data: bytes) -> bool:
     """Whether the video track's tkhd matrix rotates (its first coefficient is 0, not 1.0)."""
     at = data.index(b"tkhd") + 4
-    return data[at] == 0 and int.from_bytes(data[at + 40:at + 44], "big") == 0
+    return data[at] == 0 and int.from_bytes(data[at + 40 : at + 44], "big") == 0
 
 
 def packets(data: bytes) -> list:
@@ -150,7 +167,7 @@ def resized_midway(frames: int = 8) -> bytes:
         context.options = {"preset": "ultrafast", "bf": "2", "x264-params": "repeat-headers=1"}
         base = synthetic.photo(height, width + frames * 4, seed=part)
         for i in range(frames):
-            image = np.ascontiguousarray(base[:, i * 4:i * 4 + width])
+            image = np.ascontiguousarray(base[:, i * 4 : i * 4 + width])
             image[(i * 3) % height] = 255
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             frame.pts, frame.time_base = part * frames + i, Fraction(1, 30)
@@ -192,15 +209,21 @@ def decode_order_differs(data: bytes) -> bool:
 
 # name -> (clip, what makes it hard: checked on the clip, so it cannot quietly lose it)
 CLIPS = {
-    "edit list": (lambda: encoded(frames=14, preroll=2),  # the first key is a discarded pre-roll
-                  lambda data: sum(d for _, _, d in packets(data)) == 2 and packets(data)[0][1:] == (True, True)),
+    "edit list": (
+        lambda: encoded(frames=14, preroll=2),  # the first key is a discarded pre-roll
+        lambda data: sum(d for _, _, d in packets(data)) == 2 and packets(data)[0][1:] == (True, True),
+    ),
     "B-frames, no edit list": (lambda: encoded(frames=14, mux={"use_editlist": "0"}), decode_order_differs),
-    "VFR": (lambda: encoded(frames=14, vfr=True),  # two frame durations
-            lambda data: len(set(np.diff(sorted(p for p, _, _ in packets(data))))) > 1),
+    "VFR": (
+        lambda: encoded(frames=14, vfr=True),  # two frame durations
+        lambda data: len(set(np.diff(sorted(p for p, _, _ in packets(data))))) > 1,
+    ),
     "rotated": (lambda: encoded(frames=14, rotate=90), rotated),  # the CPU path does not rotate either
     "size change mid-stream": (resized_midway, lambda data: len(frame_sizes(data)) == 2),
-    "open GOP (HEVC)": (lambda: synthetic.video(frames=40, height=176, width=256, codec="libx265", gop=8),
-                        leading_pictures),  # above NVDEC's HEVC minimum of 144 x 144
+    "open GOP (HEVC)": (
+        lambda: synthetic.video(frames=40, height=176, width=256, codec="libx265", gop=8),
+        leading_pictures,
+    ),  # above NVDEC's HEVC minimum of 144 x 144
 }
 
 
@@ -217,8 +240,11 @@ def test_runs_start_at_a_keyframe_stop_at_the_last_wanted_packet_and_merge_where
     data = encoded(frames=60, gop=12)
     demuxed = video_packets.demux(data, 60)
     runs = video_packets.plan_runs(demuxed, [1, 2, 30, 59])
-    assert [(r.first, r.last) for r in runs] == [(0, demuxed.position(2)), (24, demuxed.position(30)),
-                                                (48, demuxed.position(59))]
+    assert [(r.first, r.last) for r in runs] == [
+        (0, demuxed.position(2)),
+        (24, demuxed.position(30)),
+        (48, demuxed.position(59)),
+    ]
     assert all(demuxed.keyframe[r.first] for r in runs)
     assert runs[1].wanted == {demuxed.table.pts[30]: 30}
     (back,) = video_packets.plan_runs(demuxed, [30], back=1)  # the open-GOP retry: one keyframe earlier
@@ -232,13 +258,16 @@ def test_avcc_extradata_becomes_annexb_parameter_sets():
     length_size, prefix = video_packets.parameter_sets("h264", extradata)
     assert length_size == 4 and prefix.startswith(b"\x00\x00\x00\x01\x67")  # SPS (NAL type 7)
     assert prefix.count(b"\x00\x00\x00\x01") == 2 and b"\x00\x00\x00\x01\x68" in prefix  # then the PPS
-    assert video_packets.to_annexb(b"\x00\x00\x00\x02\x65\x88\x00\x00\x00\x01\x06", 4) == \
-        b"\x00\x00\x00\x01\x65\x88\x00\x00\x00\x01\x06"
+    assert (
+        video_packets.to_annexb(b"\x00\x00\x00\x02\x65\x88\x00\x00\x00\x01\x06", 4)
+        == b"\x00\x00\x00\x01\x65\x88\x00\x00\x00\x01\x06"
+    )
     with pytest.raises(ValueError, match="overruns"):
         video_packets.to_annexb(b"\x00\x00\x00\x09\x65", 4)
 
 
 # -- the backend, over a stand-in PyNvVideoCodec ------------------------------------------------------
+
 
 @pytest.fixture
 def video_codec(monkeypatch):
@@ -326,8 +355,13 @@ def test_vp9_and_av1_packets_are_fed_with_their_headers(video_codec, encoder, co
         assert demuxed.prefix[0] >> 3 & 15 == 1  # av1C's sequence header OBU (type 1)
     else:
         assert demuxed.prefix == b""
-    video_codec.GetDecoderCaps = lambda gpuid, codec: {"supported": 1, "width_max": 8192, "height_max": 8192,
-                                                       "mb_num_max": 262144, "num_decoder_engines": 1}
+    video_codec.GetDecoderCaps = lambda gpuid, codec: {
+        "supported": 1,
+        "width_max": 8192,
+        "height_max": 8192,
+        "mb_num_max": 262144,
+        "num_decoder_engines": 1,
+    }
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)  # AV1 as on Blackwell
     (frames,) = backend.decode_batch([lazymedia.load_video(data, num_frames=4)])
     assert backend.decoded == 1 and not backend.fallbacks
@@ -418,8 +452,7 @@ def test_concurrent_clips_decode_in_concurrent_sessions(video_codec):
 
 
 def header(codec: str = "h264", width: int = 1920, height: int = 1080):
-    return types.SimpleNamespace(codec=codec, width=width, height=height, pixel_format="yuv420p",
-                                 color_matrix="bt709")
+    return types.SimpleNamespace(codec=codec, width=width, height=height, pixel_format="yuv420p", color_matrix="bt709")
 
 
 def test_route_refuses_what_the_nvdec_cannot_decode_before_a_session_opens():
@@ -442,8 +475,15 @@ def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
         asked.append(codec)
         if codec == CODECS.AV1:
             raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED")
-        return {"supported": 1, "width_max": 4096, "height_max": 4096, "mb_num_max": 65536,
-                "num_decoder_engines": 7, "width_min": 144 if codec == "hevc" else 48, "height_min": 144}
+        return {
+            "supported": 1,
+            "width_max": 4096,
+            "height_max": 4096,
+            "mb_num_max": 65536,
+            "num_decoder_engines": 7,
+            "width_min": 144 if codec == "hevc" else 48,
+            "height_min": 144,
+        }
 
     video_codec.GetDecoderCaps = caps
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
@@ -462,7 +502,7 @@ def test_caps_come_from_the_decoder_query_and_refusals_are_counted(video_codec):
 def test_a_corrupt_stream_is_the_cpu_paths_422(video_codec):
     data = bytearray(encoded())
     at = bytes(data).index(b"mdat") + 4
-    data[at:at + 4] = b"\xff\xff\xff\xff"  # the first NAL unit's length overruns every packet
+    data[at : at + 4] = b"\xff\xff\xff\xff"  # the first NAL unit's length overruns every packet
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec, sessions=1)
     engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolate=())  # the CPU decode in-thread
     error = engine.submit(lazymedia.load_video(bytes(data), num_frames=3)).exception()
@@ -473,13 +513,18 @@ def test_a_corrupt_stream_is_the_cpu_paths_422(video_codec):
 
 # -- where CUDA runs -----------------------------------------------------------------------------------
 
+
 def cuda_state_after_a_decode(data: bytes) -> dict:
     """Runs in a worker: decodes a video (which allocates its frame buffers), then reports."""
     frames = lazymedia.load_video(data, num_frames=2).decode()
-    return {"frames": tuple(frames.frames.shape), "pinned": memory.pinned_memory_available()[0],
-            "pool_pinned": memory.frame_buffers().pinned, "torch_cuda": torch.cuda.is_initialized(),
-            "cudart_loaded": "libcudart" in Path("/proc/self/maps").read_text(),
-            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {
+        "frames": tuple(frames.frames.shape),
+        "pinned": memory.pinned_memory_available()[0],
+        "pool_pinned": memory.frame_buffers().pinned,
+        "torch_cuda": torch.cuda.is_initialized(),
+        "cudart_loaded": "libcudart" in Path("/proc/self/maps").read_text(),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -491,8 +536,14 @@ def pool():
 
 def test_an_isolation_worker_never_initialises_cuda(pool):
     state = pool.run(cuda_state_after_a_decode, clip(96, 160))
-    assert state == {"frames": (2, 96, 160, 3), "pinned": False, "pool_pinned": False, "torch_cuda": False,
-                     "cudart_loaded": False, "visible": ""}
+    assert state == {
+        "frames": (2, 96, 160, 3),
+        "pinned": False,
+        "pool_pinned": False,
+        "torch_cuda": False,
+        "cudart_loaded": False,
+        "visible": "",
+    }
     memory.HostBufferPool(1 << 20)  # here (the serving process) a pinned pool does look for libcudart
     if any(Path(d, "libcudart.so.13").exists() for d in ("/usr/local/cuda/lib64", "/usr/local/cuda-13.0/lib")):
         assert "libcudart" in Path("/proc/self/maps").read_text()
@@ -523,13 +574,19 @@ def test_shared_results_are_read_into_the_serving_processs_pinned_buffers(pool, 
 
 
 def test_a_clip_nvdec_cannot_take_goes_to_the_engines_isolated_cpu_path(pool, video_codec):
-    video_codec.GetDecoderCaps = lambda gpuid, codec: {"supported": 1, "width_max": 1024, "height_max": 1024,
-                                                       "mb_num_max": 4096, "num_decoder_engines": 1}
+    video_codec.GetDecoderCaps = lambda gpuid, codec: {
+        "supported": 1,
+        "width_max": 1024,
+        "height_max": 1024,
+        "mb_num_max": 4096,
+        "num_decoder_engines": 1,
+    }
     backend = nvdec.NvdecBatchDecoder(device="cpu", video_codec=video_codec)
     engine = DecodeEngine(max_workers=1, batch_decoders=[backend], isolation_pool=pool)
     wide, small = clip(64, 1280, frames=3, photo=False), clip(96, 160)
-    wide_frames, small_frames = engine.decode_all([lazymedia.load_video(wide, num_frames=2),
-                                                   lazymedia.load_video(small, num_frames=3)])
+    wide_frames, small_frames = engine.decode_all(
+        [lazymedia.load_video(wide, num_frames=2), lazymedia.load_video(small, num_frames=3)]
+    )
     engine.shutdown()
     assert list(backend.fallbacks) == ["1280x64 (320 MBs) is over this NVDEC's h264 limit (1024x1024, 4096 MBs)"]
     assert list(engine.fallbacks["nvdec"]) == list(backend.fallbacks)  # counted by the engine

@@ -3,6 +3,7 @@ decoder writes CPU-decoded pixels), the native decoder's call ordering against r
 libnvjpeg and the CUDA runtime (tests/native/nvjpeg_decoder_fakes.cpp), finding libnvjpeg among
 several nvidia/ folders, and the reasons GPU tests and `lazymedia info` give where the stack is
 missing or broken."""
+
 import shutil
 import subprocess
 import sys
@@ -25,11 +26,18 @@ from lazymedia.engine._protocol import Fallback
 from conftest import CORPUS, REPO, encode, make_image, requires_corpus
 
 
-@pytest.mark.parametrize("name,gpu,reason", [
-    ("hopper.jpg", True, "hardware"), ("3.jpg", True, "hybrid"), ("pil_sample_cmyk.jpg", False, "CMYK"),
-    ("hopper_gray.jpg", False, "grayscale"), ("testimgari.jpg", False, "arithmetic"), ("hopper.png", False, "png"),
-    ("sugarshack.mpo", True, "hardware"),  # baseline 2x1 (4:2:2): the hardware engines take it
-])
+@pytest.mark.parametrize(
+    "name,gpu,reason",
+    [
+        ("hopper.jpg", True, "hardware"),
+        ("3.jpg", True, "hybrid"),
+        ("pil_sample_cmyk.jpg", False, "CMYK"),
+        ("hopper_gray.jpg", False, "grayscale"),
+        ("testimgari.jpg", False, "arithmetic"),
+        ("hopper.png", False, "png"),
+        ("sugarshack.mpo", True, "hardware"),  # baseline 2x1 (4:2:2): the hardware engines take it
+    ],
+)
 @requires_corpus
 def test_nvjpeg_routing(name, gpu, reason):
     path = CORPUS / "images" / name
@@ -102,7 +110,6 @@ def test_nvjpeg_backend_in_the_engine_through_processor():
     assert list(engine.batch_sizes["nvjpeg"]) == [4]
 
 
-
 def test_one_released_item_or_a_failed_native_call_never_fails_the_batch(jpeg_bytes):
     good, released = lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes, size=(16, 16))
     released.release_bytes()
@@ -149,6 +156,7 @@ def test_draft_and_non_rgb_modes_stay_on_the_cpu(jpeg_bytes):
 
 # -- the native decoder's call ordering, against recording fakes --------------------------------
 
+
 def _nvjpeg_include() -> Path | None:
     header = nvjpeg.wheel_file("include/nvjpeg.h") or "/usr/local/cuda/include/nvjpeg.h"
     return Path(header).parent if Path(header).exists() else None
@@ -157,18 +165,45 @@ def _nvjpeg_include() -> Path | None:
 COMPILER, NVJPEG_INCLUDE = shutil.which("g++"), _nvjpeg_include()
 requires_native_toolchain = pytest.mark.skipif(
     COMPILER is None or NVJPEG_INCLUDE is None or not Path("/usr/local/cuda/include/cuda_runtime_api.h").exists(),
-    reason="needs g++, nvjpeg.h (nvidia-nvjpeg wheel) and the CUDA toolkit's headers")
-NATIVE_SOURCES = ["csrc/cuda/nvjpeg_decoder.cpp", "csrc/cuda/nvjpeg_api.cpp", "csrc/cuda/nvjpeg_split.cpp",
-                  "csrc/cuda/nvjpeg_workers.cpp", "tests/native/nvjpeg_decoder_fakes.cpp"]
+    reason="needs g++, nvjpeg.h (nvidia-nvjpeg wheel) and the CUDA toolkit's headers",
+)
+NATIVE_SOURCES = [
+    "csrc/cuda/nvjpeg_decoder.cpp",
+    "csrc/cuda/nvjpeg_api.cpp",
+    "csrc/cuda/nvjpeg_split.cpp",
+    "csrc/cuda/nvjpeg_workers.cpp",
+    "tests/native/nvjpeg_decoder_fakes.cpp",
+]
 
 
 @pytest.fixture(scope="module")
 def fakes(tmp_path_factory):
     """Builds the real decoder against the fakes (tests using it carry requires_native_toolchain)."""
     binary = tmp_path_factory.mktemp("fakes") / "nvjpeg_decoder_fakes"
-    build = subprocess.run([COMPILER, "-std=c++17", "-O1", "-Wall", "-Werror", "-fsanitize=address,undefined",
-                            "-I", "csrc", "-I", "/usr/local/cuda/include", "-I", str(NVJPEG_INCLUDE), *NATIVE_SOURCES,
-                            "-ldl", "-lpthread", "-o", str(binary)], cwd=REPO, capture_output=True, text=True)
+    build = subprocess.run(
+        [
+            COMPILER,
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            "-fsanitize=address,undefined",
+            "-I",
+            "csrc",
+            "-I",
+            "/usr/local/cuda/include",
+            "-I",
+            str(NVJPEG_INCLUDE),
+            *NATIVE_SOURCES,
+            "-ldl",
+            "-lpthread",
+            "-o",
+            str(binary),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stderr[-4000:]
 
     def run(scenario: str, raw: bool = False):
@@ -261,11 +296,16 @@ def test_a_second_caller_stages_its_bitstreams_while_the_first_batch_is_on_the_e
     assert len(batches) == 2 and batches[0].endswith("(the other call staged meanwhile)"), batches
     # each call its own slot, and each slot freed behind its own batch
     assert sorted(c for c in calls if c.startswith("EventSynchronize staging_free")) == [
-        "EventSynchronize staging_free0", "EventSynchronize staging_free1"]
+        "EventSynchronize staging_free0",
+        "EventSynchronize staging_free1",
+    ]
     assert sorted(c for c in calls if c.startswith("EventRecord staging_free")) == [
-        "EventRecord staging_free0 private", "EventRecord staging_free1 private"]
-    assert _results(calls) == ["result 0 decoded hardware", "result 1 decoded hardware",
-                               "result 2 decoded hardware"] * 2
+        "EventRecord staging_free0 private",
+        "EventRecord staging_free1 private",
+    ]
+    assert (
+        _results(calls) == ["result 0 decoded hardware", "result 1 decoded hardware", "result 2 decoded hardware"] * 2
+    )
 
 
 @requires_native_toolchain
@@ -278,8 +318,11 @@ def test_a_failed_batch_is_reinitialised_and_retried_on_the_cuda_path(fakes):
     synchronised = _index(failed, "StreamSynchronize private", _index(failed, "DecodeBatched failed"))
     assert synchronised < _first(failed, "DecodeJpegHost") < _first(failed, "DecodeJpegTransferToDevice")
     assert [r.split()[-1] for r in _results(failed)] == ["cuda"] * 3
-    assert _index(after, "EventSynchronize stream_idle") < _index(after, "DecodeBatchedInitialize 3") \
+    assert (
+        _index(after, "EventSynchronize stream_idle")
+        < _index(after, "DecodeBatchedInitialize 3")
         < _index(after, "DecodeBatched 0 1 2 (pinned)")
+    )
 
 
 @requires_native_toolchain
@@ -291,8 +334,11 @@ def test_with_full_parse_hardware_candidates_are_parsed_whole_and_a_cut_scan_fal
     assert "JpegStreamParse 1 failed" in cut
     assert [c for c in cut if c.startswith("DecodeBatched ")] == ["DecodeBatched 0 2 (pinned)"], cut
     assert not _all(cut, "DecodeJpegHost")  # no retry: the cut image alone goes to the CPU (which answers 422)
-    assert _results(cut) == ["result 0 decoded hardware", "result 1 fallback parse: incomplete bitstream",
-                             "result 2 decoded hardware"]
+    assert _results(cut) == [
+        "result 0 decoded hardware",
+        "result 1 fallback parse: incomplete bitstream",
+        "result 2 decoded hardware",
+    ]
     assert "DecodeBatchedInitialize 3" in after and "DecodeBatched 0 1 2 (pinned)" in after
 
 
@@ -301,9 +347,11 @@ def test_a_stream_cut_short_falls_back_alone_without_a_host_pass_over_its_scan(f
     _, first, cut, after = fakes("truncated_scan")  # the default: a structural check, no full parse
     assert not any(_all(calls, "JpegStreamParse") for calls in (first, cut, after))
     assert [c for c in cut if c.startswith("DecodeBatched ")] == ["DecodeBatched 0 2 (pinned)"]
-    assert _results(cut) == ["result 0 decoded hardware",
-                             "result 1 fallback parse: no scan or no EOI marker (cut short)",
-                             "result 2 decoded hardware"]
+    assert _results(cut) == [
+        "result 0 decoded hardware",
+        "result 1 fallback parse: no scan or no EOI marker (cut short)",
+        "result 2 decoded hardware",
+    ]
     assert "DecodeBatchedInitialize 3" in after and "DecodeBatched 0 1 2 (pinned)" in after
 
 
@@ -325,7 +373,8 @@ def test_the_host_sleeps_on_the_events_it_waits_for(fakes):
     events = [c.removeprefix("EventCreate ") for c in setup if c.startswith("EventCreate")]
     created = dict(e.split(" blocking_sync=") for e in events)
     host_waited = {"stream_idle", "hardware_done", "staging_free0", "staging_free1"} | {
-        f"w{w}.{e}" for w in (0, 1) for e in ("device_done", "pinned_free0", "pinned_free1")}
+        f"w{w}.{e}" for w in (0, 1) for e in ("device_done", "pinned_free0", "pinned_free1")
+    }
     assert created == {"consumer_ready": "0", "done": "0", "scratch_ready": "0", **{e: "1" for e in host_waited}}
 
 
@@ -344,8 +393,10 @@ def test_without_stream_ordered_pools_nvjpeg_uses_cudamalloc(fakes):
 def test_creation_says_what_each_attempt_returned(fakes):
     setup = fakes("plain_flags")[0]
     creates = [c for c in setup if c.startswith("CreateEx")]
-    assert creates[:2] == ["CreateExV2 backend=3 strict=1 interpolation=1",
-                           "CreateExV2 backend=3 strict=1 interpolation=0"]
+    assert creates[:2] == [
+        "CreateExV2 backend=3 strict=1 interpolation=1",
+        "CreateExV2 backend=3 strict=1 interpolation=0",
+    ]
     log = next(c for c in setup if c.startswith("creation log: "))
     assert "flags=36, lazymedia's allocators): invalid parameter" in log
     assert "flags=4, lazymedia's allocators): success" in log and "1 engines x 4 cores" in log
@@ -362,8 +413,13 @@ def _worker_calls(calls: list[str]) -> dict[str, list[str]]:
     and states ("w0.p1.h") name it."""
     per_worker: dict[str, list[str]] = {}
     for c in calls:
-        if c.split()[0] not in ("DecodeJpegHost", "DecodeJpegTransferToDevice", "DecodeJpegDevice",
-                                "EventSynchronize", "EventRecord"):
+        if c.split()[0] not in (
+            "DecodeJpegHost",
+            "DecodeJpegTransferToDevice",
+            "DecodeJpegDevice",
+            "EventSynchronize",
+            "EventRecord",
+        ):
             continue
         owners = {"worker" + w[1] for w in c.split() if w[:1] == "w" and w[1:2].isdigit() and w[2:3] == "."}
         owners |= {w for w in c.split() if w.startswith("worker")}
@@ -413,8 +469,9 @@ def test_cuda_path_workers_keep_their_own_state_and_page_order(fakes):
         assert all(i < ready for i in _all(calls, "MallocFromPoolAsync"))
         # the private stream joins every worker that decoded, before the outputs are announced
         joined = [c.split()[-1] for c in calls if c.startswith("StreamWaitEvent private w")]
-        assert joined and all(_index(calls, f"StreamWaitEvent private {e}") < _index(calls, "EventRecord done private")
-                              for e in joined)
+        assert joined and all(
+            _index(calls, f"StreamWaitEvent private {e}") < _index(calls, "EventRecord done private") for e in joined
+        )
     orient = _all(batches[2], "Orient 6")
     assert len(orient) == 3 and min(orient) > max(_all(batches[2], "StreamWaitEvent private w"))
 
@@ -425,8 +482,10 @@ def test_the_split_sends_the_smallest_to_the_cuda_path_in_whole_rounds_of_the_en
     # 12 candidates, load 0.5: 6, rounded up to whole rounds of the engines (1 x 4): 8, the largest
     assert [c for c in batch if c.startswith("DecodeBatched ")] == ["DecodeBatched 11 10 9 8 7 6 5 4 (pinned)"]
     hosts = {int(c.split()[1]): c.split()[3] for c in batch if c.startswith("DecodeJpegHost")}
-    assert all(c.split()[2].endswith(".g" if c.split()[3] == "gpu_hybrid" else ".h")  # its own decoder's state
-               for c in _all_calls(batch, "DecodeJpegHost"))
+    assert all(
+        c.split()[2].endswith(".g" if c.split()[3] == "gpu_hybrid" else ".h")  # its own decoder's state
+        for c in _all_calls(batch, "DecodeJpegHost")
+    )
     assert sorted(hosts) == [0, 1, 2, 3]
     assert hosts == {0: "hybrid", 1: "hybrid", 2: "hybrid", 3: "gpu_hybrid"}  # above 40 pixels: GPU-assisted
     # both run at once: the CUDA path starts before the host waits for the engines
@@ -443,9 +502,15 @@ def test_a_damaged_image_in_each_share_falls_back_alone(fakes):
     assert [c for c in batch if c.startswith("DecodeBatched ")] == ["DecodeBatched 7 5 4 3 (pinned)"]
     assert "DecodeJpegHost 1 " in " ".join(c + " " for c in batch if c.endswith("failed"))  # CUDA share: bad Huffman
     assert _results(batch) == [
-        "result 0 decoded cuda", "result 1 fallback CUDA path decode: bad JPEG", "result 2 decoded cuda",
-        "result 3 decoded hardware", "result 4 decoded hardware", "result 5 decoded hardware",
-        "result 6 fallback parse: no scan or no EOI marker (cut short)", "result 7 decoded hardware"]
+        "result 0 decoded cuda",
+        "result 1 fallback CUDA path decode: bad JPEG",
+        "result 2 decoded cuda",
+        "result 3 decoded hardware",
+        "result 4 decoded hardware",
+        "result 5 decoded hardware",
+        "result 6 fallback parse: no scan or no EOI marker (cut short)",
+        "result 7 decoded hardware",
+    ]
     assert _assert_worker_order(batch) == 2
 
 
@@ -492,6 +557,7 @@ def test_a_failure_mid_batch_finishes_queued_writes_before_raising(fakes):
 
 # -- finding libnvjpeg, and what a machine without a working GPU stack reports ---------------------
 
+
 def test_wheel_library_looks_in_every_nvidia_folder(tmp_path):
     hiding = tmp_path / "hiding" / "nvidia"  # a cu13 wheel that ships nvidia/__init__.py
     (hiding / "nvjpeg2k" / "lib").mkdir(parents=True)
@@ -521,8 +587,7 @@ def test_info_reports_a_broken_nvjpeg_and_succeeds(monkeypatch, capsys):
         def __init__(self, *args, **kwargs):
             raise RuntimeError("libnvjpeg.so.13: cannot open shared object file")
 
-    monkeypatch.setattr(lazymedia.engine, "backends",
-                        lambda: [BackendStatus("nvjpeg", "image", True, "NVIDIA H200")])
+    monkeypatch.setattr(lazymedia.engine, "backends", lambda: [BackendStatus("nvjpeg", "image", True, "NVIDIA H200")])
     monkeypatch.setattr(nvjpeg, "NvjpegBatchDecoder", Broken)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
     assert cli.main(["info"]) == 0
@@ -533,14 +598,15 @@ def test_info_reports_a_broken_nvjpeg_and_succeeds(monkeypatch, capsys):
 def test_info_shows_why_the_hardware_backend_was_not_taken_and_the_versions(monkeypatch, capsys):
     class NoEngines:
         hardware, engines, cores_per_engine, upsampling_interpolated = False, 0, 0, True
-        creation_log = ("nvjpegCreateExV2(hardware, flags=36, lazymedia's allocators): implementation not supported\n"
-                        "nvjpegCreateExV2(default, flags=36, lazymedia's allocators): success")
+        creation_log = (
+            "nvjpegCreateExV2(hardware, flags=36, lazymedia's allocators): implementation not supported\n"
+            "nvjpegCreateExV2(default, flags=36, lazymedia's allocators): success"
+        )
 
         def __init__(self, *args, **kwargs):
             pass
 
-    monkeypatch.setattr(lazymedia.engine, "backends",
-                        lambda: [BackendStatus("nvjpeg", "image", True, "NVIDIA H200")])
+    monkeypatch.setattr(lazymedia.engine, "backends", lambda: [BackendStatus("nvjpeg", "image", True, "NVIDIA H200")])
     monkeypatch.setattr(nvjpeg, "NvjpegBatchDecoder", NoEngines)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
     assert cli.main(["info"]) == 0
@@ -581,8 +647,9 @@ def test_fallbacks_are_counted_once_per_item_under_fixed_labels(jpeg_bytes, monk
         header.width, header.height = 4096 + width, 64
         kinds.add(nvdec.route(header, (9, 0), caps).kind)
     assert kinds == {"under_minimum", "over_limit"}
-    assert protocol.reason_kind("100x64 is under a minimum (144x144)") == protocol.reason_kind("98x64 is under a "
-                                                                                              "minimum (144x144)")
+    assert protocol.reason_kind("100x64 is under a minimum (144x144)") == protocol.reason_kind(
+        "98x64 is under a minimum (144x144)"
+    )
     for make in (lambda: nvdec.route(header, (9, 0), {}), lambda: nvjpeg.route(items[0].header, items[0].spec)):
         assert make().gpu or make().kind in protocol.FALLBACK_KINDS
     assert nvjpeg.route(items[0].header, lazymedia.ImageSpec(mode="L")).kind in protocol.FALLBACK_KINDS
@@ -596,8 +663,11 @@ def test_device_out_of_memory_sends_only_its_images_to_the_cpu(jpeg_bytes, monke
 
     counted: list = []
     monkeypatch.setattr(protocol, "count", lambda event, **labels: counted.append(labels["reason"]))
-    plain, big, resized = (lazymedia.load_image(jpeg_bytes), lazymedia.load_image(jpeg_bytes),
-                           lazymedia.load_image(jpeg_bytes, size=(8, 8)))
+    plain, big, resized = (
+        lazymedia.load_image(jpeg_bytes),
+        lazymedia.load_image(jpeg_bytes),
+        lazymedia.load_image(jpeg_bytes, size=(8, 8)),
+    )
     allocations = iter([False, True, False])  # the second image's output finds no device memory
 
     def empty(shape, device):

@@ -1,5 +1,6 @@
 """Every MediaError is safe to send to the client (what was wrong with the request) and carries
 the operator's hint (which setting would change the outcome) apart from it."""
+
 import ast
 import pickle
 import re
@@ -16,16 +17,19 @@ from lazymedia.errors import MediaError, MediaTooLargeError, upstream_status_err
 
 PACKAGE = Path(lazymedia.__file__).parent
 # What only an operator can act on: a setting's name, or advice to change one.
-OPERATOR_WORDS = re.compile(r"Limits\(|Limits\.|MediaConnector\(|allow_private_networks|allowed_local_path|"
-                            r"allow_redirects|allowed_domains|max_redirects|timeout_s|max_bytes|raise the limit|"
-                            r"LAZYMEDIA_|pip install|release_bytes\(|pass [\w.]+[=(]")
+OPERATOR_WORDS = re.compile(
+    r"Limits\(|Limits\.|MediaConnector\(|allow_private_networks|allowed_local_path|"
+    r"allow_redirects|allowed_domains|max_redirects|timeout_s|max_bytes|raise the limit|"
+    r"LAZYMEDIA_|pip install|release_bytes\(|pass [\w.]+[=(]"
+)
 ERROR_NAMES = {name for name in dir(lazymedia.errors) if name.endswith("Error")} | {"_RefusedAddress"}
 
 
 def _message_text(node: ast.expr) -> str:
     """The literal text of a message expression (f-string parts, concatenations)."""
-    return "".join(part.value for part in ast.walk(node)
-                   if isinstance(part, ast.Constant) and isinstance(part.value, str))
+    return "".join(
+        part.value for part in ast.walk(node) if isinstance(part, ast.Constant) and isinstance(part.value, str)
+    )
 
 
 def test_no_raise_site_puts_operator_advice_in_the_client_message():
@@ -62,8 +66,10 @@ def test_the_hint_survives_pickling_and_indexing():
     assert MediaError("bad").operator_message == "bad"
 
 
-@pytest.mark.parametrize("status, expected", [(404, 400), (403, 400), (410, 400), (400, 400), (408, 504),
-                                              (429, 502), (500, 502), (503, 502), (204, 502)])
+@pytest.mark.parametrize(
+    "status, expected",
+    [(404, 400), (403, 400), (410, 400), (400, 400), (408, 504), (429, 502), (500, 502), (503, 502), (204, 502)],
+)
 def test_an_upstream_status_maps_to_what_the_client_can_do(status, expected):
     exc = upstream_status_error("media.example", status, "Reason")
     assert exc.status_code == expected and f"answered {status} Reason" in str(exc)
@@ -88,6 +94,10 @@ def test_a_traceback_shows_the_hint_and_the_client_message_does_not():
     assert "media source is a str" in shown and "hint: pass the encoded bytes, a pathlib.Path" in shown, shown
     indexed = pickle.loads(pickle.dumps(info.value.with_index(3)))
     assert indexed.__notes__ == [f"hint: {info.value.hint}"]  # once, after a copy and a pickle
-    uncaught = subprocess.run([sys.executable, "-c", "import lazymedia; lazymedia.load_image('photo.jpg')"],
-                              capture_output=True, text=True, timeout=120)
+    uncaught = subprocess.run(
+        [sys.executable, "-c", "import lazymedia; lazymedia.load_image('photo.jpg')"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert uncaught.returncode == 1 and "hint: pass the encoded bytes, a pathlib.Path" in uncaught.stderr

@@ -1,5 +1,6 @@
 """Every Python example in the README and docs/usage.md runs as written, each in a fresh
 interpreter (a block whose first line is `# needs: gpu` runs only where a GPU is)."""
+
 import importlib.util
 import os
 import re
@@ -23,10 +24,13 @@ except Exception:
 REDIS_SERVER = shutil.which("redis-server")
 NEEDS = {
     "# needs: gpu": [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU with a driver")],
-    "# needs: redis": [pytest.mark.skipif(REDIS_SERVER is None,
-                                          reason="redis-server is not installed (apt-get install redis-server)"),
-                       pytest.mark.skipif(importlib.util.find_spec("redis") is None,
-                                          reason="the redis client is not installed (pip install redis hiredis)")],
+    "# needs: redis": [
+        pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed (apt-get install redis-server)"),
+        pytest.mark.skipif(
+            importlib.util.find_spec("redis") is None,
+            reason="the redis client is not installed (pip install redis hiredis)",
+        ),
+    ],
 }
 
 
@@ -48,8 +52,22 @@ def redis_url(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            REDIS_SERVER,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     import redis
 
     url = f"redis://127.0.0.1:{port}/0"
@@ -75,8 +93,9 @@ def test_example_runs(code, tmp_path, request):
         env["REDIS_URL"] = request.getfixturevalue("redis_url")
     script = tmp_path / "example.py"
     script.write_text(code)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                            env=env)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     # A process exits without a traceback, whatever it decoded (a shared tier's degrade warning
     # under load may be logged: that is its job).

@@ -5,6 +5,7 @@ frame scores 30-31 dB; every measured PSNR is printed), exact shapes and orienta
 fails when the GPU did not do the work: it counts the images nvJPEG decoded and the videos NVDEC
 decoded (a silent CPU fallback would pass every pixel check), and checks NVDEC's frames by the
 PTS they carry."""
+
 import io
 
 import numpy as np
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.gpu
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255 ** 2 / mse)
+    return float("inf") if mse == 0 else 10 * np.log10(255**2 / mse)
 
 
 FLOOR_DB = 40.0
@@ -48,7 +49,7 @@ def decode_counted(backend, items, on_gpu: int) -> list:
     that nothing fell back to the CPU at run time."""
     decoded, fallbacks = backend.decoded, list(backend.fallbacks)
     results = backend.decode_batch(items)
-    assert list(backend.fallbacks) == fallbacks, list(backend.fallbacks)[len(fallbacks):]
+    assert list(backend.fallbacks) == fallbacks, list(backend.fallbacks)[len(fallbacks) :]
     assert backend.decoded - decoded == on_gpu
     return results
 
@@ -113,8 +114,13 @@ def test_nvjpeg_psnr_vs_pillow(nvjpeg_backend, size, subsampling):
 
 @requires_corpus
 def test_nvjpeg_corpus_orientation_and_fallbacks(nvjpeg_backend):
-    names = [f"hopper_orientation_{i}.jpg" for i in range(2, 9)] + ["orientation_rectangle.jpg", "3.jpg", "cat.jpg",
-                                                                     "pil_sample_cmyk.jpg", "hopper_gray.jpg"]
+    names = [f"hopper_orientation_{i}.jpg" for i in range(2, 9)] + [
+        "orientation_rectangle.jpg",
+        "3.jpg",
+        "cat.jpg",
+        "pil_sample_cmyk.jpg",
+        "hopper_gray.jpg",
+    ]
     items = [lazymedia.load_image((CORPUS / "images" / n).read_bytes()) for n in names]
     routed = sum(nvjpeg_engine.route(item.header, item.spec).gpu for item in items)
     assert routed == len(names) - 2  # CMYK and gray are routed to the CPU, not fallbacks
@@ -163,8 +169,8 @@ def test_a_scan_cut_short_is_a_422_and_the_rest_of_its_batch_decodes_on_the_gpu(
 def cut_scan(data: bytes) -> bytes:
     """`data` with half its entropy-coded data gone (the EOI with it)."""
     sos = data.index(b"\xff\xda")
-    scan = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
-    return data[:scan + (data.rindex(b"\xff\xd9") - scan) // 2]
+    scan = sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big")
+    return data[: scan + (data.rindex(b"\xff\xd9") - scan) // 2]
 
 
 def test_split_batch_engines_and_cuda_path_each_decode_and_a_damaged_image_in_each_share_is_a_422():
@@ -331,8 +337,9 @@ def test_nvdec_frames_across_edit_lists_b_frames_vfr_rotation_and_size_changes(n
 
 @requires_nvdec
 def test_nvdec_hevc(nvdec_backend):
-    nvdec_matches_cpu(nvdec_backend, synthetic.video(frames=30, height=1080, width=1920, codec="libx265", gop=10),
-                      "1080p HEVC")
+    nvdec_matches_cpu(
+        nvdec_backend, synthetic.video(frames=30, height=1080, width=1920, codec="libx265", gop=10), "1080p HEVC"
+    )
 
 
 @requires_nvdec

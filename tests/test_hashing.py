@@ -19,7 +19,7 @@ def test_streamed_key_equals_one_shot_for_any_chunking():
     for chunk in (1, 7, 65536, 1 << 20, len(data)):
         hasher = KeyHasher("image", b"{}")
         for start in range(0, len(data), chunk if chunk > 1 else 1 << 16):
-            hasher.update(data[start:start + (chunk if chunk > 1 else 1 << 16)])
+            hasher.update(data[start : start + (chunk if chunk > 1 else 1 << 16)])
         assert hasher.hexdigest() == expected
         assert hasher.nbytes == len(data)
 
@@ -80,6 +80,7 @@ def test_measure_crossover_reports_each_size():
 
 # -- the algorithm, and the keys of inputs that arrive decoded or by id --------------------------
 
+
 @pytest.fixture
 def sha256():
     hashing.set_algorithm("sha256")
@@ -117,11 +118,24 @@ def test_an_array_is_keyed_by_vllms_byte_stream():
     # vLLM 0.33's MultiModalHasher stream for an ndarray: every chunk framed by its length, every
     # value tagged (0x02 mapping + count, 0x01 sequence + count, 0x03 leaf).
     leaf, count = b"\x03", (lambda n: n.to_bytes(8, "little"))
-    stream = (framed(b"ndarray") + b"\x02" + count(3)
-              + framed(b"dtype") + leaf + framed(b"|u1")
-              + framed(b"shape") + b"\x01" + count(2) + leaf + framed(np.array(2).tobytes())
-              + leaf + framed(np.array(3).tobytes())
-              + framed(b"data") + leaf + framed(array.tobytes()))
+    stream = (
+        framed(b"ndarray")
+        + b"\x02"
+        + count(3)
+        + framed(b"dtype")
+        + leaf
+        + framed(b"|u1")
+        + framed(b"shape")
+        + b"\x01"
+        + count(2)
+        + leaf
+        + framed(np.array(2).tobytes())
+        + leaf
+        + framed(np.array(3).tobytes())
+        + framed(b"data")
+        + leaf
+        + framed(array.tobytes())
+    )
     assert object_key("image", array) == blake3.blake3(key_prefix("decoded/image", b"") + stream).hexdigest()
     assert object_key("image", np.asfortranarray(array)) == object_key("image", array)  # layout is not content
     assert object_key("image", array.astype(np.int16)) != object_key("image", array)

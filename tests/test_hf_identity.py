@@ -1,5 +1,6 @@
 """The model sees the same numbers: a real HF processor (Qwen2-VL, built from its defaults) gives
 identical outputs for Pillow-decoded (eager) and lazymedia-decoded inputs."""
+
 import io
 import warnings
 
@@ -34,8 +35,9 @@ def outputs_equal(a, b):
     return all(torch.equal(a[key], b[key]) for key in ("pixel_values", "image_grid_thw"))
 
 
-@pytest.mark.parametrize("data", [encode(make_image(720, 1280), "JPEG"), encode(make_image(300, 200), "PNG")],
-                         ids=["jpeg-720p", "png"])
+@pytest.mark.parametrize(
+    "data", [encode(make_image(720, 1280), "JPEG"), encode(make_image(300, 200), "PNG")], ids=["jpeg-720p", "png"]
+)
 def test_generated_images(hf, data):
     eager = hf(images=[eager_input(data)], return_tensors="pt")
     lazy = hf(images=[lazymedia.load_image(data).numpy()], return_tensors="pt")

@@ -5,6 +5,7 @@ Limits.max_working_bytes bounds: a progressive JPEG's coefficients). Each case r
 address-space cap, so a regression fails the test instead of taking the machine's memory; cases
 that cost CPU where the decoder works (repeated scans, chained IFDs) are also bounded in CPU
 seconds."""
+
 import json
 import subprocess
 import sys
@@ -346,8 +347,11 @@ CASES = {
     # An RLE8 BMP of 1-pixel runs: Pillow's RLE decoder holds about 5 bytes a pixel besides the output,
     # declared as working memory (6 a pixel): decodes within it, and is refused under the strict limit.
     "bmp_rle8_1500": (BMP_RLE8_1500, "lazymedia.load_image(data)", None),
-    "bmp_rle8_2500_strict": (BMP_RLE8_1500.replace("1500, 1500", "2500, 2500"),
-                             f"lazymedia.load_image(data, limits={STRICT})", 413),
+    "bmp_rle8_2500_strict": (
+        BMP_RLE8_1500.replace("1500, 1500", "2500, 2500"),
+        f"lazymedia.load_image(data, limits={STRICT})",
+        413,
+    ),
     # 700 KB of APNG: 10,000 1x1 frames on a 4K canvas; 8 frames sampled paint every canvas (47 CPU-s).
     "apng_10k_frames_on_4k": (APNG_10K_FRAMES_4K, "lazymedia.load_video(data, num_frames=8)", 413),
     # Truncated files whose headers declare 10000 x 10000: refused (422) before the 286 MB canvas.
@@ -355,10 +359,16 @@ CASES = {
     "png_10000_cut": (PNG_10000_CUT, "lazymedia.load_image(data)", 422),
     # A 64 x 64 PNG whose ICC profile inflates to 256 MiB: refused from an inflate that stops at 1 MiB.
     # The same bytes as zTXt and iTXt chunks; 64 zTXt chunks of 1 MiB each (Pillow alone allows 64 MiB).
-    "png_ztxt_256mb": (PNG_ICCP_256MB.replace('b"iCCP"', 'b"zTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\0"'),
-                       "lazymedia.load_image(data)", 413),
-    "png_itxt_256mb": (PNG_ICCP_256MB.replace('b"iCCP"', 'b"iTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\1\\0\\0\\0"'),
-                       "lazymedia.load_image(data)", 413),
+    "png_ztxt_256mb": (
+        PNG_ICCP_256MB.replace('b"iCCP"', 'b"zTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\0"'),
+        "lazymedia.load_image(data)",
+        413,
+    ),
+    "png_itxt_256mb": (
+        PNG_ICCP_256MB.replace('b"iCCP"', 'b"iTXt"').replace('b"icc\\0\\0"', 'b"k\\0\\1\\0\\0\\0"'),
+        "lazymedia.load_image(data)",
+        413,
+    ),
     "png_64_ztxt_of_1mb": (PNG_64_ZTXT, "lazymedia.load_image(data)", 413),
     "png_iccp_256mb": (PNG_ICCP_256MB, "lazymedia.load_image(data)", 413),
     # 350 KB of FLAC Vorbis comments (50,000; FFmpeg's probe: 19 CPU-s): counted and refused before any parse.
@@ -372,9 +382,12 @@ CASES = {
     "flac_1990_vorbis_comments": (FLAC_50K_COMMENTS.replace("50_000", "1_990"), "lazymedia.load_audio(data)", None),
     "mp3_1990_id3_frames": (MP3_100K_ID3_FRAMES.replace("100_000", "1_990"), "lazymedia.load_audio(data)", None),
     # A 1x1 GIF whose canvas says 65535 x 65535: refused from its header.
-    "gif_canvas_bomb": ("data = bytearray(synthetic.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
-                        "data[6:10] = b'\\xff\\xff\\xff\\xff'",
-                        "lazymedia.load_image(bytes(data))", 413),
+    "gif_canvas_bomb": (
+        "data = bytearray(synthetic.encode_image(numpy.zeros((1, 1), numpy.uint8), 'GIF'))\n"
+        "data[6:10] = b'\\xff\\xff\\xff\\xff'",
+        "lazymedia.load_image(bytes(data))",
+        413,
+    ),
     # 292 KB of PNG: 10000 x 10000 zeros, 300 MB decoded (within the goal; Pillow's path took 4x).
     "zero_png_10000": (ZERO_PNG_10000, "lazymedia.load_image(data)", None),
     # A lossless WebP of the same canvas, padded with a 200 KB JUNK chunk, as RGB and as RGBA.
@@ -430,9 +443,12 @@ def test_the_fuzz_harness_tells_its_own_memory_error_from_a_decoder_crash():
         import fuzz_api
     finally:
         sys.path.pop(0)
-    own = "Traceback (most recent call last):\n  File \"fuzz_api.py\", line 120, in child\nMemoryError\n"
+    own = 'Traceback (most recent call last):\n  File "fuzz_api.py", line 120, in child\nMemoryError\n'
     assert fuzz_api.harness_memory_death(1, own)
     assert not fuzz_api.harness_memory_death(-11, own)  # killed by SIGSEGV: a crash, whatever it printed
-    assert not fuzz_api.harness_memory_death(1, "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent "
-                                                "call first):\n  File \"codecs/_video.py\", line 3 in decode\n")
+    assert not fuzz_api.harness_memory_death(
+        1,
+        "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent "
+        'call first):\n  File "codecs/_video.py", line 3 in decode\n',
+    )
     assert not fuzz_api.harness_memory_death(1, "")

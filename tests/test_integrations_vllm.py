@@ -1,6 +1,7 @@
 """The vLLM adapter: vLLM's connector surface and media_io_kwargs in, handles out, and `to_vllm`
 giving the objects vLLM's fetch methods return (its rules, re-derived here with Pillow and numpy;
 benchmarks/parity_vllm.py compares against vLLM itself where it is installed)."""
+
 import base64
 import contextlib
 import importlib.util
@@ -57,8 +58,10 @@ def test_transparent_png_composited_as_vllm_does(connector):
     expected = vllm_rgb(Image.open(io.BytesIO(png)))
     assert np.array_equal(np.asarray(image), expected) and tuple(expected[0, 0]) == (255, 255, 255)
     grey = VllmMediaConnector(media_io_kwargs={"image": {"rgba_background_color": [0, 128, 0]}})
-    assert np.array_equal(np.asarray(to_vllm(grey.fetch_image(data_url(png, "image/png")))),
-                          vllm_rgb(Image.open(io.BytesIO(png)), (0, 128, 0)))
+    assert np.array_equal(
+        np.asarray(to_vllm(grey.fetch_image(data_url(png, "image/png")))),
+        vllm_rgb(Image.open(io.BytesIO(png)), (0, 128, 0)),
+    )
     grey.close()
     kept = connector.fetch_image(data_url(png, "image/png"), image_mode=None)
     assert to_vllm(kept).mode == "RGBA" and np.array_equal(np.asarray(to_vllm(kept)), rgba)
@@ -71,8 +74,14 @@ def test_video_defaults_are_vllms(connector):
     expected = np.linspace(0, 99, 32).astype(int).tolist()  # num_frames=32, linspace truncated
     assert metadata["frames_indices"] == expected and frames.shape == (32, 48, 64, 3)
     assert metadata["total_num_frames"] == 100 and metadata["video_backend"] == "opencv"
-    assert set(metadata) == {"total_num_frames", "fps", "duration", "video_backend", "frames_indices",
-                             "do_sample_frames"}
+    assert set(metadata) == {
+        "total_num_frames",
+        "fps",
+        "duration",
+        "video_backend",
+        "frames_indices",
+        "do_sample_frames",
+    }
     eight = VllmMediaConnector(media_io_kwargs={"video": {"num_frames": 8, "video_backend": "pyav"}})
     assert eight.video_spec() == {"num_frames": 8, "fps": None, "decoder": "pyav", "sampler": "uniform"}
     frames, metadata = to_vllm(eight.fetch_video(data_url(clip, "video/mp4")))
@@ -135,8 +144,9 @@ def test_vllm_call_signatures_and_decoded_inputs(connector):
     assert frames.shape[0] == 30  # fewer frames than num_frames=32: every frame
     # vLLM passes the model's video processor on every call; without vLLM's registry (or with a
     # configured video_backend) it changes nothing.
-    frames, metadata = to_vllm(connector.fetch_video(data_url(clip, "video/mp4"),
-                                                     video_processor="LlavaOnevisionVideoProcessor"))
+    frames, metadata = to_vllm(
+        connector.fetch_video(data_url(clip, "video/mp4"), video_processor="LlavaOnevisionVideoProcessor")
+    )
     assert frames.shape[0] == 30 and metadata["video_backend"] == "opencv"
     configured = VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "pyav"}})
     assert configured.video_spec("RGB", "Qwen2VLVideoProcessor")["decoder"] == "pyav"
@@ -157,13 +167,15 @@ def test_video_backend_none_is_unset_and_the_environment_decides(monkeypatch):
 
 def test_without_opencv_the_default_decodes_with_pyav_and_a_named_opencv_is_refused(monkeypatch):
     import importlib.util
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cv2" else real(name, *a))
     monkeypatch.delenv("VLLM_VIDEO_LOADER_BACKEND", raising=False)
     connector = VllmMediaConnector()
     assert connector.video_backend == "pyav"
-    frames, metadata = to_vllm(connector.fetch_video(data_url(synthetic.video(frames=40, height=32, width=48),
-                                                              "video/mp4")))
+    frames, metadata = to_vllm(
+        connector.fetch_video(data_url(synthetic.video(frames=40, height=32, width=48), "video/mp4"))
+    )
     assert metadata["video_backend"] == "pyav" and frames.shape == (32, 32, 48, 3)
     with pytest.raises(ValueError, match="needs OpenCV") as refused:
         VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "opencv"}})
@@ -171,8 +183,9 @@ def test_without_opencv_the_default_decodes_with_pyav_and_a_named_opencv_is_refu
 
 
 def test_dynamic_loader_names_itself_as_vllm_does(connector):
-    dynamic = VllmMediaConnector(media_io_kwargs={"video": {"video_backend": "opencv_dynamic", "requested_fps": 2,
-                                                            "max_duration": 60}})
+    dynamic = VllmMediaConnector(
+        media_io_kwargs={"video": {"video_backend": "opencv_dynamic", "requested_fps": 2, "max_duration": 60}}
+    )
     clip = synthetic.video(frames=90)
     frames, metadata = to_vllm(dynamic.fetch_video(data_url(clip, "video/mp4")))
     assert metadata["video_backend"] == "opencv_dynamic" and len(metadata["frames_indices"]) == frames.shape[0]
@@ -259,8 +272,14 @@ def test_jpeg_frame_sequences_as_vllm_decodes_them():
     video, metadata = to_vllm(connector.fetch_video(url))
     expected = np.stack([np.asarray(Image.open(io.BytesIO(f)).convert("RGB")) for f in frames[:3]])
     assert np.array_equal(video, expected)
-    assert metadata == {"total_num_frames": 3, "fps": 2.0, "duration": 1.5, "video_backend": "jpeg_sequence",
-                        "frames_indices": [0, 1, 2], "do_sample_frames": False}
+    assert metadata == {
+        "total_num_frames": 3,
+        "fps": 2.0,
+        "duration": 1.5,
+        "video_backend": "jpeg_sequence",
+        "frames_indices": [0, 1, 2],
+        "do_sample_frames": False,
+    }
     processor = lazymedia.Processor(lambda decoded: [to_vllm(d)[0].shape for d in decoded])
     assert processor.apply([connector.fetch_video(url)]) == [(3, 24, 32, 3)]
     processor.close()
@@ -273,6 +292,7 @@ def test_numpy_images_share_the_decoded_tensor_and_qwen2_vl_sees_identical_input
     torch tensor would be read as embeddings) gives Qwen2-VL's image processor (Qwen2.5-VL uses
     the same one) exactly what vLLM's own path (Pillow decode + convert) gives it."""
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
     jpeg = synthetic.jpeg(300, 420)
     handle = connector.fetch_image(data_url(jpeg, "image/jpeg"))
     array = to_vllm(handle, image_type_for("Qwen2VLImageProcessor"))
@@ -291,6 +311,7 @@ def test_a_pil_only_processor_sees_identical_inputs():
     resizes with Pillow): given the numpy view it produces what vLLM's own path gives it."""
     openvla = pytest.importorskip("vllm.transformers_utils.processors.openvla")
     from vllm.multimodal.media import MediaConnector
+
     url = data_url(synthetic.jpeg(200, 330), "image/jpeg")
     ours = VllmMediaConnector()
     array = to_vllm(ours.fetch_image(url), image_type_for(openvla.OpenVLAImageProcessor))
@@ -321,6 +342,7 @@ async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monk
     import lazymedia.integrations._vllm as adapter
 
     jpeg = synthetic.jpeg(48, 64)
+
     async def image(request):
         return web.Response(body=jpeg, content_type="image/jpeg")
 
@@ -340,6 +362,7 @@ async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monk
         def read_http_url(text, base=None):
             reads.append(text)
             return read(text, base)
+
         return read_http_url
 
     monkeypatch.setattr(adapter, "read_http_url", counting(adapter.read_http_url))
@@ -347,9 +370,15 @@ async def test_vllms_arguments_an_http_url_read_once_and_a_closed_connector(monk
     downloads, decoded = RecordingBudget(len(jpeg) + 10), RecordingBudget(48 * 64 * 4 + 10)
     with pytest.raises(ValueError, match="does not exist"):
         VllmMediaConnector(allowed_local_media_path=str(tmp_path / "absent"))
-    with VllmMediaConnector(None, object(), allowed_local_media_path=str(tmp_path), allowed_media_domains=None,
-                            decoded_budget=decoded, download_budget=downloads,
-                            allow_private_networks=True) as connector:
+    with VllmMediaConnector(
+        None,
+        object(),
+        allowed_local_media_path=str(tmp_path),
+        allowed_media_domains=None,
+        decoded_budget=decoded,
+        download_budget=downloads,
+        allow_private_networks=True,
+    ) as connector:
         handle = await connector.fetch_image_async(url + "/a.jpg")
         assert reads == [url + "/a.jpg"]  # the adapter's reading is the one the client connects with
         assert downloads.used == len(jpeg) and decoded.used == 48 * 64 * 4 and not handle.is_decoded

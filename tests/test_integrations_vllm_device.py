@@ -1,6 +1,7 @@
 """The vLLM plugin's device mode without a GPU: the recording fake GPU decoder on the "meta"
 device (shapes, no data) stands in for nvJPEG, so a tensor's device says where it was decoded.
 The parts inside vLLM's own parser and hasher need vLLM importable and skip without it."""
+
 import asyncio
 import base64
 
@@ -39,8 +40,7 @@ def counts():
 
 def meta_images(window_s: float = 0.001):
     decoder = FakeGpuDecoder()
-    engine = DecodeEngine(max_workers=2, batch_decoders=[decoder], isolate=(), device=META,
-                          batch_window_s=window_s)
+    engine = DecodeEngine(max_workers=2, batch_decoders=[decoder], isolate=(), device=META, batch_window_s=window_s)
     return DeviceMode(META, engine=engine, seen_items=4), decoder, engine
 
 
@@ -120,8 +120,9 @@ def data_url(data: bytes, media_type: str) -> str:
 
 @pytest.fixture
 def plugin_on_meta(monkeypatch):
-    pytest.importorskip("vllm.multimodal.media", reason="vLLM is not installed (benchmarks/vllm_media_tests.py "
-                        "says how)")
+    pytest.importorskip(
+        "vllm.multimodal.media", reason="vLLM is not installed (benchmarks/vllm_media_tests.py says how)"
+    )
     images, decoder, engine = meta_images(window_s=0.2)
     vllm_device.use("meta", images)
     monkeypatch.setenv("LAZYMEDIA_VLLM_DEVICE", "meta")
@@ -136,9 +137,14 @@ def build(name="lazymedia"):
     from lazymedia.integrations.vllm_plugin import register
 
     register()
-    return MEDIA_CONNECTOR_REGISTRY.load(name, media_io_kwargs=None, allowed_local_media_path="",
-                                         allowed_media_domains=None, decoded_budget=MediaDecodedBudget(),
-                                         download_budget=MediaRequestDownloadBudget())
+    return MEDIA_CONNECTOR_REGISTRY.load(
+        name,
+        media_io_kwargs=None,
+        allowed_local_media_path="",
+        allowed_media_domains=None,
+        decoded_budget=MediaDecodedBudget(),
+        download_budget=MediaRequestDownloadBudget(),
+    )
 
 
 def test_a_miss_reaches_vllms_parser_as_a_device_tensor_and_a_hit_never_decodes(plugin_on_meta, counts):

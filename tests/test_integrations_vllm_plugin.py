@@ -4,6 +4,7 @@ inputs. vLLM answers by exception type (vllm/entrypoints/serve/exception_handlin
 VLLMUnprocessableEntityError 422, other ValueErrors 400, NotImplementedError 501, the rest 500),
 so the errors are checked by type. Needs vLLM importable (installed --no-deps, see benchmarks/vllm_media_tests.py) and
 OpenCV (vLLM's video loaders); skips without them."""
+
 import base64
 import tomllib
 import types
@@ -40,8 +41,13 @@ def data_url(data: bytes, media_type: str) -> str:
 def connector(name: str, **kwargs):
     """A connector built as vLLM's chat parser builds one (content_parser.py:152-159)."""
     register()
-    options = {"media_io_kwargs": None, "allowed_local_media_path": "", "allowed_media_domains": None,
-               "decoded_budget": MediaDecodedBudget(), "download_budget": MediaRequestDownloadBudget()}
+    options = {
+        "media_io_kwargs": None,
+        "allowed_local_media_path": "",
+        "allowed_media_domains": None,
+        "decoded_budget": MediaDecodedBudget(),
+        "download_budget": MediaRequestDownloadBudget(),
+    }
     return MEDIA_CONNECTOR_REGISTRY.load(name, **{**options, **kwargs})
 
 
@@ -54,8 +60,10 @@ def clips():
     """(name, data: URL) of clips whose loaders' rules differ: 100 frames at 30 fps, 451 at 30
     (the float32 step that reaches the end), 61 at 25, 9 at 5 (fewer than the minimum frames)."""
     shapes = [(100, 30), (451, 30), (61, 25), (9, 5)]
-    return [(f"{frames}@{fps}", data_url(synthetic.video(frames=frames, fps=fps, height=48, width=64), "video/mp4"))
-            for frames, fps in shapes]
+    return [
+        (f"{frames}@{fps}", data_url(synthetic.video(frames=frames, fps=fps, height=48, width=64), "video/mp4"))
+        for frames, fps in shapes
+    ]
 
 
 def test_the_entry_point_registers_the_connector_under_vllms_setting():
@@ -67,8 +75,9 @@ def test_the_entry_point_registers_the_connector_under_vllms_setting():
     register()  # vLLM calls it in every process, and again in one process: idempotent
     built = connector("lazymedia")
     assert isinstance(built, vllm_plugin.LazymediaVllmConnector)
-    built = MEDIA_CONNECTOR_REGISTRY.load("lazymedia", media_io_kwargs={}, allowed_local_media_path="",
-                                          allowed_media_domains=None)  # the decisions endpoint's arguments
+    built = MEDIA_CONNECTOR_REGISTRY.load(
+        "lazymedia", media_io_kwargs={}, allowed_local_media_path="", allowed_media_domains=None
+    )  # the decisions endpoint's arguments
     assert built.lazy is not None
 
 
@@ -88,8 +97,9 @@ def test_images_hash_as_vllms_and_a_processor_cache_hit_never_decodes():
     assert hashes == vllm_hashes  # the same keys as vLLM's eager images (bytes + io_config)
     assert decodes() == before  # fetched, parsed and hashed: nothing decoded
     # vLLM's processor cache; a miss is re-parsed as processor.py:1345-1384 (_get_cache_missing_items) does it.
-    cache = MultiModalProcessorOnlyCache(types.SimpleNamespace(
-        get_multimodal_config=lambda: types.SimpleNamespace(mm_processor_cache_gb=1)))
+    cache = MultiModalProcessorOnlyCache(
+        types.SimpleNamespace(get_multimodal_config=lambda: types.SimpleNamespace(mm_processor_cache_gb=1))
+    )
 
     def lookup(items, hashes):
         is_cached = cache.is_cached(hashes["image"])
@@ -112,8 +122,9 @@ def test_images_hash_as_vllms_and_a_processor_cache_hit_never_decodes():
     assert decodes() == before
 
 
-@pytest.mark.parametrize("processor", [None, "Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor", "Glm4vVideoProcessor",
-                                       "Glm46VVideoProcessor"])
+@pytest.mark.parametrize(
+    "processor", [None, "Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor", "Glm4vVideoProcessor", "Glm46VVideoProcessor"]
+)
 def test_every_video_processor_gets_vllms_frames_and_metadata(clips, processor):
     """qwen2_vl, qwen3_vl, opencv_dynamic and opencv are lazymedia's samplers; glm46v is vLLM's
     own loader behind the plugin: never a refusal where vLLM answers."""
@@ -129,14 +140,16 @@ def test_every_video_processor_gets_vllms_frames_and_metadata(clips, processor):
         assert frames.dtype == vllm_frames.dtype and np.array_equal(frames, vllm_frames), name
 
 
-@pytest.mark.parametrize("codec,container,media_type", [("libx264", "mp4", "video/mp4"),
-                                                        ("mpeg4", "avi", "video/x-msvideo")])
+@pytest.mark.parametrize(
+    "codec,container,media_type", [("libx264", "mp4", "video/mp4"), ("mpeg4", "avi", "video/x-msvideo")]
+)
 def test_vllms_video_fetch_settings_give_vllms_frames_and_metadata(monkeypatch, codec, container, media_type):
     """The settings of vLLM's test_fetch_video_http(_with_dynamic_loader), on the forms of its two
     URLs (slow_traffic_small.mp4, H.264; vtest.avi, MPEG-4 Part 2 in AVI): those tests compare
     sync with async on one side only, so the sides are compared here, lazymedia decoding."""
-    url = data_url(synthetic.video(frames=45, fps=10, height=48, width=64, codec=codec, container=container),
-                   media_type)
+    url = data_url(
+        synthetic.video(frames=45, fps=10, height=48, width=64, codec=codec, container=container), media_type
+    )
     settings = [({"num_frames": n}, None) for n in (-1, 32, 1800)]
     settings += [({"max_duration": d, "requested_fps": f}, "opencv_dynamic") for d in (1, 60) for f in (2, 24)]
     monkeypatch.setenv("LAZYMEDIA_VLLM_DECODED_CACHE_MB", "0")  # each fetch decodes: lazymedia's, counted
@@ -176,8 +189,10 @@ def test_what_lazymedia_leaves_to_vllm_is_served_by_vllm(caplog):
     rgba = np.dstack([synthetic.photo(24, 32), np.full((24, 32), 7, np.uint8)])
     url = data_url(synthetic.encode_image(rgba, "PNG"), "image/png")
     kept = connector("lazymedia", media_io_kwargs={"image": {"image_mode": None}}).fetch_image(url)
-    assert np.array_equal(np.asarray(kept), np.asarray(
-        connector("http", media_io_kwargs={"image": {"image_mode": None}}).fetch_image(url)))
+    assert np.array_equal(
+        np.asarray(kept),
+        np.asarray(connector("http", media_io_kwargs={"image": {"image_mode": None}}).fetch_image(url)),
+    )
     assert np.asarray(kept).shape == (24, 32, 4)
     frames = [synthetic.jpeg(24, 32, seed=s) for s in range(3)]
     sequence = "data:video/jpeg;base64," + ",".join(base64.b64encode(f).decode() for f in frames)
@@ -239,8 +254,11 @@ MIME = {"jpeg": "image/jpeg", "png": "image/png", "gif": "image/gif", "webp": "i
 def corpus_urls(kind: str) -> list[tuple[str, str]]:
     """(path, data: URL) of the corpus files of one kind that decode, up to 1 MB: tests/data's,
     and the external corpus's where it is beside the checkout (LAZYMEDIA_CORPUS)."""
-    return [(row["path"], data_url(corpus_bytes(row), MIME.get(row["format"], f"{kind}/{row['format']}")))
-            for row in corpus_rows(kind) if row["expected"] == "decodes" and int(row["bytes"]) <= 1 << 20]
+    return [
+        (row["path"], data_url(corpus_bytes(row), MIME.get(row["format"], f"{kind}/{row['format']}")))
+        for row in corpus_rows(kind)
+        if row["expected"] == "decodes" and int(row["bytes"]) <= 1 << 20
+    ]
 
 
 def test_corpus_images_key_and_decode_as_vllms():
@@ -310,11 +328,13 @@ def test_vllms_chat_content_parser_gets_vllms_items(monkeypatch, clips, video_pr
 
     wav = synthetic.tone(seconds=0.5, rate=16000)
     rgba = np.dstack([synthetic.photo(32, 48), np.full((32, 48), 100, np.uint8)])
-    parts = [{"type": "image_url", "image_url": {"url": data_url(synthetic.jpeg(40, 56), "image/jpeg")}},
-             {"type": "image_url", "image_url": {"url": data_url(synthetic.encode_image(rgba, "PNG"), "image/png")}},
-             {"type": "video_url", "video_url": {"url": clips[1][1]}},
-             {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}},
-             {"type": "audio_url", "audio_url": {"url": data_url(wav, "audio/wav")}}]
+    parts = [
+        {"type": "image_url", "image_url": {"url": data_url(synthetic.jpeg(40, 56), "image/jpeg")}},
+        {"type": "image_url", "image_url": {"url": data_url(synthetic.encode_image(rgba, "PNG"), "image/png")}},
+        {"type": "video_url", "video_url": {"url": clips[1][1]}},
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}},
+        {"type": "audio_url", "audio_url": {"url": data_url(wav, "audio/wav")}},
+    ]
     register()
     seen = {}
     for name in ("http", "lazymedia"):
@@ -322,8 +342,9 @@ def test_vllms_chat_content_parser_gets_vllms_items(monkeypatch, clips, video_pr
         tracker = Tracker(video_processor)
         parser = MultiModalContentParser(tracker)
         for part in parts:
-            parse_chat_message_content_part(part, parser, mm_tracker=tracker, wrap_dicts=False,
-                                            interleave_strings=False)
+            parse_chat_message_content_part(
+                part, parser, mm_tracker=tracker, wrap_dicts=False, interleave_strings=False
+            )
         seen[name] = tracker.items
     assert [modality for modality, _ in seen["lazymedia"]] == [modality for modality, _ in seen["http"]]
     for (modality, ours), (_, theirs) in zip(seen["lazymedia"], seen["http"]):
@@ -359,12 +380,18 @@ def test_vllms_plugin_loader_finds_the_entry_point_in_a_fresh_process(tmp_path):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lazymedia-probe\nVersion: 0.0\n")
     (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\nlazymedia = {target}\n")
-    code = ("import vllm.plugins, vllm.envs as envs\n"
-            "vllm.plugins.load_general_plugins()\n"
-            "from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY\n"
-            "print(type(MEDIA_CONNECTOR_REGISTRY.load(envs.VLLM_MEDIA_CONNECTOR)).__name__)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]), VLLM_PLUGINS="lazymedia",
-               VLLM_MEDIA_CONNECTOR="lazymedia")
+    code = (
+        "import vllm.plugins, vllm.envs as envs\n"
+        "vllm.plugins.load_general_plugins()\n"
+        "from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY\n"
+        "print(type(MEDIA_CONNECTOR_REGISTRY.load(envs.VLLM_MEDIA_CONNECTOR)).__name__)\n"
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]),
+        VLLM_PLUGINS="lazymedia",
+        VLLM_MEDIA_CONNECTOR="lazymedia",
+    )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "LazymediaVllmConnector"
@@ -406,8 +433,10 @@ def test_vllms_settings_govern_the_plugin(settings_rows, case):
         assert row["plugin"]["result"] == "refused"
         assert (row["plugin"]["status"], row["plugin"]["error_type"]) == case.plugin_answer
     if row["vllm"]["message"].startswith(("Image dimensions", "Video frame", "Audio", "Maximum file size")):
-        assert row["plugin"]["message"].split(": ", 1)[1] == row["vllm"]["message"].split(" (parameter=")[0] \
-            or "Audio exceeds" in row["vllm"]["message"], row  # vLLM's words (its duration message adds the rate)
+        assert (
+            row["plugin"]["message"].split(": ", 1)[1] == row["vllm"]["message"].split(" (parameter=")[0]
+            or "Audio exceeds" in row["vllm"]["message"]
+        ), row  # vLLM's words (its duration message adds the rate)
 
 
 def test_a_corrupt_image_reaches_the_client_as_failed_to_load(tmp_path):
@@ -457,11 +486,12 @@ def test_an_http_fetch_leaves_no_unclosed_session_at_exit(tmp_path):
         "    (await vllm_settings.build('lazymedia').fetch_image_async(url)).media.load()\n"
         "asyncio.run(main())\n"
         "server.close()\n"
-        "print('fetched')\n")
-    env = dict(os.environ, LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=SETTINGS.LOOPBACK,
-               PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, "-c", code, str(REPO / "benchmarks")], env=env, capture_output=True,
-                            text=True, timeout=240)
+        "print('fetched')\n"
+    )
+    env = dict(os.environ, LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=SETTINGS.LOOPBACK, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "benchmarks")], env=env, capture_output=True, text=True, timeout=240
+    )
     assert result.returncode == 0 and result.stdout.strip().endswith("fetched"), result.stderr[-2000:]
     assert "Unclosed" not in result.stderr, result.stderr[-2000:]
 

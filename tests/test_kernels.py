@@ -1,4 +1,5 @@
 """The shared host/device kernels, host build, against numpy / Pillow references."""
+
 import subprocess
 import sys
 
@@ -45,8 +46,9 @@ def test_resize_pass_order_cases():
     for h, w, oh, ow in [(300, 100, 100, 90), (300, 100, 250, 90), (100, 300, 90, 100), (37, 53, 11, 97)]:
         img = make_image(h, w)
         for filt in ("bilinear", "bicubic"):
-            np.testing.assert_array_equal(ops.resize(torch.from_numpy(img), (oh, ow), filt).numpy(),
-                                          pillow_resize(img, (oh, ow), filt))
+            np.testing.assert_array_equal(
+                ops.resize(torch.from_numpy(img), (oh, ow), filt).numpy(), pillow_resize(img, (oh, ow), filt)
+            )
 
 
 def test_resize_threads_do_not_change_pixels():
@@ -57,9 +59,15 @@ def test_resize_threads_do_not_change_pixels():
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_orientation_matches_pillow_transpose(orientation):
     img = make_image(7, 11, seed=orientation)
-    methods = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-               5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
-               8: Image.Transpose.ROTATE_90}
+    methods = {
+        2: Image.Transpose.FLIP_LEFT_RIGHT,
+        3: Image.Transpose.ROTATE_180,
+        4: Image.Transpose.FLIP_TOP_BOTTOM,
+        5: Image.Transpose.TRANSPOSE,
+        6: Image.Transpose.ROTATE_270,
+        7: Image.Transpose.TRANSVERSE,
+        8: Image.Transpose.ROTATE_90,
+    }
     expected = np.asarray(Image.fromarray(img).transpose(methods[orientation])) if orientation > 1 else img
     np.testing.assert_array_equal(ops.orient(torch.from_numpy(img), orientation).numpy(), expected)
 
@@ -91,13 +99,14 @@ def test_yuv_to_rgb_within_one_lsb(matrix, full_range, height, width):
     u = rng.integers(0, 256, (ch, cw), dtype=np.uint8)
     v = rng.integers(0, 256, (ch, cw), dtype=np.uint8)
     uv = np.zeros((ch, stride + stride % 2), dtype=np.uint8)
-    uv[:, 0:2 * cw:2], uv[:, 1:2 * cw:2] = u, v
+    uv[:, 0 : 2 * cw : 2], uv[:, 1 : 2 * cw : 2] = u, v
     up = np.repeat(np.repeat(u, 2, 0), 2, 1)[:height, :width]
     vp = np.repeat(np.repeat(v, 2, 0), 2, 1)[:height, :width]
     expected = float_yuv_reference(y[:, :width], up, vp, matrix, full_range)
     nv12 = ops.nv12_to_rgb(torch.from_numpy(y), torch.from_numpy(uv), width, matrix, full_range).numpy()
-    i420 = ops.i420_to_rgb(torch.from_numpy(y), torch.from_numpy(u), torch.from_numpy(v), width, matrix,
-                           full_range).numpy()
+    i420 = ops.i420_to_rgb(
+        torch.from_numpy(y), torch.from_numpy(u), torch.from_numpy(v), width, matrix, full_range
+    ).numpy()
     assert np.abs(nv12 - expected).max() <= 1.0
     np.testing.assert_array_equal(nv12, i420)
 
@@ -115,21 +124,26 @@ def test_layout_and_normalisation():
     assert torch.equal(chw, img.permute(2, 0, 1))
     assert torch.equal(ops.to_hwc(chw), img)
     mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
-    expected = (img.permute(2, 0, 1).double() / 255 - torch.tensor(mean, dtype=torch.float64)[:, None, None]) \
-        / torch.tensor(std, dtype=torch.float64)[:, None, None]
+    expected = (
+        img.permute(2, 0, 1).double() / 255 - torch.tensor(mean, dtype=torch.float64)[:, None, None]
+    ) / torch.tensor(std, dtype=torch.float64)[:, None, None]
     assert torch.allclose(ops.to_chw_normalized(img, mean, std).double(), expected, atol=1e-5)
     with pytest.raises(ValueError):
         ops.to_chw_normalized(img, mean, [1.0, 0.0, 1.0])
 
 
-@pytest.mark.parametrize("call", [
-    lambda: ops.orient(torch.zeros((2, 2, 3), dtype=torch.uint8), 9),
-    lambda: ops.resize(torch.zeros((2, 2, 3), dtype=torch.uint8), (0, 3)),
-    lambda: ops.resize(torch.zeros((2, 2, 7), dtype=torch.uint8), (3, 3)),
-    lambda: ops.nv12_to_rgb(torch.zeros((4, 4), dtype=torch.uint8), torch.zeros((1, 4), dtype=torch.uint8), 4),
-    lambda: ops.nv12_to_rgb(torch.zeros((4, 4), dtype=torch.uint8), torch.zeros((2, 4), dtype=torch.uint8), 4,
-                            "bt2020"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: ops.orient(torch.zeros((2, 2, 3), dtype=torch.uint8), 9),
+        lambda: ops.resize(torch.zeros((2, 2, 3), dtype=torch.uint8), (0, 3)),
+        lambda: ops.resize(torch.zeros((2, 2, 7), dtype=torch.uint8), (3, 3)),
+        lambda: ops.nv12_to_rgb(torch.zeros((4, 4), dtype=torch.uint8), torch.zeros((1, 4), dtype=torch.uint8), 4),
+        lambda: ops.nv12_to_rgb(
+            torch.zeros((4, 4), dtype=torch.uint8), torch.zeros((2, 4), dtype=torch.uint8), 4, "bt2020"
+        ),
+    ],
+)
 def test_bad_arguments_raise_value_error(call):
     with pytest.raises((ValueError, RuntimeError)):
         call()
@@ -170,16 +184,16 @@ def test_alpha_composite_equals_pillows_masked_paste_for_every_value_and_alpha(b
     reference.paste(image, mask=image.split()[3])
     buffer = rgba.reshape(-1).copy()
     _C.pack_alpha(buffer, 256 * 256, 4, background)  # in place: 4 bytes a pixel in, 3 out
-    np.testing.assert_array_equal(buffer[:256 * 256 * 3].reshape(256, 256, 3), np.asarray(reference))
+    np.testing.assert_array_equal(buffer[: 256 * 256 * 3].reshape(256, 256, 3), np.asarray(reference))
 
 
 def test_alpha_dropped_and_gray_widened_in_place():
     rng = np.random.default_rng(3)
     la = rng.integers(0, 256, (37, 41, 2), dtype=np.uint8)
     buffer = np.zeros(37 * 41 * 3, np.uint8)
-    buffer[:la.size] = la.reshape(-1)
+    buffer[: la.size] = la.reshape(-1)
     _C.pack_alpha(buffer, 37 * 41, 2)
-    np.testing.assert_array_equal(buffer[:37 * 41], la[:, :, 0].reshape(-1))
+    np.testing.assert_array_equal(buffer[: 37 * 41], la[:, :, 0].reshape(-1))
     _C.gray_to_rgb(buffer, 37 * 41)
     np.testing.assert_array_equal(buffer.reshape(37, 41, 3), np.repeat(la[:, :, :1], 3, axis=2))
     with pytest.raises(ValueError):

@@ -3,6 +3,7 @@ below is that table), the imports form no cycle, the README's layout table names
 every module imports on its own (no hidden order), no module reads another module's underscore
 names, no module imports a private (underscored) module of a package it is not inside, and
 importing the package loads no heavy dependency."""
+
 import ast
 import importlib.util
 import re
@@ -50,15 +51,21 @@ def test_each_module_imports_alone(module):
 
 
 def test_import_loads_no_heavy_dependency():
-    code = "import sys, lazymedia; print(sorted(m for m in ('torch', 'av', 'soundfile', 'soxr', 'aiohttp', 'cv2') " \
-           "if m in sys.modules))"
+    code = (
+        "import sys, lazymedia; print(sorted(m for m in ('torch', 'av', 'soundfile', 'soxr', 'aiohttp', 'cv2') "
+        "if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
 
 
 def _is_module(package_dir: Path, name: str) -> bool:
-    return any(package_dir.glob(f"{name}.py")) or any(package_dir.glob(f"{name}.pyi")) or \
-        any(package_dir.glob(f"{name}.*.so")) or (package_dir / name).is_dir()
+    return (
+        any(package_dir.glob(f"{name}.py"))
+        or any(package_dir.glob(f"{name}.pyi"))
+        or any(package_dir.glob(f"{name}.*.so"))
+        or (package_dir / name).is_dir()
+    )
 
 
 def _private_reads(path: Path):
@@ -116,8 +123,12 @@ def _private_module_imports(path: Path):
             for depth in range(1, len(dotted)):
                 owner, name = dotted[:depth], dotted[depth]
                 inside = tuple(where[:depth]) == tuple(owner)
-                if name.startswith("_") and not name.startswith("__") and not inside and \
-                        _is_module(REPO.joinpath(*owner), name):
+                if (
+                    name.startswith("_")
+                    and not name.startswith("__")
+                    and not inside
+                    and _is_module(REPO.joinpath(*owner), name)
+                ):
                     yield node.lineno, ".".join(dotted[: depth + 1])
 
 
@@ -129,9 +140,15 @@ ALLOWED_PRIVATE_IMPORTS = {("benchmarks/bench_native.py", "lazymedia._C")}
 def test_no_module_imports_another_packages_private_modules():
     """A package's underscored modules are its own: code outside the package (another room of
     lazymedia, a benchmark) imports the names its __init__ re-exports. Tests may reach in."""
-    found = sorted({f"{path.relative_to(REPO)}:{line}: {name}" for root in (PACKAGE, REPO / "benchmarks")
-                    for path in root.rglob("*.py") for line, name in _private_module_imports(path)
-                    if (str(path.relative_to(REPO)), name) not in ALLOWED_PRIVATE_IMPORTS})
+    found = sorted(
+        {
+            f"{path.relative_to(REPO)}:{line}: {name}"
+            for root in (PACKAGE, REPO / "benchmarks")
+            for path in root.rglob("*.py")
+            for line, name in _private_module_imports(path)
+            if (str(path.relative_to(REPO)), name) not in ALLOWED_PRIVATE_IMPORTS
+        }
+    )
     assert not found, "private modules imported from outside their package:\n" + "\n".join(found)
 
 
@@ -155,8 +172,11 @@ def test_readme_layout_table_names_real_paths():
 # __init__), so a new module is in no layer until a row names it.
 LAYERS = [
     ("native", ["_C", "_C_cuda"], []),
-    ("ground", ["errors", "hashing", "lru", "metrics", "ops", "levels", "memory", "_singletons", "_profiling",
-                "synthetic"], ["native"]),
+    (
+        "ground",
+        ["errors", "hashing", "lru", "metrics", "ops", "levels", "memory", "_singletons", "_profiling", "synthetic"],
+        ["native"],
+    ),
     ("specs", ["spec"], ["ground"]),
     ("codecs", ["codecs"], ["specs", "ground", "native"]),
     ("handles", ["media"], ["codecs", "specs", "ground"]),
@@ -164,18 +184,28 @@ LAYERS = [
     ("frontend", ["processor", "connector", "guard", "cache"], ["handles", "engine", "specs", "ground"]),
     ("adapters", ["integrations"], ["frontend", "handles", "engine", "specs", "ground"]),
     ("face", ["lazymedia"], ["frontend", "engine", "handles", "codecs", "specs", "ground"]),
-    ("benchmarking", ["benchmarking"],
-     ["face", "adapters", "frontend", "engine", "handles", "codecs", "specs", "ground"]),
-    ("entry points", ["bench", "cli", "__main__"],
-     ["benchmarking", "face", "adapters", "frontend", "engine", "handles", "codecs", "specs", "ground", "native"]),
+    (
+        "benchmarking",
+        ["benchmarking"],
+        ["face", "adapters", "frontend", "engine", "handles", "codecs", "specs", "ground"],
+    ),
+    (
+        "entry points",
+        ["bench", "cli", "__main__"],
+        ["benchmarking", "face", "adapters", "frontend", "engine", "handles", "codecs", "specs", "ground", "native"],
+    ),
 ]
 
 
 def _layer_of(module: str) -> str:
     for layer, names, _ in LAYERS:
         for name in names:
-            if name == "lazymedia" and module == "lazymedia" or name != "lazymedia" and (
-                    module == f"lazymedia.{name}" or module.startswith(f"lazymedia.{name}.")):
+            if (
+                name == "lazymedia"
+                and module == "lazymedia"
+                or name != "lazymedia"
+                and (module == f"lazymedia.{name}" or module.startswith(f"lazymedia.{name}."))
+            ):
                 return layer
     raise AssertionError(f"{module} is in no layer of docs/design.md (add it to the table and LAYERS)")
 
@@ -224,9 +254,12 @@ def _import_graph() -> dict[str, set[str]]:
 
 def test_each_layer_imports_only_the_layers_below_it():
     allowed = {layer: {layer, *below} for layer, _, below in LAYERS}
-    wrong = [f"{module} ({_layer_of(module)}) imports {target} ({_layer_of(target)})"
-             for module, targets in sorted(_import_graph().items()) for target in sorted(targets)
-             if _layer_of(target) not in allowed[_layer_of(module)]]
+    wrong = [
+        f"{module} ({_layer_of(module)}) imports {target} ({_layer_of(target)})"
+        for module, targets in sorted(_import_graph().items())
+        for target in sorted(targets)
+        if _layer_of(target) not in allowed[_layer_of(module)]
+    ]
     assert not wrong, "imports across the layers of docs/design.md:\n" + "\n".join(wrong)
 
 
@@ -249,17 +282,18 @@ def test_the_imports_form_no_cycle():
 
 def test_design_md_layer_table_is_the_map():
     design = (REPO / "docs" / "design.md").read_text()
-    rows = {m.group(1): (m.group(2), m.group(3))
-            for m in re.finditer(r"^\| ([a-z ]+) \| (.*?) \| (.*?) \|", design, re.M)}
+    rows = {
+        m.group(1): (m.group(2), m.group(3)) for m in re.finditer(r"^\| ([a-z ]+) \| (.*?) \| (.*?) \|", design, re.M)
+    }
     for layer, names, below in LAYERS:
         assert layer in rows, f"docs/design.md has no row for the {layer} layer"
         listed, may_import = rows[layer]
         for name in names:
             assert f"`{name}" in listed, f"docs/design.md's {layer} row does not name {name}"
-        written = set() if may_import == "nothing" else {
-            name.strip() for name in may_import.split(",")}
-        assert written == set(below) or written == {"every layer"} and len(below) == len(LAYERS) - 1, \
+        written = set() if may_import == "nothing" else {name.strip() for name in may_import.split(",")}
+        assert written == set(below) or written == {"every layer"} and len(below) == len(LAYERS) - 1, (
             f"docs/design.md says {layer} may import {may_import}; LAYERS says {below}"
+        )
 
 
 def graph_counts() -> dict[str, int]:
@@ -267,8 +301,9 @@ def graph_counts() -> dict[str, int]:
     while the layer test passes)."""
     graph = _import_graph()
     rank = {layer: index for index, (layer, _, _) in enumerate(LAYERS)}
-    upward = sum(rank[_layer_of(target)] > rank[_layer_of(module)] for module, targets in graph.items()
-                 for target in targets)
+    upward = sum(
+        rank[_layer_of(target)] > rank[_layer_of(module)] for module, targets in graph.items() for target in targets
+    )
     return {"modules": len(graph), "edges": sum(map(len, graph.values())), "upward edges": upward}
 
 

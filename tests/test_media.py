@@ -1,4 +1,5 @@
 """LazyMedia: lazy, decode-once, keys from bytes + spec, pickling without pixels."""
+
 import base64
 import pickle
 import threading
@@ -140,7 +141,7 @@ def test_views(jpeg_bytes):
 def test_base64_as_clients_send_it(jpeg_bytes):
     text = base64.b64encode(jpeg_bytes).decode()
     key = lazymedia.load_image(jpeg_bytes).key
-    wrapped = "\n".join(text[i:i + 76] for i in range(0, len(text), 76))  # MIME line wrapping
+    wrapped = "\n".join(text[i : i + 76] for i in range(0, len(text), 76))  # MIME line wrapping
     for form in (text, text.encode(), wrapped, "data:image/jpeg;base64," + text, "DATA:image/jpeg;base64," + wrapped):
         assert lazymedia.load_image(lazymedia.from_base64(form)).key == key
     for bad in (text[:-3] + "!!!", "data:image/jpeg," + text, "data:image/jpeg;base64" + text, "é" + text, 42):
@@ -166,16 +167,24 @@ def test_path_sources_and_refused_sources(jpeg_bytes, tmp_path):
             lazymedia.load_image(source)
 
 
-@pytest.mark.parametrize("spec", [{"mode": "CMYK"}, {"size": (0, 5)}, {"size": "big"}, {"resample": "lanczos9"},
-                                  {"size": (10**30, 5)}])
+@pytest.mark.parametrize(
+    "spec", [{"mode": "CMYK"}, {"size": (0, 5)}, {"size": "big"}, {"resample": "lanczos9"}, {"size": (10**30, 5)}]
+)
 def test_bad_spec_is_rejected(jpeg_bytes, spec):
     with pytest.raises(InvalidMediaError):
         lazymedia.load_image(jpeg_bytes, **spec)
 
 
-@pytest.mark.parametrize("modality, spec", [("image", {"colour": "red"}), ("video", {"num_frames": "many"}),
-                                            ("video", {"max_duration": 0}), ("audio", {"sample_rate": -1}),
-                                            ("hologram", {})])
+@pytest.mark.parametrize(
+    "modality, spec",
+    [
+        ("image", {"colour": "red"}),
+        ("video", {"num_frames": "many"}),
+        ("video", {"max_duration": 0}),
+        ("audio", {"sample_rate": -1}),
+        ("hologram", {}),
+    ],
+)
 def test_bad_settings_and_modalities_are_400s(jpeg_bytes, modality, spec):
     with pytest.raises(InvalidMediaError) as info:
         lazymedia.load(modality, jpeg_bytes, **spec)
@@ -226,9 +235,13 @@ def test_a_decoded_input_is_its_own_media():
         pickle.dumps(handle)  # pixels never travel
 
 
-@pytest.mark.parametrize("failure", [MemoryError("Unable to allocate 79 MiB"),
-                                     RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to "
-                                                  "allocate 79183400 bytes. Error code 12")])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        MemoryError("Unable to allocate 79 MiB"),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 79183400 bytes. Error code 12"),
+    ],
+)
 def test_an_allocation_that_fails_is_a_503_not_an_untyped_error(monkeypatch, jpeg_bytes, failure):
     def failing(*args, **kwargs):
         raise failure

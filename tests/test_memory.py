@@ -2,6 +2,7 @@
 holds, and a process that decoded a burst of video returns to near its baseline once idle
 (the scenario of benchmarks/memory_after_burst.py, small). Waits are for events (the pool's
 counters), bounded only against a hang."""
+
 import gc
 import json
 import subprocess
@@ -71,8 +72,13 @@ def test_the_idle_thread_frees_buffers_and_ends_with_its_pool():
 def run_child(code: str, env: dict | None = None) -> dict:
     import os
 
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

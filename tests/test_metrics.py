@@ -1,6 +1,7 @@
 """The metrics a serving team scrapes: after a mixed run (images, a video, a repeat, a corrupt
 item, a fetch and a refused one, a crashed worker, GPU fallbacks), the Prometheus endpoint's
 counts equal what was sent."""
+
 import base64
 import ctypes
 import dataclasses
@@ -25,8 +26,11 @@ def scraped(url):
     """{(metric sample name, frozenset(labels)): value} read from a /metrics endpoint."""
     with urllib.request.urlopen(url, timeout=60) as response:
         text = response.read().decode()
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in parser.text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in parser.text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def value(samples, name, **labels):
@@ -158,8 +162,11 @@ def test_every_stats_field_is_described():
     from lazymedia.lru import CacheStats
     from lazymedia.memory import frame_buffers
 
-    fields = {field.name for stats in (CacheStats, SharedCacheStats, WriteStats, PoolStats)
-              for field in dataclasses.fields(stats)}
+    fields = {
+        field.name
+        for stats in (CacheStats, SharedCacheStats, WriteStats, PoolStats)
+        for field in dataclasses.fields(stats)
+    }
     fields |= set(frame_buffers().stats()) | set(DeviceBudget(1 << 20).stats())
     assert fields - set(metrics.WATCHED_FIELDS) == set()
     for field, (suffix, kind, text) in metrics.WATCHED_FIELDS.items():
@@ -189,8 +196,10 @@ def test_without_a_listener_nothing_is_reported_and_a_listener_sees_each_event()
     finally:
         metrics.remove_listener(listener)
     metrics.count("lookups", tier="local", modality="image", result="hit")
-    assert seen == [("observe", "process", {}),
-                    ("count", "lookups", 1, {"tier": "local", "modality": "image", "result": "hit"})]
+    assert seen == [
+        ("observe", "process", {}),
+        ("count", "lookups", 1, {"tier": "local", "modality": "image", "result": "hit"}),
+    ]
 
 
 def test_a_watched_source_name_must_fit_a_metric_name():
@@ -209,8 +218,12 @@ def test_tiered_stats_are_exported_per_part():
         gauges = {(name, labels.get("part")): value for name, labels, value in exporter.gauges()}
     finally:
         exporter.close()
-    assert gauges == {("lazymedia_pool_bytes", None): 5.0, ("lazymedia_pool_free", "nested"): 2.0,
-                      ("lazymedia_pool_hits_total", "tiers[0]"): 1.0, ("lazymedia_pool_hits_total", "tiers[1]"): 4.0}
+    assert gauges == {
+        ("lazymedia_pool_bytes", None): 5.0,
+        ("lazymedia_pool_free", "nested"): 2.0,
+        ("lazymedia_pool_hits_total", "tiers[0]"): 1.0,
+        ("lazymedia_pool_hits_total", "tiers[1]"): 4.0,
+    }
 
 
 def test_shared_tier_lookups_are_counted_once_per_item(tmp_path):
@@ -234,11 +247,16 @@ def test_shared_tier_lookups_are_counted_once_per_item(tmp_path):
     listener = Listener()
     metrics.add_listener(listener)
     try:
-        first.apply([lazymedia.load_image(data)])   # local miss, shared miss: decoded
+        first.apply([lazymedia.load_image(data)])  # local miss, shared miss: decoded
         second.apply([lazymedia.load_image(data)])  # local miss, shared hit
         second.apply([lazymedia.load_image(data)])  # local hit
     finally:
         metrics.remove_listener(listener)
         engine.shutdown()
-    assert counted == [("local", "miss", 1), ("shared", "miss", 1), ("local", "miss", 1), ("shared", "hit", 1),
-                       ("local", "hit", 1)]
+    assert counted == [
+        ("local", "miss", 1),
+        ("shared", "miss", 1),
+        ("local", "miss", 1),
+        ("shared", "hit", 1),
+        ("local", "hit", 1),
+    ]

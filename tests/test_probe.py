@@ -1,4 +1,5 @@
 """The native header probe against Pillow on every corpus image, and on hostile input."""
+
 import warnings
 
 import pytest
@@ -86,9 +87,19 @@ def test_png_webp_gif_details():
     assert (gif.format, gif.width, gif.height, gif.frame_count) == ("gif", 12, 10, 1)
 
 
-@pytest.mark.parametrize("data", [b"", b"\xff\xd8", b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF89a",
-                                  b"RIFF\0\0\0\0WEBP", b"hello world",
-                                  b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x00\x00\x10\x03" + b"\x00" * 9])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xff\xd8",
+        b"\xff\xd8\xff",
+        b"\x89PNG\r\n\x1a\n",
+        b"GIF89a",
+        b"RIFF\0\0\0\0WEBP",
+        b"hello world",
+        b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x00\x00\x10\x03" + b"\x00" * 9,
+    ],
+)
 def test_garbage_returns_status(data):
     r = _C.probe(data)
     assert r.status != "ok"
@@ -115,7 +126,7 @@ def jpeg_scans(data: bytes) -> int:
         if marker == 0xD9:
             break
         count += marker == 0xDA
-        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
     return count
 
 

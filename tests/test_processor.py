@@ -1,4 +1,5 @@
 """Two-phase apply: hits never decode, misses decode concurrently, single-flight, typed errors."""
+
 import asyncio
 import threading
 import time
@@ -145,8 +146,10 @@ async def test_decodes_of_different_requests_overlap(monkeypatch, images, engine
     # Each decode waits until two decodes run at once: this passes only if the requests overlap.
     Spy(monkeypatch, barrier=threading.Barrier(2))
     processor = Processor(mean_pixel, engine=engine)
-    a, b = await asyncio.gather(processor.apply_async([lazymedia.load_image(images[0])]),
-                                processor.apply_async([lazymedia.load_image(images[1])]))
+    a, b = await asyncio.gather(
+        processor.apply_async([lazymedia.load_image(images[0])]),
+        processor.apply_async([lazymedia.load_image(images[1])]),
+    )
     assert a != b
 
 
@@ -383,8 +386,11 @@ def test_decoded_inputs_pass_through_untouched_and_hit_by_content(engine):
     embeds = torch.randn(4, 32, dtype=torch.bfloat16)
     assert processor.apply([pil, array, embeds]) == ["Image", "ndarray", "Tensor"]
     assert seen[0] is pil and seen[1] is array and seen[2] is embeds
-    assert processor.apply([Image.fromarray(make_image(16, 16)), array.copy(), embeds.clone()]) == \
-        ["Image", "ndarray", "Tensor"]
+    assert processor.apply([Image.fromarray(make_image(16, 16)), array.copy(), embeds.clone()]) == [
+        "Image",
+        "ndarray",
+        "Tensor",
+    ]
     assert len(seen) == 3  # equal content: hits, process_fn not called again
     assert engine.in_flight == 0
 

@@ -2,6 +2,7 @@
 GPU decoders on the "meta" device, which has shapes but no data, so a tensor's device says where
 it went), the device memory cap and the overflow to the CPU, the pinned host copy the cache
 keeps, and the budget given back on every path."""
+
 import asyncio
 
 import pytest
@@ -18,6 +19,7 @@ from conftest import META, FakeGpuDecoder
 
 def recording(seen: list):
     """A process_fn that records where each item lies and returns shape-only outputs there."""
+
     def process(decoded):
         outputs = []
         for media in decoded:
@@ -25,12 +27,14 @@ def recording(seen: list):
             seen.append(tensor.device.type)
             outputs.append({"pixel_values": tensor.float().flatten()[:4], "grid": torch.tensor(tensor.shape)})
         return outputs
+
     return process
 
 
 def meta_engine(cap: int = 1 << 40, decoder=None) -> DecodeEngine:
-    return DecodeEngine(max_workers=2, batch_decoders=[decoder or FakeGpuDecoder()], isolate=(), device=META,
-                        device_cap_bytes=cap)
+    return DecodeEngine(
+        max_workers=2, batch_decoders=[decoder or FakeGpuDecoder()], isolate=(), device=META, device_cap_bytes=cap
+    )
 
 
 def test_misses_decode_where_their_backend_is_and_reach_process_fn_on_the_device():
@@ -67,8 +71,9 @@ def test_a_miss_burst_over_the_cap_goes_to_the_cpu_and_never_fails():
     images = [synthetic.jpeg(48, 64, seed=i) for i in range(24)]
 
     async def burst():
-        requests = [processor.apply_async([lazymedia.load_image(data) for data in images[i:i + 3]])
-                    for i in range(0, 24, 3)]
+        requests = [
+            processor.apply_async([lazymedia.load_image(data) for data in images[i : i + 3]]) for i in range(0, 24, 3)
+        ]
         return await asyncio.gather(*requests)
 
     results = asyncio.run(burst())
@@ -134,7 +139,6 @@ def test_one_engine_per_device_without_gpu_decoders_here():
     engine = device_engine("meta")
     assert engine is device_engine("meta") and engine.device == META
     assert [d.name for d in engine.batch_decoders] == []  # no CUDA here: everything decodes on the CPU
-
 
 
 def test_host_copies_walk_results_dataclasses_and_namedtuples_and_keep_dtypes():

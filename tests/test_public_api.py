@@ -2,6 +2,7 @@
 points, and the types a checker sees. mypy checks this file (pyproject.toml [tool.mypy] files, run
 by .ci/run), so every `assert_type` below is a claim about the public types that CI holds; pytest
 runs it too, so the values behind them exist."""
+
 import asyncio
 import base64
 import dataclasses
@@ -25,28 +26,56 @@ from lazymedia.cache import (
 )
 
 PUBLIC_NAMES = [
-    "AudioSamples", "AudioSpec", "CacheStats", "DEFAULT_LIMITS", "DecodeEngine", "ImageSpec", "InvalidMediaError",
-    "LazyMedia", "Limits", "LruCache", "MediaCapacityError", "MediaConnector", "MediaError", "MediaFetchError",
-    "MediaNotCachedError", "MediaReleasedError", "MediaTooLargeError", "Processor", "ProcessorCache",
-    "UnprocessableMediaError", "VideoFrames", "VideoSpec", "from_base64", "load", "load_audio", "load_image",
-    "load_video", "register_sampler",
+    "AudioSamples",
+    "AudioSpec",
+    "CacheStats",
+    "DEFAULT_LIMITS",
+    "DecodeEngine",
+    "ImageSpec",
+    "InvalidMediaError",
+    "LazyMedia",
+    "Limits",
+    "LruCache",
+    "MediaCapacityError",
+    "MediaConnector",
+    "MediaError",
+    "MediaFetchError",
+    "MediaNotCachedError",
+    "MediaReleasedError",
+    "MediaTooLargeError",
+    "Processor",
+    "ProcessorCache",
+    "UnprocessableMediaError",
+    "VideoFrames",
+    "VideoSpec",
+    "from_base64",
+    "load",
+    "load_audio",
+    "load_image",
+    "load_video",
+    "register_sampler",
 ]
 
 # Entry point -> (positional parameters, keyword-only parameters in order). A change here is an
 # API change: say it in the README and docs/usage.md.
 SIGNATURES = {
     "load": (["modality", "data"], ["limits", "key", "item_id"]),
-    "load_image": (["data"], ["mode", "background", "apply_orientation", "size", "resample", "draft", "limits", "key",
-                              "item_id"]),
-    "load_video": (["data"], ["num_frames", "fps", "max_frames", "max_duration", "sampler", "size", "decoder",
-                              "limits", "key", "item_id"]),
+    "load_image": (
+        ["data"],
+        ["mode", "background", "apply_orientation", "size", "resample", "draft", "limits", "key", "item_id"],
+    ),
+    "load_video": (
+        ["data"],
+        ["num_frames", "fps", "max_frames", "max_duration", "sampler", "size", "decoder", "limits", "key", "item_id"],
+    ),
     "load_audio": (["data"], ["sample_rate", "mono", "limits", "key", "item_id"]),
-    "Processor": (["process_fn"], ["cache", "engine", "namespace", "process_workers", "device", "keep_on_device",
-                                   "bytes_per_decoded_byte"]),
+    "Processor": (
+        ["process_fn"],
+        ["cache", "engine", "namespace", "process_workers", "device", "keep_on_device", "bytes_per_decoded_byte"],
+    ),
 }
 
-LOADER_SPECS = {"load_image": lazymedia.ImageSpec, "load_video": lazymedia.VideoSpec,
-                "load_audio": lazymedia.AudioSpec}
+LOADER_SPECS = {"load_image": lazymedia.ImageSpec, "load_video": lazymedia.VideoSpec, "load_audio": lazymedia.AudioSpec}
 
 
 def test_all_is_pinned_and_every_name_resolves() -> None:
@@ -117,8 +146,9 @@ def test_lazily_imported_names_are_classes_for_checkers() -> None:
         assert handle.decode().shape == (8, 8, 3)
     finally:
         connector.close()
-    processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded],
-                                    cache=ProcessorCache(capacity_bytes=1 << 20))
+    processor = lazymedia.Processor(
+        lambda decoded: [tuple(m.shape) for m in decoded], cache=ProcessorCache(capacity_bytes=1 << 20)
+    )
     outputs = processor.apply([lazymedia.load_image(synthetic.jpeg(8, 8))])
     assert_type(outputs, list[tuple[Any, ...]])  # Processor[Output]: apply returns what process_fn does
     assert outputs == [(8, 8, 3)]
@@ -133,8 +163,11 @@ def test_every_cache_a_processor_takes_is_its_cache_protocol(tmp_path: Path) -> 
     fleet = RedisCache("redis://127.0.0.1:1/0", timeout_s=0.05)
     tiers: list[ChainableTier] = [host, fleet]
     chain: SharedTier = SharedChain(tiers)
-    caches: list[Cache] = [ProcessorCache(capacity_bytes=1 << 20), TieredCache(ProcessorCache(), host),
-                           TieredCache(ProcessorCache(), *tiers)]
+    caches: list[Cache] = [
+        ProcessorCache(capacity_bytes=1 << 20),
+        TieredCache(ProcessorCache(), host),
+        TieredCache(ProcessorCache(), *tiers),
+    ]
     for number, cache in enumerate(caches):
         item = lazymedia.load_image(synthetic.jpeg(8, 8 + number))
         processor = lazymedia.Processor(lambda decoded: [tuple(m.shape) for m in decoded], cache=cache)

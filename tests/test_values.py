@@ -1,5 +1,6 @@
 """A request cannot change what a later hit returns: hits share the stored object (no copy), and
 a value a reader changed in place is dropped and recomputed, never served (lazymedia.lru)."""
+
 import numpy as np
 import pytest
 import torch
@@ -27,13 +28,16 @@ def test_an_unchanged_hit_is_the_stored_object_itself(processor):
     assert processor.apply([again])[0] is first and not again.is_decoded
 
 
-@pytest.mark.parametrize("damage", [
-    lambda out: out["pixel_values"].mul_(0),                  # the issue's in-place op
-    lambda out: out["pixel_values"][0, 0].fill_(7),           # through a view
-    lambda out: out.__setitem__("pixel_values", torch.zeros(1)),
-    lambda out: out["grid"].append(4),
-    lambda out: out.pop("grid"),
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda out: out["pixel_values"].mul_(0),  # the issue's in-place op
+        lambda out: out["pixel_values"][0, 0].fill_(7),  # through a view
+        lambda out: out.__setitem__("pixel_values", torch.zeros(1)),
+        lambda out: out["grid"].append(4),
+        lambda out: out.pop("grid"),
+    ],
+)
 def test_a_value_changed_by_a_reader_is_recomputed_not_served(processor, damage):
     data = synthetic.jpeg()
     first = processor.apply([lazymedia.load_image(data)])[0]

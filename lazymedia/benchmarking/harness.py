@@ -1,6 +1,7 @@
 """What every benchmark shares: generated media encoders, timing (interleaved rounds, ratios with
 their spread), a busy-machine warning, JSON reports, matplotlib charts, a loopback HTTP server
 and a progress bar. `lazymedia bench` and benchmarks/*.py import it from here."""
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 # Printed above and below a --quick run's tables (and on its charts): its figures only show the job runs.
 QUICK_BANNER = "QUICK RUN (--quick): few requests on small media, a smoke test; these figures are not measurements"
 
+
 def encode(array: np.ndarray, fmt: str) -> bytes:
     return synthetic.encode_image(array, fmt) if fmt == "JPEG" else synthetic.encode_image(array, fmt, compress_level=6)
 
@@ -38,7 +40,7 @@ def encode_video(seconds: float, height: int, width: int, fps: int = 30, gop: in
 def psnr(a: npt.ArrayLike, b: npt.ArrayLike) -> float:
     """Peak signal-to-noise ratio (dB) of two uint8 images or frame stacks; inf when equal."""
     mse = np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2)
-    return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
+    return float("inf") if mse == 0 else float(10 * np.log10(255**2 / mse))
 
 
 class Shaped(Protocol):
@@ -55,13 +57,15 @@ def shape_of(items: Iterable[Shaped]) -> list[tuple[int, ...]]:
 
 class Ratio(TypedDict):
     """`ratio`'s figures: the median of the per-round ratios and their spread."""
+
     median: float
     low: float
     high: float
 
 
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1,
-                after: Callable[[], object] | None = None) -> float:
+def median_time(
+    fn: Callable[[], object], repeats: int, warmup: int = 1, after: Callable[[], object] | None = None
+) -> float:
     """Median seconds of `fn()` over `repeats` runs after `warmup` ones; `after()` (e.g.
     torch.cuda.synchronize) runs inside each timed run, so asynchronous work is counted."""
     for _ in range(warmup):
@@ -78,8 +82,9 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1,
     return statistics.median(times)
 
 
-def interleaved(variants: Mapping[str, tuple[Callable[[], object], int]], rounds: int,
-                settle: dict[str, float] | None = None) -> dict[str, list[float]]:
+def interleaved(
+    variants: Mapping[str, tuple[Callable[[], object], int]], rounds: int, settle: dict[str, float] | None = None
+) -> dict[str, list[float]]:
     """Seconds per call of each variant, one sample per round. `variants` maps a name to
     (fn, calls): every round times each variant in turn, as a batch of `calls` calls, so load
     that comes and goes during the run hits every variant alike and per-round ratios stay fair.
@@ -169,8 +174,9 @@ def save_figure(fig: Figure, path: str) -> None:
     plt.close(fig)
 
 
-def serve_on_loopback(add_routes: Callable[[web.UrlDispatcher], object],
-                      port_queue: multiprocessing.queues.Queue[int]) -> None:
+def serve_on_loopback(
+    add_routes: Callable[[web.UrlDispatcher], object], port_queue: multiprocessing.queues.Queue[int]
+) -> None:
     """Runs an aiohttp server on 127.0.0.1 (a free port, put on `port_queue`) until killed;
     `add_routes(router)` installs the handlers. Benchmarks run it in a child process."""
     import asyncio
@@ -195,7 +201,7 @@ class Progress:
 
     def __init__(self, total: int) -> None:
         """Args:
-            total: the stages `step` will be called for.
+        total: the stages `step` will be called for.
         """
         try:
             from tqdm import tqdm

@@ -11,6 +11,7 @@ and audio: the tables behind `lazymedia bench --items` and benchmarks/bench_lazy
     decoding every frame, resize in the scaler vs decode-then-resize;
   * audio (1/3/10/60 s WAV and MP3): eager decode + hash, hit, miss.
 """
+
 from __future__ import annotations
 
 import io
@@ -51,6 +52,7 @@ STAGES = 4  # progress steps after the per-size ones: parallel, RSS + window, vi
 
 class SizeRow(TypedDict):
     """One image format and size: eager vs lazy hit vs lazy miss, and what a hit costs besides blake3."""
+
     format: str
     height: int
     width: int
@@ -95,6 +97,7 @@ class AudioRow(TypedDict):
 
 class ItemsReport(TypedDict):
     """`run`'s report (the `items` part of `lazymedia bench --json`)."""
+
     quick: bool
     sizes: list[SizeRow]
     parallel: ParallelRow
@@ -111,8 +114,9 @@ def eager_decode_and_hash(data: bytes) -> str:
     return blake3.blake3(pixels.tobytes()).hexdigest()
 
 
-def bench_sizes(sizes: Sequence[tuple[int, int]], repeats: int, engine: lazymedia.DecodeEngine,
-                progress: Progress) -> list[SizeRow]:
+def bench_sizes(
+    sizes: Sequence[tuple[int, int]], repeats: int, engine: lazymedia.DecodeEngine, progress: Progress
+) -> list[SizeRow]:
     rows: list[SizeRow] = []
     for height, width in sizes:
         array = synthetic.photo(height, width)
@@ -139,21 +143,36 @@ def bench_sizes(sizes: Sequence[tuple[int, int]], repeats: int, engine: lazymedi
             def bare_blake3() -> None:
                 media_key("image", b"{}", data)
 
-            times = interleaved({"eager": (eager_hit, 1), "hit": (lazy_hit, 5), "miss": (lazy_miss, 1),
-                                 "blake3": (bare_blake3, 5),
-                                 "decode": (lambda: lazymedia.load_image(data).decode(), 1)}, repeats)
-            eager, hit, miss, hash_only, decode_only = (statistics.median(times[name]) for name in
-                                                        ("eager", "hit", "miss", "blake3", "decode"))
+            times = interleaved(
+                {
+                    "eager": (eager_hit, 1),
+                    "hit": (lazy_hit, 5),
+                    "miss": (lazy_miss, 1),
+                    "blake3": (bare_blake3, 5),
+                    "decode": (lambda: lazymedia.load_image(data).decode(), 1),
+                },
+                repeats,
+            )
+            eager, hit, miss, hash_only, decode_only = (
+                statistics.median(times[name]) for name in ("eager", "hit", "miss", "blake3", "decode")
+            )
             row: SizeRow = {
-                "format": fmt.lower(), "height": height, "width": width, "encoded_bytes": len(data),
-                "eager_ms": eager * 1e3, "lazy_hit_ms": hit * 1e3, "lazy_miss_ms": miss * 1e3,
-                "blake3_ms": hash_only * 1e3, "decode_ms": decode_only * 1e3,
+                "format": fmt.lower(),
+                "height": height,
+                "width": width,
+                "encoded_bytes": len(data),
+                "eager_ms": eager * 1e3,
+                "lazy_hit_ms": hit * 1e3,
+                "lazy_miss_ms": miss * 1e3,
+                "blake3_ms": hash_only * 1e3,
+                "decode_ms": decode_only * 1e3,
                 "hit_speedup": ratio(times["eager"], times["hit"]),
                 "miss_vs_eager": ratio(times["miss"], times["eager"]),
                 "hit_vs_blake3": ratio(times["hit"], times["blake3"]),
                 "blake3_GBps": len(data) / hash_only / 1e9,
-                "blended_ms": {str(p): {"lazy": (p * hit + (1 - p) * miss) * 1e3, "eager": eager * 1e3}
-                               for p in (0.5, 0.9, 0.99)},
+                "blended_ms": {
+                    str(p): {"lazy": (p * hit + (1 - p) * miss) * 1e3, "eager": eager * 1e3} for p in (0.5, 0.9, 0.99)
+                },
             }
             rows.append(row)
             progress.step(f"{fmt.lower()} {width}x{height}")
@@ -172,8 +191,14 @@ def bench_parallel(count: int, size: int, engine: lazymedia.DecodeEngine, repeat
 
     serial_s = median_time(serial, repeats)
     parallel_s = median_time(parallel, repeats)
-    return {"images": count, "size": size, "workers": engine.max_workers, "serial_ms": serial_s * 1e3,
-            "engine_ms": parallel_s * 1e3, "speedup": serial_s / parallel_s}
+    return {
+        "images": count,
+        "size": size,
+        "workers": engine.max_workers,
+        "serial_ms": serial_s * 1e3,
+        "engine_ms": parallel_s * 1e3,
+        "speedup": serial_s / parallel_s,
+    }
 
 
 def eager_video(data: bytes) -> str:
@@ -196,6 +221,7 @@ def bench_video(quick: bool, engine: lazymedia.DecodeEngine) -> dict[str, Any]:
     seconds, (height, width) = (3, (360, 640)) if quick else (10, (720, 1280))
     data = encode_video(seconds, height, width)
     repeats = 2 if quick else 3
+
     def shapes(items: list[lazymedia.VideoFrames]) -> list[tuple[int, ...]]:
         return [tuple(v.frames.shape) for v in items]
 
@@ -209,12 +235,14 @@ def bench_video(quick: bool, engine: lazymedia.DecodeEngine) -> dict[str, Any]:
         def run() -> None:
             missing_cache.clear()
             missing.apply([lazymedia.load_video(data, **spec)])
+
         return run
 
     def decode_then_resize() -> None:
         frames = lazymedia.load_video(data, num_frames=8).decode().frames
-        torch.nn.functional.interpolate(frames.permute(0, 3, 1, 2).float(), size=(224, 224), mode="bilinear",
-                                        antialias=True)
+        torch.nn.functional.interpolate(
+            frames.permute(0, 3, 1, 2).float(), size=(224, 224), mode="bilinear", antialias=True
+        )
 
     variants: dict[str, tuple[Callable[[], object], int]] = {
         "eager_all_frames_hash_s": (lambda: eager_video(data), 1),
@@ -232,21 +260,27 @@ def bench_video(quick: bool, engine: lazymedia.DecodeEngine) -> dict[str, Any]:
     except ImportError:
         pass
     times = interleaved(variants, repeats)
-    return {"seconds": seconds, "height": height, "width": width, "encoded_bytes": len(data),
-            **{name: statistics.median(seconds) for name, seconds in times.items()},
-            "speedup_8_vs_all": ratio(times["lazy_decode_all_s"], times["lazy_miss_8_s"]),
-            "speedup_32_vs_all": ratio(times["lazy_decode_all_s"], times["lazy_miss_32_s"]),
-            "hit_speedup_vs_eager": ratio(times["eager_all_frames_hash_s"], times["lazy_hit_s"])}
+    return {
+        "seconds": seconds,
+        "height": height,
+        "width": width,
+        "encoded_bytes": len(data),
+        **{name: statistics.median(seconds) for name, seconds in times.items()},
+        "speedup_8_vs_all": ratio(times["lazy_decode_all_s"], times["lazy_miss_8_s"]),
+        "speedup_32_vs_all": ratio(times["lazy_decode_all_s"], times["lazy_miss_32_s"]),
+        "hit_speedup_vs_eager": ratio(times["eager_all_frames_hash_s"], times["lazy_hit_s"]),
+    }
 
 
 def bench_audio(quick: bool, engine: lazymedia.DecodeEngine) -> list[AudioRow]:
     rows: list[AudioRow] = []
     for fmt in ("wav", "mp3"):
-        for seconds in ((1, 3) if quick else (1, 3, 10, 60)):
+        for seconds in (1, 3) if quick else (1, 3, 10, 60):
             data = synthetic.tone(seconds, rate=44100, channels=2, fmt=fmt)
             cache = lazymedia.ProcessorCache()
-            processor = lazymedia.Processor(lambda items: [a.samples.shape[1] for a in items], engine=engine,
-                                            cache=cache)
+            processor = lazymedia.Processor(
+                lambda items: [a.samples.shape[1] for a in items], engine=engine, cache=cache
+            )
             processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
             def eager() -> None:
@@ -257,14 +291,25 @@ def bench_audio(quick: bool, engine: lazymedia.DecodeEngine) -> list[AudioRow]:
                 cache.clear()
                 processor.apply([lazymedia.load_audio(data, sample_rate=16000)])
 
-            times = interleaved({"eager": (eager, 1), "miss": (miss, 1),
-                                 "hit": (lambda: processor.apply([lazymedia.load_audio(data, sample_rate=16000)]), 5)},
-                                3 if seconds < 30 else 2)
-            rows.append({"format": fmt, "seconds": seconds, "encoded_bytes": len(data),
-                         "eager_ms": statistics.median(times["eager"]) * 1e3,
-                         "lazy_hit_ms": statistics.median(times["hit"]) * 1e3,
-                         "lazy_miss_ms": statistics.median(times["miss"]) * 1e3,
-                         "hit_speedup": ratio(times["eager"], times["hit"])})
+            times = interleaved(
+                {
+                    "eager": (eager, 1),
+                    "miss": (miss, 1),
+                    "hit": (lambda: processor.apply([lazymedia.load_audio(data, sample_rate=16000)]), 5),
+                },
+                3 if seconds < 30 else 2,
+            )
+            rows.append(
+                {
+                    "format": fmt,
+                    "seconds": seconds,
+                    "encoded_bytes": len(data),
+                    "eager_ms": statistics.median(times["eager"]) * 1e3,
+                    "lazy_hit_ms": statistics.median(times["hit"]) * 1e3,
+                    "lazy_miss_ms": statistics.median(times["miss"]) * 1e3,
+                    "hit_speedup": ratio(times["eager"], times["hit"]),
+                }
+            )
     return rows
 
 
@@ -313,8 +358,9 @@ def rss_child(mode: str, count: int, size: int) -> None:
 def bench_rss(count: int, size: int) -> RssRow:
     result: dict[str, int] = {}
     for mode in ("eager", "lazy"):
-        out = subprocess.run([sys.executable, "-m", __name__, mode, str(count), str(size)], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", __name__, mode, str(count), str(size)], capture_output=True, text=True, check=True
+        )
         result[mode] = json.loads(out.stdout.strip().splitlines()[-1])["rss_growth_bytes"]
     return {"items": count, "size": size, "eager_MB": result["eager"] / 2**20, "lazy_MB": result["lazy"] / 2**20}
 
@@ -323,56 +369,88 @@ def print_tables(report: ItemsReport) -> None:
     if report.get("quick"):
         print(f"\n{QUICK_BANNER}")
     print("\nPer-item cost (median ms)")
-    header = f"{'format':6s} {'size':>10s} {'bytes':>9s} {'eager':>8s} {'hit':>8s} {'miss':>8s} {'blake3':>8s} " \
-             f"{'hit x':>7s} {'miss/eager':>10s} {'hit/blake3':>10s}"
+    header = (
+        f"{'format':6s} {'size':>10s} {'bytes':>9s} {'eager':>8s} {'hit':>8s} {'miss':>8s} {'blake3':>8s} "
+        f"{'hit x':>7s} {'miss/eager':>10s} {'hit/blake3':>10s}"
+    )
     print(header)
     print("-" * len(header))
     for r in report["sizes"]:
-        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {r['encoded_bytes']:>9d} {r['eager_ms']:8.2f} "
-              f"{r['lazy_hit_ms']:8.3f} {r['lazy_miss_ms']:8.2f} {r['blake3_ms']:8.3f} "
-              f"{r['hit_speedup']['median']:7.1f} {r['miss_vs_eager']['median']:10.2f} "
-              f"{r['hit_vs_blake3']['median']:10.2f}")
+        print(
+            f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {r['encoded_bytes']:>9d} {r['eager_ms']:8.2f} "
+            f"{r['lazy_hit_ms']:8.3f} {r['lazy_miss_ms']:8.2f} {r['blake3_ms']:8.3f} "
+            f"{r['hit_speedup']['median']:7.1f} {r['miss_vs_eager']['median']:10.2f} "
+            f"{r['hit_vs_blake3']['median']:10.2f}"
+        )
     print("\nRatio spreads (lowest-highest of the per-round ratios; a median outside a run's spread is a change)")
     for r in report["sizes"]:
-        cells = "  ".join(f"{name} {r[name]['low']:.2f}-{r[name]['high']:.2f}"
-                          for name in ("hit_speedup", "miss_vs_eager", "hit_vs_blake3"))
+        cells = "  ".join(
+            f"{name} {r[name]['low']:.2f}-{r[name]['high']:.2f}"
+            for name in ("hit_speedup", "miss_vs_eager", "hit_vs_blake3")
+        )
         print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {cells}")
     print("\nBlended cost at hit rate p (ms per item, lazy / eager)")
     print(f"{'format':6s} {'size':>10s} " + " ".join(f"{'p=' + p:>16s}" for p in ("0.5", "0.9", "0.99")))
     for r in report["sizes"]:
-        cells = " ".join(f"{r['blended_ms'][p]['lazy']:7.2f}/{r['blended_ms'][p]['eager']:<8.2f}"
-                         for p in ("0.5", "0.9", "0.99"))
+        cells = " ".join(
+            f"{r['blended_ms'][p]['lazy']:7.2f}/{r['blended_ms'][p]['eager']:<8.2f}" for p in ("0.5", "0.9", "0.99")
+        )
         print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} {cells}")
     print("\nblake3 over encoded bytes vs decode")
     for r in report["sizes"]:
-        print(f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} blake3 {r['blake3_GBps']:.2f} GB/s "
-              f"({r['blake3_ms']:.3f} ms) vs decode {r['decode_ms']:.2f} ms: {r['decode_ms'] / r['blake3_ms']:.0f}x")
+        print(
+            f"{r['format']:6s} {r['width']:>4d}x{r['height']:<5d} blake3 {r['blake3_GBps']:.2f} GB/s "
+            f"({r['blake3_ms']:.3f} ms) vs decode {r['decode_ms']:.2f} ms: {r['decode_ms'] / r['blake3_ms']:.0f}x"
+        )
     p = report["parallel"]
-    print(f"\nParallel decode of {p['images']} x {p['size']}^2 JPEG: serial {p['serial_ms']:.1f} ms, "
-          f"engine ({p['workers']} workers) {p['engine_ms']:.1f} ms, speedup {p['speedup']:.2f}x")
+    print(
+        f"\nParallel decode of {p['images']} x {p['size']}^2 JPEG: serial {p['serial_ms']:.1f} ms, "
+        f"engine ({p['workers']} workers) {p['engine_ms']:.1f} ms, speedup {p['speedup']:.2f}x"
+    )
     m = report["rss"]
-    print(f"RSS growth for {m['items']} retained {m['size']}^2 JPEG cache hits: eager {m['eager_MB']:.1f} MB, "
-          f"lazy {m['lazy_MB']:.1f} MB")
+    print(
+        f"RSS growth for {m['items']} retained {m['size']}^2 JPEG cache hits: eager {m['eager_MB']:.1f} MB, "
+        f"lazy {m['lazy_MB']:.1f} MB"
+    )
     w = report["window"]
-    print(f"Micro-batch window, lone 512^2 JPEG: direct {w['direct_ms']:.2f} ms; through the engine with a "
-          + ", ".join(f"{k[7:]} window {v:.2f} ms" for k, v in w.items() if k.startswith("window_")))
+    print(
+        f"Micro-batch window, lone 512^2 JPEG: direct {w['direct_ms']:.2f} ms; through the engine with a "
+        + ", ".join(f"{k[7:]} window {v:.2f} ms" for k, v in w.items() if k.startswith("window_"))
+    )
     v = report["video"]
     print(f"\nVideo: {v['seconds']} s {v['width']}x{v['height']} H.264, {v['encoded_bytes']} bytes (median)")
-    for name in ("eager_all_frames_hash_s", "lazy_hit_s", "lazy_miss_8_s", "lazy_miss_32_s", "lazy_decode_all_s",
-                 "resize_in_scaler_8_s", "decode_then_resize_8_s", "opencv_miss_8_s"):
+    for name in (
+        "eager_all_frames_hash_s",
+        "lazy_hit_s",
+        "lazy_miss_8_s",
+        "lazy_miss_32_s",
+        "lazy_decode_all_s",
+        "resize_in_scaler_8_s",
+        "decode_then_resize_8_s",
+        "opencv_miss_8_s",
+    ):
         if name in v:
             print(f"  {name[:-2]:28s} {v[name] * 1e3:10.2f} ms")
-    labels = (("sampled 8 vs every frame", "speedup_8_vs_all"), ("32 frames", "speedup_32_vs_all"),
-              ("hit vs eager", "hit_speedup_vs_eager"))
-    print("  " + ", ".join(f"{label} {v[name]['median']:.1f}x ({v[name]['low']:.1f}-{v[name]['high']:.1f})"
-                           for label, name in labels))
+    labels = (
+        ("sampled 8 vs every frame", "speedup_8_vs_all"),
+        ("32 frames", "speedup_32_vs_all"),
+        ("hit vs eager", "hit_speedup_vs_eager"),
+    )
+    print(
+        "  "
+        + ", ".join(
+            f"{label} {v[name]['median']:.1f}x ({v[name]['low']:.1f}-{v[name]['high']:.1f})" for label, name in labels
+        )
+    )
     print("\nAudio to 16 kHz (median ms)")
     print(f"  {'format':6s} {'seconds':>7s} {'bytes':>9s} {'eager':>9s} {'hit':>8s} {'miss':>9s} {'hit x':>7s} spread")
     for a in report["audio"]:
         speedup = a["hit_speedup"]
-        print(f"  {a['format']:6s} {a['seconds']:7d} {a['encoded_bytes']:9d} {a['eager_ms']:9.2f} "
-              f"{a['lazy_hit_ms']:8.3f} {a['lazy_miss_ms']:9.2f} {speedup['median']:7.0f} "
-              f"{speedup['low']:.0f}-{speedup['high']:.0f}")
+        print(
+            f"  {a['format']:6s} {a['seconds']:7d} {a['encoded_bytes']:9d} {a['eager_ms']:9.2f} "
+            f"{a['lazy_hit_ms']:8.3f} {a['lazy_miss_ms']:9.2f} {speedup['median']:7.0f} "
+            f"{speedup['low']:.0f}-{speedup['high']:.0f}"
+        )
 
 
 def run(quick: bool, progress: Progress) -> ItemsReport:
@@ -389,8 +467,15 @@ def run(quick: bool, progress: Progress) -> ItemsReport:
     audio = bench_audio(quick, engine)
     progress.step("audio")
     engine.shutdown()
-    return {"quick": quick, "sizes": sizes, "parallel": parallel, "rss": rss, "window": window, "video": video,
-            "audio": audio}
+    return {
+        "quick": quick,
+        "sizes": sizes,
+        "parallel": parallel,
+        "rss": rss,
+        "window": window,
+        "video": video,
+        "audio": audio,
+    }
 
 
 def stages(quick: bool) -> int:
@@ -406,16 +491,20 @@ def write_chart(report: ItemsReport, path: str) -> bool:
     labels = [f"{r['format']}\n{r['width']}x{r['height']}" for r in rows]
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
-    bars = (("eager (decode + hash pixels)", [r["eager_ms"] for r in rows]),
-            ("lazy hit", [r["lazy_hit_ms"] for r in rows]), ("lazy miss", [r["lazy_miss_ms"] for r in rows]))
+    bars = (
+        ("eager (decode + hash pixels)", [r["eager_ms"] for r in rows]),
+        ("lazy hit", [r["lazy_hit_ms"] for r in rows]),
+        ("lazy miss", [r["lazy_miss_ms"] for r in rows]),
+    )
     for offset, (name, values) in zip((-0.27, 0, 0.27), bars):
         ax.bar(x + offset, values, width=0.27, label=name)
     ax.set_yscale("log")
     ax.set_ylabel("ms per item (median, log scale)")
     ax.set_xticks(x, labels, fontsize=8)
     quick = report.get("quick")
-    ax.set_title("QUICK RUN, not a measurement: per-item cost" if quick else "per-item cost",
-                 color="red" if quick else "black")
+    ax.set_title(
+        "QUICK RUN, not a measurement: per-item cost" if quick else "per-item cost", color="red" if quick else "black"
+    )
     ax.legend(fontsize=8)
     save_figure(fig, path)
     return True

@@ -8,6 +8,7 @@ Each node listens on a free port of its own and gossips on another (`cluster-por
 is made for a cache: `cluster-require-full-coverage no` (the other primaries keep serving while
 one's slots fail over) and `cluster-replica-validity-factor 0` (a replica is always allowed to
 take over, however long its link to the primary was down)."""
+
 from __future__ import annotations
 
 import os
@@ -42,6 +43,7 @@ def _command(client: redis.Redis, *args: object) -> Any:
 
 class NodeRow(TypedDict):
     """A node as CLUSTER NODES shows it (`LocalCluster.topology`)."""
+
     id: str
     port: int
     flags: set[str]  # "master" / "slave", "fail", "fail?", "myself", ...
@@ -78,6 +80,7 @@ class Node:
 @dataclass
 class LocalCluster:
     """`LocalCluster(directory).start()`: `primaries` primaries with `replicas` replicas each."""
+
     directory: str
     primaries: int = 3
     replicas: int = 1
@@ -123,26 +126,69 @@ class LocalCluster:
         for _ in range(self.primaries * (1 + self.replicas)):
             port, bus_port = free_port(), free_port()
             process = subprocess.Popen(
-                [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-port", str(bus_port), "--cluster-config-file", f"nodes-{port}.conf",
-                 "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
-                 "--cluster-replica-validity-factor", "0", "--save", "", "--appendonly", "no",
-                 "--dir", self.directory, "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru",
-                 "--proto-max-bulk-len", "1gb", "--logfile", os.path.join(self.directory, f"{port}.log")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    server,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    str(bus_port),
+                    "--cluster-config-file",
+                    f"nodes-{port}.conf",
+                    "--cluster-node-timeout",
+                    str(self.node_timeout_ms),
+                    "--cluster-require-full-coverage",
+                    "no",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    self.directory,
+                    "--maxmemory",
+                    self.maxmemory,
+                    "--maxmemory-policy",
+                    "allkeys-lru",
+                    "--proto-max-bulk-len",
+                    "1gb",
+                    "--logfile",
+                    os.path.join(self.directory, f"{port}.log"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             self.nodes[port] = Node(port, bus_port, process)
         deadline = time.monotonic() + timeout_s
         for port, node in self.nodes.items():
+
             def up(port: int = port, node: Node = node) -> bool:
                 if node.process.poll() is not None:
-                    raise ClusterError(f"node {port} exited with {node.process.returncode} (its log: "
-                                       f"{os.path.join(self.directory, f'{port}.log')})")
+                    raise ClusterError(
+                        f"node {port} exited with {node.process.returncode} (its log: "
+                        f"{os.path.join(self.directory, f'{port}.log')})"
+                    )
                 return bool(self.client(port).ping())
+
             self._until(up, deadline, f"node {port} did not start")
         created = subprocess.run(
-            [cli, "--cluster", "create", *(node.name for node in self.nodes.values()),
-             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-            capture_output=True, text=True, timeout=timeout_s)
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(node.name for node in self.nodes.values()),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         if created.returncode:
             raise ClusterError(f"{cli} --cluster create failed: {created.stdout[-2000:]} {created.stderr[-2000:]}")
         self.wait_healthy(deadline - time.monotonic())
@@ -170,15 +216,25 @@ class LocalCluster:
         rows: list[NodeRow] = []
         for line in _command(self.client(port), "CLUSTER", "NODES").decode().splitlines():
             fields = line.split()
-            rows.append({"id": fields[0], "port": int(fields[1].split("@")[0].rsplit(":", 1)[1]),
-                         "flags": set(fields[2].split(",")), "primary_id": fields[3], "link": fields[7],
-                         "slots": [_slot_range(part) for part in fields[8:] if not part.startswith("[")]})
+            rows.append(
+                {
+                    "id": fields[0],
+                    "port": int(fields[1].split("@")[0].rsplit(":", 1)[1]),
+                    "flags": set(fields[2].split(",")),
+                    "primary_id": fields[3],
+                    "link": fields[7],
+                    "slots": [_slot_range(part) for part in fields[8:] if not part.startswith("[")],
+                }
+            )
         return rows
 
     def primary_ports(self) -> list[int]:
         """The primaries that serve slots now (failed ones excluded), by a live node's view."""
-        return sorted(row["port"] for row in self.topology() if "master" in row["flags"] and row["slots"]
-                      and "fail" not in row["flags"] and "fail?" not in row["flags"])
+        return sorted(
+            row["port"]
+            for row in self.topology()
+            if "master" in row["flags"] and row["slots"] and "fail" not in row["flags"] and "fail?" not in row["flags"]
+        )
 
     def replicated_primaries(self) -> list[int]:
         """The serving primaries with a live replica (the ones that can fail over)."""
@@ -203,8 +259,10 @@ class LocalCluster:
 
     def keys_per_primary(self, pattern: str = "*") -> dict[int, int]:
         """{primary port: keys matching `pattern` it holds}."""
-        return {port: sum(1 for _ in self.client(port).scan_iter(match=pattern, count=1000))
-                for port in self.primary_ports()}
+        return {
+            port: sum(1 for _ in self.client(port).scan_iter(match=pattern, count=1000))
+            for port in self.primary_ports()
+        }
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:
         """Until every live node says cluster_state:ok, every slot is served by a primary that is not
@@ -222,9 +280,14 @@ class LocalCluster:
                 if replication["role"] == "slave" and replication.get("master_link_status") != "up":
                     return False
             rows = self.topology(ports[0])
-            served = sum(high - low + 1 for row in rows if "master" in row["flags"] and "fail" not in row["flags"]
-                         for low, high in row["slots"])
+            served = sum(
+                high - low + 1
+                for row in rows
+                if "master" in row["flags"] and "fail" not in row["flags"]
+                for low, high in row["slots"]
+            )
             return served == 16384
+
         self._until(healthy, deadline, "the cluster did not become healthy")
 
     @staticmethod
@@ -270,12 +333,14 @@ class LocalCluster:
             owner = self.owner(slot)
             taken.append(owner)
             return owner != port and owner in self.live_ports()
+
         self._until(taken_over, deadline, f"no replica took over from {port}")
         self.wait_healthy(deadline - time.monotonic())
         return taken[-1]
 
-    def migrate_slot(self, slot: int, target: int, keys_first: int | None = None,
-                     between: Callable[[], object] | None = None) -> None:
+    def migrate_slot(
+        self, slot: int, target: int, keys_first: int | None = None, between: Callable[[], object] | None = None
+    ) -> None:
         """Moves `slot` to the primary `target`, as `redis-cli --cluster reshard` does: the slot
         marked importing on the target and migrating on its owner, its keys MIGRATEd, then the
         slot assigned to the target on every node. `keys_first`: migrate that many keys, call

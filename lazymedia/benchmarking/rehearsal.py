@@ -20,6 +20,7 @@ Numbers measured through these judge nothing: the scripts mark every figure of a
 REHEARSAL. Images and clips are scaled down by SCALE in each dimension, so that the whole check
 runs within its scaled budgets on two cores.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -66,23 +67,39 @@ def device_memory(device: Any) -> dict[str, int]:
     if torch.device(device).type != "cuda":
         return {"used_bytes": 0, "torch_reserved_bytes": 0, "total_bytes": 0}
     free, total = torch.cuda.mem_get_info(device)
-    return {"used_bytes": total - free, "torch_reserved_bytes": torch.cuda.memory_reserved(device),
-            "total_bytes": total}
+    return {
+        "used_bytes": total - free,
+        "torch_reserved_bytes": torch.cuda.memory_reserved(device),
+        "total_bytes": total,
+    }
 
 
 def outside_torch(before: dict[str, int], after: dict[str, int]) -> int:
     """Device bytes taken between two device_memory() readings by allocators other than torch's
     (nvJPEG's pool and PreAllocate, NVDEC's surfaces and frame pools)."""
-    return (after["used_bytes"] - before["used_bytes"]) - (after["torch_reserved_bytes"]
-                                                           - before["torch_reserved_bytes"])
+    return (after["used_bytes"] - before["used_bytes"]) - (
+        after["torch_reserved_bytes"] - before["torch_reserved_bytes"]
+    )
 
 
 # -- nvJPEG ------------------------------------------------------------------------------------------
 
 # The native decoder's knobs (csrc/cuda/bindings_cuda.cpp's NvjpegOptions; a test holds the two equal).
-NVJPEG_OPTIONS = frozenset({"interpolation", "planar", "preallocate_batch", "preallocate_height", "preallocate_width",
-                            "pool_threshold", "full_parse", "pinned_staging", "hardware_load", "cuda_workers",
-                            "gpu_hybrid_pixels"})
+NVJPEG_OPTIONS = frozenset(
+    {
+        "interpolation",
+        "planar",
+        "preallocate_batch",
+        "preallocate_height",
+        "preallocate_width",
+        "pool_threshold",
+        "full_parse",
+        "pinned_staging",
+        "hardware_load",
+        "cuda_workers",
+        "gpu_hybrid_pixels",
+    }
+)
 
 
 class HostNvjpegDecoder:
@@ -97,12 +114,13 @@ class HostNvjpegDecoder:
     engines = 1
     cores_per_engine = 1
 
-    def __init__(self, refuse_progressive: bool = True, allow_hardware: bool = True,
-                 **options: bool | int | float) -> None:
+    def __init__(
+        self, refuse_progressive: bool = True, allow_hardware: bool = True, **options: bool | int | float
+    ) -> None:
         """Args:
-            refuse_progressive: progressive JPEGs fail (as the engines refuse them), else the CUDA path's.
-            allow_hardware: baseline images count as the engines' (False: every image is the CUDA path's).
-            **options: the native decoder's knobs (NVJPEG_OPTIONS), checked as it checks them.
+        refuse_progressive: progressive JPEGs fail (as the engines refuse them), else the CUDA path's.
+        allow_hardware: baseline images count as the engines' (False: every image is the CUDA path's).
+        **options: the native decoder's knobs (NVJPEG_OPTIONS), checked as it checks them.
         """
         unknown = sorted(set(options) - NVJPEG_OPTIONS)
         if unknown:
@@ -143,11 +161,23 @@ class HostNvjpegDecoder:
         total_us = (time.perf_counter() - began) * 1e6
         hardware = sum(s[2] == "hardware" for s in statuses)
         cuda = sum(s[2] == "cuda" for s in statuses)
-        self.stats = {"prepare_us": prepare * 1e6, "stage_us": 0.0, "hardware_submit_us": 0.0,
-                      "hardware_ms": total_us / 1e3 if hardware else 0.0, "cuda_ms": total_us / 1e3 if cuda else 0.0,
-                      "total_us": total_us, "hardware_items": hardware, "cuda_items": cuda, "gpu_hybrid_items": 0,
-                      "size_class": 0, "load": 1.0, "device_mallocs": 0, "device_frees": 0,
-                      "device_malloc_bytes": 0, "staged_bytes": sum(len(r[0]) for r in requests)}
+        self.stats = {
+            "prepare_us": prepare * 1e6,
+            "stage_us": 0.0,
+            "hardware_submit_us": 0.0,
+            "hardware_ms": total_us / 1e3 if hardware else 0.0,
+            "cuda_ms": total_us / 1e3 if cuda else 0.0,
+            "total_us": total_us,
+            "hardware_items": hardware,
+            "cuda_items": cuda,
+            "gpu_hybrid_items": 0,
+            "size_class": 0,
+            "load": 1.0,
+            "device_mallocs": 0,
+            "device_frees": 0,
+            "device_malloc_bytes": 0,
+            "staged_bytes": sum(len(r[0]) for r in requests),
+        }
         return statuses
 
 
@@ -155,8 +185,10 @@ def torchvision_decode_jpeg(tensors: list[torch.Tensor], device: Any = "cpu") ->
     """torchvision.io.decode_jpeg(list of uint8 tensors, device=...): CHW uint8 tensors."""
     import simplejpeg
 
-    return [torch.from_numpy(simplejpeg.decode_jpeg(t.numpy().tobytes(), colorspace="RGB")).permute(2, 0, 1)
-            for t in tensors]
+    return [
+        torch.from_numpy(simplejpeg.decode_jpeg(t.numpy().tobytes(), colorspace="RGB")).permute(2, 0, 1)
+        for t in tensors
+    ]
 
 
 class NvjpegLibrary:
@@ -176,15 +208,17 @@ class NvjpegLibrary:
         pointer.contents.value = self._next
         return 0
 
-    def nvjpegCreateEx(self, backend: Any, device_allocator: Any, pinned_allocator: Any, flags: Any,
-                       handle: Any) -> int:
+    def nvjpegCreateEx(
+        self, backend: Any, device_allocator: Any, pinned_allocator: Any, flags: Any, handle: Any
+    ) -> int:
         return self._new(handle)
 
     def nvjpegJpegStateCreate(self, handle: Any, state: Any) -> int:
         return self._new(state)
 
-    def nvjpegDecodeBatchedInitialize(self, handle: Any, state: Any, batch: Any, threads: Any,
-                                      output_format: int) -> int:
+    def nvjpegDecodeBatchedInitialize(
+        self, handle: Any, state: Any, batch: Any, threads: Any, output_format: int
+    ) -> int:
         self._formats[state.value] = output_format
         return 0
 
@@ -198,8 +232,9 @@ class NvjpegLibrary:
             if output_format == self.RGBI:
                 rows = [(images[i].channel[0], images[i].pitch[0], rgb.reshape(height, width * 3))]
             else:
-                rows = [(images[i].channel[c], images[i].pitch[c], np.ascontiguousarray(rgb[:, :, c]))
-                        for c in range(3)]
+                rows = [
+                    (images[i].channel[c], images[i].pitch[c], np.ascontiguousarray(rgb[:, :, c])) for c in range(3)
+                ]
             for pointer, pitch, plane in rows:
                 target = np.ctypeslib.as_array((ctypes.c_uint8 * (pitch * height)).from_address(pointer))
                 target.reshape(height, pitch)[:, : plane.shape[1]] = plane
@@ -213,6 +248,7 @@ class NvjpegLibrary:
 
 
 # -- NVDEC (PyNvVideoCodec) --------------------------------------------------------------------------
+
 
 class Frame:
     """A DecodedFrame: DLPack export of the NV12 surface, and its PTS."""
@@ -234,8 +270,21 @@ class PacketData:
     """PyNvVideoCodec 2.2.4's PacketData: these fields and no others (a misspelt one fails here as
     it would there)."""
 
-    __slots__ = ("bsl_data", "bsl", "pts", "dts", "bDiscontinuity", "decode_flag", "key", "discardable", "duration",
-                 "pos", "seek_pts", "stream_index", "is_video")
+    __slots__ = (
+        "bsl_data",
+        "bsl",
+        "pts",
+        "dts",
+        "bDiscontinuity",
+        "decode_flag",
+        "key",
+        "discardable",
+        "duration",
+        "pos",
+        "seek_pts",
+        "stream_index",
+        "is_video",
+    )
 
     def __init__(self) -> None:
         self.bsl_data = self.bsl = self.pts = self.decode_flag = 0
@@ -291,35 +340,51 @@ class FFmpegNvDecoder:
             if frame.width > self.widest:
                 raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED: above the NVDEC's maximum size")
             FFmpegNvDecoder.returned.append(frame.pts + self.shift)
-            out.append(Frame(torch.from_numpy(np.ascontiguousarray(frame.to_ndarray(format="nv12"))),
-                             frame.pts + self.shift))
+            out.append(
+                Frame(torch.from_numpy(np.ascontiguousarray(frame.to_ndarray(format="nv12"))), frame.pts + self.shift)
+            )
         return out
 
 
-def create_decoder(gpuid: int, codec: str, cudacontext: int, cudastream: int, usedevicememory: bool, maxwidth: int,
-                   maxheight: int) -> FFmpegNvDecoder:
+def create_decoder(
+    gpuid: int, codec: str, cudacontext: int, cudastream: int, usedevicememory: bool, maxwidth: int, maxheight: int
+) -> FFmpegNvDecoder:
     return FFmpegNvDecoder(codec, maxwidth, maxheight, cudastream)
 
 
 # cudaVideoCodec's members, each the FFmpeg decoder that stands in for it
-CODECS = types.SimpleNamespace(H264="h264", HEVC="hevc", VP9="vp9", AV1="libdav1d", VP8="vp8", MPEG2="mpeg2video",
-                               MPEG4="mpeg4")
+CODECS = types.SimpleNamespace(
+    H264="h264", HEVC="hevc", VP9="vp9", AV1="libdav1d", VP8="vp8", MPEG2="mpeg2video", MPEG4="mpeg4"
+)
 
 
 def h200_caps(gpuid: int, codec: str, chromaformat: int = 420, bitdepth: int = 8) -> dict[str, int]:
     """GetDecoderCaps as an H200 answers it for 8-bit 4:2:0 (7 engines; no AV1)."""
     supported = codec != CODECS.AV1
     side = 4096 if codec == CODECS.H264 else 8192
-    return {"supported": int(supported), "num_decoder_engines": 7 if supported else 0, "width_max": side,
-            "height_max": side, "mb_num_max": 65536 if codec == CODECS.H264 else 262144, "width_min": 48,
-            "height_min": 16, "codec_id": 0, "chromaformat_id": 1, "bitdepth": 8}
+    return {
+        "supported": int(supported),
+        "num_decoder_engines": 7 if supported else 0,
+        "width_max": side,
+        "height_max": side,
+        "mb_num_max": 65536 if codec == CODECS.H264 else 262144,
+        "width_min": 48,
+        "height_min": 16,
+        "codec_id": 0,
+        "chromaformat_id": 1,
+        "bitdepth": 8,
+    }
 
 
 def video_codec(caps: bool = False) -> types.SimpleNamespace:
     """The PyNvVideoCodec module as NvdecBatchDecoder(video_codec=...) uses it; `caps`: with
     GetDecoderCaps answering as an H200's driver does."""
-    names: dict[str, object] = {"CreateDecoder": create_decoder, "PacketData": PacketData, "cudaVideoCodec": CODECS,
-             "VideoPacketFlag": PacketFlag}
+    names: dict[str, object] = {
+        "CreateDecoder": create_decoder,
+        "PacketData": PacketData,
+        "cudaVideoCodec": CODECS,
+        "VideoPacketFlag": PacketFlag,
+    }
     if caps:
         names["GetDecoderCaps"] = h200_caps
     return types.SimpleNamespace(**names)
@@ -351,13 +416,30 @@ EXPECTED_LINES: list[tuple[str, str]] = [
     ("bench.txt", r"VERDICT \w+ one clip alone: "),
     ("bench.txt", r"VERDICT \w+ every frame, 8 clips of 1080p H.264: "),
     ("bench.txt", r"VERDICT INFO HEVC 1080p: "),
-] + [line for scenario in ("unique_720p", "unique_4k", "video_unique") for line in (
-    ("bench.txt", rf"VERDICT {scenario}: lazy_gpu "),
-    ("bench.txt", rf"VERDICT {scenario} device check: "),
-    ("bench.txt", rf"VERDICT {scenario} memory: "))]
+] + [
+    line
+    for scenario in ("unique_720p", "unique_4k", "video_unique")
+    for line in (
+        ("bench.txt", rf"VERDICT {scenario}: lazy_gpu "),
+        ("bench.txt", rf"VERDICT {scenario} device check: "),
+        ("bench.txt", rf"VERDICT {scenario} memory: "),
+    )
+]
 # The lines whose goal is a timing: their word is REHEARSAL in a rehearsal.
-TIMING = ("parity", "1.2x", "latency", "progressive", "64 clips", "one clip", "every frame", "HEVC", "lazy_gpu",
-          "FIRST nvJPEG 512", "FIRST nvJPEG 3840", "Python per call")
+TIMING = (
+    "parity",
+    "1.2x",
+    "latency",
+    "progressive",
+    "64 clips",
+    "one clip",
+    "every frame",
+    "HEVC",
+    "lazy_gpu",
+    "FIRST nvJPEG 512",
+    "FIRST nvJPEG 3840",
+    "Python per call",
+)
 STEP_LINE = r"^(\w+)\s+rc=(\d+)\s+(\d+) s \(budget (\d+) s\)"
 JSON_FILES = ("bench_gpu.json", "serving.json")
 
@@ -366,10 +448,14 @@ JSON_FILES = ("bench_gpu.json", "serving.json")
 # (the plugin-cpu / vllm ratio is a timing goal: REHEARSAL in a rehearsal; identical inputs and the
 # hits' cache are judged), else its one SKIP line, which judges nothing.
 RENDER_SCENARIOS = ("jpeg-720p", "jpeg-4k", "jpeg-hits", "h264-1080p")
-RENDER_LINES: list[tuple[str, str]] = [line for scenario in RENDER_SCENARIOS for line in (
-    ("bench.txt", rf"VERDICT {scenario}: plugin (miss|hit) no slower than vLLM's: "),
-    ("bench.txt", rf"VERDICT {scenario}: identical model inputs: "))] + [
-    ("bench.txt", r"VERDICT jpeg-hits: the processor cache serves the repeats with no plugin decode: ")]
+RENDER_LINES: list[tuple[str, str]] = [
+    line
+    for scenario in RENDER_SCENARIOS
+    for line in (
+        ("bench.txt", rf"VERDICT {scenario}: plugin (miss|hit) no slower than vLLM's: "),
+        ("bench.txt", rf"VERDICT {scenario}: identical model inputs: "),
+    )
+] + [("bench.txt", r"VERDICT jpeg-hits: the processor cache serves the repeats with no plugin decode: ")]
 RENDER_SKIP = ("bench.txt", r"RENDER SKIP vLLM does not import: ")
 RENDER_TIMING = "no slower than"
 
@@ -379,8 +465,9 @@ def expected_lines(lines: bool = True, render: str | None = None) -> list[tuple[
     step's: its verdicts (render="ran": vLLM's render path imports) or its SKIP line ("skip")."""
     if render not in (None, "ran", "skip"):
         raise ValueError(f"render is None, 'ran' or 'skip', not {render!r}")
-    return (list(EXPECTED_LINES) if lines else []) + (RENDER_LINES if render == "ran" else [RENDER_SKIP]
-                                                     if render == "skip" else [])
+    return (list(EXPECTED_LINES) if lines else []) + (
+        RENDER_LINES if render == "ran" else [RENDER_SKIP] if render == "skip" else []
+    )
 
 
 def check_run(out: str, rehearse: bool, lines: bool = True, render: str | None = None) -> list[str]:
@@ -409,8 +496,11 @@ def check_run(out: str, rehearse: bool, lines: bool = True, render: str | None =
         for line in found:
             if line.startswith("RENDER "):  # the SKIP line judges nothing
                 continue
-            timing = any(word in line.split(":")[0] for word in TIMING) or "lazy_gpu" in line.split("vLLM")[0] \
+            timing = (
+                any(word in line.split(":")[0] for word in TIMING)
+                or "lazy_gpu" in line.split("vLLM")[0]
                 or RENDER_TIMING in line.split(" (")[0]
+            )
             words = re.findall(r"\b(PASS|FAIL|UNKNOWN|NOT RUN|REHEARSAL)\b", line)
             if any(word in ("FAIL", "UNKNOWN", "NOT RUN") for word in words):
                 problems.append(f"{name}: {line[:200]}")
@@ -443,12 +533,17 @@ if __name__ == "__main__":
     # python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only] [--render ran|skip]
     import sys
 
-    usage = ("usage: python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only] "
-             "[--render ran|skip]")
+    usage = (
+        "usage: python -m lazymedia.benchmarking.rehearsal check OUT [--rehearsal] [--steps-only] [--render ran|skip]"
+    )
     args = sys.argv[3:]
     render_arg = args[args.index("--render") + 1] if "--render" in args[:-1] else None
-    if len(sys.argv) < 3 or sys.argv[1] != "check" or render_arg not in (None, "ran", "skip") or \
-            ("--render" in args and render_arg is None):
+    if (
+        len(sys.argv) < 3
+        or sys.argv[1] != "check"
+        or render_arg not in (None, "ran", "skip")
+        or ("--render" in args and render_arg is None)
+    ):
         sys.exit(usage)
     steps_only = "--steps-only" in args
     found = check_run(sys.argv[2], "--rehearsal" in args, lines=not steps_only, render=render_arg)

@@ -36,6 +36,7 @@ allocator counts against the cap.
 `rehearse` (no GPU): the GPU modes run on the CPU through lazymedia.benchmarking.rehearsal's
 stand-ins of nvJPEG and NVDEC, media 8x smaller a side, timing verdicts read REHEARSAL.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,8 +102,14 @@ BENCH_DEVICE_CAP_BYTES = 32 << 30
 MODES = ("eager", "eager_gpu", "lazy", "lazy_gpu")
 # Issue 32's goals for lazy_gpu against vLLM's CPU path: the miss scenarios' targets, and for the
 # hit scenarios the ratios lazymedia's CPU path reached on an H200 (no worse than those).
-GOALS = {"unique_720p": 3.0, "unique_4k": 5.0, "video_unique": 4.0, "pool_720p": 2.71, "pool_4k": 4.76,
-         "video_pool": 5.02}
+GOALS = {
+    "unique_720p": 3.0,
+    "unique_4k": 5.0,
+    "video_unique": 4.0,
+    "pool_720p": 2.71,
+    "pool_4k": 4.76,
+    "video_pool": 5.02,
+}
 
 Output = dict[str, torch.Tensor]  # the processor's: pixel_values and the grid, of images or of a video
 Device = torch.device | str
@@ -110,6 +117,7 @@ Device = torch.device | str
 
 class ModeFigures(TypedDict):
     """One mode's figures in one scenario (`drive`'s, then the frontend's and the device's)."""
+
     requests: int
     failed: int
     first_error: str
@@ -130,6 +138,7 @@ class ModeFigures(TypedDict):
 
 class DeviceFigures(TypedDict, total=False):
     """What a frontend adds to its ModeFigures (LazyFrontend with a device: its decoders and budget)."""
+
     gpu_decodes: dict[str, int]
     gpu_fallbacks: dict[str, int]
     device_budget: dict[str, int]
@@ -137,6 +146,7 @@ class DeviceFigures(TypedDict, total=False):
 
 class DeviceCheck(TypedDict):
     """`device_check`'s verdict on one item."""
+
     backend: str
     psnr_db: float
     grid_identical: bool
@@ -148,6 +158,7 @@ class DeviceCheck(TypedDict):
 
 class ServingReport(TypedDict):
     """`run`'s report (the `serving` part of `lazymedia bench --json`)."""
+
     processor: str
     processor_note: str
     eager_video_decoder: str
@@ -233,9 +244,15 @@ def warm_names(scenario: str) -> list[str]:
 
 
 # The real-size item each scenario's warm wave sends (new bytes each: misses): (kind, height, width)
-WARM_WAVE_KIND = {"pool_720p": ("jpeg", 720, 1280), "unique_720p": ("jpeg", 720, 1280), "mixed": ("jpeg", 720, 1280),
-                  "pool_4k": ("jpeg", 2160, 3840), "unique_4k": ("jpeg", 2160, 3840),
-                  "video_pool": ("clip", 360, 640), "video_unique": ("clip", 1080, 1920)}
+WARM_WAVE_KIND = {
+    "pool_720p": ("jpeg", 720, 1280),
+    "unique_720p": ("jpeg", 720, 1280),
+    "mixed": ("jpeg", 720, 1280),
+    "pool_4k": ("jpeg", 2160, 3840),
+    "unique_4k": ("jpeg", 2160, 3840),
+    "video_pool": ("clip", 360, 640),
+    "video_unique": ("clip", 1080, 1920),
+}
 WARM_WAVE = 8  # items in a warm wave, at most (the concurrency, else)
 
 
@@ -263,10 +280,12 @@ def with_free_box(mp4: bytes, tag: int) -> bytes:
     return mp4 + (8 + len(payload)).to_bytes(4, "big") + b"free" + payload
 
 
-def build_media(scenarios: list[str], requests: int, quick: bool = False, concurrency: int = WARM_WAVE,
-                rehearse: bool = False) -> dict[str, bytes]:
+def build_media(
+    scenarios: list[str], requests: int, quick: bool = False, concurrency: int = WARM_WAVE, rehearse: bool = False
+) -> dict[str, bytes]:
     """The media the scenarios ask for, plus warm-up items and each scenario's warm wave (off the
     clock); a rehearsal's: rehearsal.scaled."""
+
     def size(height: int, width: int) -> tuple[int, int]:
         return rehearsal.scaled(height, width, rehearse)
 
@@ -287,8 +306,10 @@ def build_media(scenarios: list[str], requests: int, quick: bool = False, concur
     if "mixed" in scenarios:
         unique_variants(synthetic.photo(*size(720, 1280), seed=99), requests, "m", media)
     if "video_unique" in scenarios:
-        clips = [encode_video(seconds, *size(*((720, 1280) if i % 2 == 0 else (1080, 1920))))
-                 for i in range(min(UNIQUE_CLIPS, requests))]
+        clips = [
+            encode_video(seconds, *size(*((720, 1280) if i % 2 == 0 else (1080, 1920))))
+            for i in range(min(UNIQUE_CLIPS, requests))
+        ]
         for i in range(requests):
             media[f"w{i}.mp4"] = with_free_box(clips[i % len(clips)], i)
     if "video_pool" in scenarios:
@@ -307,8 +328,14 @@ def build_media(scenarios: list[str], requests: int, quick: bool = False, concur
     return media
 
 
-def serve(port_queue: multiprocessing.queues.Queue[int], scenarios: list[str], requests: int, quick: bool = False,
-          concurrency: int = WARM_WAVE, rehearse: bool = False) -> None:
+def serve(
+    port_queue: multiprocessing.queues.Queue[int],
+    scenarios: list[str],
+    requests: int,
+    quick: bool = False,
+    concurrency: int = WARM_WAVE,
+    rehearse: bool = False,
+) -> None:
     from aiohttp import web
 
     media = build_media(scenarios, requests, quick, concurrency, rehearse)
@@ -357,8 +384,9 @@ def pyav_frames(data: bytes) -> npt.NDArray[np.uint8]:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         picked = set(vllm_frame_indices(stream.frames, NUM_FRAMES))
-        frames = [frame.to_ndarray(format="rgb24") for index, frame in enumerate(container.decode(stream))
-                  if index in picked]
+        frames = [
+            frame.to_ndarray(format="rgb24") for index, frame in enumerate(container.decode(stream)) if index in picked
+        ]
     return np.stack(frames)
 
 
@@ -377,9 +405,9 @@ class EagerFrontend:
 
     def __init__(self, hf: HfProcessor, workers: int, device: Device | None = None) -> None:
         """Args:
-            hf: the processor a miss runs.
-            workers: threads that decode and process requests.
-            device: where the processor runs (--mm-processor-device); None: the CPU.
+        hf: the processor a miss runs.
+        workers: threads that decode and process requests.
+        device: where the processor runs (--mm-processor-device); None: the CPU.
         """
         import aiohttp
 
@@ -438,19 +466,32 @@ class LazyFrontend:
 
     def __init__(self, hf: HfProcessor, workers: int, device: Device | None = None, rehearse: bool = False) -> None:
         """Args:
-            hf: the processor a miss runs.
-            workers: the engine's decode workers and the Processor's process workers.
-            device: where misses decode (nvJPEG / NVDEC) and are processed; None: the CPU.
-            rehearse: the device's decoders are rehearsal's CPU stand-ins.
+        hf: the processor a miss runs.
+        workers: the engine's decode workers and the Processor's process workers.
+        device: where misses decode (nvJPEG / NVDEC) and are processed; None: the CPU.
+        rehearse: the device's decoders are rehearsal's CPU stand-ins.
         """
         self.hf = hf
         self.connector = MediaConnector(allow_private_networks=["127.0.0.1/32"])
         # in-process, as the eager frontend
-        self.engine = lazymedia.DecodeEngine(workers, isolate=()) if device is None else lazymedia.DecodeEngine(
-            workers, batch_decoders=device_decoders(device, rehearse), isolate=(), device=device,
-            device_cap_bytes=BENCH_DEVICE_CAP_BYTES)
-        self.processor = lazymedia.Processor(self.process, cache=lazymedia.ProcessorCache(capacity_bytes=CACHE_BYTES),
-                                             engine=self.engine, process_workers=workers, device=device)
+        self.engine = (
+            lazymedia.DecodeEngine(workers, isolate=())
+            if device is None
+            else lazymedia.DecodeEngine(
+                workers,
+                batch_decoders=device_decoders(device, rehearse),
+                isolate=(),
+                device=device,
+                device_cap_bytes=BENCH_DEVICE_CAP_BYTES,
+            )
+        )
+        self.processor = lazymedia.Processor(
+            self.process,
+            cache=lazymedia.ProcessorCache(capacity_bytes=CACHE_BYTES),
+            engine=self.engine,
+            process_workers=workers,
+            device=device,
+        )
         self.processed = 0
         self.lock = threading.Lock()
 
@@ -483,14 +524,23 @@ class LazyFrontend:
         """With a device: decodes per backend, counted fallbacks to the CPU, the cap's use."""
         if self.engine.device_budget is None:
             return {}
-        return {"gpu_decodes": {d.name: getattr(d, "decoded", 0) for d in self.engine.batch_decoders},
-                "gpu_fallbacks": {d.name: self.engine.batched_items[d.name] - getattr(d, "decoded", 0)
-                                  for d in self.engine.batch_decoders},
-                "device_budget": self.engine.device_budget.stats()}
+        return {
+            "gpu_decodes": {d.name: getattr(d, "decoded", 0) for d in self.engine.batch_decoders},
+            "gpu_fallbacks": {
+                d.name: self.engine.batched_items[d.name] - getattr(d, "decoded", 0) for d in self.engine.batch_decoders
+            },
+            "device_budget": self.engine.device_budget.stats(),
+        }
 
 
-async def drive(frontend: EagerFrontend | LazyFrontend, base: str, names: list[str], concurrency: int,
-                warm: list[str], warm_wave: Sequence[str] = ()) -> tuple[ModeFigures, dict[int, Output]]:
+async def drive(
+    frontend: EagerFrontend | LazyFrontend,
+    base: str,
+    names: list[str],
+    concurrency: int,
+    warm: list[str],
+    warm_wave: Sequence[str] = (),
+) -> tuple[ModeFigures, dict[int, Output]]:
     """(figures, outputs of the first and last request) of `names` sent at `concurrency`, after
     `warm` (one at a time) and `warm_wave` (all at once) off the clock."""
     semaphore = asyncio.Semaphore(concurrency)
@@ -520,17 +570,33 @@ async def drive(frontend: EagerFrontend | LazyFrontend, base: str, names: list[s
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     latencies = sorted(latencies) or [float("nan")]  # nan: every request failed
     failed = len(errors)
-    figures: ModeFigures = {"requests": len(names), "failed": failed, "first_error": errors[0] if errors else "",
-               "wall_s": wall, "req_per_s": (len(names) - failed) / wall,
-               "mean_ms": statistics.fmean(latencies) * 1e3, "p50_ms": latencies[len(latencies) // 2] * 1e3,
-               "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
-               "cpu_ms_per_request": cpu / len(names) * 1e3, "processed": frontend.processed - processed_before}
+    figures: ModeFigures = {
+        "requests": len(names),
+        "failed": failed,
+        "first_error": errors[0] if errors else "",
+        "wall_s": wall,
+        "req_per_s": (len(names) - failed) / wall,
+        "mean_ms": statistics.fmean(latencies) * 1e3,
+        "p50_ms": latencies[len(latencies) // 2] * 1e3,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
+        "cpu_ms_per_request": cpu / len(names) * 1e3,
+        "processed": frontend.processed - processed_before,
+    }
     return figures, kept
 
 
-async def serve_requests(mode: str, hf: HfProcessor, base: str, names: list[str], concurrency: int,
-                         workers: int, device: Device, warm: list[str], warm_wave: Sequence[str] = (),
-                         rehearse: bool = False) -> tuple[ModeFigures, dict[int, Output]]:
+async def serve_requests(
+    mode: str,
+    hf: HfProcessor,
+    base: str,
+    names: list[str],
+    concurrency: int,
+    workers: int,
+    device: Device,
+    warm: list[str],
+    warm_wave: Sequence[str] = (),
+    rehearse: bool = False,
+) -> tuple[ModeFigures, dict[int, Output]]:
     gpu = mode.endswith("_gpu")
     on_cuda = gpu and torch.device(device).type == "cuda"
     memory_before = rehearsal.device_memory(device) if gpu else None
@@ -543,8 +609,9 @@ async def serve_requests(mode: str, hf: HfProcessor, base: str, names: list[str]
     try:
         figures, kept = await drive(frontend, base, names, concurrency, warm, warm_wave)
         if memory_before is not None:  # the decoders and their pools are still alive
-            figures["outside_torch_bytes"] = max(0, rehearsal.outside_torch(memory_before,
-                                                                            rehearsal.device_memory(device)))
+            figures["outside_torch_bytes"] = max(
+                0, rehearsal.outside_torch(memory_before, rehearsal.device_memory(device))
+            )
     finally:
         await frontend.close()
     figures = {**figures, **frontend.figures()}
@@ -556,7 +623,8 @@ async def serve_requests(mode: str, hf: HfProcessor, base: str, names: list[str]
 def same_outputs(eager: dict[int, Output], lazy: dict[int, Output]) -> bool:
     return eager.keys() == lazy.keys() and all(
         eager[i].keys() == lazy[i].keys() and all(torch.equal(eager[i][k].cpu(), lazy[i][k].cpu()) for k in eager[i])
-        for i in eager)
+        for i in eager
+    )
 
 
 def device_decoders(device: Device, rehearse: bool = False) -> list[BatchDecoder]:
@@ -566,8 +634,10 @@ def device_decoders(device: Device, rehearse: bool = False) -> list[BatchDecoder
         return gpu_decoders(torch.device(device))
     from lazymedia.engine import NvdecBatchDecoder, NvjpegBatchDecoder
 
-    return [NvjpegBatchDecoder(device="cpu", decoder=rehearsal.HostNvjpegDecoder(refuse_progressive=False)),
-            NvdecBatchDecoder(device="cpu", video_codec=rehearsal.video_codec(caps=True))]
+    return [
+        NvjpegBatchDecoder(device="cpu", decoder=rehearsal.HostNvjpegDecoder(refuse_progressive=False)),
+        NvdecBatchDecoder(device="cpu", video_codec=rehearsal.video_codec(caps=True)),
+    ]
 
 
 def device_modes(device: str, hf: HfProcessor, rehearse: bool = False) -> dict[str, str]:
@@ -586,6 +656,7 @@ def device_check(hf: HfProcessor, data: bytes, video: bool, device: Device, rehe
     """The GPU path against the same processor on the CPU from the same decoded pixels: the
     decode's PSNR against the CPU decode, the grids, the largest pixel_values difference, and
     which backend decoded. A decode the GPU decoders left to the CPU fails the check."""
+
     def load() -> lazymedia.LazyMedia[Any]:
         return lazymedia.load_video(data, num_frames=NUM_FRAMES) if video else lazymedia.load_image(data)
 
@@ -605,10 +676,15 @@ def device_check(hf: HfProcessor, data: bytes, video: bool, device: Device, rehe
     values = next(name for name in on_cpu if name.startswith("pixel_values"))
     max_diff = float((on_gpu[values].cpu().double() - on_cpu[values].double()).abs().max())
     same_grid = torch.equal(on_gpu[grid].cpu(), on_cpu[grid])
-    return {"backend": backend if gpu_decodes else f"{backend} (CPU fallback)", "psnr_db": db,
-            "grid_identical": same_grid, "max_pixel_diff": max_diff, "tolerance": PIXEL_TOLERANCE,
-            "gpu_decodes": gpu_decodes,
-            "ok": db >= MIN_DECODE_PSNR and same_grid and max_diff <= PIXEL_TOLERANCE and gpu_decodes > 0}
+    return {
+        "backend": backend if gpu_decodes else f"{backend} (CPU fallback)",
+        "psnr_db": db,
+        "grid_identical": same_grid,
+        "max_pixel_diff": max_diff,
+        "tolerance": PIXEL_TOLERANCE,
+        "gpu_decodes": gpu_decodes,
+        "ok": db >= MIN_DECODE_PSNR and same_grid and max_diff <= PIXEL_TOLERANCE and gpu_decodes > 0,
+    }
 
 
 def fetch(base: str, name: str) -> bytes:
@@ -617,24 +693,45 @@ def fetch(base: str, name: str) -> bytes:
         return body
 
 
-def run(scenarios: list[str], requests: int, concurrency: int, workers: int, progress: Progress | None = None,
-        device: str = "cpu", quick: bool = False, rehearse: bool = False) -> ServingReport:
+def run(
+    scenarios: list[str],
+    requests: int,
+    concurrency: int,
+    workers: int,
+    progress: Progress | None = None,
+    device: str = "cpu",
+    quick: bool = False,
+    rehearse: bool = False,
+) -> ServingReport:
     """Every scenario, each mode in turn, against one media server; the report's `results`,
     `identical_outputs` (False when a CPU output differs from vLLM's path) and, with a device,
     `device_ok` (False when a device check fails or a request failed)."""
     ports: multiprocessing.queues.Queue[int] = multiprocessing.Queue()
-    server = multiprocessing.Process(target=serve, args=(ports, scenarios, requests, quick, concurrency, rehearse),
-                                     daemon=True)
+    server = multiprocessing.Process(
+        target=serve, args=(ports, scenarios, requests, quick, concurrency, rehearse), daemon=True
+    )
     server.start()
     hf = HfProcessor.create()
     if rehearse:
         device = "cpu"
     modes = device_modes(device, hf, rehearse)
     report: ServingReport = {
-        "processor": hf.name, "processor_note": hf.note, "eager_video_decoder": eager_video_decoder()[0],
-        "requests": requests, "concurrency": concurrency, "workers": workers, "num_frames": NUM_FRAMES,
-        "cache_bytes": CACHE_BYTES, "device": device, "modes": modes, "identical_outputs": True, "device_ok": True,
-        "rehearsal": rehearse, "quick": quick, "results": {}}
+        "processor": hf.name,
+        "processor_note": hf.note,
+        "eager_video_decoder": eager_video_decoder()[0],
+        "requests": requests,
+        "concurrency": concurrency,
+        "workers": workers,
+        "num_frames": NUM_FRAMES,
+        "cache_bytes": CACHE_BYTES,
+        "device": device,
+        "modes": modes,
+        "identical_outputs": True,
+        "device_ok": True,
+        "rehearsal": rehearse,
+        "quick": quick,
+        "results": {},
+    }
     try:
         base = f"http://127.0.0.1:{ports.get(timeout=900)}"
         for scenario in scenarios:
@@ -643,19 +740,32 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
             outputs: dict[str, dict[int, Output]] = {}
             for mode in (mode for mode, why in modes.items() if not why):
                 with nvtx_range(f"lazymedia.bench.{scenario}.{mode}"):
-                    figures[mode], outputs[mode] = asyncio.run(serve_requests(
-                        mode, hf, base, names, concurrency, workers, device, warm_names(scenario),
-                        warm_wave_names(scenario, concurrency if mode.endswith("_gpu") else 1), rehearse))
+                    figures[mode], outputs[mode] = asyncio.run(
+                        serve_requests(
+                            mode,
+                            hf,
+                            base,
+                            names,
+                            concurrency,
+                            workers,
+                            device,
+                            warm_names(scenario),
+                            warm_wave_names(scenario, concurrency if mode.endswith("_gpu") else 1),
+                            rehearse,
+                        )
+                    )
                 figures[mode]["speedup"] = figures[mode]["req_per_s"] / figures["eager"]["req_per_s"]
                 gc.collect()
             figures["identical_outputs"] = same_outputs(outputs["eager"], outputs["lazy"])
             report["identical_outputs"] = report["identical_outputs"] and figures["identical_outputs"]
             if not modes["lazy_gpu"]:
                 sample = [names[0], names[-1]]
-                figures["device_check"] = [device_check(hf, fetch(base, name), name.endswith(".mp4"), device,
-                                                        rehearse) for name in sample]
-                figures["device_ok"] = (all(check["ok"] for check in figures["device_check"])
-                                        and within_cap(figures["lazy_gpu"]))
+                figures["device_check"] = [
+                    device_check(hf, fetch(base, name), name.endswith(".mp4"), device, rehearse) for name in sample
+                ]
+                figures["device_ok"] = all(check["ok"] for check in figures["device_check"]) and within_cap(
+                    figures["lazy_gpu"]
+                )
                 report["device_ok"] = report["device_ok"] and figures["device_ok"]
             report["results"][scenario] = figures
             if progress is not None:
@@ -667,33 +777,43 @@ def run(scenarios: list[str], requests: int, concurrency: int, workers: int, pro
     return report
 
 
-COLUMNS = ("processed: the items each frontend decoded and ran through the processor in the timed requests (its "
-           "processor-cache misses; a hit reuses the cached output)",
-           "vs eager: the mode's requests/s over eager's in the same scenario (above 1.00x: faster than vLLM's path)")
+COLUMNS = (
+    "processed: the items each frontend decoded and ran through the processor in the timed requests (its "
+    "processor-cache misses; a hit reuses the cached output)",
+    "vs eager: the mode's requests/s over eager's in the same scenario (above 1.00x: faster than vLLM's path)",
+)
 
 
 def print_table(report: ServingReport) -> None:
     note = f"; {report['processor_note']}" if report["processor_note"] else ""
     if report.get("quick"):
         print(f"\n{QUICK_BANNER}")
-    print(f"\nServing: {report['requests']} requests per scenario at concurrency {report['concurrency']}, "
-          f"{report['workers']} decode/process workers per frontend, device {report['device']}")
+    print(
+        f"\nServing: {report['requests']} requests per scenario at concurrency {report['concurrency']}, "
+        f"{report['workers']} decode/process workers per frontend, device {report['device']}"
+    )
     print(f"processor: {report['processor']} (transformers, defaults){note}")
-    print(f"eager = lazymedia's re-implementation of vLLM 0.33's media path (video: {report['eager_video_decoder']}, "
-          f"{report['num_frames']} frames), checked against vLLM itself by benchmarks/parity_vllm.py; "
-          f"CPU path outputs identical: {report['identical_outputs']}")
+    print(
+        f"eager = lazymedia's re-implementation of vLLM 0.33's media path (video: {report['eager_video_decoder']}, "
+        f"{report['num_frames']} frames), checked against vLLM itself by benchmarks/parity_vllm.py; "
+        f"CPU path outputs identical: {report['identical_outputs']}"
+    )
     for mode, why in report["modes"].items():
         print(f"  {mode:9s} {'ran' if not why else 'skipped: ' + why}")
-    header = f"{'scenario':12s} {'mode':9s} {'req/s':>8s} {'mean ms':>9s} {'p50 ms':>8s} {'p99 ms':>8s} " \
-             f"{'CPU ms/req':>10s} {'processed':>9s} {'failed':>6s} {'vs eager':>8s}"
+    header = (
+        f"{'scenario':12s} {'mode':9s} {'req/s':>8s} {'mean ms':>9s} {'p50 ms':>8s} {'p99 ms':>8s} "
+        f"{'CPU ms/req':>10s} {'processed':>9s} {'failed':>6s} {'vs eager':>8s}"
+    )
     print(header)
     print("-" * len(header))
     for scenario, figures in report["results"].items():
         for mode in (m for m in MODES if m in figures):
             r = figures[mode]
-            print(f"{scenario:12s} {mode:9s} {r['req_per_s']:8.1f} {r['mean_ms']:9.1f} {r['p50_ms']:8.1f} "
-                  f"{r['p99_ms']:8.1f} {r['cpu_ms_per_request']:10.2f} {r['processed']:9d} {r['failed']:6d} "
-                  f"{r['speedup']:7.2f}x")
+            print(
+                f"{scenario:12s} {mode:9s} {r['req_per_s']:8.1f} {r['mean_ms']:9.1f} {r['p50_ms']:8.1f} "
+                f"{r['p99_ms']:8.1f} {r['cpu_ms_per_request']:10.2f} {r['processed']:9d} {r['failed']:6d} "
+                f"{r['speedup']:7.2f}x"
+            )
         for mode in (m for m in MODES if m in figures and figures[m]["failed"]):
             print(f"{scenario:12s} {mode}: {figures[mode]['failed']} failed, first {figures[mode]['first_error']}")
         if not figures["identical_outputs"]:
@@ -701,11 +821,13 @@ def print_table(report: ServingReport) -> None:
         gpu = figures.get("lazy_gpu")
         if gpu is not None:
             budget = gpu["device_budget"]
-            print(f"{scenario:12s} lazy_gpu: GPU decodes {gpu['gpu_decodes']}, counted CPU fallbacks "
-                  f"{gpu['gpu_fallbacks']}, placed {budget['placed']}, overflowed to the CPU {budget['overflowed']}, "
-                  f"cap {budget['cap_bytes'] >> 20} MiB, reserved peak {budget['peak_bytes'] >> 20} MiB, "
-                  f"allocator peak {gpu['gpu_peak_bytes'] >> 20} MiB, outside torch's allocator "
-                  f"{gpu.get('outside_torch_bytes', 0) >> 20} MiB")
+            print(
+                f"{scenario:12s} lazy_gpu: GPU decodes {gpu['gpu_decodes']}, counted CPU fallbacks "
+                f"{gpu['gpu_fallbacks']}, placed {budget['placed']}, overflowed to the CPU {budget['overflowed']}, "
+                f"cap {budget['cap_bytes'] >> 20} MiB, reserved peak {budget['peak_bytes'] >> 20} MiB, "
+                f"allocator peak {gpu['gpu_peak_bytes'] >> 20} MiB, outside torch's allocator "
+                f"{gpu.get('outside_torch_bytes', 0) >> 20} MiB"
+            )
     for line in COLUMNS:
         print(line)
     for line in verdicts(report):
@@ -736,19 +858,24 @@ def verdicts(report: ServingReport) -> list[str]:
         if scenario in GOALS:
             goal = GOALS[scenario]
             word = rehearsal.judged(gpu["speedup"] >= goal, report.get("rehearsal", False))
-            lines.append(f"VERDICT {scenario}: lazy_gpu {gpu['speedup']:.2f}x vLLM 0.33's CPU path, goal >= {goal}x: "
-                         f"{word}")
+            lines.append(
+                f"VERDICT {scenario}: lazy_gpu {gpu['speedup']:.2f}x vLLM 0.33's CPU path, goal >= {goal}x: {word}"
+            )
         for check in figures.get("device_check", []):
-            lines.append(f"VERDICT {scenario} device check: {'PASS' if check['ok'] else 'FAIL'} decode "
-                         f"{check['backend']} {check['psnr_db']:.1f} dB (>= {MIN_DECODE_PSNR:.0f}), "
-                         f"grid identical {check['grid_identical']}, max |pixel_values GPU - CPU| "
-                         f"{check['max_pixel_diff']:.4f} (<= {check['tolerance']:.4f})")
+            lines.append(
+                f"VERDICT {scenario} device check: {'PASS' if check['ok'] else 'FAIL'} decode "
+                f"{check['backend']} {check['psnr_db']:.1f} dB (>= {MIN_DECODE_PSNR:.0f}), "
+                f"grid identical {check['grid_identical']}, max |pixel_values GPU - CPU| "
+                f"{check['max_pixel_diff']:.4f} (<= {check['tolerance']:.4f})"
+            )
         budget = gpu["device_budget"]
-        lines.append(f"VERDICT {scenario} memory: reserved peak {budget['peak_bytes'] >> 20} MiB, allocator peak "
-                     f"{gpu['gpu_peak_bytes'] >> 20} MiB + {gpu.get('outside_torch_bytes', 0) >> 20} MiB outside "
-                     f"torch's allocator <= cap {budget['cap_bytes'] >> 20} MiB, {gpu['failed']} failed, "
-                     f"{sum(gpu['gpu_fallbacks'].values())} CPU fallbacks counted: "
-                     f"{'PASS' if within_cap(gpu) else 'FAIL'}")
+        lines.append(
+            f"VERDICT {scenario} memory: reserved peak {budget['peak_bytes'] >> 20} MiB, allocator peak "
+            f"{gpu['gpu_peak_bytes'] >> 20} MiB + {gpu.get('outside_torch_bytes', 0) >> 20} MiB outside "
+            f"torch's allocator <= cap {budget['cap_bytes'] >> 20} MiB, {gpu['failed']} failed, "
+            f"{sum(gpu['gpu_fallbacks'].values())} CPU fallbacks counted: "
+            f"{'PASS' if within_cap(gpu) else 'FAIL'}"
+        )
     return lines
 
 
@@ -760,8 +887,12 @@ def write_chart(report: ServingReport, path: str) -> bool:
         return False
     scenarios = list(report["results"])
     ran = [mode for mode, why in report["modes"].items() if not why]
-    labels = {"eager": "vLLM 0.33's path (CPU)", "eager_gpu": "vLLM 0.33's path, processor on the GPU",
-              "lazy": "lazymedia (CPU)", "lazy_gpu": "lazymedia on the GPU"}
+    labels = {
+        "eager": "vLLM 0.33's path (CPU)",
+        "eager_gpu": "vLLM 0.33's path, processor on the GPU",
+        "lazy": "lazymedia (CPU)",
+        "lazy_gpu": "lazymedia on the GPU",
+    }
     x = np.arange(len(scenarios))
     width = 0.8 / len(ran)
     fig, ax = plt.subplots(figsize=(max(7.5, 1.4 * len(scenarios)), 4.2))
@@ -771,16 +902,24 @@ def write_chart(report: ServingReport, path: str) -> bool:
         ax.bar(x + offset, rates, width=width, label=labels[mode])
         if mode != "eager":
             for i, scenario in enumerate(scenarios):
-                ax.annotate(f"{report['results'][scenario][mode]['speedup']:.1f}x", (i + offset, rates[i]),
-                            ha="center", va="bottom", fontsize=7)
+                ax.annotate(
+                    f"{report['results'][scenario][mode]['speedup']:.1f}x",
+                    (i + offset, rates[i]),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
     ax.set_yscale("log")
     ax.set_xticks(x, scenarios)
     ax.set_ylabel("requests / s (log scale)")
     quick = report.get("quick")
-    ax.set_title(("QUICK RUN (--quick): a smoke test, not a measurement\n" if quick else "")
-                 + f"{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']}\n"
-                 "vLLM's path: lazymedia's re-implementation; bar labels: requests/s over vLLM's path", fontsize=8,
-                 color="red" if quick else "black")
+    ax.set_title(
+        ("QUICK RUN (--quick): a smoke test, not a measurement\n" if quick else "")
+        + f"{report['requests']} requests at concurrency {report['concurrency']}, {report['processor']}\n"
+        "vLLM's path: lazymedia's re-implementation; bar labels: requests/s over vLLM's path",
+        fontsize=8,
+        color="red" if quick else "black",
+    )
     ax.legend(fontsize=7)
     save_figure(fig, path)
     return True

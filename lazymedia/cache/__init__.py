@@ -2,6 +2,7 @@
 same-host LMDB tier (HostCache), the shared Redis/Valkey tier, and any chain of them
 (TieredCache). The shared tiers and the value format are imported on first use: they need lmdb /
 the redis client / lz4. The modules are private; these names are the cache's public face."""
+
 from __future__ import annotations
 
 import importlib
@@ -33,12 +34,19 @@ if TYPE_CHECKING:  # what type checkers see of the names below, which run time i
     from ._tiered import SharedChain, TieredCache, TieredStats
     from ._writer import WriteStats
 
-_LAZY = {"HostCache": "lazymedia.cache._host", "SharedChain": "lazymedia.cache._tiered",
-         "RedisCache": "lazymedia.cache._redis", "SharedCacheStats": "lazymedia.cache._store",
-         "TieredCache": "lazymedia.cache._tiered", "TieredStats": "lazymedia.cache._tiered",
-         "WriteStats": "lazymedia.cache._writer", "SerializationError": "lazymedia.cache._serialize",
-         "dumps": "lazymedia.cache._serialize", "loads": "lazymedia.cache._serialize",
-         "recycle": "lazymedia.cache._serialize"}
+_LAZY = {
+    "HostCache": "lazymedia.cache._host",
+    "SharedChain": "lazymedia.cache._tiered",
+    "RedisCache": "lazymedia.cache._redis",
+    "SharedCacheStats": "lazymedia.cache._store",
+    "TieredCache": "lazymedia.cache._tiered",
+    "TieredStats": "lazymedia.cache._tiered",
+    "WriteStats": "lazymedia.cache._writer",
+    "SerializationError": "lazymedia.cache._serialize",
+    "dumps": "lazymedia.cache._serialize",
+    "loads": "lazymedia.cache._serialize",
+    "recycle": "lazymedia.cache._serialize",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -48,7 +56,33 @@ def __getattr__(name: str) -> object:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["Cache", "CacheStats", "Call", "ChainableTier", "HostCache", "LocalTier", "LruCache", "ProcessorCache",
-           "RedisCache", "Seal", "SerializationError", "SharedCacheStats", "SharedChain", "SharedTier", "SteppedTier",
-           "Steps", "TieredCache", "TieredStats", "WriteStats", "Writer", "adrive", "drive", "dumps",
-           "estimate_nbytes", "loads", "pause", "recycle", "threaded"]
+__all__ = [
+    "Cache",
+    "CacheStats",
+    "Call",
+    "ChainableTier",
+    "HostCache",
+    "LocalTier",
+    "LruCache",
+    "ProcessorCache",
+    "RedisCache",
+    "Seal",
+    "SerializationError",
+    "SharedCacheStats",
+    "SharedChain",
+    "SharedTier",
+    "SteppedTier",
+    "Steps",
+    "TieredCache",
+    "TieredStats",
+    "WriteStats",
+    "Writer",
+    "adrive",
+    "drive",
+    "dumps",
+    "estimate_nbytes",
+    "loads",
+    "pause",
+    "recycle",
+    "threaded",
+]

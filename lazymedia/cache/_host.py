@@ -35,6 +35,7 @@ one is a miss and is deleted.
 Leases: `<key>` in the leases table holds (token, expiry, pid); a lease whose holder died is
 free at once, one whose holder hangs after `lease_s`.
 """
+
 from __future__ import annotations
 
 import grp
@@ -101,8 +102,17 @@ def _environment(path: str, map_size: int, group: int | None) -> _Environment:
             return known[1]
         if known is not None:
             _INHERITED.append(known[1])
-        env = lmdb.open(real, map_size=map_size, max_dbs=4, max_readers=1024, sync=False, metasync=False,
-                        readahead=False, lock=True, mode=0o600 if group is None else 0o660)
+        env = lmdb.open(
+            real,
+            map_size=map_size,
+            max_dbs=4,
+            max_readers=1024,
+            sync=False,
+            metasync=False,
+            readahead=False,
+            lock=True,
+            mode=0o600 if group is None else 0o660,
+        )
         _ENVS[real] = (os.getpid(), env)
         return env
 
@@ -143,9 +153,10 @@ def refuse_untrusted(path: str, group: int | None, folder: bool) -> None:
         raise UntrustedCacheError(
             "the server's shared cache is misconfigured",
             hint=f"HostCache refuses {path}: it {' and '.join(problems)}, so another user could choose the values "
-                 "it serves (its files are read into every process that hits them). Remove it and let HostCache "
-                 "create it, or chown it to this user and chmod go-w; a cache shared by several users on purpose "
-                 "names their group: HostCache(shared_group=...)")
+            "it serves (its files are read into every process that hits them). Remove it and let HostCache "
+            "create it, or chown it to this user and chmod go-w; a cache shared by several users on purpose "
+            "names their group: HostCache(shared_group=...)",
+        )
 
 
 def _read_at_once(descriptor: int, view: memoryview, parts: int) -> bool:
@@ -162,14 +173,16 @@ def _read_at_once(descriptor: int, view: memoryview, parts: int) -> bool:
                 return False
             start += got
         return True
+
     if parts == 1:
         return read(0)
     with _ENVS_LOCK:
         pool = _READERS.get(os.getpid())
         if pool is None:
             _READERS.clear()
-            pool = _READERS[os.getpid()] = ThreadPoolExecutor(os.cpu_count() or 1,
-                                                              thread_name_prefix="lazymedia-host-read")
+            pool = _READERS[os.getpid()] = ThreadPoolExecutor(
+                os.cpu_count() or 1, thread_name_prefix="lazymedia-host-read"
+            )
     others = [pool.submit(read, start) for start in range(step, len(view), step)]
     try:
         first = read(0)
@@ -199,33 +212,47 @@ class HostCache(ValueStore):
 
     poll_s = (0.001, 0.02)  # a local store: polling it is cheap
 
-    def __init__(self, path: str = "/dev/shm/lazymedia-cache", capacity_bytes: int = 4 << 30, *,
-                 namespace: str = "", max_entry_bytes: int = 256 << 20, lease_s: float = 30.0,
-                 wait_s: float | None = None, map_size: int | None = None, bfloat16: bool = False,
-                 log_every_s: float = 10.0, secret: str | bytes | None = None, compress: bool = True,
-                 zero_copy: bool = True, file_min_bytes: int = 1 << 20, verify_payloads: bool = False,
-                 shared_group: str | int | None = None) -> None:
+    def __init__(
+        self,
+        path: str = "/dev/shm/lazymedia-cache",
+        capacity_bytes: int = 4 << 30,
+        *,
+        namespace: str = "",
+        max_entry_bytes: int = 256 << 20,
+        lease_s: float = 30.0,
+        wait_s: float | None = None,
+        map_size: int | None = None,
+        bfloat16: bool = False,
+        log_every_s: float = 10.0,
+        secret: str | bytes | None = None,
+        compress: bool = True,
+        zero_copy: bool = True,
+        file_min_bytes: int = 1 << 20,
+        verify_payloads: bool = False,
+        shared_group: str | int | None = None,
+    ) -> None:
         """Args:
-            path: the store's folder (made 0700, or 2770 for `shared_group`; refused if others can write it).
-            capacity_bytes: the most bytes of stored values; a put evicts the oldest entries first.
-            namespace: prefixes the keys: caches of other namespaces share the store, not its entries.
-            max_entry_bytes: larger values are not stored (counted `oversized`).
-            lease_s: how long a hung lease holder keeps its keys (a dead one frees them at once).
-            wait_s: the longest wait for another process's lease (default `lease_s`).
-            map_size: the most the LMDB file may grow to (default twice the capacity plus 64 MiB).
-            bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy, smaller).
-            log_every_s: faults and bad values are logged at most once per this many seconds.
-            secret: the MAC key of the values (default $LAZYMEDIA_CACHE_SECRET; None: an unkeyed digest).
-            compress: LZ4 where it shrinks a buffer (only without `zero_copy`).
-            zero_copy: store buffers as they are, a large value in a file of its own (see the module).
-            file_min_bytes: the smallest zero-copy value put in a file of its own.
-            verify_payloads: a hit checks the payload's tag too, not only the header's.
-            shared_group: a group (name or gid) whose members share the store; None: this user alone.
+        path: the store's folder (made 0700, or 2770 for `shared_group`; refused if others can write it).
+        capacity_bytes: the most bytes of stored values; a put evicts the oldest entries first.
+        namespace: prefixes the keys: caches of other namespaces share the store, not its entries.
+        max_entry_bytes: larger values are not stored (counted `oversized`).
+        lease_s: how long a hung lease holder keeps its keys (a dead one frees them at once).
+        wait_s: the longest wait for another process's lease (default `lease_s`).
+        map_size: the most the LMDB file may grow to (default twice the capacity plus 64 MiB).
+        bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy, smaller).
+        log_every_s: faults and bad values are logged at most once per this many seconds.
+        secret: the MAC key of the values (default $LAZYMEDIA_CACHE_SECRET; None: an unkeyed digest).
+        compress: LZ4 where it shrinks a buffer (only without `zero_copy`).
+        zero_copy: store buffers as they are, a large value in a file of its own (see the module).
+        file_min_bytes: the smallest zero-copy value put in a file of its own.
+        verify_payloads: a hit checks the payload's tag too, not only the header's.
+        shared_group: a group (name or gid) whose members share the store; None: this user alone.
         """
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
-        super().__init__(bfloat16, BadValueLog(log_every_s), "host", secret, compress and not zero_copy,
-                         levels=not zero_copy)
+        super().__init__(
+            bfloat16, BadValueLog(log_every_s), "host", secret, compress and not zero_copy, levels=not zero_copy
+        )
         self.zero_copy = zero_copy
         self.file_min_bytes = file_min_bytes
         self.verify_payloads = verify_payloads
@@ -262,8 +289,16 @@ class HostCache(ValueStore):
         bytes."""
         if not self.zero_copy:
             return super().serialize(key, value)
-        return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=False, levels=False,
-                          tag_payload=self.verify_payloads, tag_below=self.file_min_bytes)
+        return dump_parts(
+            value,
+            key=key,
+            mac=self._mac,
+            bfloat16=self.bfloat16,
+            compress=False,
+            levels=False,
+            tag_payload=self.verify_payloads,
+            tag_below=self.file_min_bytes,
+        )
 
     @property
     def layout(self) -> tuple[object, ...]:
@@ -290,7 +325,7 @@ class HostCache(ValueStore):
                 for key in keys:
                     name = self.prefix + key.encode()
                     data = txn.get(name, db=self._values)
-                    record = None if data is None else bytes(data[:4 + _NAME_MAX])
+                    record = None if data is None else bytes(data[: 4 + _NAME_MAX])
                     if record is not None and record.startswith(_FILE_REFERENCE):
                         data, gone = self._read_file(record[4:])
                         if gone:  # evicted and unlinked since this snapshot, lost, or not a value file
@@ -351,8 +386,9 @@ class HostCache(ValueStore):
                     if file_name is not None and not renamed:
                         # Named under the write lock: a sweep or clear (which scan the folder under
                         # it too) sees every final-named file either named by an entry or orphaned.
-                        os.replace(os.path.join(self.files, _TEMPORARY + file_name),
-                                   os.path.join(self.files, file_name))
+                        os.replace(
+                            os.path.join(self.files, _TEMPORARY + file_name), os.path.join(self.files, file_name)
+                        )
                         renamed = True
                     self._remove(txn, name, doomed)
                     self._evict(txn, self.capacity - size if attempt == 0 else self.capacity // 2, doomed)
@@ -396,8 +432,10 @@ class HostCache(ValueStore):
         def drop(txn: _Transaction) -> None:
             for db in (self._values, self._order, self._meta, self._leases):
                 txn.drop(db, delete=False)
-            doomed.extend(entry.name.encode() for entry in os.scandir(self.files)
-                          if not entry.name.startswith(_TEMPORARY))
+            doomed.extend(
+                entry.name.encode() for entry in os.scandir(self.files) if not entry.name.startswith(_TEMPORARY)
+            )
+
         if self._write(drop):
             self._unlink(doomed)
 
@@ -409,15 +447,16 @@ class HostCache(ValueStore):
         file_name = f"{blake3.blake3(name).hexdigest(8)}-{secrets.token_hex(8)}"
         temporary = os.path.join(self.files, _TEMPORARY + file_name)
         try:
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                                 0o400 if self._group is None else 0o440)
+            descriptor = os.open(
+                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400 if self._group is None else 0o440
+            )
             try:
                 if self._group is not None:
                     os.fchown(descriptor, -1, self._group)
                 for part in [*parts, file_name.encode()]:  # the file ends with its own name
                     view = memoryview(part).cast("B")
                     while view:
-                        view = view[os.write(descriptor, view):]
+                        view = view[os.write(descriptor, view) :]
             finally:
                 os.close(descriptor)
         except OSError as exc:  # ENOSPC on a full /dev/shm
@@ -440,14 +479,19 @@ class HostCache(ValueStore):
         if not _plain_name(text) or text.startswith("."):
             return None, True
         try:
-            descriptor = os.open(os.path.join(self.files, text),
-                                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            descriptor = os.open(
+                os.path.join(self.files, text), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            )
         except OSError:
             return None, True
         try:
             status = os.fstat(descriptor)
-            if not stat.S_ISREG(status.st_mode) or status.st_mode & 0o222 or status.st_size <= len(file_name) or \
-                    (status.st_uid != os.geteuid() and (self._group is None or status.st_gid != self._group)):
+            if (
+                not stat.S_ISREG(status.st_mode)
+                or status.st_mode & 0o222
+                or status.st_size <= len(file_name)
+                or (status.st_uid != os.geteuid() and (self._group is None or status.st_gid != self._group))
+            ):
                 return None, True
             import torch
 
@@ -465,9 +509,9 @@ class HostCache(ValueStore):
             return None, True
         finally:
             os.close(descriptor)
-        if not whole or bytes(buffer[-len(file_name):]) != file_name:
+        if not whole or bytes(buffer[-len(file_name) :]) != file_name:
             return None, True
-        return buffer[:-len(file_name)], False
+        return buffer[: -len(file_name)], False
 
     def _unlink(self, file_names: list[bytes]) -> None:
         for file_name in file_names:
@@ -498,6 +542,7 @@ class HostCache(ValueStore):
                         doomed.append(name)
                 except OSError:  # gone meanwhile
                     continue
+
         if self._write(scan):
             self._unlink(doomed)
 
@@ -555,13 +600,14 @@ class HostCache(ValueStore):
                 used -= _ENTRY.unpack(entry)[1]
                 self._count("evictions")
 
-    def _refresh(self, txn: _Transaction, bad: list[tuple[bytes, bytes]], stale: list[bytes],
-                 doomed: list[bytes]) -> None:
+    def _refresh(
+        self, txn: _Transaction, bad: list[tuple[bytes, bytes]], stale: list[bytes], doomed: list[bytes]
+    ) -> None:
         """Removes the bad entries read (values that did not read back, names of files gone) that
         are still what was read (not a newer value since), and re-stamps the stale ones."""
         for name, seen in bad:
             record = txn.get(name, db=self._values)
-            if record is not None and bytes(record[:len(seen)]) == seen:
+            if record is not None and bytes(record[: len(seen)]) == seen:
                 self._remove(txn, name, doomed)
         for name in stale:
             entry = txn.get(name, db=self._meta)
@@ -612,6 +658,7 @@ class HostCache(ValueStore):
             raw = txn.get(name, db=self._leases)
             if raw is not None and _LEASE.unpack(raw)[0] == token.encode():
                 txn.delete(name, db=self._leases)
+
         self._write(drop)
 
     def probe_steps(self, key: str) -> Steps[tuple[str, Any]]:
@@ -630,4 +677,3 @@ class HostCache(ValueStore):
         except lmdb.Error as exc:
             self._fault(exc)
             return "free", None
-

@@ -1,5 +1,6 @@
 """The in-process output cache: `ProcessorCache` holds processed outputs bounded in bytes, an
 `LruCache` (lazymedia.lru) weighed by the buffers of each output."""
+
 from __future__ import annotations
 
 import sys
@@ -30,8 +31,8 @@ class ProcessorCache(LruCache):
 
     def __init__(self, capacity_bytes: int = 1 << 30, sizeof: Callable[[Any], int] = estimate_nbytes):
         """Args:
-            capacity_bytes: the most bytes of outputs held; the least recently used go first.
-            sizeof: an output's bytes (default `estimate_nbytes`).
+        capacity_bytes: the most bytes of outputs held; the least recently used go first.
+        sizeof: an output's bytes (default `estimate_nbytes`).
         """
         super().__init__(capacity_bytes, sizeof)  # read back as .capacity, like every LruCache
 

@@ -4,6 +4,7 @@ TieredCache) is a `local` tier the Processor reads and writes under its lock, an
 leases for single flight, called outside the lock in sync and asyncio forms. `ChainableTier` is
 what TieredCache and SharedChain need besides (stored bytes, polling, stats) of each tier they
 chain."""
+
 from __future__ import annotations
 
 import asyncio
@@ -72,11 +73,13 @@ class ChainableTier(SharedTier, Protocol):
     def stats(self) -> Any:  # a store.SharedCacheStats (store imports this module)
         ...
 
-    def read_many(self, keys: list[str], encoded: bool = False,
-                  again: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
+    def read_many(
+        self, keys: list[str], encoded: bool = False, again: bool = False
+    ) -> dict[str, tuple[Any, bytes | None]]: ...
 
-    async def aread_many(self, keys: list[str], encoded: bool = False,
-                         again: bool = False) -> dict[str, tuple[Any, bytes | None]]: ...
+    async def aread_many(
+        self, keys: list[str], encoded: bool = False, again: bool = False
+    ) -> dict[str, tuple[Any, bytes | None]]: ...
 
     def probe(self, key: str) -> tuple[str, Any]: ...
 
@@ -117,6 +120,7 @@ class Cache(Protocol):
 class Call:
     """One step of a tier protocol: a call in its sync form (`run`) and its asyncio form (`arun`),
     with its arguments. A failure of the call is thrown back into the generator that yielded it."""
+
     run: Callable[..., Any]
     arun: Callable[..., Awaitable[Any]]
     args: tuple[Any, ...] = ()
@@ -176,8 +180,9 @@ _ORPHAN_RELEASES: set[asyncio.Future[None]] = set()  # releases of leases whose 
 def _forget_release(release: asyncio.Future[None]) -> None:
     _ORPHAN_RELEASES.discard(release)
     if not release.cancelled() and release.exception() is not None:
-        logging.getLogger("lazymedia.cache").warning("releasing a cancelled request's lease failed: %r",
-                                                     release.exception())
+        logging.getLogger("lazymedia.cache").warning(
+            "releasing a cancelled request's lease failed: %r", release.exception()
+        )
 
 
 class SteppedTier:

@@ -27,6 +27,7 @@ that gave up is a local decode; it rests the tier only when no node answered. A 
 most `failover_s` plus a call's `timeout_s` per failover; MOVED and ASK redirects (a
 resharding) are followed by the client.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,13 +58,16 @@ logger = logging.getLogger("lazymedia.cache")
 
 # Takes the lease if it is free; yes also when it holds this token already (the SET of an earlier
 # try whose reply was lost: a call made again during a failover must not wait for its own lease).
-_TAKE = ("if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
-         "if redis.call('get', KEYS[1]) == ARGV[1] then return 1 end return 0")
+_TAKE = (
+    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return 1 end return 0"
+)
 # Deletes the lease only if it still holds this process's token (the holder may have expired).
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 # Extends the lease only if it still holds this process's token.
-_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
-          "else return 0 end")
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+)
 
 
 # Values up to this size are joined for their SET in a buffer each writing thread keeps (one for
@@ -92,8 +96,8 @@ class LeaseRenewals:
 
     def __init__(self, renew: Callable[[list[tuple[str, str]]], list[bool]], every_s: float) -> None:
         """Args:
-            renew: extends the held (key, token) leases; which ones are still this process's.
-            every_s: the time between renewals.
+        renew: extends the held (key, token) leases; which ones are still this process's.
+        every_s: the time between renewals.
         """
         self._renew = renew
         self.every_s = every_s
@@ -151,29 +155,43 @@ class RedisCache(ValueStore):
     `cluster-node-timeout` plus a second or two; 0 on one server, whose fault rests the tier at
     once)."""
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "", ttl_s: float = 24 * 3600,
-                 max_entry_bytes: int = 64 << 20, timeout_s: float = 0.5, lease_s: float = 1.5,
-                 wait_s: float | None = None, retry_after_s: float = 1.0, log_every_s: float = 10.0,
-                 bfloat16: bool = False, client: redis.Redis | redis.cluster.RedisCluster | None = None,
-                 async_client: redis.asyncio.Redis | None = None, secret: str | bytes | None = None,
-                 compress: bool = True, cluster: bool | None = None, failover_s: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        namespace: str = "",
+        ttl_s: float = 24 * 3600,
+        max_entry_bytes: int = 64 << 20,
+        timeout_s: float = 0.5,
+        lease_s: float = 1.5,
+        wait_s: float | None = None,
+        retry_after_s: float = 1.0,
+        log_every_s: float = 10.0,
+        bfloat16: bool = False,
+        client: redis.Redis | redis.cluster.RedisCluster | None = None,
+        async_client: redis.asyncio.Redis | None = None,
+        secret: str | bytes | None = None,
+        compress: bool = True,
+        cluster: bool | None = None,
+        failover_s: float | None = None,
+    ) -> None:
         """Args:
-            url: the server (redis://host:port/db); on a cluster, any node's.
-            namespace: prefixes the keys: caches of other namespaces share the server, not its entries.
-            ttl_s: how long a value lives on the server.
-            max_entry_bytes: larger values are not stored (counted `oversized`).
-            timeout_s: the longest a call may take (connecting included); a slower one is a fault.
-            lease_s: how long a lease lives unless its holder renews it (it does while it works).
-            wait_s: the longest wait for another process's lease, then a decode here (default 30 s).
-            retry_after_s: how long the tier rests after a fault (its calls then fall back at once).
-            log_every_s: faults and bad values are logged at most once per this many seconds.
-            bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy, smaller).
-            client: a ready sync client (redis.Redis, or redis.cluster.RedisCluster) instead of `url`.
-            async_client: a ready asyncio client (one server's; an asyncio cluster client is refused).
-            secret: the MAC key of the values (default $LAZYMEDIA_CACHE_SECRET; None: an unkeyed digest).
-            compress: LZ4 where it shrinks a buffer.
-            cluster: `url` is a Redis Cluster's (default: whether `client` is a RedisCluster).
-            failover_s: how long a failed call is made again (default 5 s on a cluster, 0 on one server).
+        url: the server (redis://host:port/db); on a cluster, any node's.
+        namespace: prefixes the keys: caches of other namespaces share the server, not its entries.
+        ttl_s: how long a value lives on the server.
+        max_entry_bytes: larger values are not stored (counted `oversized`).
+        timeout_s: the longest a call may take (connecting included); a slower one is a fault.
+        lease_s: how long a lease lives unless its holder renews it (it does while it works).
+        wait_s: the longest wait for another process's lease, then a decode here (default 30 s).
+        retry_after_s: how long the tier rests after a fault (its calls then fall back at once).
+        log_every_s: faults and bad values are logged at most once per this many seconds.
+        bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy, smaller).
+        client: a ready sync client (redis.Redis, or redis.cluster.RedisCluster) instead of `url`.
+        async_client: a ready asyncio client (one server's; an asyncio cluster client is refused).
+        secret: the MAC key of the values (default $LAZYMEDIA_CACHE_SECRET; None: an unkeyed digest).
+        compress: LZ4 where it shrinks a buffer.
+        cluster: `url` is a Redis Cluster's (default: whether `client` is a RedisCluster).
+        failover_s: how long a failed call is made again (default 5 s on a cluster, 0 on one server).
         """
         try:
             import redis
@@ -181,22 +199,30 @@ class RedisCache(ValueStore):
             import redis.asyncio.cluster
             import redis.cluster
         except ImportError as exc:
-            raise ImportError("RedisCache needs the redis client: pip install redis hiredis "
-                              "(the lazymedia-decode[redis] extra)") from exc
+            raise ImportError(
+                "RedisCache needs the redis client: pip install redis hiredis (the lazymedia-decode[redis] extra)"
+            ) from exc
         super().__init__(bfloat16, BadValueLog(log_every_s, logger), "shared", secret, compress)
         if "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace {namespace!r} has a brace: the item key must be each key's hash tag")
         if isinstance(async_client, redis.asyncio.cluster.RedisCluster):
-            raise ValueError("an asyncio RedisCluster client follows ASK redirects wrongly (see _async_form): "
-                             "give the sync redis.cluster.RedisCluster as `client`, or `cluster=True` and the url")
+            raise ValueError(
+                "an asyncio RedisCluster client follows ASK redirects wrongly (see _async_form): "
+                "give the sync redis.cluster.RedisCluster as `client`, or `cluster=True` and the url"
+            )
         if cluster is None:
             cluster = isinstance(client, redis.cluster.RedisCluster)
         self.cluster = cluster
         # RedisClusterException (no node reachable, no slot map) is not a RedisError
-        self._unreachable: type[Exception] = getattr(redis.exceptions, "RedisClusterUnreachableError",
-                                    redis.exceptions.RedisClusterException)  # no node answered
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, self._unreachable, OSError,
-                                                         asyncio.TimeoutError)
+        self._unreachable: type[Exception] = getattr(
+            redis.exceptions, "RedisClusterUnreachableError", redis.exceptions.RedisClusterException
+        )  # no node answered
+        self._errors: tuple[type[BaseException], ...] = (
+            redis.RedisError,
+            self._unreachable,
+            OSError,
+            asyncio.TimeoutError,
+        )
         self.prefix = f"lazymedia:{namespace}:"
         self.ttl_ms = int(ttl_s * 1000)
         self.max_entry_bytes = max_entry_bytes
@@ -247,9 +273,13 @@ class RedisCache(ValueStore):
             if log:
                 self._last_log = now
         if log:
-            logger.warning("shared cache %s failed (%s: %s); %s", what, type(exc).__name__, exc,
-                           f"using the local tier for {self.retry_after_s:.1f} s" if rest
-                           else "the other nodes are still used")
+            logger.warning(
+                "shared cache %s failed (%s: %s); %s",
+                what,
+                type(exc).__name__,
+                exc,
+                f"using the local tier for {self.retry_after_s:.1f} s" if rest else "the other nodes are still used",
+            )
 
     def _skip(self) -> bool:
         if self.available:
@@ -267,8 +297,9 @@ class RedisCache(ValueStore):
             with self._client_lock:
                 if self._client is None:  # the tier makes calls again itself, bounded by failover_s;
                     # slots nobody serves (a primary down with no replica) are its keys' misses only
-                    self._client = redis.cluster.RedisCluster.from_url(self._url, retry=Retry(NoBackoff(), 0),
-                                                                       require_full_coverage=False, **self._options)
+                    self._client = redis.cluster.RedisCluster.from_url(
+                        self._url, retry=Retry(NoBackoff(), 0), require_full_coverage=False, **self._options
+                    )
                 client = self._client
         return client
 
@@ -277,8 +308,7 @@ class RedisCache(ValueStore):
         run = lambda: getattr(self._sync_client(), name)(*args, **kwargs)
         return Call(run, self._async_form(run, lambda: getattr(self._async_client(), name)(*args, **kwargs)))
 
-    def _async_form(self, run: Callable[[], Any],
-                    arun: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    def _async_form(self, run: Callable[[], Any], arun: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
         """How an asyncio caller makes a call: on the loop's own client; on a cluster, the sync
         client's call on one of the tier's threads (its own pool, not the loop's default
         executor: during a hang each call holds its thread up to `timeout_s`, and the default
@@ -297,14 +327,17 @@ class RedisCache(ValueStore):
         """The threads the asyncio calls on a cluster run on (a forked child makes its own)."""
         with self._client_lock:
             if self._threads is None or self._threads[0] != os.getpid():
-                self._threads = (os.getpid(), ThreadPoolExecutor(_CLUSTER_THREADS,
-                                                                 thread_name_prefix="lazymedia-redis-cluster"))
+                self._threads = (
+                    os.getpid(),
+                    ThreadPoolExecutor(_CLUSTER_THREADS, thread_name_prefix="lazymedia-redis-cluster"),
+                )
             return self._threads[1]
 
     def _pipeline(self, commands: list[_Command], raise_on_error: bool = True) -> Call:
         """Commands in one round trip (on a cluster, one per node, sent to all before any is
         read), without a transaction: the list of their replies (with `raise_on_error=False`, a
         command's failure as its reply)."""
+
         def run() -> list[Any]:
             with self._sync_client().pipeline(transaction=False) as pipe:
                 for name, *args in commands:
@@ -382,6 +415,7 @@ class RedisCache(ValueStore):
         """`_pipeline(commands, raise_on_error=False)` on a cluster, a pipeline per node in turn
         (`names[i]`: the key command i is about): a node's failure, even while connecting, is its
         own commands' reply, not the batch's."""
+
         def run() -> list[Any]:
             # a cluster's client (see the docstring), whose methods redis-py leaves unannotated
             client = cast("redis.cluster.RedisCluster", self._sync_client())
@@ -449,7 +483,7 @@ class RedisCache(ValueStore):
         joined = memoryview(scratch)[:total]
         at = 0
         for view in views:
-            joined[at:at + view.nbytes] = view
+            joined[at : at + view.nbytes] = view
             at += view.nbytes
         return joined
 
@@ -495,7 +529,8 @@ class RedisCache(ValueStore):
         token = secrets.token_hex(8)
         try:
             taken = yield from self._steady(
-                lambda: self._command("eval", _TAKE, 1, self._lease_name(key), token, self.lease_ms))
+                lambda: self._command("eval", _TAKE, 1, self._lease_name(key), token, self.lease_ms)
+            )
         except self._errors as exc:
             self._gave_up(exc, "lease")
             return ""
@@ -525,8 +560,9 @@ class RedisCache(ValueStore):
             return [False] * len(held)
         names = [self._lease_name(key) for key, _ in held]
         # a cluster pipeline has no eval(): the raw command, routed by its key
-        commands = [("execute_command", "EVAL", _RENEW, 1, name, token, self.lease_ms)
-                    for name, (_, token) in zip(names, held)]
+        commands = [
+            ("execute_command", "EVAL", _RENEW, 1, name, token, self.lease_ms) for name, (_, token) in zip(names, held)
+        ]
         try:
             try:
                 replies = self._pipeline(commands, raise_on_error=False).run()
@@ -550,7 +586,8 @@ class RedisCache(ValueStore):
             return "free", None
         try:
             data, lease = yield from self._steady(
-                lambda: self._pipeline([("get", self.name(key)), ("exists", self._lease_name(key))]))
+                lambda: self._pipeline([("get", self.name(key)), ("exists", self._lease_name(key))])
+            )
         except self._errors as exc:
             self._gave_up(exc, "wait")
             return "free", None

@@ -39,6 +39,7 @@ Reading checks the key, the tags, every range, dtype, shape and size against the
 on what the value may expand to, so a corrupt, truncated, foreign or other-version value is a
 SerializationError (a cache miss), never a crash or an unbounded allocation.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,22 @@ _ALIGN = 64
 MAX_DEPTH = 32
 # What one value may expand to when read, unless the reader says otherwise.
 MAX_VALUE_BYTES = 4 << 30
-_NUMPY_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex64",
-                 "complex128", "uint16", "uint32", "uint64")
+_NUMPY_DTYPES = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "uint16",
+    "uint32",
+    "uint64",
+)
 _TORCH_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 # An element's size -> the integer type of its bit pattern.
@@ -104,6 +119,7 @@ class BytesNode(TypedDict):
 class ElementsNode(TypedDict, total=False):
     """A numpy array ("a") or torch tensor ("t"), one encoding of its elements' range "r":
     raw, level codes ("k", "c", "g", "e"), bfloat16 ("h"), each maybe LZ4 ("z", "n")."""
+
     a: str  # a numpy dtype's name
     t: str  # a torch dtype's name
     s: list[int]  # shape
@@ -175,9 +191,14 @@ class _CodeBuffer(threading.local):
     def recycle(self, parts: list[Any]) -> None:
         """The buffer lent to `parts` is this thread's again, where they hold it."""
         lent = self.lent
-        if lent is not None and self.buffer is None and any(
+        if (
+            lent is not None
+            and self.buffer is None
+            and any(
                 isinstance(part, memoryview) and np.may_share_memory(np.frombuffer(part, np.uint8), lent)
-                for part in parts):
+                for part in parts
+            )
+        ):
             self.buffer, self.lent = lent, None
 
 
@@ -234,8 +255,12 @@ class BadValueLog:
                 self._quiet += 1
                 return
             self._last, quiet, self._quiet = now, self._quiet, 0
-        self._logger.warning("%s cache: unreadable value treated as a miss (%s)%s", tier, exc,
-                             f"; {quiet} more since the last report" if quiet else "")
+        self._logger.warning(
+            "%s cache: unreadable value treated as a miss (%s)%s",
+            tier,
+            exc,
+            f"; {quiet} more since the last report" if quiet else "",
+        )
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -245,14 +270,15 @@ def _groupings(shape: tuple[int, ...], count: int) -> list[tuple[int, int, int]]
     256 levels per channel, not per tensor): a channel dimension of 2-4 (NCHW, [frames, C, H, W]),
     or the channel-major patches of Qwen2-VL-style processors ([patches, C*T*P*P], channel of
     element i: (i // (T*P*P)) % C, with C = 3); then one table, uint8 codes, then uint16."""
-    channel = [(math.prod(shape[d + 1:]), size, 256) for d, size in enumerate(shape) if 2 <= size <= 4]
+    channel = [(math.prod(shape[d + 1 :]), size, 256) for d, size in enumerate(shape) if 2 <= size <= 4]
     if len(shape) == 2 and shape[-1] % 3 == 0:
         channel.append((shape[-1] // 3, 3, 256))
     return [g for g in channel if g[0] > 0] + [(count, 1, 256), (count, 1, MAX_LEVELS)]
 
 
-def _level_code(bits: npt.NDArray[Any], shape: tuple[int, ...]
-                ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], int, int, int] | None:
+def _level_code(
+    bits: npt.NDArray[Any], shape: tuple[int, ...]
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any], int, int, int] | None:
     """(tables, codes, run, groups, half) with tables[(i // run) % groups, codes[i]] == bits[i] bit
     for bit (the tables padded with zeros to one length; with `half`, every block of 2 * half
     elements repeats its first half and the codes are the first halves'), or None when no grouping
@@ -274,7 +300,7 @@ def _level_code(bits: npt.NDArray[Any], shape: tuple[int, ...]
             tables = np.zeros((groups, levels), bits.dtype)
             counts = level_coder.encode(bits, run, groups, levels, codes, tables.reshape(-1), half)
             if counts is not None:
-                return np.ascontiguousarray(tables[:, :max(max(counts), 1)]), codes, run, groups, half
+                return np.ascontiguousarray(tables[:, : max(max(counts), 1)]), codes, run, groups, half
     return None
 
 
@@ -285,7 +311,7 @@ def _maybe_compress(buffer: memoryview) -> tuple[memoryview, ElementsNode]:
     if size < _COMPRESS_MIN or size > _LZ4_MAX:
         return buffer, {}
     middle = (size - min(size, _TRIAL_BYTES)) // 2
-    trial = buffer[middle:middle + _TRIAL_BYTES]
+    trial = buffer[middle : middle + _TRIAL_BYTES]
     if len(lz4.block.compress(trial, store_size=False, acceleration=_LZ4_ACCELERATION)) > _COMPRESS_GAIN * trial.nbytes:
         return buffer, {}
     packed = lz4.block.compress(buffer, store_size=False, acceleration=_LZ4_ACCELERATION)
@@ -336,8 +362,9 @@ class _Writer:
         if item.dtype.name not in _NUMPY_DTYPES:
             raise SerializationError(f"numpy dtype {item.dtype} is not supported")
         array = np.ascontiguousarray(item)
-        return self.elements({"a": array.dtype.name, "s": list(array.shape)}, array.reshape(-1),
-                             array.dtype.name in _FLOATS, False)
+        return self.elements(
+            {"a": array.dtype.name, "s": list(array.shape)}, array.reshape(-1), array.dtype.name in _FLOATS, False
+        )
 
     def tensor(self, item: torch.Tensor) -> ElementsNode:
         import torch
@@ -349,13 +376,20 @@ class _Writer:
         flat = tensor.view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
         if tensor.element_size() in _BITS:
             flat = flat.view(_BITS[tensor.element_size()])
-        return self.elements({"t": dtype, "s": list(item.shape)}, flat, dtype in _FLOATS,
-                             self.bfloat16 and dtype in ("float32", "float64"))
+        return self.elements(
+            {"t": dtype, "s": list(item.shape)},
+            flat,
+            dtype in _FLOATS,
+            self.bfloat16 and dtype in ("float32", "float64"),
+        )
 
     def elements(self, node: ElementsNode, flat: npt.NDArray[Any], is_float: bool, lossy: bool) -> ElementsNode:
         """Fills the node's storage fields for a contiguous 1-d array of the elements."""
-        coded = (_level_code(flat.view(_BITS[flat.itemsize]), tuple(node["s"]))
-                 if self.levels and is_float and flat.itemsize in _BITS else None)
+        coded = (
+            _level_code(flat.view(_BITS[flat.itemsize]), tuple(node["s"]))
+            if self.levels and is_float and flat.itemsize in _BITS
+            else None
+        )
         if coded is not None:
             tables, codes, run, groups, half = coded
             node["k"] = self.place(tables.view(np.uint8).reshape(-1).data)
@@ -380,8 +414,15 @@ class _Writer:
         return node
 
 
-def dumps(value: object, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False, compress: bool = True,
-          levels: bool = True) -> bytes:
+def dumps(
+    value: object,
+    *,
+    key: str = "",
+    mac: bytes | None = None,
+    bfloat16: bool = False,
+    compress: bool = True,
+    levels: bool = True,
+) -> bytes:
     """The value as bytes bound to `key` (and tagged with `mac`, a `mac_key`); SerializationError
     for a type outside the layout above. Exact unless `bfloat16` (float32/float64 tensors that
     are not level-coded lose precision). `compress=False` stores every buffer without LZ4 (larger,
@@ -392,9 +433,17 @@ def dumps(value: object, *, key: str = "", mac: bytes | None = None, bfloat16: b
     return joined
 
 
-def dump_parts(value: object, *, key: str = "", mac: bytes | None = None, bfloat16: bool = False,
-               compress: bool = True, levels: bool = True, tag_payload: bool = True,
-               tag_below: int = 0) -> list[bytes | memoryview]:
+def dump_parts(
+    value: object,
+    *,
+    key: str = "",
+    mac: bytes | None = None,
+    bfloat16: bool = False,
+    compress: bool = True,
+    levels: bool = True,
+    tag_payload: bool = True,
+    tag_below: int = 0,
+) -> list[bytes | memoryview]:
     """`dumps` as the buffers it joins, for a writer that writes them where they go with no copy
     in between: buffers stored as they are are views of the value's own tensors and arrays (the
     value must not change until they are written). `tag_payload=False` leaves the payload tag
@@ -416,8 +465,15 @@ def dump_parts(value: object, *, key: str = "", mac: bytes | None = None, bfloat
 
 
 # -- reading --------------------------------------------------------------------------------------
-def loads(data: bytes | bytearray | memoryview | npt.NDArray[Any], *, key: str = "", mac: bytes | None = None,
-          max_bytes: int = MAX_VALUE_BYTES, zero_copy: bool = False, verify_payload: bool = True) -> Any:
+def loads(
+    data: bytes | bytearray | memoryview | npt.NDArray[Any],
+    *,
+    key: str = "",
+    mac: bytes | None = None,
+    max_bytes: int = MAX_VALUE_BYTES,
+    zero_copy: bool = False,
+    verify_payload: bool = True,
+) -> Any:
     """The value back; SerializationError for anything that is not a well-formed value of this
     version written under `key` with the same `mac` key, or one that would expand past
     `max_bytes`. Tensors and arrays own their memory (the input may be a view that dies after
@@ -445,10 +501,10 @@ def _checked_header(view: memoryview, key: str, mac: bytes | None, verify_payloa
         raise SerializationError("header runs past the value")
     if bytes(view[8:24]) != key_digest(key):
         raise SerializationError("value written under another key")
-    header = view[_PREFIX:_PREFIX + header_length]
+    header = view[_PREFIX : _PREFIX + header_length]
     if _tagger(mac).update(view[8:24]).update(view[24:40]).update(header).digest(16) != bytes(view[40:_PREFIX]):
         raise SerializationError("tag mismatch (truncated, damaged, or written without this tier's secret)")
-    payload = view[_PREFIX + header_length:]
+    payload = view[_PREFIX + header_length :]
     if verify_payload and _tagger(mac).update(payload).digest(16) != bytes(view[24:40]):
         raise SerializationError("payload tag mismatch (truncated or damaged)")
     try:
@@ -483,7 +539,7 @@ class _Reader:
         start, length = entry
         if start + length > self.payload.nbytes:
             raise SerializationError("byte range runs past the value")
-        return self.payload[start:start + length]
+        return self.payload[start : start + length]
 
     def walk(self, node: object, depth: int) -> Any:
         if depth > MAX_DEPTH or not isinstance(node, dict) or not 1 <= len(node) <= 9:
@@ -564,9 +620,15 @@ class _Reader:
     def level_decoded(self, node: dict[str, Any], count: int, itemsize: int) -> npt.NDArray[Any]:
         """The bit patterns of a level-coded node, gathered from its codes and tables."""
         grouping = node.get("g")
-        if (node.get("c") not in ("uint8", "uint16") or itemsize not in _BITS or not isinstance(grouping, list)
-                or len(grouping) != 2 or not all(type(v) is int and v > 0 for v in grouping)
-                or grouping[0] > max(count, 1) or count == 0):
+        if (
+            node.get("c") not in ("uint8", "uint16")
+            or itemsize not in _BITS
+            or not isinstance(grouping, list)
+            or len(grouping) != 2
+            or not all(type(v) is int and v > 0 for v in grouping)
+            or grouping[0] > max(count, 1)
+            or count == 0
+        ):
             raise SerializationError("bad level coding")
         run, groups = grouping
         half = node.get("e", 0)

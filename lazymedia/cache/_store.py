@@ -3,6 +3,7 @@ neither tier stands on the other: their counters (`SharedCacheStats`) and the ba
 encodes a value once, decodes what a tier read (counting hits, misses and bad values) and waits
 for another process's lease (`ValueStore`). Each protocol step is one generator of tier calls
 (`protocol.Call`), run in its sync or asyncio form by `protocol.drive` / `adrive`."""
+
 from __future__ import annotations
 
 import os
@@ -52,15 +53,22 @@ class ValueStore(SteppedTier):
     poll_s: tuple[float, float] = (0.002, 0.05)
     wait_s: float
 
-    def __init__(self, bfloat16: bool, bad_values: BadValueLog, tier: str, secret: str | bytes | None,
-                 compress: bool, levels: bool = True) -> None:
+    def __init__(
+        self,
+        bfloat16: bool,
+        bad_values: BadValueLog,
+        tier: str,
+        secret: str | bytes | None,
+        compress: bool,
+        levels: bool = True,
+    ) -> None:
         """Args:
-            bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy).
-            bad_values: where values that do not read back are logged (rate-limited).
-            tier: the tier's name in those logs.
-            secret: the MAC key (None: $LAZYMEDIA_CACHE_SECRET, else an unkeyed digest).
-            compress: LZ4 where it shrinks a buffer.
-            levels: level codes where they fit; False: buffers as they are (zero-copy reads).
+        bfloat16: store float32/float64 tensors that are not level-coded as bfloat16 (lossy).
+        bad_values: where values that do not read back are logged (rate-limited).
+        tier: the tier's name in those logs.
+        secret: the MAC key (None: $LAZYMEDIA_CACHE_SECRET, else an unkeyed digest).
+        compress: LZ4 where it shrinks a buffer.
+        levels: level codes where they fit; False: buffers as they are (zero-copy reads).
         """
         self.bfloat16 = bfloat16
         self.compress = compress  # LZ4 where it shrinks a buffer; False: larger values, no LZ4 on a hit
@@ -93,16 +101,23 @@ class ValueStore(SteppedTier):
     def serialize(self, key: str, value: Any) -> Encoded:
         """The tier's stored form of `value`: the buffers `serialize.dumps` would join, which the
         tier's `put_encoded` writes where they go (SerializationError for a type it cannot hold)."""
-        return dump_parts(value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress,
-                          levels=self.levels)
+        return dump_parts(
+            value, key=key, mac=self._mac, bfloat16=self.bfloat16, compress=self.compress, levels=self.levels
+        )
 
     @property
     def layout(self) -> tuple[object, ...]:
         """What `encode` depends on besides the value: tiers with equal layouts store equal bytes."""
         return type(self).__name__, self.levels, self.compress, self.bfloat16, self._mac
 
-    def decode(self, key: str, data: bytes | memoryview | npt.NDArray[np.uint8] | None, again: bool = False,
-               zero_copy: bool = False, verify_payload: bool = True) -> tuple[bool, Any]:
+    def decode(
+        self,
+        key: str,
+        data: bytes | memoryview | npt.NDArray[np.uint8] | None,
+        again: bool = False,
+        zero_copy: bool = False,
+        verify_payload: bool = True,
+    ) -> tuple[bool, Any]:
         """(True, value) for stored bytes a tier read under `key`; (False, None) for absent ones
         (None) or a bad value (damaged, foreign, another key's, untagged), counted (a miss and
         corrupt) and logged (rate-limited). `again`: a later read of a key a request already
@@ -129,12 +144,14 @@ class ValueStore(SteppedTier):
         holds (`again`: see `decode`)."""
         raise NotImplementedError
 
-    def read_many(self, keys: list[str], encoded: bool = False,
-                  again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+    def read_many(
+        self, keys: list[str], encoded: bool = False, again: bool = False
+    ) -> dict[str, tuple[Any, bytes | None]]:
         return drive(self.read_steps(keys, encoded, again))
 
-    async def aread_many(self, keys: list[str], encoded: bool = False,
-                         again: bool = False) -> dict[str, tuple[Any, bytes | None]]:
+    async def aread_many(
+        self, keys: list[str], encoded: bool = False, again: bool = False
+    ) -> dict[str, tuple[Any, bytes | None]]:
         return await adrive(self.read_steps(keys, encoded, again))
 
     def put_encoded(self, key: str, data: Encoded, unchanged: Callable[[], bool] | None = None) -> bool:

@@ -9,6 +9,7 @@ per layout (a zero-copy HostCache stores buffers as they are, Redis level codes)
 each; a lease is taken in each, nearest first, so processes of one host settle a
 key on the host tier and hosts settle it on the farthest; a waiter polls them all.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,7 +41,7 @@ class SharedChain(SteppedTier):
 
     def __init__(self, tiers: tuple[ChainableTier, ...] | list[ChainableTier]) -> None:
         """Args:
-            tiers: the shared tiers, nearest first.
+        tiers: the shared tiers, nearest first.
         """
         self.tiers = list(tiers)
 
@@ -84,8 +85,9 @@ class SharedChain(SteppedTier):
             encoded.append(by_layout[layout])
         return tuple(encoded) if any(data is not None for data in encoded) else None
 
-    def put_encoded(self, key: str, data: Encoded | tuple[Encoded | None, ...],
-                    unchanged: Callable[[], bool] | None = None) -> bool:
+    def put_encoded(
+        self, key: str, data: Encoded | tuple[Encoded | None, ...], unchanged: Callable[[], bool] | None = None
+    ) -> bool:
         """Stores what `encode` returned (each tier its own bytes), or the same bytes in each;
         `unchanged` as the tiers' `put_encoded` take it."""
         each = data if isinstance(data, tuple) else (data,) * len(self.tiers)
@@ -145,13 +147,14 @@ class TieredCache:
     misses' values to them behind its requests, through `writer` (at most `write_queue` values
     and `write_queue_bytes` of them pending; beyond, writes are skipped and counted)."""
 
-    def __init__(self, local: ProcessorCache, *shared: ChainableTier, write_queue: int = 64,
-                 write_queue_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self, local: ProcessorCache, *shared: ChainableTier, write_queue: int = 64, write_queue_bytes: int = 1 << 30
+    ) -> None:
         """Args:
-            local: the in-process tier, looked up first.
-            *shared: the shared tiers, nearest first (e.g. a HostCache, then a RedisCache).
-            write_queue: the most values waiting to be written to the shared tiers.
-            write_queue_bytes: the most bytes of values waiting.
+        local: the in-process tier, looked up first.
+        *shared: the shared tiers, nearest first (e.g. a HostCache, then a RedisCache).
+        write_queue: the most values waiting to be written to the shared tiers.
+        write_queue_bytes: the most bytes of values waiting.
         """
         if not shared:
             raise ValueError("TieredCache needs at least one shared tier")

@@ -9,6 +9,7 @@ becomes visible (a zero-copy host tier writes the tensors' own memory into the v
 a reader changed in place meanwhile is not stored (counted `mutated`; its lease is released). An exiting
 process finishes its queued writes (at most 10 s for all its writers together); one killed loses
 them, and their leases die with it. A forked child starts with empty writers of its own (`os.register_at_fork`)."""
+
 from __future__ import annotations
 
 import atexit
@@ -82,9 +83,9 @@ class SharedWriter:
 
     def __init__(self, shared: SharedTier, max_pending: int = 64, max_pending_bytes: int = 1 << 30) -> None:
         """Args:
-            shared: the tier written to.
-            max_pending: the most values queued or being written; beyond, writes are skipped.
-            max_pending_bytes: the most bytes (`estimate_nbytes`) of those values.
+        shared: the tier written to.
+        max_pending: the most values queued or being written; beyond, writes are skipped.
+        max_pending_bytes: the most bytes (`estimate_nbytes`) of those values.
         """
         if max_pending < 1 or max_pending_bytes < 1:
             raise ValueError("max_pending and max_pending_bytes must be >= 1")
@@ -113,8 +114,10 @@ class SharedWriter:
         matches it once serialized is not stored."""
         nbytes = estimate_nbytes(value)
         with self._cond:
-            full = (len(self._queue) + self._busy >= self.max_pending
-                    or self._pending_bytes() + nbytes > self.max_pending_bytes)
+            full = (
+                len(self._queue) + self._busy >= self.max_pending
+                or self._pending_bytes() + nbytes > self.max_pending_bytes
+            )
             if full:
                 self._counts["skipped"] += 1
             else:
@@ -136,8 +139,9 @@ class SharedWriter:
 
     def stats(self) -> WriteStats:
         with self._cond:
-            return WriteStats(**self._counts, pending=len(self._queue) + self._busy,
-                              pending_bytes=self._pending_bytes())
+            return WriteStats(
+                **self._counts, pending=len(self._queue) + self._busy, pending_bytes=self._pending_bytes()
+            )
 
     def _pending_bytes(self) -> int:
         """The bytes of the values queued or being written (under `_cond`)."""
@@ -168,8 +172,11 @@ class SharedWriter:
                     outcome = "mutated"
                 recycle(data)  # the tiers copied what they keep: no view of it outlives put_encoded
                 if outcome == "mutated":
-                    logger.warning("cached value %s was modified in place by a reader before it was "
-                                   "stored; not written to the shared tier (docs/design.md)", key)
+                    logger.warning(
+                        "cached value %s was modified in place by a reader before it was "
+                        "stored; not written to the shared tier (docs/design.md)",
+                        key,
+                    )
             except Exception:
                 logger.exception("shared cache write failed")
             try:

@@ -17,6 +17,7 @@ it where `codec()` returns them). Video has two readers: `_video` (PyAV) and `_v
 (public); the modules are private, and the names below are what the other rooms use of them
 (frame sampling; NVDEC's demux and frame assembly, imported on first use: they need PyAV/torch).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -47,10 +48,16 @@ if TYPE_CHECKING:  # annotations only: importing codecs loads neither torch nor 
         VideoHeader,
     )
 
-_LAZY = {"frame_timestamps": "lazymedia.codecs._frames", "video_frames": "lazymedia.codecs._frames",
-         "probe_is_instant": "lazymedia.codecs._image", "DemuxedVideo": "lazymedia.codecs._video_packets",
-         "Run": "lazymedia.codecs._video_packets", "canonical_codec": "lazymedia.codecs._video_packets",
-         "demux": "lazymedia.codecs._video_packets", "plan_runs": "lazymedia.codecs._video_packets"}
+_LAZY = {
+    "frame_timestamps": "lazymedia.codecs._frames",
+    "video_frames": "lazymedia.codecs._frames",
+    "probe_is_instant": "lazymedia.codecs._image",
+    "DemuxedVideo": "lazymedia.codecs._video_packets",
+    "Run": "lazymedia.codecs._video_packets",
+    "canonical_codec": "lazymedia.codecs._video_packets",
+    "demux": "lazymedia.codecs._video_packets",
+    "plan_runs": "lazymedia.codecs._video_packets",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -76,8 +83,14 @@ class Codec(Protocol, Generic[SpecT, HeaderT, ResultT]):
 
     def check_limits(self, header: HeaderT, limits: Limits, spec: SpecT, encoded_bytes: int) -> None: ...
 
-    def decode(self, data: EncodedBytes, header: HeaderT, spec: SpecT, out: torch.Tensor | None = None,
-               limits: Limits = DEFAULT_LIMITS) -> ResultT: ...
+    def decode(
+        self,
+        data: EncodedBytes,
+        header: HeaderT,
+        spec: SpecT,
+        out: torch.Tensor | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> ResultT: ...
 
 
 # The codec of a modality known only at run time: its spec and header are that modality's own
@@ -123,21 +136,29 @@ def codec(modality: str, spec: Spec | None = None) -> AnyCodec:
     return video_codec
 
 
-def decode(modality: str, data: EncodedBytes, header: MediaHeader, spec: Spec, out: torch.Tensor | None = None,
-           limits: Limits = DEFAULT_LIMITS) -> DecodedMedia:
+def decode(
+    modality: str,
+    data: EncodedBytes,
+    header: MediaHeader,
+    spec: Spec,
+    out: torch.Tensor | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> DecodedMedia:
     """`codec(modality, spec).decode(...)`, with a failed allocation (of a legal size: the limits were
     checked first) as MediaCapacityError (503) rather than an untyped MemoryError/RuntimeError."""
     try:
         return codec(modality, spec).decode(data, header, spec, out, limits)
     except MemoryError as exc:
-        raise MediaCapacityError(f"not enough memory to decode this item now ({exc}):"
-                                 " retry later", modality=modality) from None
+        raise MediaCapacityError(
+            f"not enough memory to decode this item now ({exc}): retry later", modality=modality
+        ) from None
     except RuntimeError as exc:
         text = str(exc)
         if "allocate memory" not in text and "out of memory" not in text:
             raise
-        raise MediaCapacityError(f"not enough memory to decode this item now ({text[:200]}): retry later",
-                                 modality=modality) from None
+        raise MediaCapacityError(
+            f"not enough memory to decode this item now ({text[:200]}): retry later", modality=modality
+        ) from None
 
 
 def guess_modality(data: bytes) -> str | None:
@@ -202,6 +223,22 @@ def probe(modality: str, data: EncodedBytes, limits: Limits, spec: Spec, key: st
     return header
 
 
-__all__ = ["AnyCodec", "Codec", "DemuxedVideo", "Run", "canonical_codec", "codec", "decode", "demux",
-           "frame_timestamps", "guess_modality", "plan_runs", "probe", "probe_is_instant", "register_sampler",
-           "sample_indices", "sampling_source", "video_frames"]
+__all__ = [
+    "AnyCodec",
+    "Codec",
+    "DemuxedVideo",
+    "Run",
+    "canonical_codec",
+    "codec",
+    "decode",
+    "demux",
+    "frame_timestamps",
+    "guess_modality",
+    "plan_runs",
+    "probe",
+    "probe_is_instant",
+    "register_sampler",
+    "sample_indices",
+    "sampling_source",
+    "video_frames",
+]

@@ -6,6 +6,7 @@ header: mixing and resampling happen per block, so peak memory is the output plu
 a header cannot be trusted (MP3 durations are estimates, a FLAC may not store its length), the
 output grows as samples arrive, and decoding stops with 413 once it passes the limits.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,9 +27,20 @@ from .types import AudioHeader, AudioMetadata, AudioSamples, EncodedBytes
 
 REMEMBER_HEADERS = True  # a libsndfile or FFmpeg probe costs milliseconds
 
-_SIGNATURES = ((0, b"RIFF"), (0, b"fLaC"), (0, b"OggS"), (0, b"ID3"), (0, b"\xff\xfb"), (0, b"\xff\xf3"),
-               (0, b"\xff\xf2"), (0, b"\xff\xf1"), (0, b"\xff\xf9"), (4, b"ftyp"), (0, b"\x1a\x45\xdf\xa3"),
-               (0, b"FORM"))
+_SIGNATURES = (
+    (0, b"RIFF"),
+    (0, b"fLaC"),
+    (0, b"OggS"),
+    (0, b"ID3"),
+    (0, b"\xff\xfb"),
+    (0, b"\xff\xf3"),
+    (0, b"\xff\xf2"),
+    (0, b"\xff\xf1"),
+    (0, b"\xff\xf9"),
+    (4, b"ftyp"),
+    (0, b"\x1a\x45\xdf\xa3"),
+    (0, b"FORM"),
+)
 
 # Containers libsndfile reads exactly; it also reads MP3, but its MP3 durations are estimates,
 # so MP3 and everything else goes through FFmpeg.
@@ -47,7 +59,7 @@ _RESAMPLER_BYTES_PER_OUTPUT_FRAME = 96
 def looks_like_audio(data: EncodedBytes) -> bool:
     """Whether the bytes start like an audio container (so a decoder failure means corrupt)."""
     head = bytes(data[:16])
-    return any(head[offset:offset + len(magic)] == magic for offset, magic in _SIGNATURES)
+    return any(head[offset : offset + len(magic)] == magic for offset, magic in _SIGNATURES)
 
 
 def probe(data: EncodedBytes, limits: Limits, spec: AudioSpec) -> AudioHeader:
@@ -61,13 +73,20 @@ def probe(data: EncodedBytes, limits: Limits, spec: AudioSpec) -> AudioHeader:
     except Exception:  # libsndfile does not know the format: FFmpeg may
         info = None
     if info is not None and info.format in _SOUNDFILE_FORMATS and 0 <= info.frames < _UNKNOWN_FRAMES:
-        header = AudioHeader("soundfile", info.format, int(info.samplerate), int(info.channels),
-                             info.frames / info.samplerate if info.samplerate > 0 else 0.0, int(info.frames))
+        header = AudioHeader(
+            "soundfile",
+            info.format,
+            int(info.samplerate),
+            int(info.channels),
+            info.frames / info.samplerate if info.samplerate > 0 else 0.0,
+            int(info.frames),
+        )
     else:
         header = _probe_with_av(data)
     if header.sample_rate <= 0 or header.channels <= 0:
-        raise UnprocessableMediaError("audio stream has no sample rate or channels:"
-                                      " re-encode the file or send another", modality="audio")
+        raise UnprocessableMediaError(
+            "audio stream has no sample rate or channels: re-encode the file or send another", modality="audio"
+        )
     check_limits(header, limits, spec, len(data))
     return header
 
@@ -84,16 +103,24 @@ def check_limits(header: AudioHeader, limits: Limits, spec: AudioSpec, encoded_b
     """Refuses (413) what `limits` do not allow, from the header alone: the channel count, the
     duration, and the output with the resampler's working memory."""
     if header.channels > limits.max_audio_channels:
-        raise MediaTooLargeError(f"{header.channels} audio channels exceed the {limits.max_audio_channels} channel "
-                                 "limit", hint="raise Limits.max_audio_channels", modality="audio")
+        raise MediaTooLargeError(
+            f"{header.channels} audio channels exceed the {limits.max_audio_channels} channel limit",
+            hint="raise Limits.max_audio_channels",
+            modality="audio",
+        )
     if header.duration > limits.max_audio_seconds:
-        raise MediaTooLargeError(f"{header.duration:.0f} s of audio is over the {limits.max_audio_seconds:.0f} s "
-                                 "limit: send a shorter clip", hint="raise Limits.max_audio_seconds",
-                                 modality="audio", limit="max_audio_seconds", value=header.duration,
-                                 maximum=limits.max_audio_seconds)
+        raise MediaTooLargeError(
+            f"{header.duration:.0f} s of audio is over the {limits.max_audio_seconds:.0f} s limit: send a shorter clip",
+            hint="raise Limits.max_audio_seconds",
+            modality="audio",
+            limit="max_audio_seconds",
+            value=header.duration,
+            maximum=limits.max_audio_seconds,
+        )
     channels, samples = output_shape(header, spec)
-    limits.check_decoded(channels * samples * 4, "audio", f"{channels} channels x {samples} samples",
-                         resampler_bytes(header, spec))
+    limits.check_decoded(
+        channels * samples * 4, "audio", f"{channels} channels x {samples} samples", resampler_bytes(header, spec)
+    )
 
 
 def _input_frames_per_call(source_rate: int, rate: int) -> int:
@@ -121,20 +148,29 @@ def _probe_with_av(data: EncodedBytes) -> AudioHeader:
             stream = container.streams.audio[0]
             context = stream.codec_context
             if context is None:
-                raise UnprocessableMediaError("FFmpeg has no decoder for this audio stream:"
-                                              " re-encode it as WAV, FLAC or MP3", modality="audio")
+                raise UnprocessableMediaError(
+                    "FFmpeg has no decoder for this audio stream: re-encode it as WAV, FLAC or MP3", modality="audio"
+                )
             if stream.duration is not None and stream.time_base is not None:
                 duration = float(stream.duration * stream.time_base)
             else:
                 duration = (container.duration or 0) / av.time_base
-            return AudioHeader("av", container.format.name, int(context.sample_rate or 0), int(context.channels or 0),
-                               max(duration, 0.0))
+            return AudioHeader(
+                "av",
+                container.format.name,
+                int(context.sample_rate or 0),
+                int(context.channels or 0),
+                max(duration, 0.0),
+            )
     except av.error.FFmpegError as exc:
         if looks_like_audio(data):
-            raise UnprocessableMediaError(f"corrupt audio ({exc.strerror}):"
-                                          " re-encode the file or send another", modality="audio") from None
-        raise InvalidMediaError(f"not audio ({exc.strerror}): send WAV, FLAC, MP3, Ogg or another format "
-                                "libsndfile or FFmpeg reads", modality="audio") from None
+            raise UnprocessableMediaError(
+                f"corrupt audio ({exc.strerror}): re-encode the file or send another", modality="audio"
+            ) from None
+        raise InvalidMediaError(
+            f"not audio ({exc.strerror}): send WAV, FLAC, MP3, Ogg or another format libsndfile or FFmpeg reads",
+            modality="audio",
+        ) from None
 
 
 class _Output:
@@ -152,8 +188,7 @@ class _Output:
         if self.rate != header.sample_rate:
             self.resampler = soxr.ResampleStream(header.sample_rate, self.rate, channels, dtype="float32")
             self.frames_per_call = _input_frames_per_call(header.sample_rate, self.rate)
-        self.max_frames = min(limits.max_decoded_bytes // (4 * channels),
-                              int(limits.max_audio_seconds * self.rate) + 1)
+        self.max_frames = min(limits.max_decoded_bytes // (4 * channels), int(limits.max_audio_seconds * self.rate) + 1)
         if out is not None:
             if out.dtype != torch.float32 or out.ndim != 2 or out.shape[0] != channels or not out.is_contiguous():
                 raise ValueError(f"out must be a contiguous float32 tensor [{channels}, n]")
@@ -171,27 +206,31 @@ class _Output:
             self._append(block)
             return
         for start in range(0, block.shape[0], self.frames_per_call):
-            piece = np.ascontiguousarray(block[start:start + self.frames_per_call], dtype=np.float32)
+            piece = np.ascontiguousarray(block[start : start + self.frames_per_call], dtype=np.float32)
             self._append(self.resampler.resample_chunk(piece, last=False))
 
     def finish(self) -> torch.Tensor:
         if self.resampler is not None:
             self._append(self.resampler.resample_chunk(np.zeros((0, self.channels), np.float32), last=True))
-        return self.tensor[:, :self.position]
+        return self.tensor[:, : self.position]
 
     def _append(self, block: npt.NDArray[np.float32]) -> None:
         count = block.shape[0]
         end = self.position + count
         if end > self.array.shape[1]:
             if end > self.max_frames:
-                raise MediaTooLargeError(f"audio decodes past {self.max_frames} samples per channel, over the limit: "
-                                         "send a shorter clip", hint="pass mono=True or a lower sample_rate, or raise "
-                                         "Limits.max_decoded_bytes or Limits.max_audio_seconds", modality="audio")
-            grown = torch.empty((self.channels, min(max(end, self.array.shape[1] * 5 // 4), self.max_frames)),
-                                dtype=torch.float32)
-            grown[:, :self.position] = self.tensor[:, :self.position]
+                raise MediaTooLargeError(
+                    f"audio decodes past {self.max_frames} samples per channel, over the limit: send a shorter clip",
+                    hint="pass mono=True or a lower sample_rate, or raise "
+                    "Limits.max_decoded_bytes or Limits.max_audio_seconds",
+                    modality="audio",
+                )
+            grown = torch.empty(
+                (self.channels, min(max(end, self.array.shape[1] * 5 // 4), self.max_frames)), dtype=torch.float32
+            )
+            grown[:, : self.position] = self.tensor[:, : self.position]
             self.tensor, self.array = grown, grown.numpy()
-        self.array[:, self.position:end] = block.T
+        self.array[:, self.position : end] = block.T
         self.position = end
 
 
@@ -211,8 +250,9 @@ def _read_av(data: EncodedBytes, output: _Output) -> AudioMetadata:
         stream = container.streams.audio[0]
         context = stream.codec_context
         if context is None:
-            raise UnprocessableMediaError("no decoder for this audio stream:"
-                                          " re-encode it as WAV, FLAC or MP3", modality="audio")
+            raise UnprocessableMediaError(
+                "no decoder for this audio stream: re-encode it as WAV, FLAC or MP3", modality="audio"
+            )
         resampler = av.AudioResampler(format="fltp", layout=context.layout, rate=context.sample_rate)
         frames = DecodedFrames(container, stream)
         for frame in frames:
@@ -222,13 +262,19 @@ def _read_av(data: EncodedBytes, output: _Output) -> AudioMetadata:
         for converted in resampler.resample(None):
             output.write(converted.to_ndarray().T)
     if decoded == 0:
-        raise UnprocessableMediaError("audio has no decodable frames:"
-                                      " re-encode the file or send another", modality="audio")
+        raise UnprocessableMediaError(
+            "audio has no decodable frames: re-encode the file or send another", modality="audio"
+        )
     return {"reader": "av", "skipped_packets": frames.skipped}
 
 
-def decode(data: EncodedBytes, header: AudioHeader, spec: AudioSpec, out: torch.Tensor | None = None,
-           limits: Limits = DEFAULT_LIMITS) -> AudioSamples:
+def decode(
+    data: EncodedBytes,
+    header: AudioHeader,
+    spec: AudioSpec,
+    out: torch.Tensor | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> AudioSamples:
     """Decodes to float32 [channels, samples] (into `out` when given: [channels, >= samples];
     the result is a view of its filled part)."""
     output = _Output(header, spec, limits, out)  # a bad `out` is the caller's ValueError
@@ -248,7 +294,9 @@ def decode(data: EncodedBytes, header: AudioHeader, spec: AudioSpec, out: torch.
     except MediaError:
         raise
     except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError, FFmpeg FFmpegError
-        raise UnprocessableMediaError(f"corrupt {header.format} audio ({type(exc).__name__}: "
-                                      f"{getattr(exc, 'strerror', None) or exc}): re-encode the file or send another",
-                                      modality="audio") from None
+        raise UnprocessableMediaError(
+            f"corrupt {header.format} audio ({type(exc).__name__}: "
+            f"{getattr(exc, 'strerror', None) or exc}): re-encode the file or send another",
+            modality="audio",
+        ) from None
     return AudioSamples(samples, output.rate, metadata)

@@ -1,4 +1,5 @@
 """The FFmpeg packet loop that the audio and video codecs share."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,6 +1,7 @@
 """What every video reader (PyAV, OpenCV, and the engine's NVDEC) shares, written once: the
 sampled output buffer (from memory.frame_buffers), the memfd hand-off, the frames' timestamps and
 the construction of `VideoFrames`. Public: the engine's NVDEC reader builds its frames here too."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,7 @@ def memfd_path(data: bytes | memoryview) -> Iterator[str]:
     try:
         view = memoryview(data).cast("B")
         while view:  # one write() stops short of 2 GiB
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         yield f"/proc/self/fd/{fd}"
     finally:
         os.close(fd)
@@ -45,12 +46,26 @@ def frame_timestamps(indices: list[int], table: FrameTable | None, fps: float) -
     return [table.seconds(i) if table else i / (fps or 1) for i in indices]
 
 
-def video_frames(frames: torch.Tensor, indices: list[int], timestamps: list[float], header: VideoHeader,
-                 source: SamplingSource, decoder: str) -> VideoFrames:
+def video_frames(
+    frames: torch.Tensor,
+    indices: list[int],
+    timestamps: list[float],
+    header: VideoHeader,
+    source: SamplingSource,
+    decoder: str,
+) -> VideoFrames:
     """The result of every video reader: the first len(indices) frames of `frames`, with vLLM's
     metadata under `decoder`'s name ("pyav", "opencv", "nvdec")."""
     info = {"codec": header.codec, "container": header.container}
     if decoder != "pyav":  # the default reader is not named
         info["decoder"] = decoder
-    return VideoFrames(frames[:len(indices)], indices, timestamps, header.fps, source.duration, source.total_frames,
-                       hf_metadata(source, indices, decoder), info)
+    return VideoFrames(
+        frames[: len(indices)],
+        indices,
+        timestamps,
+        header.fps,
+        source.duration,
+        source.total_frames,
+        hf_metadata(source, indices, decoder),
+        info,
+    )

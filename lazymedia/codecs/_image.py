@@ -12,6 +12,7 @@ Pixels follow Pillow's rules (what vLLM's loaders produce): `convert(mode)`, exc
 which is composited over `ImageSpec.background` as vLLM's rgba_to_rgb does. Orientation is the
 shared native kernel, so every backend rotates identically. Every decoder here releases the GIL.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,10 +40,49 @@ _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.
 # that decode in-process. Denied there and here: EPS (runs Ghostscript), WMF, the BUFR/GRIB/HDF5
 # stubs and MPEG. AVIF only where Pillow was built with it.
 Image.init()
-PILLOW_FORMATS = tuple(name for name in (
-    "AVIF", "BLP", "BMP", "CUR", "DCX", "DDS", "DIB", "FITS", "FLI", "FTEX", "GBR", "GIF", "ICNS", "ICO", "IM", "IMT",
-    "IPTC", "JPEG", "JPEG2000", "MCIDAS", "MSP", "PCD", "PCX", "PIXAR", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER",
-    "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM", "XVTHUMB") if name in Image.OPEN)
+PILLOW_FORMATS = tuple(
+    name
+    for name in (
+        "AVIF",
+        "BLP",
+        "BMP",
+        "CUR",
+        "DCX",
+        "DDS",
+        "DIB",
+        "FITS",
+        "FLI",
+        "FTEX",
+        "GBR",
+        "GIF",
+        "ICNS",
+        "ICO",
+        "IM",
+        "IMT",
+        "IPTC",
+        "JPEG",
+        "JPEG2000",
+        "MCIDAS",
+        "MSP",
+        "PCD",
+        "PCX",
+        "PIXAR",
+        "PNG",
+        "PPM",
+        "PSD",
+        "QOI",
+        "SGI",
+        "SPIDER",
+        "SUN",
+        "TGA",
+        "TIFF",
+        "WEBP",
+        "XBM",
+        "XPM",
+        "XVTHUMB",
+    )
+    if name in Image.OPEN
+)
 _SLAB_BYTES = 4 << 20  # Pillow images are exported this many bytes at a time
 # Pages of a TIFF the probe walks (multi-page scans have hundreds; frame 0 is what decodes).
 _MAX_TIFF_PAGES = 1024
@@ -81,14 +121,21 @@ def _probe_with_pillow(data: EncodedBytes, result: _C.ProbeResult | None) -> Ima
     try:
         image = _open(data)
     except UnidentifiedImageError:
-        raise InvalidMediaError("not an image format this server reads: send JPEG, PNG, GIF, WebP, BMP, TIFF "
-                                "or another format Pillow opens", modality="image") from None
+        raise InvalidMediaError(
+            "not an image format this server reads: send JPEG, PNG, GIF, WebP, BMP, TIFF "
+            "or another format Pillow opens",
+            modality="image",
+        ) from None
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError("decompression bomb: the image has more pixels than the limit: send a smaller image",
-                                 hint=f"raise Limits.max_pixels ({exc})", modality="image") from None
+        raise MediaTooLargeError(
+            "decompression bomb: the image has more pixels than the limit: send a smaller image",
+            hint=f"raise Limits.max_pixels ({exc})",
+            modality="image",
+        ) from None
     except Exception as exc:  # a recognised format whose header is broken
-        raise UnprocessableMediaError(f"broken image header ({described(exc)}):"
-                                      " re-encode the file or send another", modality="image") from None
+        raise UnprocessableMediaError(
+            f"broken image header ({described(exc)}): re-encode the file or send another", modality="image"
+        ) from None
     with image:
         width, height = image.size
         transparency = "A" in image.getbands() or "transparency" in image.info
@@ -104,13 +151,29 @@ def _probe_with_pillow(data: EncodedBytes, result: _C.ProbeResult | None) -> Ima
         else:  # ICO and MPO count their frames from one header table
             frames = int(getattr(image, "n_frames", 1) or 1) if image.format in ("ICO", "MPO") else 1
         return ImageHeader(
-            format=(image.format or "unknown").lower(), width=width, height=height, components=len(image.getbands()),
-            bit_depth=8, has_alpha=transparency,
-            orientation=orientation if 1 <= orientation <= 8 else 1, has_icc="icc_profile" in image.info,
-            jpeg_encoding="", chroma_subsampling="", has_adobe=False, adobe_transform=-1, png_color_type=-1,
-            png_interlaced=False, animated=frames > 1, frame_count=frames, max_frame_width=width,
-            max_frame_height=height, webp_kind="", png_compressed_text=False, mode=image.mode,
-            bmp_rle=image.format == "BMP" and image.info.get("compression") in (1, 2))
+            format=(image.format or "unknown").lower(),
+            width=width,
+            height=height,
+            components=len(image.getbands()),
+            bit_depth=8,
+            has_alpha=transparency,
+            orientation=orientation if 1 <= orientation <= 8 else 1,
+            has_icc="icc_profile" in image.info,
+            jpeg_encoding="",
+            chroma_subsampling="",
+            has_adobe=False,
+            adobe_transform=-1,
+            png_color_type=-1,
+            png_interlaced=False,
+            animated=frames > 1,
+            frame_count=frames,
+            max_frame_width=width,
+            max_frame_height=height,
+            webp_kind="",
+            png_compressed_text=False,
+            mode=image.mode,
+            bmp_rle=image.format == "BMP" and image.info.get("compression") in (1, 2),
+        )
 
 
 def _tiff_pages(data: EncodedBytes) -> int:
@@ -152,8 +215,10 @@ def probe(data: EncodedBytes, limits: Limits, spec: ImageSpec) -> ImageHeader:
     if result.status == "unknown_format":
         header = _probe_with_pillow(data, None)
     elif result.status != "ok":
-        raise UnprocessableMediaError(f"{result.format} header is {result.status} ({result.error}):"
-                                      " re-encode the file or send another", modality="image")
+        raise UnprocessableMediaError(
+            f"{result.format} header is {result.status} ({result.error}): re-encode the file or send another",
+            modality="image",
+        )
     else:
         mode = _native_mode(result)
         if mode is None:
@@ -167,10 +232,15 @@ def probe(data: EncodedBytes, limits: Limits, spec: ImageSpec) -> ImageHeader:
 
 def check_pixels(width: int, height: int, limits: Limits) -> None:
     if width * height > limits.max_pixels:
-        raise MediaTooLargeError(f"an image of (height, width)=({height}, {width}) is over the {limits.max_pixels} "
-                                 "pixel limit: send a smaller image", hint="raise Limits.max_pixels",
-                                 modality="image", limit="max_pixels", value=(width, height),
-                                 maximum=limits.max_pixels)
+        raise MediaTooLargeError(
+            f"an image of (height, width)=({height}, {width}) is over the {limits.max_pixels} "
+            "pixel limit: send a smaller image",
+            hint="raise Limits.max_pixels",
+            modality="image",
+            limit="max_pixels",
+            value=(width, height),
+            maximum=limits.max_pixels,
+        )
 
 
 def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_bytes: int) -> None:
@@ -178,20 +248,28 @@ def check_limits(header: ImageHeader, limits: Limits, spec: ImageSpec, encoded_b
     (what the decoder holds) and the output's size (what the spec asks for)."""
     check_pixels(header.max_frame_width, header.max_frame_height, limits)
     if header.scan_count > limits.max_jpeg_scans:
-        raise MediaTooLargeError(f"JPEG has {header.scan_count} scans, over the {limits.max_jpeg_scans} scan limit "
-                                 "(each scan is a pass over the whole image)", hint="raise Limits.max_jpeg_scans",
-                                 modality="image")
+        raise MediaTooLargeError(
+            f"JPEG has {header.scan_count} scans, over the {limits.max_jpeg_scans} scan limit "
+            "(each scan is a pass over the whole image)",
+            hint="raise Limits.max_jpeg_scans",
+            modality="image",
+        )
     height, width, channels = header.output_shape(spec)
-    limits.check_decoded(height * width * channels, "image", f"{width}x{height}x{channels} pixels",
-                         header.working_bytes)
+    limits.check_decoded(
+        height * width * channels, "image", f"{width}x{height}x{channels} pixels", header.working_bytes
+    )
     if header.format == "jpeg" and header.bit_depth != 8:
-        raise UnprocessableMediaError(f"{header.bit_depth}-bit JPEG is not supported:"
-                                      " re-encode it as 8-bit JPEG or PNG", modality="image")
+        raise UnprocessableMediaError(
+            f"{header.bit_depth}-bit JPEG is not supported: re-encode it as 8-bit JPEG or PNG", modality="image"
+        )
     least = least_encoded_bytes(header)
     if encoded_bytes < least and not (header.format == "jpeg" and height * width * channels <= TRUNCATED_JPEG_OUTPUT):
-        raise UnprocessableMediaError(f"truncated {header.format.upper()}: {encoded_bytes} bytes, where a "
-                                      f"{header.width}x{header.height} one needs {least} at least: send the whole "
-                                      "file", modality="image")
+        raise UnprocessableMediaError(
+            f"truncated {header.format.upper()}: {encoded_bytes} bytes, where a "
+            f"{header.width}x{header.height} one needs {least} at least: send the whole "
+            "file",
+            modality="image",
+        )
 
 
 # A JPEG shorter than its floor (least_encoded_bytes) is still decoded when its output is at most
@@ -246,8 +324,9 @@ def _jpeg(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, target: str)
         array: Pixels = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else target, **scale)
     except ValueError as exc:
         if "Premature end" in str(exc):  # a truncated stream is an error, as in Pillow
-            raise UnprocessableMediaError(f"corrupt jpeg ({exc}):"
-                                          " re-encode the file or send another", modality="image") from None
+            raise UnprocessableMediaError(
+                f"corrupt jpeg ({exc}): re-encode the file or send another", modality="image"
+            ) from None
         raise _TryPillow() from exc
     if not gray or target == "L":
         return array.reshape(array.shape[0], array.shape[1], -1)
@@ -285,15 +364,18 @@ def check_png_ancillary(data: EncodedBytes) -> None:
     view = memoryview(data).cast("B")
     offset, total = 8, 0
     while offset + 8 <= len(view):
-        length = int.from_bytes(view[offset:offset + 4], "big")
-        kind = bytes(view[offset + 4:offset + 8])
+        length = int.from_bytes(view[offset : offset + 4], "big")
+        kind = bytes(view[offset + 4 : offset + 8])
         if kind == b"IEND":
             return
         if kind in (b"iCCP", b"zTXt", b"iTXt"):
-            total += _inflated_size(bytes(view[offset + 8:offset + 8 + length]), kind)
+            total += _inflated_size(bytes(view[offset + 8 : offset + 8 + length]), kind)
             if total > MAX_PNG_ANCILLARY_INFLATED:
-                raise MediaTooLargeError(f"the PNG's compressed chunks inflate past {MAX_PNG_ANCILLARY_INFLATED} "
-                                         "bytes: strip its text and profile", modality="image")
+                raise MediaTooLargeError(
+                    f"the PNG's compressed chunks inflate past {MAX_PNG_ANCILLARY_INFLATED} "
+                    "bytes: strip its text and profile",
+                    modality="image",
+                )
         offset += 12 + length
 
 
@@ -305,7 +387,7 @@ def _inflated_size(body: bytes, kind: bytes) -> int:
         return 0
     start = keyword_end + 2  # after the keyword's NUL and the method byte
     if kind == b"iTXt":
-        if body[keyword_end + 1:keyword_end + 2] != b"\1":
+        if body[keyword_end + 1 : keyword_end + 2] != b"\1":
             return 0  # stored text
         language_end = body.find(b"\0", keyword_end + 3)
         translated_end = body.find(b"\0", language_end + 1) if language_end >= 0 else -1
@@ -317,8 +399,11 @@ def _inflated_size(body: bytes, kind: bytes) -> int:
     except zlib.error:
         return 0
     if inflated > MAX_PNG_CHUNK_INFLATED:
-        raise MediaTooLargeError(f"a {kind.decode()} chunk of the PNG inflates past {MAX_PNG_CHUNK_INFLATED} bytes: "
-                                 "strip its text and profile", modality="image")
+        raise MediaTooLargeError(
+            f"a {kind.decode()} chunk of the PNG inflates past {MAX_PNG_CHUNK_INFLATED} bytes: "
+            "strip its text and profile",
+            modality="image",
+        )
     return inflated
 
 
@@ -336,8 +421,13 @@ def _png(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, target: str) 
     if composites(header, target):
         if decoded != 4:
             raise _TryPillow()
-    elif not (target == "RGB" and decoded in (1, 3) or target == "L" and decoded == 1 or
-              target == "RGBA" and decoded == 4) or transparent_colour and target != "L":
+    elif (
+        not (
+            target == "RGB" and decoded in (1, 3) or target == "L" and decoded == 1 or target == "RGBA" and decoded == 4
+        )
+        or transparent_colour
+        and target != "L"
+    ):
         raise _TryPillow()
     try:
         import imagecodecs  # a large library, loaded by the first PNG; absent, Pillow decodes
@@ -401,7 +491,7 @@ def _pillow(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, target: st
             if slab.mode != mode:
                 slab = slab.convert(mode)
             start = top * width * channels
-            buffer[start:start + slab.height * width * channels] = np.asarray(slab).reshape(-1)
+            buffer[start : start + slab.height * width * channels] = np.asarray(slab).reshape(-1)
     if composite:
         _C.pack_alpha(buffer, width * height, 4, spec.background)
         channels = 3
@@ -426,8 +516,13 @@ def _pixels(data: EncodedBytes, header: ImageHeader, spec: ImageSpec) -> Pixels:
     return _pillow(data, header, spec, target)
 
 
-def decode(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, out: torch.Tensor | None = None,
-           limits: Limits = DEFAULT_LIMITS) -> torch.Tensor:
+def decode(
+    data: EncodedBytes,
+    header: ImageHeader,
+    spec: ImageSpec,
+    out: torch.Tensor | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> torch.Tensor:
     """Decodes to a uint8 HWC tensor (channels 1, 2, 3 or 4 for L, LA, RGB, RGBA), into `out`
     when given (a pinned or caller-owned buffer of the output shape)."""
     shape = header.output_shape(spec)
@@ -438,23 +533,32 @@ def decode(data: EncodedBytes, header: ImageHeader, spec: ImageSpec, out: torch.
     except MediaError:
         raise
     except Image.DecompressionBombError as exc:
-        raise MediaTooLargeError("decompression bomb: the image has more pixels than the limit: send a smaller image",
-                                 hint=f"raise Limits.max_pixels ({exc})", modality="image") from None
+        raise MediaTooLargeError(
+            "decompression bomb: the image has more pixels than the limit: send a smaller image",
+            hint=f"raise Limits.max_pixels ({exc})",
+            modality="image",
+        ) from None
     except ValueError as exc:
         if "Decompressed data too large" in str(exc):
-            raise MediaTooLargeError("decompression bomb: the image's data inflates past the limit: send a smaller "
-                                     "image", hint=f"raise Limits.max_decoded_bytes ({exc})",
-                                     modality="image") from None
-        raise UnprocessableMediaError(f"corrupt {header.format} ({described(exc)}): re-encode the file or send "
-                                      "another", modality="image") from None
+            raise MediaTooLargeError(
+                "decompression bomb: the image's data inflates past the limit: send a smaller image",
+                hint=f"raise Limits.max_decoded_bytes ({exc})",
+                modality="image",
+            ) from None
+        raise UnprocessableMediaError(
+            f"corrupt {header.format} ({described(exc)}): re-encode the file or send another", modality="image"
+        ) from None
     except Exception as exc:  # decoders raise OSError, SyntaxError, EOFError, struct.error, ...
-        raise UnprocessableMediaError(f"corrupt {header.format} ({described(exc)}):"
-                                      " re-encode the file or send another",
-                                      modality="image") from None
+        raise UnprocessableMediaError(
+            f"corrupt {header.format} ({described(exc)}): re-encode the file or send another", modality="image"
+        ) from None
     if array.shape[:2] != (header.height, header.width) and _draft_size(header, spec) is None:
-        raise UnprocessableMediaError(f"{header.format} decoded to {array.shape[1]}x{array.shape[0]}, "
-                                      f"not the {header.width}x{header.height} its header declares: re-encode the file "
-                                      "or send another", modality="image")
+        raise UnprocessableMediaError(
+            f"{header.format} decoded to {array.shape[1]}x{array.shape[0]}, "
+            f"not the {header.width}x{header.height} its header declares: re-encode the file "
+            "or send another",
+            modality="image",
+        )
     if spec.apply_orientation and header.orientation != 1:
         array = ops.orient(torch.from_numpy(array), header.orientation).numpy()
     if spec.size is not None and array.shape[:2] != spec.size:

@@ -12,6 +12,7 @@ stop there, so their own cost is at most that many entries plus MAX_WALKED_UNITS
 milliseconds. Entries are counted as they are found, never from a count field, so a garbage count
 in a tiny file is not a count of entries. Ogg streams' comment packets (Vorbis, Opus, Theora,
 Speex, FLAC's blocks) count too; APE tags do not."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -56,14 +57,19 @@ class MetadataCount:
         self.parts[part] = self.parts.get(part, 0) + 1
         if self.total > MAX_METADATA_ENTRIES:
             found = ", ".join(f"{count} {part}" for part, count in self.parts.items())
-            raise MediaTooLargeError(f"the file's metadata holds more than {MAX_METADATA_ENTRIES} entries in all "
-                                     f"(counted {self.total} before stopping: {found}): strip the file's tags",
-                                     modality=self.modality)
+            raise MediaTooLargeError(
+                f"the file's metadata holds more than {MAX_METADATA_ENTRIES} entries in all "
+                f"(counted {self.total} before stopping: {found}): strip the file's tags",
+                modality=self.modality,
+            )
 
 
 def _too_long_a_walk(units: str, modality: str) -> MediaTooLargeError:
-    return MediaTooLargeError(f"the file has more than {MAX_WALKED_UNITS} {units} to step over where its tags may "
-                              "lie: re-encode the file or send another", modality=modality)
+    return MediaTooLargeError(
+        f"the file has more than {MAX_WALKED_UNITS} {units} to step over where its tags may "
+        "lie: re-encode the file or send another",
+        modality=modality,
+    )
 
 
 def check_metadata(data: EncodedBytes, modality: str) -> None:
@@ -74,7 +80,7 @@ def check_metadata(data: EncodedBytes, modality: str) -> None:
     view = memoryview(data).cast("B")
     count = MetadataCount(modality)
     start = _count_id3_chain(view, count)
-    if bytes(view[start:start + 4]) == b"fLaC":
+    if bytes(view[start : start + 4]) == b"fLaC":
         _count_flac(view, start + 4, count)
     elif bytes(view[:4]) == _EBML_MAGIC:
         _count_matroska(view, count)
@@ -90,10 +96,10 @@ def _count_id3_chain(view: memoryview, count: MetadataCount) -> int:
     """The offset after the ID3v2 tags at the start (FFmpeg reads every one of a chain into the
     same dictionary), each tag and frame counted; 0 without."""
     offset = 0
-    while len(view) - offset >= 10 and bytes(view[offset:offset + 3]) == b"ID3":
+    while len(view) - offset >= 10 and bytes(view[offset : offset + 3]) == b"ID3":
         count.add("ID3v2 tags")
         version, flags = view[offset + 3], view[offset + 5]
-        size = _syncsafe(view[offset + 6:offset + 10])
+        size = _syncsafe(view[offset + 6 : offset + 10])
         end = min(len(view), offset + 10 + size)
         _count_id3_frames(view, offset + 10, end, version, flags, count)
         offset = offset + 10 + size + (10 if flags & 0x10 else 0)  # footer
@@ -104,21 +110,20 @@ def _syncsafe(four: memoryview) -> int:
     return (four[0] & 0x7F) << 21 | (four[1] & 0x7F) << 14 | (four[2] & 0x7F) << 7 | four[3] & 0x7F
 
 
-def _count_id3_frames(view: memoryview, offset: int, end: int, version: int, flags: int,
-                      count: MetadataCount) -> None:
+def _count_id3_frames(view: memoryview, offset: int, end: int, version: int, flags: int, count: MetadataCount) -> None:
     if flags & 0x40 and version in (3, 4) and offset + 4 <= end:  # an extended header comes first
         if version == 3:
-            offset += 4 + int.from_bytes(view[offset:offset + 4], "big")
+            offset += 4 + int.from_bytes(view[offset : offset + 4], "big")
         else:
-            offset += _syncsafe(view[offset:offset + 4])
+            offset += _syncsafe(view[offset : offset + 4])
     header = 6 if version == 2 else 10
     while offset + header <= end and view[offset] != 0:  # padding (zeros) ends the frames
         if version == 2:
             size = view[offset + 3] << 16 | view[offset + 4] << 8 | view[offset + 5]
         elif version == 4:
-            size = _syncsafe(view[offset + 4:offset + 8])
+            size = _syncsafe(view[offset + 4 : offset + 8])
         else:
-            size = int.from_bytes(view[offset + 4:offset + 8], "big")
+            size = int.from_bytes(view[offset + 4 : offset + 8], "big")
         count.add("ID3v2 frames")
         offset += header + size
 
@@ -141,15 +146,15 @@ def _count_flac(view: memoryview, offset: int, count: MetadataCount) -> None:
 def _count_vorbis_comments(view: memoryview, at: int, end: int, count: MetadataCount) -> None:
     if at + 4 > end:
         return
-    at += 4 + int.from_bytes(view[at:at + 4], "little")  # the vendor string
+    at += 4 + int.from_bytes(view[at : at + 4], "little")  # the vendor string
     if at + 4 > end:
         return
-    declared = int.from_bytes(view[at:at + 4], "little")
+    declared = int.from_bytes(view[at : at + 4], "little")
     at += 4
     for _ in range(declared):
         if at + 4 > end:
             return
-        at += 4 + int.from_bytes(view[at:at + 4], "little")
+        at += 4 + int.from_bytes(view[at : at + 4], "little")
         if at > end:  # a comment its block cannot hold: the parser stops there too
             return
         count.add("Vorbis comments")
@@ -174,21 +179,25 @@ def _count_chunks(view: memoryview, count: MetadataCount) -> None:
             walked += 1
             if walked > MAX_WALKED_UNITS:
                 raise _too_long_a_walk("chunks", count.modality)
-            kind, size = bytes(view[offset:offset + 4]), int.from_bytes(view[offset + 4:offset + 8], order)
+            kind, size = bytes(view[offset : offset + 4]), int.from_bytes(view[offset + 4 : offset + 8], order)
             body, after = offset + 8, min(end, offset + 8 + size)
             if info or (order == "big" and kind in _AIFF_TEXT_CHUNKS):
                 count.add("RIFF INFO or AIFF text chunks")
             elif kind == b"LIST" and body + 4 <= after:
-                pending.append((body + 4, after, bytes(view[body:body + 4]) == b"INFO"))
-            elif kind in (b"id3 ", b"ID3 ") and after - body >= 10 and bytes(view[body:body + 3]) == b"ID3":
+                pending.append((body + 4, after, bytes(view[body : body + 4]) == b"INFO"))
+            elif kind in (b"id3 ", b"ID3 ") and after - body >= 10 and bytes(view[body : body + 3]) == b"ID3":
                 _count_id3_frames(view, body + 10, after, view[body + 3], view[body + 5], count)
             offset = body + size + (size & 1)  # chunks are padded to an even size
 
 
 # Where an Ogg stream's comment packet keeps its Vorbis comments, by the first packet's magic:
 # (the comment packet's magic, where its comments start).
-_OGG_COMMENTS = {b"\x01vorbis": (b"\x03vorbis", 7), b"OpusHead": (b"OpusTags", 8),
-                 b"\x80theora": (b"\x81theora", 7), b"Speex   ": (b"", 0)}
+_OGG_COMMENTS = {
+    b"\x01vorbis": (b"\x03vorbis", 7),
+    b"OpusHead": (b"OpusTags", 8),
+    b"\x80theora": (b"\x81theora", 7),
+    b"Speex   ": (b"", 0),
+}
 _OGG_FLAC = b"\x7fFLAC"  # FLAC in Ogg: its metadata blocks follow, a packet each
 
 
@@ -209,16 +218,16 @@ def _count_ogg(view: memoryview, count: MetadataCount) -> None:
     every metadata block of a FLAC one, counted as `_count_flac` counts them."""
     streams: dict[int, _OggStream] = {}
     offset, walked = 0, 0
-    while offset + 27 <= len(view) and bytes(view[offset:offset + 4]) == b"OggS":
+    while offset + 27 <= len(view) and bytes(view[offset : offset + 4]) == b"OggS":
         walked += 1
         if walked > MAX_WALKED_UNITS:
             raise _too_long_a_walk("pages", count.modality)
-        serial, segments = int.from_bytes(view[offset + 14:offset + 18], "little"), view[offset + 26]
+        serial, segments = int.from_bytes(view[offset + 14 : offset + 18], "little"), view[offset + 26]
         at = offset + 27 + segments
         stream = streams.setdefault(serial, _OggStream())
-        for length in view[offset + 27:offset + 27 + segments]:
+        for length in view[offset + 27 : offset + 27 + segments]:
             if not stream.done:
-                stream.packet += view[at:at + length]
+                stream.packet += view[at : at + length]
             at += length
             if length < 255:  # a packet ends here
                 _ogg_packet(stream, count)
@@ -231,8 +240,9 @@ def _ogg_packet(stream: _OggStream, count: MetadataCount) -> None:
     if stream.done:
         return
     if stream.packets == 1:  # the codec's identification header
-        stream.magic = next((magic for magic in (*_OGG_COMMENTS, _OGG_FLAC) if bytes(packet[:len(magic)]) == magic),
-                            b"")
+        stream.magic = next(
+            (magic for magic in (*_OGG_COMMENTS, _OGG_FLAC) if bytes(packet[: len(magic)]) == magic), b""
+        )
         stream.done = not stream.magic
     elif stream.magic == _OGG_FLAC:  # a metadata block a packet, the last one flagged
         count.add("FLAC metadata blocks")
@@ -241,7 +251,7 @@ def _ogg_packet(stream: _OggStream, count: MetadataCount) -> None:
         stream.done = len(packet) == 0 or bool(packet[0] & 0x80)
     else:
         magic, start = _OGG_COMMENTS[stream.magic]
-        if bytes(packet[:len(magic)]) == magic:
+        if bytes(packet[: len(magic)]) == magic:
             _count_vorbis_comments(packet, start, len(packet), count)
         stream.done = True
 
@@ -250,10 +260,10 @@ def mp4_boxes(data: memoryview, start: int, end: int) -> Iterator[tuple[bytes, i
     """(type, payload start, payload end) of the boxes in [start, end); 64-bit and to-the-end
     sizes as ISO 14496-12 says; a box that overruns is cut at `end` (a truncated file)."""
     while start + 8 <= end:
-        size, kind = int.from_bytes(data[start:start + 4], "big"), bytes(data[start + 4:start + 8])
+        size, kind = int.from_bytes(data[start : start + 4], "big"), bytes(data[start + 4 : start + 8])
         header = 8
         if size == 1 and start + 16 <= end:
-            size, header = int.from_bytes(data[start + 8:start + 16], "big"), 16
+            size, header = int.from_bytes(data[start + 8 : start + 16], "big"), 16
         elif size == 0:
             size = end - start
         if size < header:
@@ -288,7 +298,7 @@ def _count_mp4(view: memoryview, count: MetadataCount) -> None:
 def _meta_children(view: memoryview, start: int, end: int) -> int:
     """Where a `meta` box's children start: ISO's is a full box (4 bytes of version and flags,
     zero, first), QuickTime's is not (a child's size, never zero, comes first)."""
-    return start + 4 if start + 4 <= end and not any(view[start:start + 4]) else start
+    return start + 4 if start + 4 <= end and not any(view[start : start + 4]) else start
 
 
 def _count_mp4_keys(view: memoryview, start: int, end: int, count: MetadataCount) -> None:
@@ -297,15 +307,18 @@ def _count_mp4_keys(view: memoryview, start: int, end: int, count: MetadataCount
     bytes cannot hold is a 422; the keys are counted as walked."""
     if start + 8 > end:
         return
-    declared = int.from_bytes(view[start + 4:start + 8], "big")
+    declared = int.from_bytes(view[start + 4 : start + 8], "big")
     if declared * 8 > end - start - 8:
-        raise UnprocessableMediaError(f"MP4 keys declares {declared} keys in {end - start} bytes: the file is "
-                                      "damaged; re-encode the file or send another", modality=count.modality)
+        raise UnprocessableMediaError(
+            f"MP4 keys declares {declared} keys in {end - start} bytes: the file is "
+            "damaged; re-encode the file or send another",
+            modality=count.modality,
+        )
     at = start + 8
     for _ in range(declared):
         if at + 8 > end:
             return
-        size = int.from_bytes(view[at:at + 4], "big")
+        size = int.from_bytes(view[at : at + 4], "big")
         if size < 8:
             return
         count.add("MP4 keys")
@@ -322,7 +335,7 @@ def _vint(view: memoryview, offset: int, keep_marker: bool) -> tuple[int, int, b
     if offset + length > len(view):
         return 0, 0, False
     value = first if keep_marker else first & (0xFF >> length)
-    for byte in view[offset + 1:offset + length]:
+    for byte in view[offset + 1 : offset + length]:
         value = value << 8 | byte
     unknown = not keep_marker and value == (1 << (7 * length)) - 1
     return value, length, unknown

@@ -21,6 +21,7 @@ Samplers are named, and the name is part of the key (VideoSpec.sampler):
 `register_sampler(name, fn)` adds a model's own: fn(source, spec) -> frame indices. Give a
 changed sampler a new name, since keys (and so cache entries) follow the name.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -97,16 +98,20 @@ QWEN2_TEMPORAL_PATCH = 2
 def _qwen2_vl(source: SamplingSource, spec: VideoSpec) -> list[int]:
     total = source.total_frames
     if source.fps <= 0:
-        raise InvalidMediaError("qwen2_vl sampling needs the clip's frame rate, and the container reports none "
-                                "(variable or unknown rate): re-encode it at a constant rate", modality="video")
+        raise InvalidMediaError(
+            "qwen2_vl sampling needs the clip's frame rate, and the container reports none "
+            "(variable or unknown rate): re-encode it at a constant rate",
+            modality="video",
+        )
     fps = min(spec.fps if spec.fps is not None else QWEN_DEFAULT_FPS, QWEN_MAX_FPS)
     patch = QWEN2_TEMPORAL_PATCH
     ceiling = math.floor(min(QWEN_MAX_FRAMES, total) / patch) * patch
     count = min(max(total / source.fps * fps, QWEN_MIN_FRAMES), ceiling, total)
     count = math.floor(count / patch) * patch
     if count <= 0:
-        raise InvalidMediaError(f"qwen2_vl sampling needs at least {patch} frames; the clip has {total}",
-                                modality="video")
+        raise InvalidMediaError(
+            f"qwen2_vl sampling needs at least {patch} frames; the clip has {total}", modality="video"
+        )
     import torch  # here: importing lazymedia loads no torch
 
     # float32 steps, as transformers (and vLLM after it) compute them; the last can reach `total`.
@@ -138,8 +143,13 @@ def _rounded(source: SamplingSource, spec: VideoSpec) -> list[int]:
     return list(range(total))
 
 
-SAMPLERS: dict[str, Sampler] = {"uniform": _uniform, "dynamic": _dynamic, "rounded": _rounded,
-                                "qwen2_vl": _qwen2_vl, "qwen3_vl": _qwen3_vl}
+SAMPLERS: dict[str, Sampler] = {
+    "uniform": _uniform,
+    "dynamic": _dynamic,
+    "rounded": _rounded,
+    "qwen2_vl": _qwen2_vl,
+    "qwen3_vl": _qwen3_vl,
+}
 
 
 def register_sampler(name: str, sampler: Sampler) -> None:
@@ -152,8 +162,9 @@ def register_sampler(name: str, sampler: Sampler) -> None:
 
 def check_sampler(spec: VideoSpec) -> None:
     if spec.sampler not in SAMPLERS:
-        raise InvalidMediaError(f"unknown video sampler {spec.sampler!r}: registered are {sorted(SAMPLERS)}",
-                                modality="video")
+        raise InvalidMediaError(
+            f"unknown video sampler {spec.sampler!r}: registered are {sorted(SAMPLERS)}", modality="video"
+        )
 
 
 def sample_indices(source: SamplingSource, spec: VideoSpec) -> list[int]:
@@ -164,8 +175,9 @@ def sample_indices(source: SamplingSource, spec: VideoSpec) -> list[int]:
     check_sampler(spec)
     indices = sorted({int(i) for i in SAMPLERS[spec.sampler](source, spec)})
     if indices and (indices[0] < 0 or indices[-1] >= source.total_frames):
-        raise InvalidMediaError(f"sampler {spec.sampler!r} chose frames outside 0..{source.total_frames - 1}",
-                                modality="video")
+        raise InvalidMediaError(
+            f"sampler {spec.sampler!r} chose frames outside 0..{source.total_frames - 1}", modality="video"
+        )
     if spec.max_frames is not None and len(indices) > spec.max_frames:
         picks = np.linspace(0, len(indices) - 1, spec.max_frames, dtype=int)
         indices = [indices[i] for i in picks]
@@ -174,9 +186,14 @@ def sample_indices(source: SamplingSource, spec: VideoSpec) -> list[int]:
 
 def hf_metadata(source: SamplingSource, indices: list[int], backend: str) -> dict[str, Any]:
     """The transformers VideoMetadata keys, as vLLM's loaders fill them."""
-    return {"total_num_frames": source.total_frames, "fps": source.fps, "duration": source.duration,
-            "video_backend": backend, "frames_indices": list(indices),
-            "do_sample_frames": len(indices) == source.total_frames}
+    return {
+        "total_num_frames": source.total_frames,
+        "fps": source.fps,
+        "duration": source.duration,
+        "video_backend": backend,
+        "frames_indices": list(indices),
+        "do_sample_frames": len(indices) == source.total_frames,
+    }
 
 
 @dataclass

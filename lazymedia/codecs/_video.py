@@ -1,6 +1,7 @@
 """Video codec through PyAV (FFmpeg): samples only the requested frames (codecs.sampling) and
 converts each straight to RGB at the target size with FFmpeg's scaler, into one preallocated
 tensor."""
+
 from __future__ import annotations
 
 import io
@@ -28,7 +29,7 @@ _SIGNATURES = ((0, b"\x1a\x45\xdf\xa3"), (4, b"ftyp"), (0, b"RIFF"), (0, b"OggS"
 def looks_like_video(data: EncodedBytes) -> bool:
     """Whether the bytes start like a video container (so an FFmpeg failure means corrupt)."""
     head = bytes(data[:16])
-    return any(head[offset:offset + len(magic)] == magic for offset, magic in _SIGNATURES)
+    return any(head[offset : offset + len(magic)] == magic for offset, magic in _SIGNATURES)
 
 
 def _open(data: EncodedBytes) -> av.container.InputContainer:
@@ -36,10 +37,13 @@ def _open(data: EncodedBytes) -> av.container.InputContainer:
         return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except av.error.FFmpegError as exc:
         if looks_like_video(data):
-            raise UnprocessableMediaError(f"corrupt video container ({exc.strerror}):"
-                                          " re-encode the file or send another", modality="video") from None
-        raise InvalidMediaError(f"not a video ({exc.strerror}): send MP4, WebM, MKV, AVI or another container "
-                                "FFmpeg reads", modality="video") from None
+            raise UnprocessableMediaError(
+                f"corrupt video container ({exc.strerror}): re-encode the file or send another", modality="video"
+            ) from None
+        raise InvalidMediaError(
+            f"not a video ({exc.strerror}): send MP4, WebM, MKV, AVI or another container FFmpeg reads",
+            modality="video",
+        ) from None
 
 
 def presented(packet: av.packet.Packet) -> bool:
@@ -83,16 +87,24 @@ def _color_matrix(context: av.video.codeccontext.VideoCodecContext) -> str:
 
 def _full_range(context: av.video.codeccontext.VideoCodecContext) -> bool:
     color_range = str(getattr(context, "color_range", "") or "").lower()
-    return "jpeg" in color_range or "pc" in color_range or color_range == "2" or \
-        (context.pix_fmt or "").startswith("yuvj")
+    return (
+        "jpeg" in color_range or "pc" in color_range or color_range == "2" or (context.pix_fmt or "").startswith("yuvj")
+    )
 
 
 # -- MP4/MOV sample tables, read before FFmpeg builds its index from them ----------------------
 # ISO BMFF boxes the walk descends into, by parent ("" is the file).
-_MP4_CHILDREN = {b"": {b"moov", b"moof"}, b"moov": {b"trak"}, b"trak": {b"mdia", b"edts"},
-                 b"mdia": {b"minf", b"mdhd", b"hdlr"}, b"minf": {b"stbl"}, b"edts": {b"elst"},
-                 b"stbl": {b"stsz", b"stz2", b"stts", b"ctts", b"stsc", b"stco", b"co64", b"stss"},
-                 b"moof": {b"traf"}, b"traf": {b"trun"}}
+_MP4_CHILDREN = {
+    b"": {b"moov", b"moof"},
+    b"moov": {b"trak"},
+    b"trak": {b"mdia", b"edts"},
+    b"mdia": {b"minf", b"mdhd", b"hdlr"},
+    b"minf": {b"stbl"},
+    b"edts": {b"elst"},
+    b"stbl": {b"stsz", b"stz2", b"stts", b"ctts", b"stsc", b"stco", b"co64", b"stss"},
+    b"moof": {b"traf"},
+    b"traf": {b"trun"},
+}
 # Bytes per entry of the tables whose entry count the walk checks against the box's size.
 _MP4_ENTRY_BYTES = {b"stts": 8, b"ctts": 8, b"stsc": 12, b"stco": 4, b"co64": 8, b"stss": 4}
 # Edit-list entries, versions 0 and 1.
@@ -107,7 +119,7 @@ _MP4_MAX_BOXES = 1 << 20
 
 
 def _u32(data: memoryview, at: int) -> int:
-    return int.from_bytes(data[at:at + 4], "big")
+    return int.from_bytes(data[at : at + 4], "big")
 
 
 class _Mp4Track:
@@ -144,8 +156,11 @@ def _read_mp4_box(data: memoryview, kind: bytes, start: int, end: int, track: _M
         count = _u32(data, start + 4)
         entry = _MP4_ENTRY_BYTES.get(kind) or (20 if data[start] == 1 else 12)
         if count * entry > body - 8:
-            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} entries in {body} bytes: the "
-                                          "file is damaged; re-encode the file or send another", modality="video")
+            raise UnprocessableMediaError(
+                f"MP4 {kind.decode('latin-1')} declares {count} entries in {body} bytes: the "
+                "file is damaged; re-encode the file or send another",
+                modality="video",
+            )
         if kind == b"stts":
             track.unit_durations = count == 1 and _u32(data, start + 12) == 1
         elif kind == b"stsc":
@@ -160,18 +175,20 @@ def _read_mp4_box(data: memoryview, kind: bytes, start: int, end: int, track: _M
         width = 32 if kind == b"stsz" else data[start + 7]
         track.constant_size = kind == b"stsz" and _u32(data, start + 4) != 0
         if not track.constant_size and count * width // 8 > body - 12:
-            raise UnprocessableMediaError(f"MP4 {kind.decode('latin-1')} declares {count} sample sizes in {body} "
-                                          "bytes: the file is damaged; re-encode the file or send another",
-                                          modality="video")
+            raise UnprocessableMediaError(
+                f"MP4 {kind.decode('latin-1')} declares {count} sample sizes in {body} "
+                "bytes: the file is damaged; re-encode the file or send another",
+                modality="video",
+            )
         track.samples = count
     elif kind == b"trun" and body >= 8:
         track.samples += _u32(data, start + 4)  # per-sample fields or not: each becomes an index entry
     elif kind == b"hdlr" and body >= 12:
-        track.handler = bytes(data[start + 8:start + 12])
+        track.handler = bytes(data[start + 8 : start + 12])
     elif kind == b"mdhd" and body >= 20:
         long = data[start] == 1
         scale = _u32(data, start + (20 if long else 12))
-        duration = int.from_bytes(data[start + 24:start + 32], "big") if long else _u32(data, start + 16)
+        duration = int.from_bytes(data[start + 24 : start + 32], "big") if long else _u32(data, start + 16)
         track.seconds = duration / scale if scale and duration != (1 << (64 if long else 32)) - 1 else 0.0
 
 
@@ -193,8 +210,9 @@ def check_sample_tables(data: EncodedBytes, limits: Limits) -> int:
         for kind, body_start, body_end in mp4_boxes(view, start, end):
             boxes += 1
             if boxes > _MP4_MAX_BOXES:
-                raise MediaTooLargeError(f"MP4 has more than {_MP4_MAX_BOXES} boxes where its tables are",
-                                         modality="video")
+                raise MediaTooLargeError(
+                    f"MP4 has more than {_MP4_MAX_BOXES} boxes where its tables are", modality="video"
+                )
             if kind not in _MP4_CHILDREN[parent]:
                 continue
             if kind == b"trak":
@@ -223,15 +241,18 @@ def probe(data: EncodedBytes, limits: Limits, spec: VideoSpec) -> VideoHeader:
     check_apng_canvases(data)
     with _open(data) as container:
         if not container.streams:  # a container with no streams at all lost its header (truncated)
-            raise UnprocessableMediaError("video container has no streams:"
-                                          " re-encode the file or send another", modality="video")
+            raise UnprocessableMediaError(
+                "video container has no streams: re-encode the file or send another", modality="video"
+            )
         if not container.streams.video:
-            raise InvalidMediaError("no video stream:"
-                                    " send a file with video (audio alone goes to load_audio)", modality="video")
+            raise InvalidMediaError(
+                "no video stream: send a file with video (audio alone goes to load_audio)", modality="video"
+            )
         stream = container.streams.video[0]
         if stream.codec_context is None:  # FFmpeg knows the stream but has no decoder for it
-            raise UnprocessableMediaError("FFmpeg has no decoder for this video stream:"
-                                          " re-encode it as H.264, VP9 or AV1", modality="video")
+            raise UnprocessableMediaError(
+                "FFmpeg has no decoder for this video stream: re-encode it as H.264, VP9 or AV1", modality="video"
+            )
         width, height = stream.codec_context.width, stream.codec_context.height
         fps = float(stream.average_rate or stream.guessed_rate or 0)
         if stream.duration is not None and stream.time_base is not None:
@@ -240,15 +261,28 @@ def probe(data: EncodedBytes, limits: Limits, spec: VideoSpec) -> VideoHeader:
             duration = (container.duration or 0) / av.time_base
         total = _count_packets(container, stream, limits.max_video_frames)
         context = stream.codec_context
-        header = VideoHeader(container.format.name, context.name, width, height, fps, duration, int(total),
-                             bool(container.streams.audio), context.pix_fmt or "", _color_matrix(context),
-                             _full_range(context), index_bytes)
+        header = VideoHeader(
+            container.format.name,
+            context.name,
+            width,
+            height,
+            fps,
+            duration,
+            int(total),
+            bool(container.streams.audio),
+            context.pix_fmt or "",
+            _color_matrix(context),
+            _full_range(context),
+            index_bytes,
+        )
     if width <= 0 or height <= 0:
-        raise UnprocessableMediaError("video stream has no frame size:"
-                                      " re-encode the file or send another", modality="video")
+        raise UnprocessableMediaError(
+            "video stream has no frame size: re-encode the file or send another", modality="video"
+        )
     if total <= 0:
-        raise UnprocessableMediaError("video stream has no frames:"
-                                      " re-encode the file or send another", modality="video")
+        raise UnprocessableMediaError(
+            "video stream has no frames: re-encode the file or send another", modality="video"
+        )
     check_limits(header, limits, spec, len(data))
     return header
 
@@ -256,11 +290,17 @@ def probe(data: EncodedBytes, limits: Limits, spec: VideoSpec) -> VideoHeader:
 def check_length(frames: int, seconds: float, limits: Limits, what: str) -> None:
     """Refuses (413) a clip longer than the limits allow, in frames or in seconds."""
     if frames > limits.max_video_frames:
-        raise MediaTooLargeError(f"{what} {frames} frames, over the {limits.max_video_frames} frame limit: send a "
-                                 "shorter clip", hint="raise Limits.max_video_frames", modality="video")
+        raise MediaTooLargeError(
+            f"{what} {frames} frames, over the {limits.max_video_frames} frame limit: send a shorter clip",
+            hint="raise Limits.max_video_frames",
+            modality="video",
+        )
     if seconds > limits.max_video_seconds:
-        raise MediaTooLargeError(f"{what} {seconds:.0f} s, over the {limits.max_video_seconds:.0f} s limit: send a "
-                                 "shorter clip", hint="raise Limits.max_video_seconds", modality="video")
+        raise MediaTooLargeError(
+            f"{what} {seconds:.0f} s, over the {limits.max_video_seconds:.0f} s limit: send a shorter clip",
+            hint="raise Limits.max_video_seconds",
+            modality="video",
+        )
 
 
 # Codecs that paint every frame onto the full canvas and have no keyframe after the first
@@ -281,36 +321,45 @@ def check_apng_canvases(data: EncodedBytes) -> None:
     canvas = int.from_bytes(view[16:20], "big") * int.from_bytes(view[20:24], "big")
     offset, frames = 8, 0
     while offset + 8 <= len(view):
-        kind = bytes(view[offset + 4:offset + 8])
+        kind = bytes(view[offset + 4 : offset + 8])
         if kind == b"fcTL":
             frames += 1
             if frames * canvas > MAX_CANVAS_PIXELS:
-                raise MediaTooLargeError(f"an animated PNG of more than {frames - 1} frames on a canvas of {canvas} "
-                                         f"pixels paints over {MAX_CANVAS_PIXELS} pixels to reach its last frames: "
-                                         "send a video codec", modality="video")
-        offset += 12 + int.from_bytes(view[offset:offset + 4], "big")
+                raise MediaTooLargeError(
+                    f"an animated PNG of more than {frames - 1} frames on a canvas of {canvas} "
+                    f"pixels paints over {MAX_CANVAS_PIXELS} pixels to reach its last frames: "
+                    "send a video codec",
+                    modality="video",
+                )
+        offset += 12 + int.from_bytes(view[offset : offset + 4], "big")
 
 
 def check_limits(header: VideoHeader, limits: Limits, spec: VideoSpec, encoded_bytes: int) -> None:
     """Refuses (413) what `limits` do not allow, from the header alone."""
     if header.width * header.height > limits.max_pixels:
-        raise MediaTooLargeError(f"frames of (height, width)=({header.height}, {header.width}) are over "
-                                 f"the {limits.max_pixels} pixel limit: send a smaller video",
-                                 hint="raise Limits.max_pixels", modality="video", limit="max_pixels",
-                                 value=(header.width, header.height), maximum=limits.max_pixels)
+        raise MediaTooLargeError(
+            f"frames of (height, width)=({header.height}, {header.width}) are over "
+            f"the {limits.max_pixels} pixel limit: send a smaller video",
+            hint="raise Limits.max_pixels",
+            modality="video",
+            limit="max_pixels",
+            value=(header.width, header.height),
+            maximum=limits.max_pixels,
+        )
     check_length(header.total_frames, header.duration, limits, "the video has")
     indices = sample_indices(sampling_source(header), spec)
     if header.codec in _CANVAS_CODECS and indices:
         painted = (max(indices) + 1) * header.width * header.height
         if painted > MAX_CANVAS_PIXELS:
-            raise MediaTooLargeError(f"reaching frame {max(indices)} of this {header.codec} paints {max(indices) + 1} "
-                                     f"canvases of {header.width}x{header.height}, over {MAX_CANVAS_PIXELS} pixels: "
-                                     "ask for earlier frames (num_frames, fps), or send a video codec",
-                                     modality="video")
+            raise MediaTooLargeError(
+                f"reaching frame {max(indices)} of this {header.codec} paints {max(indices) + 1} "
+                f"canvases of {header.width}x{header.height}, over {MAX_CANVAS_PIXELS} pixels: "
+                "ask for earlier frames (num_frames, fps), or send a video codec",
+                modality="video",
+            )
     count = len(indices)
     height, width = spec.size or (header.height, header.width)
-    limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}",
-                         header.index_bytes)
+    limits.check_decoded(count * height * width * 3, "video", f"{count} frames of {width}x{height}", header.index_bytes)
 
 
 def read_frame_table(data: EncodedBytes, total_frames: int) -> FrameTable | None:
@@ -345,8 +394,13 @@ def frame_table(pts: list[int], key_pts: set[int], time_base: float, total_frame
     return FrameTable(pts, [i for i, p in enumerate(pts) if p in key_pts], time_base)
 
 
-def decode(data: EncodedBytes, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
-           limits: Limits = DEFAULT_LIMITS) -> VideoFrames:
+def decode(
+    data: EncodedBytes,
+    header: VideoHeader,
+    spec: VideoSpec,
+    out: torch.Tensor | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> VideoFrames:
     """Decodes only the frames the spec samples: seeks to the keyframe before a wanted frame when
     that skips more than a few frames, stops after the last one, and converts each frame straight
     to RGB at the target size (FFmpeg's scaler), into one preallocated [T, H, W, 3] tensor.
@@ -370,16 +424,26 @@ def decode(data: EncodedBytes, header: VideoHeader, spec: VideoSpec, out: torch.
     except MediaError:
         raise
     except (av.error.FFmpegError, ValueError) as exc:
-        raise UnprocessableMediaError(f"corrupt {header.codec} video ({getattr(exc, 'strerror', None) or exc}): "
-                                      "re-encode the file or send another", modality="video") from None
+        raise UnprocessableMediaError(
+            f"corrupt {header.codec} video ({getattr(exc, 'strerror', None) or exc}): "
+            "re-encode the file or send another",
+            modality="video",
+        ) from None
     if not got:
-        raise UnprocessableMediaError("video has no decodable frames:"
-                                      " re-encode the file or send another", modality="video")
+        raise UnprocessableMediaError(
+            "video has no decodable frames: re-encode the file or send another", modality="video"
+        )
     return video_frames(frames, got, timestamps, header, source, "pyav")
 
 
-def _decode_into(data: EncodedBytes, header: VideoHeader, indices: list[int], plan: list[int | None],
-                 table: FrameTable | None, buffer: npt.NDArray[np.uint8]) -> tuple[list[int], list[float]]:
+def _decode_into(
+    data: EncodedBytes,
+    header: VideoHeader,
+    indices: list[int],
+    plan: list[int | None],
+    table: FrameTable | None,
+    buffer: npt.NDArray[np.uint8],
+) -> tuple[list[int], list[float]]:
     """Decodes the frames at `indices` (seeking where `plan` says) into buffer's first slots;
     returns the indices it found and their timestamps (fewer if the stream ended early)."""
     height, width = buffer.shape[1:3]
@@ -414,8 +478,9 @@ def _count_decoded(data: EncodedBytes) -> int:
 class _PositionedFrames:
     """Decoded frames with their presentation index, across seeks."""
 
-    def __init__(self, container: av.container.InputContainer, stream: av.video.stream.VideoStream,
-                 table: FrameTable | None):
+    def __init__(
+        self, container: av.container.InputContainer, stream: av.video.stream.VideoStream, table: FrameTable | None
+    ):
         self._container, self._stream, self._table = container, stream, table
         self._index_of_pts = {p: i for i, p in enumerate(table.pts)} if table is not None else None
         self._frames = iter(DecodedFrames(container, stream))

@@ -3,6 +3,7 @@
 Frames between sampled ones are grabbed (decoded, not converted); a seek goes straight to the
 sampled frame. OpenCV reads from a path, so the bytes are handed over as a memfd. Probing is
 PyAV's (the header is the container's, whichever reader decodes)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,13 +25,20 @@ def check_available() -> None:
     """Refuses (400) the OpenCV reader where OpenCV is not installed; checked where the reader
     is chosen (load, decode), not in VideoSpec, so a cache hit by id never needs OpenCV."""
     if importlib.util.find_spec("cv2") is None:
-        raise InvalidMediaError("decoder='opencv' is not installed on this server: use decoder='pyav'",
-                                hint="pip install opencv-python-headless (the lazymedia-decode[opencv] extra)",
-                                modality="video")
+        raise InvalidMediaError(
+            "decoder='opencv' is not installed on this server: use decoder='pyav'",
+            hint="pip install opencv-python-headless (the lazymedia-decode[opencv] extra)",
+            modality="video",
+        )
 
 
-def decode(data: EncodedBytes, header: VideoHeader, spec: VideoSpec, out: torch.Tensor | None = None,
-           limits: Limits | None = None) -> VideoFrames:
+def decode(
+    data: EncodedBytes,
+    header: VideoHeader,
+    spec: VideoSpec,
+    out: torch.Tensor | None = None,
+    limits: Limits | None = None,
+) -> VideoFrames:
     check_available()
     import cv2
 
@@ -46,8 +54,9 @@ def decode(data: EncodedBytes, header: VideoHeader, spec: VideoSpec, out: torch.
         with memfd_path(data) as path:
             capture = cv2.VideoCapture(path, cv2.CAP_FFMPEG)
             if not capture.isOpened():
-                raise UnprocessableMediaError("OpenCV cannot open the video:"
-                                                  " re-encode the file, or use decoder='pyav'", modality="video")
+                raise UnprocessableMediaError(
+                    "OpenCV cannot open the video: re-encode the file, or use decoder='pyav'", modality="video"
+                )
             position = 0
             for index, seek_to in zip(indices, plan):
                 if seek_to is not None:
@@ -66,9 +75,11 @@ def decode(data: EncodedBytes, header: VideoHeader, spec: VideoSpec, out: torch.
                 got.append(index)
             capture.release()
     except cv2.error as exc:
-        raise UnprocessableMediaError(f"corrupt {header.codec} video ({exc}):"
-                                      " re-encode the file or send another", modality="video") from None
+        raise UnprocessableMediaError(
+            f"corrupt {header.codec} video ({exc}): re-encode the file or send another", modality="video"
+        ) from None
     if not got and indices:
-        raise UnprocessableMediaError("video has no decodable frames:"
-                                      " re-encode the file or send another", modality="video")
+        raise UnprocessableMediaError(
+            "video has no decodable frames: re-encode the file or send another", modality="video"
+        )
     return video_frames(frames, got, frame_timestamps(got, table, header.fps), header, source, "opencv")

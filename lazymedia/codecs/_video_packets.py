@@ -9,6 +9,7 @@ PTS: frame index i of the CPU path is the frame whose PTS is table.pts[i]. Frame
 edit list discards (an encoder's pre-roll, decoded only as references) carry PTS outside the
 table and are dropped, as torchcodec drops AV_PKT_FLAG_DISCARD frames; so are leading pictures of
 an open GOP that are not wanted."""
+
 from __future__ import annotations
 
 import bisect
@@ -65,8 +66,11 @@ class Run:
 
     def feeds(self, video: DemuxedVideo) -> list[int]:
         """The packet positions to feed: the run, less unwanted disposable pictures."""
-        return [position for position in range(self.first, self.last + 1)
-                if position == self.first or not video.disposable[position] or video.pts[position] in self.wanted]
+        return [
+            position
+            for position in range(self.first, self.last + 1)
+            if position == self.first or not video.disposable[position] or video.pts[position] in self.wanted
+        ]
 
     first: int
     last: int
@@ -103,8 +107,8 @@ def parameter_sets(codec: str, extradata: bytes | None) -> tuple[int, bytes]:
             if group == 1:
                 count, at = data[at], at + 1
             for _ in range(count):
-                size = int.from_bytes(data[at:at + 2], "big")
-                units.append(data[at + 2:at + 2 + size])
+                size = int.from_bytes(data[at : at + 2], "big")
+                units.append(data[at + 2 : at + 2 + size])
                 at += 2 + size
     else:  # hvcC, ISO 14496-15 8.3.3.1: 22 bytes of profile, then the NAL unit arrays
         if len(data) < 23:
@@ -112,10 +116,10 @@ def parameter_sets(codec: str, extradata: bytes | None) -> tuple[int, bytes]:
         length_size = (data[21] & 3) + 1
         at, arrays = 23, data[22]
         for _ in range(arrays):
-            count, at = int.from_bytes(data[at + 1:at + 3], "big"), at + 3
+            count, at = int.from_bytes(data[at + 1 : at + 3], "big"), at + 3
             for _ in range(count):
-                size = int.from_bytes(data[at:at + 2], "big")
-                units.append(data[at + 2:at + 2 + size])
+                size = int.from_bytes(data[at : at + 2], "big")
+                units.append(data[at + 2 : at + 2 + size])
                 at += 2 + size
     if any(not unit for unit in units) or at > len(data):
         raise ValueError(f"{codec} extradata is cut short")
@@ -126,12 +130,12 @@ def to_annexb(payload: bytes, length_size: int) -> bytes:
     """Length-prefixed NAL units -> start-code-prefixed ones (a length that overruns is damage)."""
     units, at, end = [], 0, len(payload)
     while at < end:
-        size = int.from_bytes(payload[at:at + length_size], "big")
+        size = int.from_bytes(payload[at : at + length_size], "big")
         at += length_size
         if size == 0 or at + size > end:
             raise ValueError(f"a NAL unit of {size} bytes overruns its {end}-byte packet")
         units.append(_START_CODE)
-        units.append(payload[at:at + size])
+        units.append(payload[at : at + size])
         at += size
     return b"".join(units)
 

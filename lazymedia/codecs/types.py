@@ -2,6 +2,7 @@
 `VideoHeader`, `AudioHeader`) and what a decode returns (`VideoFrames`, `AudioSamples`, both a
 `TensorResult`; an image decodes to a plain uint8 tensor [H, W, C] with `CHANNELS[mode]`
 channels)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -162,12 +163,21 @@ class VideoFrames(TensorResult):
         if self.frames.ndim != 4:
             raise ValueError(f"frames must be [T, H, W, C], got {self.frames.ndim} dimensions")
         if not len(self.indices) == len(self.timestamps) == self.frames.shape[0]:
-            raise ValueError(f"{self.frames.shape[0]} frames need as many indices and timestamps, got "
-                             f"{len(self.indices)} and {len(self.timestamps)}")
+            raise ValueError(
+                f"{self.frames.shape[0]} frames need as many indices and timestamps, got "
+                f"{len(self.indices)} and {len(self.timestamps)}"
+            )
 
     def __repr__(self) -> str:
-        return _repr(self, frames=self.frames, fps=self.fps, duration=self.duration,
-                     total_frames=self.total_frames, indices=self.indices, info=self.info)
+        return _repr(
+            self,
+            frames=self.frames,
+            fps=self.fps,
+            duration=self.duration,
+            total_frames=self.total_frames,
+            indices=self.indices,
+            info=self.info,
+        )
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -241,15 +251,20 @@ class AudioSamples(TensorResult):
 
 def _short(values: list[Any]) -> str:
     """A list as its first and last few items: a long clip's indices fill no screen."""
-    return repr(values) if len(values) <= 6 else f"[{', '.join(map(repr, values[:3]))}, ..., " \
-        f"{', '.join(map(repr, values[-3:]))}] ({len(values)})"
+    return (
+        repr(values)
+        if len(values) <= 6
+        else f"[{', '.join(map(repr, values[:3]))}, ..., {', '.join(map(repr, values[-3:]))}] ({len(values)})"
+    )
 
 
 def _repr(value: Any, **fields: Any) -> str:
     """`Name(field=...)` with each tensor as its shape, dtype and device, never its elements."""
+
     def shown(item: Any) -> str:
         if hasattr(item, "shape") and hasattr(item, "dtype"):
             device = getattr(item, "device", "cpu")
             return f"<{tuple(item.shape)} {str(item.dtype).removeprefix('torch.')} on {device}>"
         return _short(item) if isinstance(item, list) else repr(item)
+
     return f"{type(value).__name__}({', '.join(f'{name}={shown(item)}' for name, item in fields.items())})"

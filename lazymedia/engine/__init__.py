@@ -3,6 +3,7 @@ are private (`_engine`, `_isolation`, `_placement`, `_availability`, `_protocol`
 between the decoders and the handles they decode; one module per decoder: `_cpu_batch`,
 `_nvjpeg`, `_nvdec`, `_dali`); these names are the engine's public face. The GPU decoders and the
 worker pool import torch/CUDA/DALI, so their names import on first use: `import lazymedia` loads none of them."""
+
 from __future__ import annotations
 
 import importlib
@@ -20,9 +21,13 @@ if TYPE_CHECKING:  # what type checkers see of the names below, which run time i
     from ._nvdec import NvdecBatchDecoder
     from ._nvjpeg import NvjpegBatchDecoder, wheel_library
 
-_LAZY = {"DaliBatchDecoder": "lazymedia.engine._dali", "IsolatedPool": "lazymedia.engine._isolation",
-         "NvdecBatchDecoder": "lazymedia.engine._nvdec",
-         "NvjpegBatchDecoder": "lazymedia.engine._nvjpeg", "wheel_library": "lazymedia.engine._nvjpeg"}
+_LAZY = {
+    "DaliBatchDecoder": "lazymedia.engine._dali",
+    "IsolatedPool": "lazymedia.engine._isolation",
+    "NvdecBatchDecoder": "lazymedia.engine._nvdec",
+    "NvjpegBatchDecoder": "lazymedia.engine._nvjpeg",
+    "wheel_library": "lazymedia.engine._nvjpeg",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -32,7 +37,26 @@ def __getattr__(name: str) -> object:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["BACKENDS", "BYTES_PER_DECODED_BYTE", "BackendStatus", "BatchDecoder", "CpuBatchDecoder",
-           "DaliBatchDecoder", "DecodeEngine", "DecodeItem", "Fallback", "IsolatedPool", "NvdecBatchDecoder",
-           "NvjpegBatchDecoder", "Placement", "Route", "backends", "default_engine", "device_engine", "gpu_decoders",
-           "host_copies", "normalize_device", "wheel_library"]
+__all__ = [
+    "BACKENDS",
+    "BYTES_PER_DECODED_BYTE",
+    "BackendStatus",
+    "BatchDecoder",
+    "CpuBatchDecoder",
+    "DaliBatchDecoder",
+    "DecodeEngine",
+    "DecodeItem",
+    "Fallback",
+    "IsolatedPool",
+    "NvdecBatchDecoder",
+    "NvjpegBatchDecoder",
+    "Placement",
+    "Route",
+    "backends",
+    "default_engine",
+    "device_engine",
+    "gpu_decoders",
+    "host_copies",
+    "normalize_device",
+    "wheel_library",
+]

@@ -3,6 +3,7 @@
 Every check is import- and driver-safe: nothing here needs a GPU, and a missing or broken GPU
 stack is reported as a reason, never raised.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
 """The CPU image codec behind the batch-decoder interface: the reference the GPU decoders are
 compared with, and how the micro-batch window is measured without a GPU."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -7,6 +7,7 @@ orientation itself; handles it cannot serve the same way (apply_orientation=Fals
 than RGB, GIF) are not accepted, and the images of a batch DALI rejects (one corrupt image fails
 a DALI batch) are handed back as `Fallback`s: the engine's CPU path then decides item by item.
 """
+
 from __future__ import annotations
 
 import threading
@@ -41,8 +42,14 @@ class DaliBatchDecoder:
         self.torch_device = torch.device("cuda", device_id) if device == "gpu" else torch.device("cpu")
         self.max_batch = max_batch
 
-        @pipeline_def(batch_size=max_batch, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
-                      prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)  # type: ignore[untyped-decorator]  # DALI is untyped
+        @pipeline_def(
+            batch_size=max_batch,
+            num_threads=num_threads,
+            device_id=device_id if device == "gpu" else None,
+            prefetch_queue_depth=1,
+            exec_async=False,
+            exec_pipelined=False,
+        )  # type: ignore[untyped-decorator]  # DALI is untyped
         def decode_pipeline() -> Any:  # a DALI DataNode (untyped)
             encoded = fn.external_source(name="encoded", dtype=types.UINT8)
             return fn.decoders.image(encoded, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
@@ -67,7 +74,7 @@ class DaliBatchDecoder:
     def decode_batch(self, items: Sequence[ImageItem]) -> list[BatchResult]:
         results: list[BatchResult] = []
         for start in range(0, len(items), self.max_batch):
-            chunk = items[start:start + self.max_batch]
+            chunk = items[start : start + self.max_batch]
             try:
                 results += self._run(chunk)
             except RuntimeError as exc:  # DALI fails the whole batch for one bad image: the CPU decides per item
@@ -84,8 +91,10 @@ class DaliBatchDecoder:
             outputs = [self._to_torch(decoded, i) for i in range(len(items))]
             if self.device == "gpu":  # feed_ndarray copies asynchronously: done before the next run
                 torch.cuda.current_stream(self.torch_device).synchronize()
-        return [ops.resize(out, item.spec.size, item.spec.resample) if item.spec.size else out
-                for out, item in zip(outputs, items)]
+        return [
+            ops.resize(out, item.spec.size, item.spec.resample) if item.spec.size else out
+            for out, item in zip(outputs, items)
+        ]
 
     def _to_torch(self, batch: Any, index: int) -> torch.Tensor:  # a DALI TensorList (untyped)
         if self.device == "cpu":

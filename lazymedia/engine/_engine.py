@@ -15,6 +15,7 @@ whole, decodes on the engine's CPU path, the one an item no batch decoder takes 
 (isolated where its modality is), is placed on the engine's device, and is counted
 (`fallbacks[decoder]`, the metric `fallbacks{backend, reason}`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -75,18 +76,26 @@ class DecodeEngine:
     device: the batch decoders are then that device's (nvJPEG output="cuda", NVDEC).
     """
 
-    def __init__(self, max_workers: int | None = None, batch_decoders: Sequence[BatchDecoder] = (),
-                 batch_window_s: float = 0.001, max_batch: int = 64,
-                 isolate: Iterable[str] = ("video", "audio"), isolation_pool: IsolatedPool | None = None,
-                 isolation_workers: int | None = None, device: torch.device | str | int | None = None,
-                 device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES):
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        batch_decoders: Sequence[BatchDecoder] = (),
+        batch_window_s: float = 0.001,
+        max_batch: int = 64,
+        isolate: Iterable[str] = ("video", "audio"),
+        isolation_pool: IsolatedPool | None = None,
+        isolation_workers: int | None = None,
+        device: torch.device | str | int | None = None,
+        device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES,
+    ):
         if isolation_workers is not None and isolation_pool is not None:
             raise ValueError("give isolation_pool or isolation_workers, not both")
         if isolation_workers is not None and isolation_workers < 1:
             raise ValueError(f"isolation_workers must be >= 1, got {isolation_workers}")
         self.max_workers = max_workers or len(os.sched_getaffinity(0))
-        self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="lazymedia-decode",
-                                        initializer=_mark_decode_thread)
+        self._pool = ThreadPoolExecutor(
+            self.max_workers, thread_name_prefix="lazymedia-decode", initializer=_mark_decode_thread
+        )
         self._lock = threading.Lock()
         self._in_flight = 0
         self.batch_decoders = list(batch_decoders)
@@ -98,13 +107,15 @@ class DecodeEngine:
         self._owns_pool = False
         # The most recent batch sizes each decoder received, for stats, benchmarks and tests.
         self.batch_sizes: dict[str, collections.deque[int]] = {
-            d.name: collections.deque(maxlen=BATCH_HISTORY) for d in self.batch_decoders}
+            d.name: collections.deque(maxlen=BATCH_HISTORY) for d in self.batch_decoders
+        }
         # Every item each decoder was handed (its own `decoded` counts those its GPU path took).
         self.batched_items: dict[str, int] = {d.name: 0 for d in self.batch_decoders}
         # The reasons of the latest items each decoder handed back to the CPU path (each counted).
         self.fallbacks: dict[str, FallbackLog] = {d.name: fallback_log(d.name) for d in self.batch_decoders}
         self._queues: dict[str, queue.SimpleQueue[Queued | None]] = {
-            d.name: queue.SimpleQueue() for d in self.batch_decoders}
+            d.name: queue.SimpleQueue() for d in self.batch_decoders
+        }
         self._batchers: dict[str, threading.Thread] = {}
         self._closed = False
         self.device: torch.device | None = normalize_device(device) if device is not None else None
@@ -131,8 +142,9 @@ class DecodeEngine:
         if placement.reserved and self.device_budget is not None:
             self.device_budget.release(placement.reserved)
 
-    def submit(self, item: AnyItem, out: torch.Tensor | None = None,
-               device: torch.device | str | None = None) -> Future[Any]:
+    def submit(
+        self, item: AnyItem, out: torch.Tensor | None = None, device: torch.device | str | None = None
+    ) -> Future[Any]:
         """Decodes `item`; the future's result is what `item.decode()` returns. With `device`,
         the result lies there: "cpu" decodes on the pool only (never a GPU batch decoder),
         another device takes the batch decoders first and moves a pool decode there. An engine
@@ -140,13 +152,13 @@ class DecodeEngine:
         takes its batch decoders for "cpu" too: the CPU is then its device, not an overflow."""
         with self._lock:
             if self._closed:
-                raise MediaCapacityError("the server is shutting down: retry the request",
-                                         hint="DecodeEngine.submit after shutdown()")
+                raise MediaCapacityError(
+                    "the server is shutting down: retry the request", hint="DecodeEngine.submit after shutdown()"
+                )
             self._in_flight += 1
         try:
             on_host = device is not None and str(device) == "cpu" and str(self.device) != "cpu"
-            decoder = next((d for d in self.batch_decoders if out is None and not on_host and d.accepts(item)),
-                           None)
+            decoder = next((d for d in self.batch_decoders if out is None and not on_host and d.accepts(item)), None)
             if decoder is not None:
                 future: Future[Any] = Future()
                 self._start_batcher(decoder)
@@ -202,8 +214,9 @@ class DecodeEngine:
 
         try:
             with phase("decode", backend="isolated", modality=item.modality):
-                value = self.isolation_pool().run(decode_encoded, root.modality, bytes(root.encoded()), root.header,
-                                                  root.spec, root.limits)
+                value = self.isolation_pool().run(
+                    decode_encoded, root.modality, bytes(root.encoded()), root.header, root.spec, root.limits
+                )
         except MediaError as exc:
             root.fulfil(error=exc)
         else:
@@ -214,8 +227,9 @@ class DecodeEngine:
     def _start_batcher(self, decoder: BatchDecoder) -> None:
         with self._lock:
             if decoder.name not in self._batchers:
-                thread = threading.Thread(target=self._gather, args=(decoder,), name=f"lazymedia-batch-{decoder.name}",
-                                          daemon=True)
+                thread = threading.Thread(
+                    target=self._gather, args=(decoder,), name=f"lazymedia-batch-{decoder.name}", daemon=True
+                )
                 self._batchers[decoder.name] = thread
                 thread.start()
 
@@ -256,8 +270,13 @@ class DecodeEngine:
                 if len(results) != len(batch):
                     raise RuntimeError(f"{decoder.name} returned {len(results)} results for {len(batch)} items")
             except Exception as exc:  # the decoder itself broke: each item decodes on the CPU path, alone
-                _log.warning("%s failed a batch of %d (%s: %s); its items decode on the CPU", decoder.name,
-                             len(batch), type(exc).__name__, exc)
+                _log.warning(
+                    "%s failed a batch of %d (%s: %s); its items decode on the CPU",
+                    decoder.name,
+                    len(batch),
+                    type(exc).__name__,
+                    exc,
+                )
                 results = [Fallback(f"batch failed: {type(exc).__name__}: {exc}", "batch_failed")] * len(batch)
             except BaseException as exc:  # interrupted: every item of the batch fails, none is left waiting
                 results = [exc] * len(batch)
@@ -287,8 +306,11 @@ class DecodeEngine:
         try:
             task = self._pool.submit(self._decode_to, item, self.device)
         except RuntimeError:  # the pool was shut down under the batch
-            future.set_exception(MediaCapacityError("the server is shutting down: retry the request",
-                                                    hint="a CPU fallback after shutdown()"))
+            future.set_exception(
+                MediaCapacityError(
+                    "the server is shutting down: retry the request", hint="a CPU fallback after shutdown()"
+                )
+            )
             return
         task.add_done_callback(functools.partial(_settle, future))
 
@@ -317,8 +339,9 @@ class DecodeEngine:
     def __enter__(self) -> DecodeEngine:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.shutdown()
 
 
@@ -326,8 +349,11 @@ def _settle(future: Future[Any], task: Future[object]) -> None:
     """`future` settled as `task` (a CPU fallback on the pool) ended: its value, its typed
     error (a device out-of-memory error is a 503), or a 503 where shutdown cancelled it."""
     if task.cancelled():
-        future.set_exception(MediaCapacityError("the server is shutting down: retry the request",
-                                                hint="a CPU fallback cancelled by shutdown()"))
+        future.set_exception(
+            MediaCapacityError(
+                "the server is shutting down: retry the request", hint="a CPU fallback cancelled by shutdown()"
+            )
+        )
         return
     error = task.exception()
     if error is not None:
@@ -340,8 +366,9 @@ _DEVICE_ENGINES: dict[str, DecodeEngine] = {}
 _DEVICE_ENGINES_LOCK = threading.Lock()
 
 
-def device_engine(device: torch.device | str | int = "cuda",
-                  device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES) -> DecodeEngine:
+def device_engine(
+    device: torch.device | str | int = "cuda", device_cap_bytes: int = DEFAULT_DEVICE_CAP_BYTES
+) -> DecodeEngine:
     """The process-wide engine for `device` (one per device: one nvJPEG handle, one NVDEC
     decoder): nvJPEG into device tensors and NVDEC where this process can run them, the CPU
     for the rest (moved to the device); the cap of its first call holds."""
@@ -349,8 +376,7 @@ def device_engine(device: torch.device | str | int = "cuda",
     with _DEVICE_ENGINES_LOCK:
         engine = _DEVICE_ENGINES.get(str(device))
         if engine is None:
-            engine = DecodeEngine(batch_decoders=gpu_decoders(device), device=device,
-                                  device_cap_bytes=device_cap_bytes)
+            engine = DecodeEngine(batch_decoders=gpu_decoders(device), device=device, device_cap_bytes=device_cap_bytes)
             _DEVICE_ENGINES[str(device)] = engine
         return engine
 

@@ -26,6 +26,7 @@ create a CUDA context, about 0.5 GiB of device memory, in every worker. The serv
 reads a shared result into its own pinned frame buffers where it has a GPU, so frames leave the
 pool ready for an asynchronous copy to the device; GPU decoders (NVDEC) run in the serving process.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -150,8 +151,10 @@ def _warm_up() -> dict[str, bool | float | str]:
     video = decoded("video", synthetic.video(frames=2, height=16, width=16), VideoSpec(num_frames=2))
     audio = decoded("audio", synthetic.tone(0.05, rate=8000, channels=1), AudioSpec(sample_rate=16000))
     warmed = all(name in sys.modules for name in ("torch", "av", "soundfile", "soxr"))
-    return {"warm": warmed and video.frames.shape[0] == 2 and audio.samples.shape[-1] > 0,
-            "seconds": time.perf_counter() - started}
+    return {
+        "warm": warmed and video.frames.shape[0] == 2 and audio.samples.shape[-1] > 0,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def _worker_main(conn: Connection, folder: Path | None = None) -> None:
@@ -177,9 +180,14 @@ def _worker_main(conn: Connection, folder: Path | None = None) -> None:
         except BaseException as exc:  # everything goes back to the parent, typed there
             # the client's text stays generic (an exception's text may name paths or internals);
             # the operator's hint carries it
-            reply = ("error", exc if isinstance(exc, MediaError) else
-                     UnprocessableMediaError("the decoder failed on this input",
-                                             hint=f"decoder raised {type(exc).__name__}: {exc}"))
+            reply = (
+                "error",
+                exc
+                if isinstance(exc, MediaError)
+                else UnprocessableMediaError(
+                    "the decoder failed on this input", hint=f"decoder raised {type(exc).__name__}: {exc}"
+                ),
+            )
         try:
             conn.send_bytes(pickle.dumps(reply))
         except (OSError, ValueError, pickle.PicklingError):
@@ -192,8 +200,12 @@ def _worker_main(conn: Connection, folder: Path | None = None) -> None:
 class _Worker:
     def __init__(self, folder: Path | None):
         parent, child = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-               NO_CUDA_ENV: "1", "CUDA_VISIBLE_DEVICES": ""}  # see the module docstring
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            NO_CUDA_ENV: "1",
+            "CUDA_VISIBLE_DEVICES": "",
+        }  # see the module docstring
         command = [sys.executable, "-m", "lazymedia.engine._isolation", str(child.fileno()), str(folder or "")]
         self.process = subprocess.Popen(command, pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()
@@ -211,7 +223,7 @@ class _Worker:
                 if not message.startswith(_READY):
                     raise OSError("decoder process did not start")
                 try:
-                    self.warm_up = json.loads(message[len(_READY):])
+                    self.warm_up = json.loads(message[len(_READY) :])
                 except ValueError:
                     self.warm_up = {}
                 self.ready = True
@@ -244,9 +256,11 @@ class _WorkerDied(Exception):
 
 def _start_failed(died: _WorkerDied) -> MediaCapacityError:
     """Two workers in a row died before the request reached them: the server's fault, a 503."""
-    return MediaCapacityError("the server could not start a decoder now: retry later",
-                              hint=f"isolation workers died while starting, twice (last: {died}): check the "
-                                   "workers' stderr, memory limits (an OOM kill) and the Python environment")
+    return MediaCapacityError(
+        "the server could not start a decoder now: retry later",
+        hint=f"isolation workers died while starting, twice (last: {died}): check the "
+        "workers' stderr, memory limits (an OOM kill) and the Python environment",
+    )
 
 
 @dataclass(frozen=True)
@@ -308,8 +322,10 @@ class IsolatedPool:
         try:
             worker = _Worker(self.shared_folder)
         except OSError as exc:  # no process could start (out of pids or memory): not the input's fault
-            raise MediaCapacityError("the server could not start a decoder now: retry later",
-                                     hint=f"starting an isolation worker failed: {exc}") from None
+            raise MediaCapacityError(
+                "the server could not start a decoder now: retry later",
+                hint=f"starting an isolation worker failed: {exc}",
+            ) from None
         finally:
             with self._lock:
                 self._starting -= 1

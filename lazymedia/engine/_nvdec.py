@@ -28,6 +28,7 @@ NVDEC decoding runs in the serving process (never in an isolation worker), and s
 that feeds it (PyAV, after the MP4 box walk and the metadata budgets have accepted the file: an
 accepted risk, docs/design.md's threat model); the result is complete when decode_batch returns.
 """
+
 from __future__ import annotations
 
 import collections
@@ -64,8 +65,15 @@ VideoItem: TypeAlias = DecodeItem[VideoSpec, VideoHeader]
 log = logging.getLogger("lazymedia.nvdec")
 
 # FFmpeg codec name -> PyNvVideoCodec's cudaVideoCodec member.
-_CUDA_CODECS = {"h264": "H264", "hevc": "HEVC", "vp9": "VP9", "av1": "AV1", "vp8": "VP8",
-                "mpeg2video": "MPEG2", "mpeg4": "MPEG4"}
+_CUDA_CODECS = {
+    "h264": "H264",
+    "hevc": "HEVC",
+    "vp9": "VP9",
+    "av1": "AV1",
+    "vp8": "VP8",
+    "mpeg2video": "MPEG2",
+    "mpeg4": "MPEG4",
+}
 # NVDEC's NV12 path: 8-bit 4:2:0 (10-bit HEVC/VP9/AV1 come out as P016, not handled here).
 _NV12_FORMATS = {"yuv420p", "yuvj420p", "nv12"}
 _GPU_MATRICES = {"bt601", "bt709"}  # what the NV12 kernel converts with
@@ -108,18 +116,32 @@ def route(header: VideoHeader, compute_capability: tuple[int, int], caps: dict[s
         if not known.supported:
             return Route(False, f"this GPU's NVDEC has no 8-bit 4:2:0 {codec} decoder", "codec")
         if width > known.max_width or height > known.max_height or macroblocks > known.max_macroblocks:
-            return Route(False, f"{width}x{height} ({macroblocks} MBs) is over this NVDEC's {codec} limit "
-                                f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)", "over_limit")
+            return Route(
+                False,
+                f"{width}x{height} ({macroblocks} MBs) is over this NVDEC's {codec} limit "
+                f"({known.max_width}x{known.max_height}, {known.max_macroblocks} MBs)",
+                "over_limit",
+            )
         if width < known.min_width or height < known.min_height:
-            return Route(False, f"{width}x{height} is under this NVDEC's {codec} minimum "
-                                f"({known.min_width}x{known.min_height})", "under_minimum")
+            return Route(
+                False,
+                f"{width}x{height} is under this NVDEC's {codec} minimum ({known.min_width}x{known.min_height})",
+                "under_minimum",
+            )
         return Route(True, "nvdec")
     if codec == "av1" and compute_capability < (10, 0):
         return Route(False, "AV1 needs a Blackwell NVDEC (A100/H100/H200 have none)", "codec")
-    if codec == "h264" and compute_capability < (10, 0) and \
-            (max(width, height) > _H264_MAX_SIDE or macroblocks > _H264_MAX_MBS):
-        return Route(False, f"H.264 {width}x{height} ({macroblocks} MBs) is over {_H264_MAX_SIDE} pixels or "
-                            f"{_H264_MAX_MBS} MBs: Blackwell's NVDEC only", "over_limit")
+    if (
+        codec == "h264"
+        and compute_capability < (10, 0)
+        and (max(width, height) > _H264_MAX_SIDE or macroblocks > _H264_MAX_MBS)
+    ):
+        return Route(
+            False,
+            f"H.264 {width}x{height} ({macroblocks} MBs) is over {_H264_MAX_SIDE} pixels or "
+            f"{_H264_MAX_MBS} MBs: Blackwell's NVDEC only",
+            "over_limit",
+        )
     return Route(True, "nvdec")
 
 
@@ -169,14 +191,21 @@ class NvdecBatchDecoder:
         for codec, member in _CUDA_CODECS.items():
             try:
                 reply = query(gpuid=self.device.index or 0, codec=getattr(self._nvc.cudaVideoCodec, member))
-                found[codec] = Caps(bool(reply["supported"]), int(reply["width_max"]), int(reply["height_max"]),
-                                    int(reply["mb_num_max"]), int(reply.get("num_decoder_engines", 0)),
-                                    int(reply.get("width_min", 0)), int(reply.get("height_min", 0)))
+                found[codec] = Caps(
+                    bool(reply["supported"]),
+                    int(reply["width_max"]),
+                    int(reply["height_max"]),
+                    int(reply["mb_num_max"]),
+                    int(reply.get("num_decoder_engines", 0)),
+                    int(reply.get("width_min", 0)),
+                    int(reply.get("height_min", 0)),
+                )
             except Exception as exc:  # that codec's limits then come from the GPU generation
                 failed.append(f"{codec}: {type(exc).__name__}: {exc}")
         if failed:
-            log.warning("cuvidGetDecoderCaps failed for %s; their NVDEC limits come from the GPU generation",
-                        "; ".join(failed))
+            log.warning(
+                "cuvidGetDecoderCaps failed for %s; their NVDEC limits come from the GPU generation", "; ".join(failed)
+            )
             return found, "cuvidGetDecoderCaps, failed for " + "; ".join(failed)
         return found, "cuvidGetDecoderCaps"
 
@@ -233,10 +262,15 @@ class NvdecBatchDecoder:
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         nvc = self._nvc
         with nvtx_range("nvdec.create_decoder"):
-            decoder = nvc.CreateDecoder(gpuid=self.device.index or 0,
-                                        codec=getattr(nvc.cudaVideoCodec, _CUDA_CODECS[codec]), cudacontext=0,
-                                        cudastream=stream, usedevicememory=True, maxwidth=max_width,
-                                        maxheight=max_height)
+            decoder = nvc.CreateDecoder(
+                gpuid=self.device.index or 0,
+                codec=getattr(nvc.cudaVideoCodec, _CUDA_CODECS[codec]),
+                cudacontext=0,
+                cudastream=stream,
+                usedevicememory=True,
+                maxwidth=max_width,
+                maxheight=max_height,
+            )
         session.decoders[codec] = (decoder, max_width, max_height)
         with self._count_lock:
             self.decoders_created += 1
@@ -275,13 +309,22 @@ class NvdecBatchDecoder:
         missing = [i for i in indices if i not in returned]
         if missing:
             raise RuntimeError(f"NVDEC presented no frame with the PTS of frames {missing[:8]}")
-        frames = video_frames(out, indices, frame_timestamps(indices, demuxed.table, header.fps), header, source,
-                              "nvdec")
+        frames = video_frames(
+            out, indices, frame_timestamps(indices, demuxed.table, header.fps), header, source, "nvdec"
+        )
         frames.info["pts"] = [returned[i] for i in indices]  # the PTS each frame came back with
         return frames
 
-    def _decode_run(self, decoder: Any, demuxed: DemuxedVideo, run: Run,
-                    header: VideoHeader, out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
+    def _decode_run(
+        self,
+        decoder: Any,
+        demuxed: DemuxedVideo,
+        run: Run,
+        header: VideoHeader,
+        out: torch.Tensor,
+        slots: dict[int, int],
+        returned: dict[int, int],
+    ) -> None:
         """Feeds the run's packets (the parameter sets first; unwanted disposable pictures left
         out), then a flush, and converts each presented frame whose PTS is wanted into its slot
         of `out`."""
@@ -307,8 +350,16 @@ class NvdecBatchDecoder:
             flush.decode_flag = nvc.VideoPacketFlag.ENDOFSTREAM
             self._take(decoder.Decode(flush), run, fed, header, out, slots, returned)
 
-    def _take(self, decoded: Sequence[Any], run: Run, fed: set[int], header: VideoHeader,
-              out: torch.Tensor, slots: dict[int, int], returned: dict[int, int]) -> None:
+    def _take(
+        self,
+        decoded: Sequence[Any],
+        run: Run,
+        fed: set[int],
+        header: VideoHeader,
+        out: torch.Tensor,
+        slots: dict[int, int],
+        returned: dict[int, int],
+    ) -> None:
         """Converts the wanted frames among `decoded` into their slots now, on this stream, and
         waits for them before the decoder's next call, which reuses its surfaces (and on a
         mid-stream size change frees them on the legacy default stream, which does not wait for
@@ -329,11 +380,13 @@ class NvdecBatchDecoder:
                 frame_height, frame_width = surface.shape[0] * 2 // 3, surface.shape[1]
                 slot = out[slots[index]]
                 if (frame_height, frame_width) == tuple(slot.shape[:2]):
-                    ops.nv12_frames_to_rgb(surface[None], frame_height, frame_width, header.color_matrix,
-                                           header.full_range, out=slot[None])
+                    ops.nv12_frames_to_rgb(
+                        surface[None], frame_height, frame_width, header.color_matrix, header.full_range, out=slot[None]
+                    )
                 else:  # a resized spec, or a frame of another size than the header's (a mid-stream change)
-                    rgb = ops.nv12_frames_to_rgb(surface[None], frame_height, frame_width, header.color_matrix,
-                                                 header.full_range)[0]
+                    rgb = ops.nv12_frames_to_rgb(
+                        surface[None], frame_height, frame_width, header.color_matrix, header.full_range
+                    )[0]
                     ops.resize(rgb, (slot.shape[0], slot.shape[1]), "bilinear", out=slot)
             returned[index] = pts
             converted = True

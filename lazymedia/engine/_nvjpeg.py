@@ -16,6 +16,7 @@ splits that count between the hardware engines and the CUDA path (which run at o
 tuned from measured times: csrc/cuda/nvjpeg_decoder.h), and `stats` says what the latest native
 call did, phase by phase.
 """
+
 from __future__ import annotations
 
 import collections
@@ -39,7 +40,6 @@ ImageItem: TypeAlias = DecodeItem[ImageSpec, ImageHeader]
 _Request: TypeAlias = tuple[bytes | memoryview, int, int, int, int]
 
 
-
 class JpegDecoder(Protocol):
     """What the batch decoder reads of its native decoder (`_C_cuda.NvjpegDecoder`, or a stand-in
     such as the rehearsal's CPU one)."""
@@ -57,8 +57,7 @@ class JpegDecoder(Protocol):
     @property
     def stats(self) -> dict[str, float | int]: ...
     def load(self, size_class: int) -> float: ...
-    def decode(self, requests: list[tuple[bytes, int, int, int, int]], stream: int) -> list[tuple[bool, str, str]]:
-        ...
+    def decode(self, requests: list[tuple[bytes, int, int, int, int]], stream: int) -> list[tuple[bool, str, str]]: ...
 
 
 _log = logging.getLogger("lazymedia.engine.nvjpeg")
@@ -119,8 +118,14 @@ class NvjpegBatchDecoder:
 
     name = "nvjpeg"
 
-    def __init__(self, device: int | str | torch.device = 0, output: str = "cuda", allow_hardware: bool = True,
-                 decoder: JpegDecoder | None = None, **options: bool | int | float):
+    def __init__(
+        self,
+        device: int | str | torch.device = 0,
+        output: str = "cuda",
+        allow_hardware: bool = True,
+        decoder: JpegDecoder | None = None,
+        **options: bool | int | float,
+    ):
         if output not in ("cuda", "pinned"):
             raise ValueError("output must be 'cuda' or 'pinned'")
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -183,8 +188,12 @@ class NvjpegBatchDecoder:
         """An underived image nvJPEG can decode (`route`). The rest never reach a batch: the
         engine decodes them on its CPU path, as it does with no GPU (not a fallback: nothing failed)."""
         header, spec = item.header, item.spec
-        return is_root(item, "image") and isinstance(header, ImageHeader) and isinstance(spec, ImageSpec) \
+        return (
+            is_root(item, "image")
+            and isinstance(header, ImageHeader)
+            and isinstance(spec, ImageSpec)
             and route(header, spec).gpu
+        )
 
     def decode_batch(self, items: Sequence[ImageItem]) -> list[BatchResult]:
         """Each image's tensor, its own MediaError (bytes released), or a Fallback: one nvJPEG
@@ -226,8 +235,9 @@ class NvjpegBatchDecoder:
             try:
                 out = _device_empty(shape, self.device)
             except torch.OutOfMemoryError as exc:  # no device memory for the output: the CPU decodes it
-                results[index] = self._fall_back(index, f"device out of memory for a {header.width}x{header.height} "
-                                                        f"image: {exc}", "device_oom")
+                results[index] = self._fall_back(
+                    index, f"device out of memory for a {header.width}x{header.height} image: {exc}", "device_oom"
+                )
                 continue
             requests.append((data, header.width, header.height, orientation, out.data_ptr()))
             outputs.append(out)

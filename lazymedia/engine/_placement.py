@@ -11,6 +11,7 @@ its memory. Never waiting matters because phase 1 runs on the caller's event loo
 request holding part of the budget while it waits for more could wait on another that does
 the same.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -126,8 +127,13 @@ class DeviceBudget:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"cap_bytes": self.cap_bytes, "held_bytes": self._held, "peak_bytes": self._peak,
-                    "placed": self._placed, "overflowed": self._overflowed}
+            return {
+                "cap_bytes": self.cap_bytes,
+                "held_bytes": self._held,
+                "peak_bytes": self._peak,
+                "placed": self._placed,
+                "overflowed": self._overflowed,
+            }
 
 
 def host_copies(value: Any, device: Any, buffers: Any) -> Any:
@@ -143,8 +149,9 @@ def host_copies(value: Any, device: Any, buffers: Any) -> Any:
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
         return type(value)(*(host_copies(v, device, buffers) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: host_copies(getattr(value, f.name), device, buffers)
-                   for f in dataclasses.fields(value) if f.init}
+        changes = {
+            f.name: host_copies(getattr(value, f.name), device, buffers) for f in dataclasses.fields(value) if f.init
+        }
         return dataclasses.replace(value, **changes)
     if getattr(value, "device", None) == device and hasattr(value, "copy_"):
         host = buffers.empty(value.shape, value.dtype)

@@ -5,6 +5,7 @@ Neither side reads the other's internals, so a handle type or a decoder can be r
 own. Also the helpers the engine applies to every result (`place`, `typed_error`) and the record
 of fallbacks it keeps per decoder (`fallback_log`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -148,8 +149,18 @@ def typed_error(exc: BaseException) -> BaseException:
 
 
 # The fixed reason kinds batch decoders give their fallbacks (the metric's `reason` label).
-FALLBACK_KINDS = frozenset({"codec", "pixel_format", "color_matrix", "over_limit", "under_minimum",
-                            "device_oom", "decode_failed", "batch_failed"})
+FALLBACK_KINDS = frozenset(
+    {
+        "codec",
+        "pixel_format",
+        "color_matrix",
+        "over_limit",
+        "under_minimum",
+        "device_oom",
+        "decode_failed",
+        "batch_failed",
+    }
+)
 
 
 class FallbackLog(collections.deque[str]):

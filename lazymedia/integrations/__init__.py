@@ -2,6 +2,7 @@
 are private (`_vllm`: vLLM's `MediaConnector` surface; `_vllm_device`: the plugin's GPU mode)
 except `vllm_plugin`, vLLM's entry point; these names are the public face. They import torch, so
 they import on first use: importing this package loads nothing heavy."""
+
 from __future__ import annotations
 
 import importlib
@@ -23,11 +24,24 @@ if TYPE_CHECKING:  # what type checkers see of the names below, which run time i
     )
     from ._vllm_device import DeviceImage, DeviceMode
 
-_VLLM = ("LAZYMEDIA_SETTINGS", "VLLM_MEDIA_SETTINGS", "ConnectorClosedError", "DataUrlEncodingError",
-         "LocalFilesRefusedError", "VllmAudioFileTooLargeError", "VllmDownloadTooLargeError", "VllmMediaConnector",
-         "VllmMediaFetchError", "VllmUnprocessableMediaError", "to_vllm")
-_LAZY = {**dict.fromkeys(_VLLM, "lazymedia.integrations._vllm"),
-         "DeviceImage": "lazymedia.integrations._vllm_device", "DeviceMode": "lazymedia.integrations._vllm_device"}
+_VLLM = (
+    "LAZYMEDIA_SETTINGS",
+    "VLLM_MEDIA_SETTINGS",
+    "ConnectorClosedError",
+    "DataUrlEncodingError",
+    "LocalFilesRefusedError",
+    "VllmAudioFileTooLargeError",
+    "VllmDownloadTooLargeError",
+    "VllmMediaConnector",
+    "VllmMediaFetchError",
+    "VllmUnprocessableMediaError",
+    "to_vllm",
+)
+_LAZY = {
+    **dict.fromkeys(_VLLM, "lazymedia.integrations._vllm"),
+    "DeviceImage": "lazymedia.integrations._vllm_device",
+    "DeviceMode": "lazymedia.integrations._vllm_device",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -37,6 +51,18 @@ def __getattr__(name: str) -> object:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["LAZYMEDIA_SETTINGS", "VLLM_MEDIA_SETTINGS", "ConnectorClosedError", "DataUrlEncodingError", "DeviceImage",
-           "DeviceMode", "LocalFilesRefusedError", "VllmAudioFileTooLargeError", "VllmDownloadTooLargeError",
-           "VllmMediaConnector", "VllmMediaFetchError", "VllmUnprocessableMediaError", "to_vllm"]
+__all__ = [
+    "LAZYMEDIA_SETTINGS",
+    "VLLM_MEDIA_SETTINGS",
+    "ConnectorClosedError",
+    "DataUrlEncodingError",
+    "DeviceImage",
+    "DeviceMode",
+    "LocalFilesRefusedError",
+    "VllmAudioFileTooLargeError",
+    "VllmDownloadTooLargeError",
+    "VllmMediaConnector",
+    "VllmMediaFetchError",
+    "VllmUnprocessableMediaError",
+    "to_vllm",
+]

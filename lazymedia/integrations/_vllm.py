@@ -25,6 +25,7 @@ carries vLLM's words. Errors are lazymedia's typed
 `MediaError`s, as the ValueError / RuntimeError / NotImplementedError subclasses vLLM's callers
 catch. What differs is listed in docs/usage.md ("Switching a vLLM frontend").
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,14 +52,29 @@ from ..spec import DEFAULT_LIMITS, Limits
 # vLLM's VideoMediaIO and VIDEO_LOADER_REGISTRY defaults (vllm/multimodal/media/video.py).
 DEFAULT_NUM_FRAMES = 32
 # vLLM 0.33's loaders lazymedia implements: (decoder, sampler); "pyav" is lazymedia's own.
-VIDEO_BACKENDS = {"opencv": ("opencv", "uniform"), "pyav": ("pyav", "uniform"),
-                  "opencv_dynamic": ("opencv", "dynamic"), "qwen2_vl": ("opencv", "qwen2_vl"),
-                  "qwen3_vl": ("opencv", "qwen3_vl")}
+VIDEO_BACKENDS = {
+    "opencv": ("opencv", "uniform"),
+    "pyav": ("pyav", "uniform"),
+    "opencv_dynamic": ("opencv", "dynamic"),
+    "qwen2_vl": ("opencv", "qwen2_vl"),
+    "qwen3_vl": ("opencv", "qwen3_vl"),
+}
 # The rest of vLLM 0.33's VIDEO_LOADER_REGISTRY (vllm/multimodal/video.py and model files): the
 # lazymedia vLLM plugin hands these to vLLM's own loader; this adapter refuses them.
-VLLM_ONLY_VIDEO_BACKENDS = ("pynvvideocodec", "embedding_gemma2", "glm46v", "glm5next", "glmga", "molmo2",
-                            "nemotron_vl", "openpangu", "clef_omni", "llava_onevision2", "minimax_m3_vl",
-                            "muse_spark")
+VLLM_ONLY_VIDEO_BACKENDS = (
+    "pynvvideocodec",
+    "embedding_gemma2",
+    "glm46v",
+    "glm5next",
+    "glmga",
+    "molmo2",
+    "nemotron_vl",
+    "openpangu",
+    "clef_omni",
+    "llava_onevision2",
+    "minimax_m3_vl",
+    "muse_spark",
+)
 # vLLM 0.33's media settings (vllm/envs.py) that bound one item or its fetch, with vLLM's defaults;
 # `vllm_setting` reads them as vLLM does, at each call. The per-request budgets
 # (VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB, VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES) are vLLM's own
@@ -66,10 +82,13 @@ VLLM_ONLY_VIDEO_BACKENDS = ("pynvvideocodec", "embedding_gemma2", "glm46v", "glm
 VLLM_MEDIA_SETTINGS = {
     "VLLM_MAX_IMAGE_PIXELS": 178_956_970,  # an image, or one video frame
     "VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB": 256,  # one http(s) download
-    "VLLM_IMAGE_FETCH_TIMEOUT": 5, "VLLM_VIDEO_FETCH_TIMEOUT": 30, "VLLM_AUDIO_FETCH_TIMEOUT": 10,
+    "VLLM_IMAGE_FETCH_TIMEOUT": 5,
+    "VLLM_VIDEO_FETCH_TIMEOUT": 30,
+    "VLLM_AUDIO_FETCH_TIMEOUT": 10,
     "VLLM_MEDIA_FETCH_MAX_RETRIES": 3,  # attempts of a download that timed out or met a 5xx
     "VLLM_MEDIA_URL_ALLOW_REDIRECTS": 1,
-    "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": 25, "VLLM_MAX_AUDIO_DECODE_DURATION_S": 600,
+    "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": 25,
+    "VLLM_MAX_AUDIO_DECODE_DURATION_S": 600,
     "VLLM_MAX_AUDIO_DECODE_BYTES": 268_435_456,
 }
 VLLM_MAX_IMAGE_PIXELS = VLLM_MEDIA_SETTINGS["VLLM_MAX_IMAGE_PIXELS"]
@@ -85,8 +104,11 @@ LAZYMEDIA_SETTINGS = {
     # a decoder's working memory besides its output (Limits.max_working_bytes)
     "LAZYMEDIA_MAX_WORKING_MB": DEFAULT_LIMITS.max_working_bytes >> 20,
 }
-_FETCH_TIMEOUTS = {"image": "VLLM_IMAGE_FETCH_TIMEOUT", "video": "VLLM_VIDEO_FETCH_TIMEOUT",
-                   "audio": "VLLM_AUDIO_FETCH_TIMEOUT"}
+_FETCH_TIMEOUTS = {
+    "image": "VLLM_IMAGE_FETCH_TIMEOUT",
+    "video": "VLLM_VIDEO_FETCH_TIMEOUT",
+    "audio": "VLLM_AUDIO_FETCH_TIMEOUT",
+}
 # vLLM's retry: each attempt's time-out, and the pause after it, grow by this factor (connections.py).
 _RETRY_BACKOFF_FACTOR = 4
 _MIB = 1 << 20
@@ -95,17 +117,33 @@ _VLLM_AUDIO_BACKENDS = ("auto", "soundfile", "pyav", "torchcodec")
 _IMAGE_KEYS = {"image_mode", "rgba_background_color"}
 # requested_fps: vLLM 0.33's loaders take it through **kwargs and never read it; accepted so a
 # deployment's kwargs carry over, and it changes nothing, as in vLLM.
-_VIDEO_KEYS = {"num_frames", "fps", "max_duration", "video_backend", "requested_fps",
-               "frames_indices", "total_num_frames", "duration"}
+_VIDEO_KEYS = {
+    "num_frames",
+    "fps",
+    "max_duration",
+    "video_backend",
+    "requested_fps",
+    "frames_indices",
+    "total_num_frames",
+    "duration",
+}
 _AUDIO_KEYS = {"audio_backend"}
 # vLLM's own processors (vllm/transformers_utils/processors) that call PIL methods (resize, crop)
 # on the image they are given: they need a PIL image. transformers' image processors (the PIL
 # and the torchvision ones) and vLLM's processors that convert an array themselves (OpenVLA,
 # Moondream3) take a uint8 HWC array with identical outputs.
-PIL_ONLY_PROCESSORS = frozenset({
-    "InternVLChatProcessor", "InternVLChatImageProcessor",  # and H2OVL, Nemotron VL: subclasses
-    "BaseNanoNemotronVLProcessor", "DeepseekOCRProcessor", "Step3VisionProcessor", "Step3VLImageProcessor",
-    "Step3VLProcessor", "KimiK25FusedVisionProcessor"})
+PIL_ONLY_PROCESSORS = frozenset(
+    {
+        "InternVLChatProcessor",
+        "InternVLChatImageProcessor",  # and H2OVL, Nemotron VL: subclasses
+        "BaseNanoNemotronVLProcessor",
+        "DeepseekOCRProcessor",
+        "Step3VisionProcessor",
+        "Step3VLImageProcessor",
+        "Step3VLProcessor",
+        "KimiK25FusedVisionProcessor",
+    }
+)
 # One fetch as steps: `Call`s that drive / adrive run, ending in the item's handle.
 FetchSteps = Generator[Call, Any, LazyMedia[Any]]
 
@@ -156,15 +194,20 @@ def as_vllm_error(exc: MediaError, *, loading_image: bool = False) -> MediaError
     answers it; an image that failed to load (`loading_image`) says so in vLLM's words ("Failed
     to load image: ..."; not one over a limit, which vLLM raises as it is)."""
     message = exc.message
-    if loading_image and not isinstance(exc, (MediaFetchError, MediaTooLargeError)) and \
-            not message.startswith("Failed to load image"):
+    if (
+        loading_image
+        and not isinstance(exc, (MediaFetchError, MediaTooLargeError))
+        and not message.startswith("Failed to load image")
+    ):
         message = f"Failed to load image: {message}"
     status = 422 if upstream_refused(exc) else exc.status_code
     if isinstance(exc, ValueError) and message == exc.message and status == exc.status_code:
         return exc
     vllm_type: type[MediaError] = type(exc)
-    for base, converted_type in ((MediaFetchError, VllmMediaFetchError),
-                                 (UnprocessableMediaError, VllmUnprocessableMediaError)):
+    for base, converted_type in (
+        (MediaFetchError, VllmMediaFetchError),
+        (UnprocessableMediaError, VllmUnprocessableMediaError),
+    ):
         if isinstance(exc, base) and not isinstance(exc, ValueError):
             vllm_type = converted_type
     converted = vllm_type(message, modality=exc.modality, index=exc.index, status_code=status)
@@ -189,28 +232,53 @@ def over_vllm_limit(exc: MediaError, downloaded: bool) -> MediaError | None:
         width, height = value
         what = "Video frame" if exc.modality == "video" else "Image"
         setting = "VLLM_MAX_IMAGE_PIXELS"
-        message = (f"{what} dimensions {width}x{height} ({width * height} pixels) exceed the maximum of {maximum} "
-                   f"pixels. Set {setting} to increase this limit.")
+        message = (
+            f"{what} dimensions {width}x{height} ({width * height} pixels) exceed the maximum of {maximum} "
+            f"pixels. Set {setting} to increase this limit."
+        )
     elif exc.limit == "max_audio_seconds":
         setting = "VLLM_MAX_AUDIO_DECODE_DURATION_S"
-        message = (f"Audio exceeds maximum allowed duration of {maximum:g}s (file contains {value:.1f}s). Set "
-                   f"{setting} to increase this limit.")
-    elif exc.limit == "max_bytes" and downloaded and \
-            maximum == vllm_setting("VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB") * _MIB:
+        message = (
+            f"Audio exceeds maximum allowed duration of {maximum:g}s (file contains {value:.1f}s). Set "
+            f"{setting} to increase this limit."
+        )
+    elif exc.limit == "max_bytes" and downloaded and maximum == vllm_setting("VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB") * _MIB:
         return VllmDownloadTooLargeError(
             f"Remote media download exceeds VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB={maximum / _MIB:g} (received at least "
-            f"{value} bytes)", modality=exc.modality, index=exc.index, limit=exc.limit, value=value, maximum=maximum,
-            hint="raise VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB")
-    elif exc.limit == "max_bytes" and exc.modality == "audio" and \
-            maximum == vllm_setting("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB") * _MIB:
+            f"{value} bytes)",
+            modality=exc.modality,
+            index=exc.index,
+            limit=exc.limit,
+            value=value,
+            maximum=maximum,
+            hint="raise VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB",
+        )
+    elif (
+        exc.limit == "max_bytes"
+        and exc.modality == "audio"
+        and maximum == vllm_setting("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB") * _MIB
+    ):
         detail = f": HTTP response exceeded maximum size of {maximum} bytes (received at least {value} bytes)"
-        return VllmAudioFileTooLargeError("Maximum file size exceeded" + (detail if downloaded else ""),
-                                          modality="audio", index=exc.index, limit=exc.limit, value=value,
-                                          maximum=maximum, hint="raise VLLM_MAX_AUDIO_CLIP_FILESIZE_MB")
+        return VllmAudioFileTooLargeError(
+            "Maximum file size exceeded" + (detail if downloaded else ""),
+            modality="audio",
+            index=exc.index,
+            limit=exc.limit,
+            value=value,
+            maximum=maximum,
+            hint="raise VLLM_MAX_AUDIO_CLIP_FILESIZE_MB",
+        )
     else:
         return None
-    return MediaTooLargeError(message, modality=exc.modality, index=exc.index, limit=exc.limit, value=value,
-                              maximum=maximum, hint=f"raise {setting}")
+    return MediaTooLargeError(
+        message,
+        modality=exc.modality,
+        index=exc.index,
+        limit=exc.limit,
+        value=value,
+        maximum=maximum,
+        hint=f"raise {setting}",
+    )
 
 
 def check_audio_decode_bytes(header: Any) -> None:
@@ -221,11 +289,16 @@ def check_audio_decode_bytes(header: Any) -> None:
     estimated = frames * header.channels * 4
     limit = vllm_setting("VLLM_MAX_AUDIO_DECODE_BYTES")
     if frames and estimated > limit:
-        raise MediaTooLargeError(f"Audio would allocate {estimated / _MIB:.0f} MiB of PCM ({frames} frames x "
-                                 f"{header.channels} channels x 4B), exceeding the {limit / _MIB:.0f} MiB limit. Set "
-                                 "VLLM_MAX_AUDIO_DECODE_BYTES to increase this limit.", modality="audio",
-                                 limit="max_decoded_bytes", value=estimated, maximum=limit,
-                                 hint="raise VLLM_MAX_AUDIO_DECODE_BYTES")
+        raise MediaTooLargeError(
+            f"Audio would allocate {estimated / _MIB:.0f} MiB of PCM ({frames} frames x "
+            f"{header.channels} channels x 4B), exceeding the {limit / _MIB:.0f} MiB limit. Set "
+            "VLLM_MAX_AUDIO_DECODE_BYTES to increase this limit.",
+            modality="audio",
+            limit="max_decoded_bytes",
+            value=estimated,
+            maximum=limit,
+            hint="raise VLLM_MAX_AUDIO_DECODE_BYTES",
+        )
 
 
 # -- media_io_kwargs as vLLM validates them -----------------------------------------------------
@@ -245,8 +318,10 @@ def _check_audio_backend(backend: object) -> None:
     if backend is not None and backend not in _VLLM_AUDIO_BACKENDS:
         raise InvalidMediaError(f"Unknown audio_backend {backend!r}. Available backends: {list(_VLLM_AUDIO_BACKENDS)}")
     if backend == "torchcodec":
-        raise InvalidMediaError("audio_backend 'torchcodec' is not implemented by lazymedia: its audio decoder is "
-                                "vLLM's 'auto' (libsndfile, then PyAV); leave audio_backend unset")
+        raise InvalidMediaError(
+            "audio_backend 'torchcodec' is not implemented by lazymedia: its audio decoder is "
+            "vLLM's 'auto' (libsndfile, then PyAV); leave audio_backend unset"
+        )
 
 
 def _opencv_installed() -> bool:
@@ -264,8 +339,11 @@ def env_int(name: str, default: int) -> int:
 
 
 def _misconfigured(name: str, value: object) -> MediaError:
-    return MediaError("the server's media settings are misconfigured", status_code=500,
-                      hint=f"{name}={value!r} is not an integer: fix the server's environment")
+    return MediaError(
+        "the server's media settings are misconfigured",
+        status_code=500,
+        hint=f"{name}={value!r} is not an integer: fix the server's environment",
+    )
 
 
 @functools.cache
@@ -318,29 +396,41 @@ class VllmMediaConnector:
     VLLM_MEDIA_FETCH_MAX_RETRIES time and retry each download, as vLLM does. A shared connector
     follows vLLM's settings too."""
 
-    def __init__(self, media_io_kwargs: dict[str, dict[str, Any]] | None = None, connection: Any = None, *,
-                 allowed_local_media_path: str = "", allowed_media_domains: list[str] | None = None,
-                 decoded_budget: Any = None, download_budget: Any = None,
-                 connector: MediaConnector | None = None, **connector_options: Any) -> None:
+    def __init__(
+        self,
+        media_io_kwargs: dict[str, dict[str, Any]] | None = None,
+        connection: Any = None,
+        *,
+        allowed_local_media_path: str = "",
+        allowed_media_domains: list[str] | None = None,
+        decoded_budget: Any = None,
+        download_budget: Any = None,
+        connector: MediaConnector | None = None,
+        **connector_options: Any,
+    ) -> None:
         options = {modality: dict(values) for modality, values in (media_io_kwargs or {}).items()}
         for modality, known in (("image", _IMAGE_KEYS), ("video", _VIDEO_KEYS), ("audio", _AUDIO_KEYS)):
             unknown = set(options.get(modality, {})) - known
             if unknown:
-                raise InvalidMediaError(f"media_io_kwargs[{modality!r}]: {sorted(unknown)} not supported by "
-                                        f"lazymedia (supported: {sorted(known)})")
+                raise InvalidMediaError(
+                    f"media_io_kwargs[{modality!r}]: {sorted(unknown)} not supported by "
+                    f"lazymedia (supported: {sorted(known)})"
+                )
         image = options.get("image", {})
         self.background = _background(image.get("rgba_background_color", (255, 255, 255)))
         _check_audio_backend(options.get("audio", {}).get("audio_backend"))
         video = options.get("video", {})
         named = video.get("video_backend") or os.environ.get("VLLM_VIDEO_LOADER_BACKEND")
         self.video_backend = named or ("opencv" if _opencv_installed() else "pyav")
-        self._check_backend(self.video_backend, "video_backend" if video.get("video_backend") else
-                            "VLLM_VIDEO_LOADER_BACKEND")
+        self._check_backend(
+            self.video_backend, "video_backend" if video.get("video_backend") else "VLLM_VIDEO_LOADER_BACKEND"
+        )
         if allowed_local_media_path:
             check_local_media_path(allowed_local_media_path)
         self.media_io_kwargs = options
-        self.allowed_media_domains = None if allowed_media_domains is None else \
-            [d.lower().rstrip(".") for d in allowed_media_domains]
+        self.allowed_media_domains = (
+            None if allowed_media_domains is None else [d.lower().rstrip(".") for d in allowed_media_domains]
+        )
         self.allowed_local_media_path = allowed_local_media_path
         self.decoded_budget = decoded_budget
         self.download_budget = download_budget
@@ -348,8 +438,12 @@ class VllmMediaConnector:
         self._own_timeout = "timeout_s" in connector_options
         if connector is None:
             # vLLM matches allowed_media_domains exactly: a listed host admits none of its subdomains.
-            connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
-                                       allowed_local_path=allowed_local_media_path or None, **connector_options)
+            connector = MediaConnector(
+                allowed_domains=allowed_media_domains or None,
+                allow_subdomains=False,
+                allowed_local_path=allowed_local_media_path or None,
+                **connector_options,
+            )
             self._owns_connector = True
         else:
             if connector_options:
@@ -372,19 +466,26 @@ class VllmMediaConnector:
         if self._own_limits:
             return limits
         download_mb = vllm_setting("VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB")
-        max_bytes = download_mb * _MIB if downloaded and download_mb > 0 else \
-            lazymedia_setting("LAZYMEDIA_MAX_ITEM_SIZE_MB") * _MIB
+        max_bytes = (
+            download_mb * _MIB
+            if downloaded and download_mb > 0
+            else lazymedia_setting("LAZYMEDIA_MAX_ITEM_SIZE_MB") * _MIB
+        )
         pixels = vllm_setting("VLLM_MAX_IMAGE_PIXELS")
         limits = dataclasses.replace(
-            limits, max_bytes=max_bytes,
+            limits,
+            max_bytes=max_bytes,
             max_pixels=pixels if pixels > 0 else lazymedia_setting("LAZYMEDIA_MAX_IMAGE_PIXELS"),
             max_decoded_bytes=lazymedia_setting("LAZYMEDIA_MAX_DECODED_MB") * _MIB,
-            max_working_bytes=lazymedia_setting("LAZYMEDIA_MAX_WORKING_MB") * _MIB)
+            max_working_bytes=lazymedia_setting("LAZYMEDIA_MAX_WORKING_MB") * _MIB,
+        )
         if modality == "audio":  # vLLM's audio limits apply as they are: 0 refuses every clip
             limits = dataclasses.replace(
-                limits, max_bytes=min(max_bytes, vllm_setting("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB") * _MIB),
+                limits,
+                max_bytes=min(max_bytes, vllm_setting("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB") * _MIB),
                 max_audio_seconds=vllm_setting("VLLM_MAX_AUDIO_DECODE_DURATION_S"),
-                max_decoded_bytes=vllm_setting("VLLM_MAX_AUDIO_DECODE_BYTES"))
+                max_decoded_bytes=vllm_setting("VLLM_MAX_AUDIO_DECODE_BYTES"),
+            )
         return limits
 
     def timeout_for(self, modality: str) -> float | None:
@@ -399,7 +500,7 @@ class VllmMediaConnector:
         if timeout is None:
             return [(None, 0.0)]
         count = max(vllm_setting("VLLM_MEDIA_FETCH_MAX_RETRIES"), 1)
-        return [(timeout * _RETRY_BACKOFF_FACTOR ** n, float(_RETRY_BACKOFF_FACTOR ** n)) for n in range(count)]
+        return [(timeout * _RETRY_BACKOFF_FACTOR**n, float(_RETRY_BACKOFF_FACTOR**n)) for n in range(count)]
 
     def charge_decoded(self, nbytes: int) -> None:
         """Charges vLLM's per-request decoded budget (VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES)."""
@@ -413,14 +514,18 @@ class VllmMediaConnector:
     @staticmethod
     def _check_backend(backend: str, source: str) -> None:
         if backend in VLLM_ONLY_VIDEO_BACKENDS:
-            raise InvalidMediaError(f"{source}={backend!r} is vLLM's own loader, which lazymedia does not implement",
-                                    hint="run it inside vLLM through the lazymedia plugin (VLLM_MEDIA_CONNECTOR="
-                                    f"lazymedia hands it to vLLM's loader), or name one of {sorted(VIDEO_BACKENDS)}")
+            raise InvalidMediaError(
+                f"{source}={backend!r} is vLLM's own loader, which lazymedia does not implement",
+                hint="run it inside vLLM through the lazymedia plugin (VLLM_MEDIA_CONNECTOR="
+                f"lazymedia hands it to vLLM's loader), or name one of {sorted(VIDEO_BACKENDS)}",
+            )
         if backend not in VIDEO_BACKENDS:
             raise InvalidMediaError(f"{source}={backend!r}: lazymedia implements {sorted(VIDEO_BACKENDS)}")
         if VIDEO_BACKENDS[backend][0] == "opencv" and not _opencv_installed():
-            raise InvalidMediaError(f"{source}={backend!r} needs OpenCV, which this server lacks",
-                                    hint="pip install opencv-python-headless, or name video_backend='pyav'")
+            raise InvalidMediaError(
+                f"{source}={backend!r} needs OpenCV, which this server lacks",
+                hint="pip install opencv-python-headless, or name video_backend='pyav'",
+            )
 
     # -- the decode spec vLLM's media IO classes would apply ---------------------------------
     def image_spec(self, image_mode: str | None = "RGB") -> dict[str, Any]:
@@ -448,8 +553,12 @@ class VllmMediaConnector:
             self._check_backend(backend, f"the video backend for {video_processor}")
         decoder, sampler = VIDEO_BACKENDS[backend]
         num_frames = video.get("num_frames", DEFAULT_NUM_FRAMES)
-        spec = {"num_frames": None if num_frames is not None and num_frames < 0 else num_frames,  # -1: every frame
-                "fps": video.get("fps"), "decoder": decoder, "sampler": sampler}
+        spec = {
+            "num_frames": None if num_frames is not None and num_frames < 0 else num_frames,  # -1: every frame
+            "fps": video.get("fps"),
+            "decoder": decoder,
+            "sampler": sampler,
+        }
         if "max_duration" in video:
             spec["max_duration"] = video["max_duration"]
         return spec
@@ -467,13 +576,15 @@ class VllmMediaConnector:
         handle: LazyMedia[Any] = drive(self.image_steps(image_url, image_mode))
         return handle
 
-    async def fetch_video_async(self, video_url: str, *, image_mode: str | None = "RGB",
-                                video_processor: str | None = None) -> LazyMedia[Any]:
+    async def fetch_video_async(
+        self, video_url: str, *, image_mode: str | None = "RGB", video_processor: str | None = None
+    ) -> LazyMedia[Any]:
         handle: LazyMedia[Any] = await adrive(self.video_steps(video_url, image_mode, video_processor))
         return handle
 
-    def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB",
-                    video_processor: str | None = None) -> LazyMedia[Any]:
+    def fetch_video(
+        self, video_url: str, *, image_mode: str | None = "RGB", video_processor: str | None = None
+    ) -> LazyMedia[Any]:
         handle: LazyMedia[Any] = drive(self.video_steps(video_url, image_mode, video_processor))
         return handle
 
@@ -492,8 +603,9 @@ class VllmMediaConnector:
         runs until they are driven."""
         return (yield from self._fetch_steps("image", image_url, self.image_spec(image_mode)))
 
-    def video_steps(self, video_url: str, image_mode: str | None = "RGB",
-                    video_processor: str | None = None) -> FetchSteps:
+    def video_steps(
+        self, video_url: str, image_mode: str | None = "RGB", video_processor: str | None = None
+    ) -> FetchSteps:
         if is_jpeg_sequence(video_url):
             return self._jpeg_sequence(video_url)
         spec = self.video_spec(image_mode, video_processor)
@@ -544,13 +656,13 @@ class VllmMediaConnector:
                     continue
                 # An image's data: payload is decoded here, so any failure but a limit is a load's;
                 # a download's or a file's only an UnprocessableMediaError (the loader's, never the read's).
-                loading_image = modality == "image" and (isinstance(target, DataTarget) or
-                                                         isinstance(exc, UnprocessableMediaError))
+                loading_image = modality == "image" and (
+                    isinstance(target, DataTarget) or isinstance(exc, UnprocessableMediaError)
+                )
                 raise self._in_vllm_words(exc, modality, downloaded, loading_image=loading_image) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _read(self, modality: str, target: Target, timeout: float | None, limits: Limits,
-              spec: dict[str, Any]) -> Call:
+    def _read(self, modality: str, target: Target, timeout: float | None, limits: Limits, spec: dict[str, Any]) -> Call:
         """The step that reads `target` into a handle. A download runs on the connector's own
         loop, whose pool close() closes; a file: item on the caller's loop (sync: the
         connector's); a data: item is read in the calling thread (no hop to the connector's loop
@@ -561,8 +673,10 @@ class VllmMediaConnector:
             return threaded(lambda: load(modality, from_base64(text, limits), limits=limits, **spec))
         fetch = connector.fetch_on_own_loop if isinstance(target, HttpTarget) else connector.fetch
         options = {"timeout_s": timeout, "limits": limits, **spec}
-        return Call(functools.partial(connector.fetch_sync, modality, target, **options),
-                    functools.partial(fetch, modality, target, **options))
+        return Call(
+            functools.partial(connector.fetch_sync, modality, target, **options),
+            functools.partial(fetch, modality, target, **options),
+        )
 
     def _in_vllm_words(self, exc: MediaError, modality: str, downloaded: bool, *, loading_image: bool) -> MediaError:
         """`exc` as vLLM raises it: a refusal over one of vLLM's limits in vLLM's words, the rest
@@ -581,8 +695,9 @@ class VllmMediaConnector:
             try:
                 self.download_budget.charge(handle.nbytes)
             except ValueError as exc:  # vLLM's MediaRequestDownloadSizeExceededError
-                raise VllmDownloadTooLargeError(str(exc), modality=handle.modality,
-                                                hint="raise VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB") from None
+                raise VllmDownloadTooLargeError(
+                    str(exc), modality=handle.modality, hint="raise VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB"
+                ) from None
         if handle.modality == "image":
             header = handle.header
             self.charge_decoded(header.width * header.height * 4)
@@ -594,7 +709,7 @@ class VllmMediaConnector:
         an http(s) URL as the HTTP client reads it, read once, here)."""
         if self.closed:
             raise ConnectorClosedError("the media connector is closed", hint="build a new connector for new requests")
-        scheme = url[:url.find(":")].lower() if isinstance(url, str) and ":" in url else ""
+        scheme = url[: url.find(":")].lower() if isinstance(url, str) and ":" in url else ""
         if scheme == "data":
             comma = url.find(",")  # no copy of a payload of megabytes
             if comma < 0:
@@ -607,8 +722,10 @@ class VllmMediaConnector:
             root = os.path.realpath(self.allowed_local_media_path)
             path = os.path.realpath(urlsplit(url).path)
             if os.path.commonpath([root, path]) != root:
-                raise InvalidMediaError(f"The file path {path} must be a subpath of `--allowed-local-media-path` "
-                                        f"{self.allowed_local_media_path}.")
+                raise InvalidMediaError(
+                    f"The file path {path} must be a subpath of `--allowed-local-media-path` "
+                    f"{self.allowed_local_media_path}."
+                )
         elif scheme in ("http", "https"):
             return self._http_target(url)
         try:
@@ -626,14 +743,19 @@ class VllmMediaConnector:
             client_host = (target.url.host or "").lower().rstrip(".")
             other = (urlsplit(url).hostname or "").lower().rstrip(".")
         except ValueError as exc:  # InvalidMediaError from the client's reading, or urllib's
-            raise InvalidMediaError(f"refused a URL whose host is ambiguous, so not checkable against the allowed "
-                                    f"domains: {exc}") from None
+            raise InvalidMediaError(
+                f"refused a URL whose host is ambiguous, so not checkable against the allowed domains: {exc}"
+            ) from None
         if other.isascii() and client_host != other.strip("[]"):
-            raise InvalidMediaError(f"refused a URL whose host is ambiguous ({client_host!r} or {other!r}), so not "
-                                    "checkable against the allowed domains")
+            raise InvalidMediaError(
+                f"refused a URL whose host is ambiguous ({client_host!r} or {other!r}), so not "
+                "checkable against the allowed domains"
+            )
         if self.allowed_media_domains is not None and client_host not in self.allowed_media_domains:
-            raise InvalidMediaError(f"The URL must be from one of the allowed domains: "
-                                    f"{self.allowed_media_domains}. Input URL domain: {client_host}")
+            raise InvalidMediaError(
+                f"The URL must be from one of the allowed domains: "
+                f"{self.allowed_media_domains}. Input URL domain: {client_host}"
+            )
         return target
 
     def _jpeg_sequence(self, url: str) -> LazyMedia[VideoFrames]:
@@ -667,10 +789,18 @@ class VllmMediaConnector:
         handle = LazyMedia.from_decoded(stacked, "video")
         rate = metadata["fps"]
         timestamps = [index / rate if rate > 0 else 0.0 for index in metadata["frames_indices"]]
-        return handle.map(lambda tensor: VideoFrames(
-            frames=tensor, indices=list(metadata["frames_indices"]), timestamps=timestamps, fps=rate,
-            duration=metadata["duration"], total_frames=metadata["total_num_frames"], metadata=dict(metadata)),
-            key="jpeg_sequence:" + json.dumps(metadata, sort_keys=True))
+        return handle.map(
+            lambda tensor: VideoFrames(
+                frames=tensor,
+                indices=list(metadata["frames_indices"]),
+                timestamps=timestamps,
+                fps=rate,
+                duration=metadata["duration"],
+                total_frames=metadata["total_num_frames"],
+                metadata=dict(metadata),
+            ),
+            key="jpeg_sequence:" + json.dumps(metadata, sort_keys=True),
+        )
 
 
 def check_local_media_path(path: str) -> None:
@@ -718,8 +848,14 @@ def _sequence_metadata(total: int, video: dict[str, Any]) -> dict[str, Any]:
         duration = total_num_frames / fps if fps > 0 else 0.0
     elif not isinstance(duration, (int, float)) or duration < 0:
         raise InvalidMediaError("duration must be a non-negative number")
-    return {"total_num_frames": total_num_frames, "fps": fps, "duration": duration, "video_backend": "jpeg_sequence",
-            "frames_indices": indices, "do_sample_frames": False}
+    return {
+        "total_num_frames": total_num_frames,
+        "fps": fps,
+        "duration": duration,
+        "video_backend": "jpeg_sequence",
+        "frames_indices": indices,
+        "do_sample_frames": False,
+    }
 
 
 def registered_backend(video_processor: str | None) -> str | None:
@@ -735,7 +871,7 @@ def registered_backend(video_processor: str | None) -> str | None:
 
 
 def image_type_for(processor: object) -> str:
-    """"pil" for a processor (an object, class or class name) that is or derives from one of
+    """ "pil" for a processor (an object, class or class name) that is or derives from one of
     PIL_ONLY_PROCESSORS, else "numpy": what `to_vllm` should hand it."""
     if isinstance(processor, str):
         names = {processor}

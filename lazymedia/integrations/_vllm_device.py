@@ -28,6 +28,7 @@ path, an image no device decoder accepts ("no_device_decoder": the engine decode
 and moves it there) or whose decode found no room on the device ("host_result": the host tensor
 is what the processor gets).
 """
+
 from __future__ import annotations
 
 import os
@@ -49,12 +50,33 @@ from ._vllm import as_vllm_error, env_int
 # Keys of images served before: what predicts a processor-cache hit (about 100 bytes each).
 DEFAULT_SEEN_ITEMS = 65536
 
-_T = torch.Tensor
+# The class's descriptors, read for their __get__ (which torch's stubs do not type).
+_T: Any = torch.Tensor
 # Reads of a tensor's metadata: answered from the wrapper, without its pixels.
-_METADATA = frozenset({
-    _T.shape.__get__, _T.ndim.__get__, _T.dtype.__get__, _T.device.__get__, _T.nbytes.__get__,  # type: ignore[attr-defined]
-    _T.is_cuda.__get__, _T.is_cpu.__get__, _T.layout.__get__, _T.itemsize.__get__,  # type: ignore[attr-defined]
-    _T.requires_grad.__get__, _T.size, _T.dim, _T.numel, _T.element_size, _T.__len__})  # type: ignore[attr-defined]
+_METADATA = frozenset(
+    {
+        *(
+            prop.__get__
+            for prop in (
+                _T.shape,
+                _T.ndim,
+                _T.dtype,
+                _T.device,
+                _T.nbytes,
+                _T.is_cuda,
+                _T.is_cpu,
+                _T.layout,
+                _T.itemsize,
+                _T.requires_grad,
+            )
+        ),
+        _T.size,
+        _T.dim,
+        _T.numel,
+        _T.element_size,
+        _T.__len__,
+    }
+)
 
 
 class DeviceImage(torch.Tensor):
@@ -111,8 +133,9 @@ class DeviceImage(torch.Tensor):
         return f"DeviceImage(shape={tuple(self.shape)}, device={self.device})"
 
     @classmethod
-    def __torch_function__(cls, func: Callable[..., Any], types: object, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        cls, func: Callable[..., Any], types: object, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():  # torch's documented idiom for a subclass
@@ -120,8 +143,13 @@ class DeviceImage(torch.Tensor):
         return func(*tree_map(_decoded, args), **tree_map(_decoded, kwargs))
 
     @classmethod
-    def __torch_dispatch__(cls, func: Callable[..., Any], types: object, args: tuple[Any, ...] = (),  # type: ignore[override]
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # torch's stub: types Iterable[type], kwargs given
+        cls,
+        func: Callable[..., Any],
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         return func(*tree_map(_decoded, args), **tree_map(_decoded, kwargs or {}))
 
 
@@ -136,8 +164,7 @@ class DeviceMode:
     def __init__(self, device: Any, engine: DecodeEngine | None = None, seen_items: int | None = None):
         self.device = normalize_device(device)
         self.engine = engine if engine is not None else device_engine(self.device)
-        self.seen_items = env_int("LAZYMEDIA_VLLM_SEEN_ITEMS", DEFAULT_SEEN_ITEMS) if seen_items is None \
-            else seen_items
+        self.seen_items = env_int("LAZYMEDIA_VLLM_SEEN_ITEMS", DEFAULT_SEEN_ITEMS) if seen_items is None else seen_items
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.start_lock = threading.Lock()
 

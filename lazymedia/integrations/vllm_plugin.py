@@ -24,6 +24,7 @@ unless LAZYMEDIA_ALLOW_PRIVATE_NETWORKS is "all" or a comma list of networks (CI
 vLLM is optional for lazymedia, not for this module: it subclasses vLLM's classes, so it imports
 vLLM at its top, and only vLLM's plugin loader (or code that has vLLM) imports it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -81,8 +82,10 @@ Decoded = tuple[npt.NDArray[Any], Any]
 
 
 _LOGGED: set[str] = set()
-PRIVATE_NETWORKS_HINT = ("set LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=all, or a comma list of CIDR networks, in the "
-                         "server's environment to admit private addresses")
+PRIVATE_NETWORKS_HINT = (
+    "set LAZYMEDIA_ALLOW_PRIVATE_NETWORKS=all, or a comma list of CIDR networks, in the "
+    "server's environment to admit private addresses"
+)
 
 
 def _log_once(message: str) -> None:
@@ -146,14 +149,23 @@ def vllm_error(exc: MediaError, modality: str) -> Exception:
         exc = exc.with_hint(PRIVATE_NETWORKS_HINT)
         _log_once(f"lazymedia refused a media URL: {exc} ({PRIVATE_NETWORKS_HINT})")
     if isinstance(exc, VllmAudioFileTooLargeError):
-        return VllmAudioFileSizeError(exc.message, modality=exc.modality, index=exc.index, hint=exc.hint,
-                                        limit=exc.limit, value=exc.value, maximum=exc.maximum)
+        return VllmAudioFileSizeError(
+            exc.message,
+            modality=exc.modality,
+            index=exc.index,
+            hint=exc.hint,
+            limit=exc.limit,
+            value=exc.value,
+            maximum=exc.maximum,
+        )
     if isinstance(exc, MediaFetchError) and exc.status_code in (502, 504):
-        return VllmUpstreamUnavailableError(exc.message, modality=exc.modality, index=exc.index, hint=exc.hint,
-                                            status_code=exc.status_code)
+        return VllmUpstreamUnavailableError(
+            exc.message, modality=exc.modality, index=exc.index, hint=exc.hint, status_code=exc.status_code
+        )
     if upstream_refused(exc) or isinstance(exc, VllmDownloadTooLargeError):
-        converted = VllmFetchUnprocessableError(f"Failed to fetch media from URL: {exc.message}",
-                                             modality=exc.modality, index=exc.index)
+        converted = VllmFetchUnprocessableError(
+            f"Failed to fetch media from URL: {exc.message}", modality=exc.modality, index=exc.index
+        )
         converted.parameter = f"{modality}_url"  # vLLM's error field
         return converted
     return exc
@@ -229,13 +241,19 @@ def _shared_connector(allowed_local_media_path: str, allowed_media_domains: list
         if connector is None:
             policy: bool | list[str] = private.strip() == "all" or [n.strip() for n in private.split(",") if n.strip()]
             try:
-                connector = MediaConnector(allowed_domains=allowed_media_domains or None, allow_subdomains=False,
-                                           allowed_local_path=allowed_local_media_path or None,
-                                           allow_private_networks=policy, allow_redirects=redirects)
+                connector = MediaConnector(
+                    allowed_domains=allowed_media_domains or None,
+                    allow_subdomains=False,
+                    allowed_local_path=allowed_local_media_path or None,
+                    allow_private_networks=policy,
+                    allow_redirects=redirects,
+                )
             except ValueError as exc:  # a malformed network: the server's configuration, not the request
-                raise MediaError("the server's media settings are misconfigured", status_code=500,
-                                 hint=f"LAZYMEDIA_ALLOW_PRIVATE_NETWORKS={private!r}: {exc}; give 'all' or CIDR "
-                                 "networks") from None
+                raise MediaError(
+                    "the server's media settings are misconfigured",
+                    status_code=500,
+                    hint=f"LAZYMEDIA_ALLOW_PRIVATE_NETWORKS={private!r}: {exc}; give 'all' or CIDR networks",
+                ) from None
             if not _SHARED:
                 atexit.register(close_shared_connectors)
             _SHARED[key] = connector
@@ -273,22 +291,37 @@ class LazymediaVllmConnector(VllmConnector):  # type: ignore[misc]  # Any withou
     method is the adapter's steps (VllmMediaConnector.image_steps, ...) plus `_served`'s, driven
     sync or async, so the conversion to vLLM's results and errors is written once."""
 
-    def __init__(self, media_io_kwargs: dict[str, dict[str, Any]] | None = None,
-                 connection: Any = global_http_connection, *, allowed_local_media_path: str = "",
-                 allowed_media_domains: list[str] | None = None, decoded_budget: Any = None,
-                 download_budget: Any = None) -> None:
+    def __init__(
+        self,
+        media_io_kwargs: dict[str, dict[str, Any]] | None = None,
+        connection: Any = global_http_connection,
+        *,
+        allowed_local_media_path: str = "",
+        allowed_media_domains: list[str] | None = None,
+        decoded_budget: Any = None,
+        download_budget: Any = None,
+    ) -> None:
         if allowed_local_media_path:
             check_local_media_path(allowed_local_media_path)  # vLLM's start-up check, as a MediaError
-        super().__init__(media_io_kwargs, connection, allowed_local_media_path=allowed_local_media_path,
-                         allowed_media_domains=allowed_media_domains, decoded_budget=decoded_budget,
-                         download_budget=download_budget)
+        super().__init__(
+            media_io_kwargs,
+            connection,
+            allowed_local_media_path=allowed_local_media_path,
+            allowed_media_domains=allowed_media_domains,
+            decoded_budget=decoded_budget,
+            download_budget=download_budget,
+        )
         self.lazy: VllmMediaConnector | None
         try:
             self.lazy = VllmMediaConnector(
-                media_io_kwargs, connection, allowed_local_media_path=allowed_local_media_path,
-                allowed_media_domains=allowed_media_domains, decoded_budget=decoded_budget,
+                media_io_kwargs,
+                connection,
+                allowed_local_media_path=allowed_local_media_path,
+                allowed_media_domains=allowed_media_domains,
+                decoded_budget=decoded_budget,
                 download_budget=download_budget,
-                connector=_shared_connector(allowed_local_media_path, allowed_media_domains))
+                connector=_shared_connector(allowed_local_media_path, allowed_media_domains),
+            )
         except InvalidMediaError as exc:  # options lazymedia refuses: vLLM's own code serves the request
             _log_once(f"lazymedia: vLLM's own media code serves requests with these settings: {exc}")
             self.lazy = None
@@ -306,15 +339,15 @@ class LazymediaVllmConnector(VllmConnector):  # type: ignore[misc]  # Any withou
             return await super().fetch_image_async(image_url, image_mode=image_mode)
         return await adrive(self._served("image", lazy, lazy.image_steps(image_url, image_mode)))
 
-    def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB",
-                    video_processor: str | None = None) -> Any:
+    def fetch_video(self, video_url: str, *, image_mode: str | None = "RGB", video_processor: str | None = None) -> Any:
         lazy = self._lazy_video(video_url, video_processor)
         if lazy is None:
             return super().fetch_video(video_url, image_mode=image_mode, video_processor=video_processor)
         return drive(self._served("video", lazy, lazy.video_steps(video_url, image_mode, video_processor)))
 
-    async def fetch_video_async(self, video_url: str, *, image_mode: str | None = "RGB",
-                                video_processor: str | None = None) -> Any:
+    async def fetch_video_async(
+        self, video_url: str, *, image_mode: str | None = "RGB", video_processor: str | None = None
+    ) -> Any:
         lazy = self._lazy_video(video_url, video_processor)
         if lazy is None:
             return await super().fetch_video_async(video_url, image_mode=image_mode, video_processor=video_processor)

@@ -2,6 +2,7 @@
 columns), each made by a real encoder: libjpeg (Pillow), libpng, libwebp, giflib-compatible
 Pillow GIF, libx264 through PyAV, libsndfile. Run from the repository root:
 `python tests/data/make.py`; the files are committed, so tests never run this."""
+
 import csv
 import io
 from fractions import Fraction
@@ -79,35 +80,91 @@ def tone(fmt, seconds=0.5, rate=8000, channels=2, subtype=None):
 
 
 FILES = [  # path, format, expected, notes, bytes
-    ("image/cmyk.jpg", "jpeg", "decodes", "CMYK JPEG (Adobe APP14), Pillow/libjpeg",
-     lambda: jpeg(Image.fromarray(picture(48, 32, 1)).convert("CMYK"), quality=90)),
-    ("image/orientation_6.jpg", "jpeg", "decodes", "EXIF orientation 6 (rotate 90 CW), 48x32 stored",
-     lambda: oriented(6)),
+    (
+        "image/cmyk.jpg",
+        "jpeg",
+        "decodes",
+        "CMYK JPEG (Adobe APP14), Pillow/libjpeg",
+        lambda: jpeg(Image.fromarray(picture(48, 32, 1)).convert("CMYK"), quality=90),
+    ),
+    (
+        "image/orientation_6.jpg",
+        "jpeg",
+        "decodes",
+        "EXIF orientation 6 (rotate 90 CW), 48x32 stored",
+        lambda: oriented(6),
+    ),
     ("image/orientation_3.jpg", "jpeg", "decodes", "EXIF orientation 3 (rotate 180)", lambda: oriented(3)),
-    ("image/progressive.jpg", "jpeg", "decodes", "progressive JPEG, 4:2:0",
-     lambda: jpeg(Image.fromarray(picture(48, 32, 2)), quality=85, progressive=True)),
-    ("image/gray16.png", "png", "decodes", "16-bit grayscale PNG (mode I;16)",
-     lambda: encoded(Image.fromarray(picture(40, 24, 3)[..., 0].astype(np.uint16) * 257), "PNG")),
-    ("image/palette_trns.png", "png", "decodes", "palette PNG with a transparent index (tRNS)",
-     palette_with_transparency),
-    ("image/rgba.webp", "webp", "decodes", "lossless WebP with alpha",
-     lambda: encoded(Image.fromarray(np.dstack([picture(40, 24, 4), np.full((24, 40), 128, np.uint8)])), "WEBP",
-                     lossless=True)),
+    (
+        "image/progressive.jpg",
+        "jpeg",
+        "decodes",
+        "progressive JPEG, 4:2:0",
+        lambda: jpeg(Image.fromarray(picture(48, 32, 2)), quality=85, progressive=True),
+    ),
+    (
+        "image/gray16.png",
+        "png",
+        "decodes",
+        "16-bit grayscale PNG (mode I;16)",
+        lambda: encoded(Image.fromarray(picture(40, 24, 3)[..., 0].astype(np.uint16) * 257), "PNG"),
+    ),
+    (
+        "image/palette_trns.png",
+        "png",
+        "decodes",
+        "palette PNG with a transparent index (tRNS)",
+        palette_with_transparency,
+    ),
+    (
+        "image/rgba.webp",
+        "webp",
+        "decodes",
+        "lossless WebP with alpha",
+        lambda: encoded(
+            Image.fromarray(np.dstack([picture(40, 24, 4), np.full((24, 40), 128, np.uint8)])), "WEBP", lossless=True
+        ),
+    ),
     ("image/animated.gif", "gif", "decodes", "3-frame animated GIF", animated_gif),
-    ("image/truncated.jpg", "jpeg", "corrupt", "a baseline JPEG cut to half its bytes",
-     lambda: (lambda data: data[: len(data) // 2])(jpeg(Image.fromarray(picture(48, 32, 5)), quality=90))),
+    (
+        "image/truncated.jpg",
+        "jpeg",
+        "corrupt",
+        "a baseline JPEG cut to half its bytes",
+        lambda: (lambda data: data[: len(data) // 2])(jpeg(Image.fromarray(picture(48, 32, 5)), quality=90)),
+    ),
     ("video/h264.mp4", "mp4", "decodes", "H.264 64x48, 30 frames at 30 fps, keyframe every 10", lambda: clip(30)),
-    ("video/pre_roll.mp4", "mp4", "decodes", "H.264 MP4 whose first sample is an edit list's pre-roll: 29 frames shown",
-     lambda: clip(30, pre_roll=True)),
-    ("video/truncated.mp4", "mp4", "corrupt", "the H.264 MP4 cut to half its bytes (moov at the end: lost)",
-     lambda: (lambda data: data[: len(data) // 2])(clip(30))),
+    (
+        "video/pre_roll.mp4",
+        "mp4",
+        "decodes",
+        "H.264 MP4 whose first sample is an edit list's pre-roll: 29 frames shown",
+        lambda: clip(30, pre_roll=True),
+    ),
+    (
+        "video/truncated.mp4",
+        "mp4",
+        "corrupt",
+        "the H.264 MP4 cut to half its bytes (moov at the end: lost)",
+        lambda: (lambda data: data[: len(data) // 2])(clip(30)),
+    ),
     ("audio/tone.flac", "flac", "decodes", "FLAC 8000 Hz stereo 0.5 s, libsndfile", lambda: tone("FLAC")),
     ("audio/tone.wav", "wav", "decodes", "PCM 16-bit WAV 8000 Hz stereo 0.5 s", lambda: tone("WAV", subtype="PCM_16")),
     ("audio/tone.ogg", "ogg", "decodes", "Ogg Vorbis 8000 Hz stereo 0.5 s", lambda: tone("OGG")),
-    ("audio/broken.flac", "flac", "corrupt", "a FLAC with its STREAMINFO zeroed past the block header",
-     lambda: (lambda data: data[:8] + bytes(34) + data[42:])(tone("FLAC", seconds=0.3))),
-    ("audio/truncated.flac", "flac", "corrupt", "a FLAC cut to 60% of its bytes",
-     lambda: (lambda data: data[: len(data) * 3 // 5])(tone("FLAC", seconds=0.5))),
+    (
+        "audio/broken.flac",
+        "flac",
+        "corrupt",
+        "a FLAC with its STREAMINFO zeroed past the block header",
+        lambda: (lambda data: data[:8] + bytes(34) + data[42:])(tone("FLAC", seconds=0.3)),
+    ),
+    (
+        "audio/truncated.flac",
+        "flac",
+        "corrupt",
+        "a FLAC cut to 60% of its bytes",
+        lambda: (lambda data: data[: len(data) * 3 // 5])(tone("FLAC", seconds=0.5)),
+    ),
 ]
 
 
@@ -118,8 +175,19 @@ def main():
         (HERE / path).parent.mkdir(parents=True, exist_ok=True)
         (HERE / path).write_bytes(data)
         kind = path.split("/")[0]
-        rows.append({"path": path, "source_repo": "lazymedia", "source_path": "tests/data/make.py", "commit": "",
-                     "bytes": len(data), "kind": kind, "format": fmt, "expected": expected, "notes": notes})
+        rows.append(
+            {
+                "path": path,
+                "source_repo": "lazymedia",
+                "source_path": "tests/data/make.py",
+                "commit": "",
+                "bytes": len(data),
+                "kind": kind,
+                "format": fmt,
+                "expected": expected,
+                "notes": notes,
+            }
+        )
     with open(HERE / "MANIFEST.tsv", "w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS, delimiter="\t", lineterminator="\n")
         writer.writeheader()

@@ -12,6 +12,7 @@ child that dies of one exits with a MemoryError traceback, a decoder crash by a 
 Prints a table and writes summary.json into --out. A crash finding keeps the child's whole
 stderr (faulthandler's stacks of every thread, and what the native libraries printed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,21 +59,22 @@ def mutate(rng: random.Random, data: bytes, seeds: list[tuple[str, bytes]]) -> b
                 position = rng.randrange(len(buf))
                 buf[position] ^= 1 << rng.randrange(8)
         elif kind == 1:
-            buf[at:at + 4] = rng.choice([b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x7f\xff\xff\xff",
-                                         rng.randbytes(4)])
+            buf[at : at + 4] = rng.choice(
+                [b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x7f\xff\xff\xff", rng.randbytes(4)]
+            )
         elif kind == 2:
-            del buf[rng.randrange(len(buf) + 1):]
+            del buf[rng.randrange(len(buf) + 1) :]
         elif kind == 3:
             buf[at:at] = rng.randbytes(rng.randint(1, 256))
         elif kind == 4:
-            chunk = bytes(buf[at:at + rng.randint(1, 512)])
+            chunk = bytes(buf[at : at + rng.randint(1, 512)])
             buf[at:at] = chunk * rng.randint(1, 8)
         elif kind == 5:
-            del buf[at:at + rng.randint(1, 512)]
+            del buf[at : at + rng.randint(1, 512)]
         else:
             other = rng.choice(seeds)[1]
             cut = rng.randrange(len(other) + 1)
-            buf = buf[:at] + bytearray(other[cut:cut + rng.randint(1, 4096)])
+            buf = buf[:at] + bytearray(other[cut : cut + rng.randint(1, 4096)])
     return bytes(buf)
 
 
@@ -144,12 +146,29 @@ def supervise(args) -> dict:
     findings: list[dict] = []
     seed = args.seed
     while time.monotonic() < deadline:
-        command = [sys.executable, __file__, "--child", "--corpus", str(args.corpus), "--out", str(out),
-                   "--seed", str(seed), "--memory-cap-mb", str(args.memory_cap_mb), "--modalities", args.modalities]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--corpus",
+            str(args.corpus),
+            "--out",
+            str(out),
+            "--seed",
+            str(seed),
+            "--memory-cap-mb",
+            str(args.memory_cap_mb),
+            "--modalities",
+            args.modalities,
+        ]
         log = out / f"child-{seed}.log"
         with open(log, "wb") as stderr:
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
-                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+            proc = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )
         assert proc.stdout is not None
         stdout = proc.stdout.fileno()
         last_progress = time.monotonic()
@@ -173,9 +192,14 @@ def supervise(args) -> dict:
                     totals["harness-memory"] = totals.get("harness-memory", 0) + 1
                     break
                 totals["crash"] = totals.get("crash", 0) + 1
-                findings.append({"kind": "crash", "exit_code": proc.returncode,
-                                 "stderr": stderr_text,  # whole: native frames come first
-                                 "case": json.loads(current.read_text()) if current.exists() else None})
+                findings.append(
+                    {
+                        "kind": "crash",
+                        "exit_code": proc.returncode,
+                        "stderr": stderr_text,  # whole: native frames come first
+                        "case": json.loads(current.read_text()) if current.exists() else None,
+                    }
+                )
                 break
             if time.monotonic() - last_progress > args.hang_s:
                 proc.kill()
@@ -194,10 +218,18 @@ def supervise(args) -> dict:
     for number, finding in enumerate(findings):
         (out / f"finding-{number:03d}-{finding['kind']}.json").write_text(json.dumps(finding))
     executions = sum(v for k, v in totals.items() if k not in ("crash", "hang", "harness-memory"))
-    summary = {"seconds": args.seconds, "modalities": args.modalities, "executions": executions, "outcomes": totals,
-               "untyped": totals.get("untyped", 0), "crashes": totals.get("crash", 0), "hangs": totals.get("hang", 0),
-               "harness_memory": totals.get("harness-memory", 0),
-               "memory_cap_mb": args.memory_cap_mb, "findings": len(findings)}
+    summary = {
+        "seconds": args.seconds,
+        "modalities": args.modalities,
+        "executions": executions,
+        "outcomes": totals,
+        "untyped": totals.get("untyped", 0),
+        "crashes": totals.get("crash", 0),
+        "hangs": totals.get("hang", 0),
+        "harness_memory": totals.get("harness-memory", 0),
+        "memory_cap_mb": args.memory_cap_mb,
+        "findings": len(findings),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -216,10 +248,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "fuzz" / "build" / "api")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hang-s", type=float, default=60.0, help="no output for this long is a hang")
-    parser.add_argument("--memory-cap-mb", type=int, default=8192,
-                        help="address-space cap of each child (and of --replay), in MiB")
-    parser.add_argument("--modalities", default="image,video,audio",
-                        help="comma-separated: fuzz only these (image alone: what decodes in-process in a server)")
+    parser.add_argument(
+        "--memory-cap-mb", type=int, default=8192, help="address-space cap of each child (and of --replay), in MiB"
+    )
+    parser.add_argument(
+        "--modalities",
+        default="image,video,audio",
+        help="comma-separated: fuzz only these (image alone: what decodes in-process in a server)",
+    )
     parser.add_argument("--replay", type=Path)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -233,8 +269,10 @@ def main() -> int:
         parser.error(f"no corpus at {args.corpus} (give --corpus or set LAZYMEDIA_CORPUS)")
     summary = supervise(args)
     print(f"{'seconds':>8s} {'executions':>10s} {'untyped':>8s} {'crashes':>8s} {'hangs':>6s}  outcomes")
-    print(f"{summary['seconds']:8.0f} {summary['executions']:10d} {summary['untyped']:8d} {summary['crashes']:8d} "
-          f"{summary['hangs']:6d}  {summary['outcomes']}")
+    print(
+        f"{summary['seconds']:8.0f} {summary['executions']:10d} {summary['untyped']:8d} {summary['crashes']:8d} "
+        f"{summary['hangs']:6d}  {summary['outcomes']}"
+    )
     print(f"wrote {args.out / 'summary.json'}")
     return 0 if summary["findings"] == 0 else 1
 
