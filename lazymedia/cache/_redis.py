@@ -423,13 +423,13 @@ class RedisCache(ValueStore):
             replies: list[Any] = [None] * len(names)
             for index, name in enumerate(names):
                 try:
-                    node = client.get_node_from_key(name)  # type: ignore[no-untyped-call]  # see above
+                    node = client.get_node_from_key(name)  # type: ignore[no-untyped-call, unused-ignore]  # see above
                     by_node.setdefault(node.name, []).append(index)
                 except self._errors as exc:  # a slot no node serves
                     replies[index] = exc
             for indices in by_node.values():
                 try:
-                    with client.pipeline(transaction=False) as pipe:  # type: ignore[no-untyped-call]  # see above
+                    with client.pipeline(transaction=False) as pipe:  # type: ignore[no-untyped-call, unused-ignore]  # see above
                         for index in indices:
                             method, *args = commands[index]
                             getattr(pipe, method)(*args)

@@ -669,4 +669,4 @@ class _Reader:
             raise SerializationError("corrupt compressed data") from None
         if len(unpacked) != nbytes:
             raise SerializationError("compressed data has the wrong size")
-        return unpacked  # type: ignore[no-any-return]  # lz4 has no stubs: a bytearray (return_bytearray)
+        return unpacked  # type: ignore[no-any-return, unused-ignore]  # lz4 has no stubs: a bytearray (return_bytearray)

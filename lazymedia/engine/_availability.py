@@ -26,7 +26,7 @@ def _cuda_device() -> tuple[bool, str]:
         import torch
     except ImportError:
         return False, "torch is not installed"
-    if not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    if not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call, unused-ignore]  # torch leaves it unannotated
         return False, f"torch {torch.__version__} is a CPU-only build"
     if not torch.cuda.is_available():
         return False, "no CUDA device or driver"

@@ -49,7 +49,7 @@ class DaliBatchDecoder:
             prefetch_queue_depth=1,
             exec_async=False,
             exec_pipelined=False,
-        )  # type: ignore[untyped-decorator]  # DALI is untyped
+        )  # type: ignore[untyped-decorator, unused-ignore]  # DALI is untyped
         def decode_pipeline() -> Any:  # a DALI DataNode (untyped)
             encoded = fn.external_source(name="encoded", dtype=types.UINT8)
             return fn.decoders.image(encoded, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
