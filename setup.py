@@ -30,6 +30,7 @@ CPU_SOURCES = [
     "csrc/probe.cpp",
     "csrc/host_ops.cpp",
     "csrc/host_buffer.cpp",
+    "csrc/leased_map.cpp",
     "csrc/levels.cpp",
     "csrc/level_gather.cpp",
 ]

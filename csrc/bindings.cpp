@@ -11,6 +11,7 @@
 
 #include "host_buffer.h"
 #include "host_ops.h"
+#include "leased_map.h"
 #include "level_gather.h"
 #include "levels.h"
 #include "probe.h"
@@ -340,6 +341,33 @@ PYBIND11_MODULE(_C, m) {
         return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1, {py::ssize_t(b.size())},
                                {py::ssize_t(1)}, /*readonly=*/false);
       });
+  py::class_<LeasedMap, std::shared_ptr<LeasedMap>>(m, "LeasedMap", py::buffer_protocol())
+      .def_static(
+          "lease",
+          [](int fd) {
+            std::string reason;
+            std::shared_ptr<LeasedMap> map;
+            {
+              py::gil_scoped_release release;
+              map = LeasedMap::lease(fd, &reason);
+            }
+            return py::make_tuple(map ? py::cast(map) : py::none(), reason);
+          },
+          py::arg("fd"),
+          "(map, reason): the file open at fd, leased and mapped privately; (None, why) where it cannot be.")
+      .def_property_readonly("nbytes", &LeasedMap::size)
+      .def_buffer([](LeasedMap& map) {
+        return py::buffer_info(map.data(), 1, py::format_descriptor<uint8_t>::format(), 1, {py::ssize_t(map.size())},
+                               {py::ssize_t(1)}, /*readonly=*/false);
+      });
+  m.def("leased_map_stats", [] {
+    LeasedMapStats stats = leased_map_stats();
+    py::dict d;
+    d["live"] = stats.live;
+    d["copied"] = stats.copied;
+    d["failed"] = stats.failed;
+    return d;
+  });
   py::class_<HostBufferPool, std::shared_ptr<HostBufferPool>>(m, "HostBufferPool")
       .def(py::init([](size_t max_cached_bytes, bool pinned) {
              return std::make_shared<HostBufferPool>(max_cached_bytes, pinned);

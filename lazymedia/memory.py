@@ -1,7 +1,8 @@
 """Host memory and threads for the decode paths: the pools of reused (pinned where a GPU is) host
-buffers, `frame_buffers()` among them, the C heap kept from holding a burst's memory
-(`trim_heap`, `bound_heap_retention`), a thread's own CUDA stream with the hand-over of its
-outputs (`own_stream`), and how many threads a native kernel called from this thread may use.
+buffers, `frame_buffers()` among them, files mapped under a read lease (`leased_file_map`), the C
+heap kept from holding a burst's memory (`trim_heap`, `bound_heap_retention`), a thread's own
+CUDA stream with the hand-over of its outputs (`own_stream`), and how many threads a native kernel
+called from this thread may use.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from . import _C
@@ -197,6 +199,24 @@ def bound_heap_retention() -> bool:
             mallopt(_M_ARENA_MAX, HEAP_ARENAS),
         ]
     )
+
+
+def leased_file_map(descriptor: int) -> tuple[npt.NDArray[np.uint8] | None, str]:
+    """(the regular file open read-only at `descriptor`, mapped privately under a read lease, as
+    a writable uint8 array; or None and why it cannot be leased). No copy, and no later change to
+    the file can reach the array or fault its reader: a process that opens the file for writing
+    or cuts it waits until this process has swapped the pages for a copy (csrc/leased_map.h).
+    The caller keeps and closes its descriptor; the map lives as long as the array's views."""
+    leased, reason = _C.LeasedMap.lease(descriptor)
+    if leased is None:
+        return None, reason
+    return torch.frombuffer(leased, dtype=torch.uint8).numpy(), ""
+
+
+def leased_map_stats() -> dict[str, int]:
+    """live (maps holding their lease), copied (maps a lease break or a fork swapped for a copy),
+    failed (breaks that could not copy, for want of memory): this process's leased maps."""
+    return _C.leased_map_stats()
 
 
 @functools.cache

@@ -20,7 +20,7 @@ import lazymedia
 from lazymedia.cache import HostCache, ProcessorCache, TieredCache
 from lazymedia.cache._protocol import threaded
 from lazymedia.errors import UntrustedCacheError
-from lazymedia.memory import frame_buffers
+from lazymedia.memory import frame_buffers, leased_map_stats
 from lazymedia.synthetic import jpeg
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -219,25 +219,31 @@ def mapped_files(address: int) -> list[str]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
-def test_a_hit_is_a_private_copy_of_the_value_file(store_path):
-    """A hit's tensor lies in memory of this process, not in a map of the value's file (a file
-    cut under a map faults its reader); writing to it changes neither the file nor another
+@pytest.mark.parametrize("leased", [True, False])
+def test_a_hit_maps_its_value_file_under_a_lease_or_reads_a_private_copy(store_path, leased):
+    """With leases (the default), a hit's tensor is a private map of the value's file (no copy)
+    held under a read lease; without, memory of this process (a file cut under a map without a
+    lease faults its reader). Either way, writing to it changes neither the file nor another
     reader's value."""
     value = {"x": torch.randn(512, 1024), "small": torch.arange(4)}
-    writer, reader = HostCache(store_path), HostCache(store_path)
+    writer, reader = HostCache(store_path, leased_maps=leased), HostCache(store_path, leased_maps=leased)
     assert writer.put("k", value)
+    live = leased_map_stats()["live"]
     first, second = reader.get_many(["k"])["k"], writer.get_many(["k"])["k"]
     (file_name,) = os.listdir(writer.files)
-    assert os.path.join(writer.files, file_name) not in mapped_files(first["x"].data_ptr())
+    assert (os.path.join(writer.files, file_name) in mapped_files(first["x"].data_ptr())) == leased
+    assert leased_map_stats()["live"] == live + (2 if leased else 0)
     first["x"][0, 0] = 1234.5
     assert torch.equal(second["x"], value["x"]) and torch.equal(reader.get_many(["k"])["k"]["x"], value["x"])
     assert torch.equal(first["small"], value["small"])
+    del first, second
+    assert leased_map_stats()["live"] == live  # the last view's death lets the lease go
 
 
 def test_a_hit_returns_its_read_buffer_to_the_pool_when_its_tensors_die(store_path):
     """The next hit reuses the buffer the last one read into (already mapped: a new buffer's
     first writes page-fault, which costs more than the read), with no garbage collection."""
-    cache = HostCache(store_path)
+    cache = HostCache(store_path, leased_maps=False)
     assert cache.put("k", {"x": torch.randn(512, 1024)})
     cache.get_many(["k"])
     gc.collect()
@@ -253,15 +259,31 @@ def test_a_hit_returns_its_read_buffer_to_the_pool_when_its_tensors_die(store_pa
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc/self/fd")
-def test_held_zero_copy_values_hold_no_file_descriptors(store_path):
-    """Each live hit maps its value's file; the maps must not keep descriptors open (a process
-    holds thousands of values, the descriptor limit is often 1024)."""
-    cache = HostCache(store_path)
-    assert cache.put("k", value_for(1))
-    before = len(os.listdir("/proc/self/fd"))
-    held = [cache.get_many(["k"])["k"] for _ in range(50)]
-    assert len(os.listdir("/proc/self/fd")) - before < 5
-    assert all(torch.equal(value["x"], value_for(1)["x"]) for value in held)
+def test_held_hits_hold_at_most_a_quarter_of_the_descriptor_limit(store_path):
+    """Each leased map holds a descriptor, and a process holds thousands of values: past a
+    quarter of the descriptor limit (here 256), hits read their files instead, and are as right."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, resource, sys, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_cache_host import value_for
+        from lazymedia.cache import HostCache
+        from lazymedia.memory import leased_map_stats
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        cache = HostCache({store_path!r})
+        assert cache.put("k", value_for(1))
+        before = len(os.listdir("/proc/self/fd"))
+        held = [cache.get_many(["k"])["k"] for _ in range(100)]
+        print(len(os.listdir("/proc/self/fd")) - before, leased_map_stats()["live"])
+        assert all(torch.equal(value["x"], value_for(1)["x"]) for value in held)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    opened, live = (int(field) for field in result.stdout.split())
+    assert live == 256 // 4 and opened < live + 5
 
 
 def test_value_files_follow_their_entries(store_path):
@@ -363,7 +385,7 @@ def test_a_value_file_gone_behind_the_store_is_dropped_with_its_entry(store_path
 
 def test_a_read_without_memory_is_a_miss_that_keeps_the_entry(store_path, monkeypatch):
     """No memory for one hit's buffer: a miss counted as a fallback, not a bad value."""
-    cache = HostCache(store_path)
+    cache = HostCache(store_path, leased_maps=False)
     assert cache.put("k", value_for(1))
 
     def refuse(*args, **kwargs):
@@ -761,6 +783,7 @@ def test_a_held_hit_survives_any_change_to_its_file_and_the_next_hit_is_right_or
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_cache_host import damage, value_for
         from lazymedia.cache import HostCache
+        from lazymedia.memory import leased_map_stats
         cache = HostCache({store_path!r})
         assert cache.put("other", value_for(2))
         (other,) = os.listdir(cache.files)
@@ -769,13 +792,74 @@ def test_a_held_hit_survives_any_change_to_its_file_and_the_next_hit_is_right_or
         (name,) = [name for name in os.listdir(cache.files) if name != other]
         damage(os.path.join(cache.files, name), {how!r}, os.path.join(cache.files, other))
         assert torch.equal(held["x"], value_for(1)["x"])
+        copied = leased_map_stats()["copied"]
         again = cache.get_many(["k"]).get("k")
         assert again is None or torch.equal(again["x"], value_for(1)["x"])
-        print("miss" if again is None else "hit")
+        print("miss" if again is None else "hit", copied)
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
-    assert result.stdout.split() == ["miss"]  # every change leaves a file that is not whole, or none
+    outcome, copied = result.stdout.split()
+    assert outcome == "miss"  # every change leaves a file that is not whole, or none
+    # A change that opens or cuts the file waited for the held hit's map to be copied; a
+    # rename over it or an unlink leaves the map's file as it was, so the map stays.
+    assert copied == ("0" if how in ("replace", "unlink") else "1")
+
+
+def test_a_child_forked_while_a_hit_is_held_keeps_it_when_the_file_is_cut(store_path):
+    """The lease is the parent's: a forked child copies the maps it inherits, so a file cut after
+    the fork (the parent's watcher copies the parent's map and lets the writer go) cannot fault
+    the child (exit code -7 would be SIGBUS)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_cache_host import value_for
+        from lazymedia.cache import HostCache
+        cache = HostCache({store_path!r})
+        assert cache.put("k", value_for(1))
+        held = cache.get_many(["k"])["k"]["x"].numpy()
+        expected = value_for(1)["x"].numpy()
+        (name,) = os.listdir(cache.files)
+        ready, go = os.pipe()
+        child = os.fork()
+        if child == 0:  # numpy alone: torch's thread pool does not survive a fork
+            os.read(ready, 1)
+            os._exit(0 if (held == expected).all() else 1)
+        path = os.path.join(cache.files, name)
+        os.chmod(path, 0o600)
+        os.truncate(path, 0)
+        os.write(go, b"x")
+        _, status = os.waitpid(child, 0)
+        print(os.waitstatus_to_exitcode(status), bool((held == expected).all()))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["0", "True"]
+
+
+def test_a_file_open_for_writing_elsewhere_is_read_not_leased(store_path):
+    """A lease cannot be had while another descriptor may write the file: the hit reads it
+    instead, and is as right."""
+    cache = HostCache(store_path)
+    assert cache.put("k", value_for(1))
+    (name,) = os.listdir(cache.files)
+    path = os.path.join(cache.files, name)
+    os.chmod(path, 0o600)
+    writer = os.open(path, os.O_RDWR)
+    os.chmod(path, 0o400)  # a writable file is no value file: the descriptor stays writable
+    try:
+        live = leased_map_stats()["live"]
+        held = cache.get_many(["k"])["k"]
+        assert leased_map_stats()["live"] == live
+        assert torch.equal(held["x"], value_for(1)["x"])
+    finally:
+        os.close(writer)
+    again = cache.get_many(["k"])["k"]
+    assert leased_map_stats()["live"] == live + 1 and torch.equal(again["x"], value_for(1)["x"])
 
 
 def test_a_payload_rewritten_in_place_after_a_hit_does_not_change_the_hit(store_path):

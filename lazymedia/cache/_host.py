@@ -8,19 +8,20 @@ than diskcache (SQLite + files) on /dev/shm: the figures are in docs/design.md.
 
 Zero-copy values (`zero_copy=True`, the default): values are stored with their buffers as they
 are (no level codes, no LZ4), and one of at least `file_min_bytes` lies in a file of its own in
-`<path>/values`, which LMDB's entry names and which ends with its own name. A hit reads the file
-with one pread into a reused buffer of the process's pool (`memory.frame_buffers`), and its tensors
-are views of that buffer (it returns to the pool when they die): one copy
-(about a memcpy of the value) and nothing shared with the file afterwards. A map of the file would
-copy nothing, but a file cut while mapped kills its reader (SIGBUS, private maps included) and a
-rewrite would change tensors a caller holds; a read cannot fault, and a short read or a file that
-does not end with its name (cut, grown, zero-filled, replaced) is a miss. A file is written
-read-only (0400) under a temporary name and renamed before its entry commits, is never changed
-after, and is unlinked after the entry that names it is removed. A hit checks the key and the
-header's tag, not the payload's (`verify_payloads=True` hashes every byte too): the folder is
-trusted only when no one but this user (or the operator's `shared_group`) can write it or its
-LMDB files (`refuse_untrusted`, checked before LMDB opens them), so only a process that could as
-well write into this process's memory can rewrite a payload in place.
+`<path>/values`, which LMDB's entry names and which ends with its own name. A hit maps the file
+privately under a read lease (`memory.leased_file_map`): no copy, and the value's tensors are
+views of the map. A file cut while plainly mapped kills its reader (SIGBUS, private maps
+included) and a rewrite would change tensors a caller holds; under the lease, a process that
+opens the file for writing or cuts it waits until this process has swapped the map's pages for
+a copy. Where the file cannot be leased, the hit reads it with one pread into a reused buffer of
+the process's pool (`memory.frame_buffers`), nothing shared with the file afterwards. A file
+that does not end with its name (cut, grown, zero-filled, replaced), or a short read, is a miss.
+A file is written read-only (0400) under a temporary name and renamed before its entry commits,
+is never changed after, and is unlinked after the entry that names it is removed. A hit checks
+the key and the header's tag, not the payload's (`verify_payloads=True` hashes every byte too):
+the folder is trusted only when no one but this user (or the operator's `shared_group`) can
+write it or its LMDB files (`refuse_untrusted`, checked before LMDB opens them), so only a
+process that could as well write into this process's memory can rewrite a payload in place.
 With `zero_copy=False`, values are level-coded and LZ4-compressed (`compress`) into LMDB, and a
 hit builds the tensors from them (_serialize.py).
 
@@ -153,7 +154,7 @@ def refuse_untrusted(path: str, group: int | None, folder: bool) -> None:
         raise UntrustedCacheError(
             "the server's shared cache is misconfigured",
             hint=f"HostCache refuses {path}: it {' and '.join(problems)}, so another user could choose the values "
-            "it serves (its files are read into every process that hits them). Remove it and let HostCache "
+            "it serves (its files are mapped or read into every process that hits them). Remove it and let HostCache "
             "create it, or chown it to this user and chmod go-w; a cache shared by several users on purpose "
             "names their group: HostCache(shared_group=...)",
         )
@@ -230,6 +231,7 @@ class HostCache(ValueStore):
         file_min_bytes: int = 1 << 20,
         verify_payloads: bool = False,
         shared_group: str | int | None = None,
+        leased_maps: bool = True,
     ) -> None:
         """Args:
         path: the store's folder (made 0700, or 2770 for `shared_group`; refused if others can write it).
@@ -247,6 +249,8 @@ class HostCache(ValueStore):
         file_min_bytes: the smallest zero-copy value put in a file of its own.
         verify_payloads: a hit checks the payload's tag too, not only the header's.
         shared_group: a group (name or gid) whose members share the store; None: this user alone.
+        leased_maps: a hit maps its value's file under a read lease (no copy) where it can; False:
+            a hit always reads the file into private memory.
         """
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0")
@@ -256,6 +260,7 @@ class HostCache(ValueStore):
         self.zero_copy = zero_copy
         self.file_min_bytes = file_min_bytes
         self.verify_payloads = verify_payloads
+        self.leased_maps = leased_maps
         self.path = path
         self.capacity = capacity_bytes  # read back as .capacity, like every LruCache
         self.prefix = f"{namespace}:".encode()
@@ -466,11 +471,12 @@ class HostCache(ValueStore):
         return file_name
 
     def _read_file(self, file_name: bytes) -> tuple[npt.NDArray[np.uint8] | None, bool]:
-        """(the value in the file an entry names, read into private memory as a writable uint8
-        array, None if it cannot be; whether the file is bad for good). One read (pread) into a
-        reused buffer of the process's pool: the value's tensors are views of it, and no later change to the
-        file (cut, grown, rewritten, replaced, unlinked) can reach them or fault their reader, as
-        a map of the file would (a cut file's pages are SIGBUS, even privately mapped ones).
+        """(the value in the file an entry names as a writable uint8 array that no later change
+        to the file (cut, grown, rewritten, replaced, unlinked) can reach or fault, None if it
+        cannot be had; whether the file is bad for good). A private map of the file under a read
+        lease (`memory.leased_file_map`: no copy; a writer waits until this process has copied
+        the pages), or where the file cannot be leased, one read (pread) into a reused buffer of
+        the process's pool. The value's tensors are views of either.
         Bad: no such file, not a regular file of this user (or the shared group) that no one can
         write, named plainly in the folder (no path, link or FIFO to block on), or not whole: a
         short read, or not ending with its own name (cut, grown, zero-filled, another file's
@@ -495,15 +501,21 @@ class HostCache(ValueStore):
                 return None, True
             import torch
 
-            from ..memory import frame_buffers
+            from ..memory import frame_buffers, leased_file_map
 
-            try:  # a reused buffer: a fresh one page-faults on every first write, which costs more than the read
-                buffer = frame_buffers().empty((status.st_size,), torch.uint8).numpy()
-            except (RuntimeError, MemoryError) as exc:
-                self._fault(exc)
-                return None, False
-            parts = max(1, min(torch.get_num_threads(), len(buffer) // _READ_PART_BYTES))
-            whole = _read_at_once(descriptor, buffer.data, parts)
+            leased = None
+            if self.leased_maps and status.st_uid == os.geteuid():  # only a file's owner may lease it
+                leased, _ = leased_file_map(descriptor)  # why not: the read below works all the same
+            if leased is not None:
+                buffer, whole = leased, True
+            else:
+                try:  # a reused buffer: a fresh one page-faults on every first write, which costs more than the read
+                    buffer = frame_buffers().empty((status.st_size,), torch.uint8).numpy()
+                except (RuntimeError, MemoryError) as exc:
+                    self._fault(exc)
+                    return None, False
+                parts = max(1, min(torch.get_num_threads(), len(buffer) // _READ_PART_BYTES))
+                whole = _read_at_once(descriptor, buffer.data, parts)
         except OSError as exc:  # EIO and the like: the file cannot be read
             self._fault(exc)
             return None, True
