@@ -94,8 +94,10 @@ struct LeaseRegistry {
     sigset_t waited, blocked;
     sigemptyset(&waited);
     sigaddset(&waited, break_signal());
-    blocked = waited;
-    sigaddset(&blocked, SIGIO);  // never taken: blocked so that an overflow's SIGIO cannot end the process
+    // Every signal but the faults blocked: the process's signals go to its other threads (Python
+    // handles them on the main thread), and an overflow's SIGIO, never taken, cannot end it.
+    sigfillset(&blocked);
+    for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT}) sigdelset(&blocked, fault);
     pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
     {
       std::lock_guard<std::mutex> lock(mutex);

@@ -9,9 +9,9 @@ Importing the package loads neither torch nor FFmpeg: codecs are imported on fir
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._exports import lazy_exports
 from .cache import CacheStats, LruCache, ProcessorCache
 from .codecs import register_sampler
 from .codecs.types import AudioSamples, VideoFrames
@@ -46,13 +46,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:  # the names of _LAZY: their types are what TYPE_CHECKING imports
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lazymedia' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(globals(), _LAZY)
 
 
 __all__ = [

@@ -5,9 +5,9 @@ the redis client / lz4. The modules are private; these names are the cache's pub
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from .._exports import lazy_exports
 from ..lru import CacheStats, LruCache
 from ._local import ProcessorCache, estimate_nbytes
 from ._protocol import (
@@ -49,11 +49,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lazymedia.cache' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(globals(), _LAZY)
 
 
 __all__ = [

@@ -20,9 +20,9 @@ it where `codec()` returns them). Video has two readers: `_video` (PyAV) and `_v
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
 
+from .._exports import lazy_exports
 from ..errors import MediaCapacityError
 from ..lru import LruCache
 from ..spec import DEFAULT_LIMITS, Limits, Spec, spec_type
@@ -60,11 +60,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lazymedia.codecs' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(globals(), _LAZY)
 
 
 SpecT = TypeVar("SpecT", bound=Spec, contravariant=True)

@@ -6,9 +6,9 @@ worker pool import torch/CUDA/DALI, so their names import on first use: `import 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from .._exports import lazy_exports
 from ._availability import BACKENDS, BackendStatus, backends
 from ._cpu_batch import CpuBatchDecoder
 from ._engine import DecodeEngine, default_engine, device_engine, gpu_decoders
@@ -30,11 +30,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lazymedia.engine' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(globals(), _LAZY)
 
 
 __all__ = [

@@ -5,8 +5,9 @@ they import on first use: importing this package loads nothing heavy."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .._exports import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers see of the names below, which run time imports on first use
     from ._vllm import (
@@ -44,11 +45,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lazymedia.integrations' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(globals(), _LAZY)
 
 
 __all__ = [
