@@ -1,18 +1,21 @@
 #include "leased_map.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -45,7 +48,6 @@ std::string errno_text(const char* what) { return std::string(what) + ": " + std
 
 struct LeaseRegistry {
   std::mutex mutex;
-  std::condition_variable watcher_ready;
   std::unordered_map<int, LeasedMap*> leased;  // by descriptor: maps still backed by their file
   pid_t watcher_process = 0;                   // the process whose watcher runs (a fork has none)
   pid_t watcher_thread = 0;
@@ -55,42 +57,57 @@ struct LeaseRegistry {
     // Never destroyed: maps may outlive static destruction at exit.
     static LeaseRegistry* registry = [] {
       auto* made = new LeaseRegistry();
-      pthread_atfork([] { get().mutex.lock(); }, [] { get().mutex.unlock(); }, [] { get().after_fork_in_child(); });
+      pthread_atfork([] { get().before_fork(); }, [] { get().mutex.unlock(); }, [] { get().after_fork_in_child(); });
       return made;
     }();
     return *registry;
   }
 
-  // Swaps the map's file pages for an anonymous copy at the same address. Called with the mutex
-  // held; false (the file's pages stay) where no memory can be had.
+  // Swaps the map's file pages for an anonymous copy at the same address (views keep their
+  // pointers). Called with the mutex held. False, with the file's pages left in place, where no
+  // memory can be had or the file can no longer be read whole (a lease the kernel broke after
+  // lease-break-time, the file cut since): process_vm_readv reports a page past the file's end
+  // as an error where a memcpy would fault.
   static bool swap_in_copy(LeasedMap& map) {
     void* copy = mmap(nullptr, map.length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (copy == MAP_FAILED) return false;
-    std::memcpy(copy, map.data_, map.size_);  // the lease still holds: every page is there
-    if (mremap(copy, map.length_, map.length_, MREMAP_MAYMOVE | MREMAP_FIXED, map.data_) == MAP_FAILED) {
+    struct iovec into = {copy, map.size_}, from = {map.data_, map.size_};
+    const ssize_t got = process_vm_readv(getpid(), &into, 1, &from, 1, 0);
+    bool whole = got == ssize_t(map.size_);
+    if (got < 0 && (errno == ENOSYS || errno == EPERM)) {  // a seccomp profile without it: the lease holds
+      std::memcpy(copy, map.data_, map.size_);
+      whole = true;
+    }
+    if (!whole || mremap(copy, map.length_, map.length_, MREMAP_MAYMOVE | MREMAP_FIXED, map.data_) == MAP_FAILED) {
       munmap(copy, map.length_);
       return false;
     }
     return true;
   }
 
-  // A break for `fd`: copy, then let the writer go. A stale signal (the map died and its
-  // descriptor now leases another file, with no break pending) changes nothing.
-  void on_break(int fd) {
-    auto found = leased.find(fd);
-    if (found == leased.end() || fcntl(fd, F_GETLEASE) == F_RDLCK) return;
-    LeasedMap& map = *found->second;
-    if (swap_in_copy(map))
-      ++copied;
-    else
-      ++failed;  // the writer would wait out lease-break-time and then go on anyway
-    leased.erase(found);
-    fcntl(fd, F_SETLEASE, F_UNLCK);
-    close(fd);
+  // Copies the map and lets its lease go. A map that cannot be copied keeps its lease, so the
+  // writer keeps waiting; the watcher's poll tries again, until the kernel's lease-break-time.
+  bool copy_and_release(LeasedMap& map) {
+    if (!swap_in_copy(map)) {
+      ++failed;
+      return false;
+    }
+    ++copied;
+    leased.erase(map.fd_);
+    fcntl(map.fd_, F_SETLEASE, F_UNLCK);
+    close(map.fd_);
     map.fd_ = -1;
+    return true;
   }
 
-  void watch() {
+  // A break for `fd`. A stale signal (the map died and its descriptor now leases another file,
+  // with no break pending: F_GETLEASE says F_RDLCK) changes nothing.
+  void on_break(int fd) {
+    auto found = leased.find(fd);
+    if (found != leased.end() && fcntl(fd, F_GETLEASE) != F_RDLCK) copy_and_release(*found->second);
+  }
+
+  void watch(std::promise<pid_t>* started) {
     sigset_t waited, blocked;
     sigemptyset(&waited);
     sigaddset(&waited, break_signal());
@@ -99,11 +116,7 @@ struct LeaseRegistry {
     sigfillset(&blocked);
     for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT}) sigdelset(&blocked, fault);
     pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      watcher_thread = pid_t(syscall(SYS_gettid));
-    }
-    watcher_ready.notify_all();
+    started->set_value(pid_t(syscall(SYS_gettid)));
     const struct timespec poll = {kPollSeconds, 0};
     for (;;) {
       siginfo_t info;
@@ -112,7 +125,7 @@ struct LeaseRegistry {
       std::lock_guard<std::mutex> lock(mutex);
       if (signal == break_signal()) {
         on_break(info.si_fd);
-      } else {  // a quiet interval: a break whose signal was lost to a full queue is still pending
+      } else {  // a quiet interval: a break whose signal was lost to a full queue, or not yet copied
         std::vector<int> fds;
         for (const auto& entry : leased) fds.push_back(entry.first);
         for (int fd : fds) on_break(fd);
@@ -120,32 +133,40 @@ struct LeaseRegistry {
     }
   }
 
-  bool ensure_watcher(std::unique_lock<std::mutex>& lock, std::string* reason) {
+  // Starts this process's watcher; called with the mutex held, which it keeps while it waits, so
+  // no fork can come between the start and the wait.
+  bool ensure_watcher(std::string* reason) {
     if (watcher_process == getpid()) return true;
-    watcher_thread = 0;
-    try {
-      std::thread([this] { watch(); }).detach();
+    std::promise<pid_t> started;
+    std::future<pid_t> tid = started.get_future();
+    try {  // the thread owns the promise: it may still be inside set_value when the wait returns
+      std::thread([this](std::promise<pid_t> promise) { watch(&promise); }, std::move(started)).detach();
     } catch (const std::system_error&) {
       *reason = "no thread for the lease watcher";
       return false;
     }
-    watcher_ready.wait(lock, [this] { return watcher_thread != 0; });
+    watcher_thread = tid.get();
     watcher_process = getpid();
     return true;
   }
 
-  // In a forked child (one thread, the mutex held since the prepare handler): the leases belong to
-  // the parent, whose watcher lets go after copying its own pages, so the child copies its own now
-  // and drops its references to the descriptors (the parent's leases stay).
+  // Before a fork, in the parent: a child holds neither the leases (they are the parent's) nor a
+  // watcher, and would read the maps' file pages after the parent lets a writer cut the file, so
+  // every map becomes an anonymous copy first, which the child then shares copy-on-write. One copy
+  // per map in all: a map copied stays copied at the next fork.
+  void before_fork() {
+    mutex.lock();
+    std::vector<LeasedMap*> maps;
+    for (const auto& entry : leased) maps.push_back(entry.second);
+    for (LeasedMap* map : maps) copy_and_release(*map);
+  }
+
+  // In a forked child: its watcher is the parent's thread, which it does not have. A map the
+  // parent could not copy stays file-backed in the child (counted `failed` in the parent).
   void after_fork_in_child() {
-    for (auto& entry : leased) {
-      LeasedMap& map = *entry.second;
-      if (swap_in_copy(map))
-        ++copied;
-      else
-        ++failed;
-      close(map.fd_);
-      map.fd_ = -1;
+    for (auto& entry : leased) {  // the child's reference only: the parent's lease stays
+      close(entry.second->fd_);
+      entry.second->fd_ = -1;
     }
     leased.clear();
     watcher_process = 0;
@@ -155,12 +176,18 @@ struct LeaseRegistry {
 
 std::shared_ptr<LeasedMap> LeasedMap::lease(int fd, std::string* reason) {
   LeaseRegistry& registry = LeaseRegistry::get();
-  std::unique_lock<std::mutex> lock(registry.mutex);
+  std::lock_guard<std::mutex> lock(registry.mutex);
   if (registry.leased.size() >= max_leases()) {
     *reason = "the process holds " + std::to_string(registry.leased.size()) + " leases, its most";
     return nullptr;
   }
-  if (!registry.ensure_watcher(lock, reason)) return nullptr;
+  // Only tmpfs (/dev/shm): on a network or FUSE filesystem a lease sees only this machine's opens.
+  struct statfs filesystem;
+  if (fstatfs(fd, &filesystem) != 0 || filesystem.f_type != TMPFS_MAGIC) {
+    *reason = "not on tmpfs";
+    return nullptr;
+  }
+  if (!registry.ensure_watcher(reason)) return nullptr;
   // A descriptor of our own on the caller's open file description, which the lease then belongs
   // to: the caller may close its descriptor at once.
   const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -198,12 +225,12 @@ std::shared_ptr<LeasedMap> LeasedMap::lease(int fd, std::string* reason) {
 LeasedMap::~LeasedMap() {
   LeaseRegistry& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
+  munmap(data_, length_);  // first: a writer let go must find nothing of this process's mapped
   if (fd_ >= 0) {
     registry.leased.erase(fd_);
     fcntl(fd_, F_SETLEASE, F_UNLCK);
     close(fd_);
   }
-  munmap(data_, length_);
 }
 
 LeasedMapStats leased_map_stats() {

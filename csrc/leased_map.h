@@ -6,7 +6,9 @@
 // the holder lets go. The break is signalled to one watcher thread per process, which first swaps
 // the map's pages for an anonymous copy at the same address (mremap: views keep their pointers and
 // read the same bytes), then lets go; the writer then changes a file this process no longer maps.
-// A forked child holds no lease of its own and has no watcher, so it copies the maps it inherits.
+// A forked child would hold neither the lease nor a watcher, so before a fork the parent copies
+// every map it holds (once: a copied map stays copied) and the child shares the copies. Only files
+// on tmpfs are leased: on a network or FUSE filesystem a lease sees only this machine's opens.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +22,7 @@ class LeasedMap {
   // Leases and maps (private, copy-on-write) the regular file open read-only at `fd`; the caller
   // keeps and closes its own descriptor. nullptr, with `reason`, where the file cannot be leased:
   // another process has it open for writing, another user owns it, leases are off or the
-  // filesystem has none, the per-process limit is reached, or it is empty. The caller then reads
+  // filesystem is not tmpfs, the per-process limit is reached, or it is empty. The caller then reads
   // the file instead.
   static std::shared_ptr<LeasedMap> lease(int fd, std::string* reason);
   ~LeasedMap();
@@ -41,7 +43,8 @@ class LeasedMap {
 
 struct LeasedMapStats {
   // live: maps still holding their lease; copied: maps a break (or a fork) swapped for a copy;
-  // failed: breaks where no copy could be made (no memory), let go anyway.
+  // failed: tries to copy that failed (no memory, or the file already cut after the kernel broke
+  // the lease at lease-break-time); the lease is kept and the copy tried again each second.
   size_t live = 0, copied = 0, failed = 0;
 };
 LeasedMapStats leased_map_stats();

@@ -46,7 +46,7 @@ _LAZY = {
 }
 
 
-__getattr__ = lazy_exports(globals(), _LAZY)
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

@@ -9,18 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(namespace: dict[str, Any], modules: dict[str, str]) -> Callable[[str], Any]:
-    """The module `__getattr__` of the package whose globals are `namespace`: a name of `modules`
-    is imported from the module it maps to and kept in the package (the next use is a plain
-    lookup); any other name is an AttributeError, as for a module without one."""
-    package = namespace["__name__"]
+def lazy_exports(package: str, modules: dict[str, str]) -> Callable[[str], Any]:
+    """The module `__getattr__` of `package` (its `__name__`): a name of `modules`
+    is looked up in the module it maps to (imported on first use) each time, never copied into
+    the package, so the package shows what the module holds now (a test's monkeypatch of the
+    module included); any other name is an AttributeError, as for a module without one."""
 
     def __getattr__(name: str) -> Any:
         module = modules.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        namespace[name] = value
-        return value
+        return getattr(importlib.import_module(module), name)
 
     return __getattr__

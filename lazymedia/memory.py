@@ -215,7 +215,8 @@ def leased_file_map(descriptor: int) -> tuple[npt.NDArray[np.uint8] | None, str]
 
 def leased_map_stats() -> dict[str, int]:
     """live (maps holding their lease), copied (maps a lease break or a fork swapped for a copy),
-    failed (breaks that could not copy, for want of memory): this process's leased maps."""
+    failed (tries to copy that failed, each retried a second later while the writer waits): this
+    process's leased maps."""
     return _C.leased_map_stats()
 
 

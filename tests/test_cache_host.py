@@ -807,9 +807,9 @@ def test_a_held_hit_survives_any_change_to_its_file_and_the_next_hit_is_right_or
 
 
 def test_a_child_forked_while_a_hit_is_held_keeps_it_when_the_file_is_cut(store_path):
-    """The lease is the parent's: a forked child copies the maps it inherits, so a file cut after
-    the fork (the parent's watcher copies the parent's map and lets the writer go) cannot fault
-    the child (exit code -7 would be SIGBUS)."""
+    """The lease is the parent's and the watcher a thread of the parent's, so before a fork the
+    parent swaps its maps for copies, which the child shares: a file cut after the fork cannot
+    fault the child (exit code -7 would be SIGBUS)."""
     import subprocess
     import sys
     import textwrap

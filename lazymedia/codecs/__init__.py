@@ -60,7 +60,7 @@ _LAZY = {
 }
 
 
-__getattr__ = lazy_exports(globals(), _LAZY)
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 SpecT = TypeVar("SpecT", bound=Spec, contravariant=True)
