@@ -155,7 +155,8 @@ def test_processes_x_items_decode_each_item_once(store_path):
 
 def test_a_writer_killed_mid_put_leaves_no_torn_value(store_path):
     for delay in (0.0, 0.013, 0.031):
-        written = SPAWN.Value("i", 0)
+        # No lock: the writer is killed at any instruction, and a lock it held would never be let go.
+        written = SPAWN.Value("i", 0, lock=False)
         writer = SPAWN.Process(target=endless_writer, args=(store_path, written))
         writer.start()
         deadline = time.monotonic() + 120
