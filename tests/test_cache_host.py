@@ -863,6 +863,17 @@ def test_a_file_open_for_writing_elsewhere_is_read_not_leased(store_path):
     assert leased_map_stats()["live"] == live + 1 and torch.equal(again["x"], value_for(1)["x"])
 
 
+def test_a_lease_without_memory_for_its_bookkeeping_falls_back_to_the_read(store_path, monkeypatch):
+    cache = HostCache(store_path)
+    assert cache.put("k", value_for(1))
+
+    def no_memory(descriptor):
+        raise MemoryError
+
+    monkeypatch.setattr(lazymedia.memory, "leased_file_map", no_memory)
+    assert torch.equal(cache.get_many(["k"])["k"]["x"], value_for(1)["x"]) and cache.stats().corrupt == 0
+
+
 def test_a_payload_rewritten_in_place_after_a_hit_does_not_change_the_hit(store_path):
     """What a caller holds is its own memory: a payload rewritten after the hit (by a process
     that could chmod the file) leaves it as it was."""

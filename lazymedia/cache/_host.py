@@ -505,7 +505,10 @@ class HostCache(ValueStore):
 
             leased = None
             if self.leased_maps and status.st_uid == os.geteuid():  # only a file's owner may lease it
-                leased, _ = leased_file_map(descriptor)  # why not: the read below works all the same
+                try:  # why not, when not: the read below works all the same
+                    leased, _ = leased_file_map(descriptor)
+                except (RuntimeError, MemoryError):  # no memory for the map's bookkeeping
+                    leased = None
             if leased is not None:
                 buffer, whole = leased, True
             else:
