@@ -263,13 +263,8 @@ def test_a_hit_returns_its_read_buffer_to_the_pool_when_its_tensors_die(store_pa
 def test_held_hits_hold_at_most_a_quarter_of_the_descriptor_limit(store_path):
     """Each leased map holds a descriptor, and a process holds thousands of values: past a
     quarter of the descriptor limit (here 256), hits read their files instead, and are as right."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent(f"""
-        import os, resource, sys, torch
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+    printed = run_child(f"""
+        import os, resource, torch
         from test_cache_host import value_for
         from lazymedia.cache import HostCache
         from lazymedia.memory import leased_map_stats
@@ -281,9 +276,7 @@ def test_held_hits_hold_at_most_a_quarter_of_the_descriptor_limit(store_path):
         print(len(os.listdir("/proc/self/fd")) - before, leased_map_stats()["live"])
         assert all(torch.equal(value["x"], value_for(1)["x"]) for value in held)
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    opened, live = (int(field) for field in result.stdout.split())
+    opened, live = (int(field) for field in printed.split())
     assert live == 256 // 4 and opened < live + 5
 
 
@@ -344,18 +337,28 @@ def test_a_damaged_or_missing_value_file_is_a_miss(store_path):
 def plant_entry(path: str, name: bytes, record: bytes) -> None:
     """Writes a raw entry into the store's LMDB values table, as a buggy or hostile writer of the
     folder could (in a child process: LMDB allows one environment per path per process)."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent(f"""
+    run_child(f"""
         import lmdb
         env = lmdb.open({path!r}, max_dbs=4, lock=True)
         values = env.open_db(b"values")
         with env.begin(write=True) as txn:
             txn.put({name!r}, {record!r}, db=values)
     """)
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def run_child(code: str) -> str:
+    """Runs `code` (dedented) in a fresh Python that can import this module (a fault kills the
+    child, not the test run), asserts that it exited 0, and returns what it printed."""
+    import subprocess
+    import sys
+    import textwrap
+
+    prelude = f"import sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    return result.stdout
 
 
 def test_an_entry_never_names_a_file_outside_the_folder(store_path, tmp_path):
@@ -775,13 +778,8 @@ def test_a_value_file_changed_under_a_serving_loop_never_takes_it_down(store_pat
 def test_a_held_hit_survives_any_change_to_its_file_and_the_next_hit_is_right_or_a_miss(store_path, how):
     """In a child process (a fault would kill it, not the test run): a hit held while its file
     changes reads back whole; the next hit is the value or a clean miss."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent(f"""
-        import os, sys, torch
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+    printed = run_child(f"""
+        import os, torch
         from test_cache_host import damage, value_for
         from lazymedia.cache import HostCache
         from lazymedia.memory import leased_map_stats
@@ -798,9 +796,7 @@ def test_a_held_hit_survives_any_change_to_its_file_and_the_next_hit_is_right_or
         assert again is None or torch.equal(again["x"], value_for(1)["x"])
         print("miss" if again is None else "hit", copied)
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
-    outcome, copied = result.stdout.split()
+    outcome, copied = printed.split()
     assert outcome == "miss"  # every change leaves a file that is not whole, or none
     # A change that opens or cuts the file waited for the held hit's map to be copied; a
     # rename over it or an unlink leaves the map's file as it was, so the map stays.
@@ -811,13 +807,8 @@ def test_a_child_forked_while_a_hit_is_held_keeps_it_when_the_file_is_cut(store_
     """The lease is the parent's and the watcher a thread of the parent's, so before a fork the
     parent swaps its maps for copies, which the child shares: a file cut after the fork cannot
     fault the child (exit code -7 would be SIGBUS)."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+    printed = run_child(f"""
+        import os
         from test_cache_host import value_for
         from lazymedia.cache import HostCache
         cache = HostCache({store_path!r})
@@ -837,9 +828,7 @@ def test_a_child_forked_while_a_hit_is_held_keeps_it_when_the_file_is_cut(store_
         _, status = os.waitpid(child, 0)
         print(os.waitstatus_to_exitcode(status), bool((held == expected).all()))
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["0", "True"]
+    assert printed.split() == ["0", "True"]
 
 
 def test_a_file_open_for_writing_elsewhere_is_read_not_leased(store_path):
